@@ -1,0 +1,191 @@
+//! faultline node agent: reads accelerator health from vendor libraries, tools and the
+//! kernel log, and serves it at `/v1/health` without ever waiting on a source.
+#![deny(unsafe_code)]
+
+pub mod api;
+pub mod config;
+pub mod metrics;
+pub mod node_file;
+pub mod sampler;
+pub mod sources;
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, SourceKind};
+use crate::metrics::Metrics;
+use crate::sampler::SamplerConfig;
+use crate::sources::{EventSink, Source};
+use crate::store::{Store, StoreConfig};
+
+/// A running agent.
+pub struct Agent {
+    /// Its state.
+    pub store: Arc<Store>,
+    /// Its metrics.
+    pub metrics: Arc<Metrics>,
+    /// The address the API listens on.
+    pub addr: std::net::SocketAddr,
+    cancel: CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Agent {
+    /// Stop sampling and serving.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+    }
+
+    /// Wait until the server stops (on cancel).
+    pub async fn wait(self) {
+        let _ = self.server.await;
+    }
+
+    /// The cancellation token that stops everything.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+}
+
+/// Start every configured source, the upkeep tick, the node file writer and the API.
+pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
+    let metrics = Arc::new(Metrics::new());
+    let store = Store::new(
+        StoreConfig {
+            node: cfg.node_name.clone(),
+            cache_ttl: cfg.cache_ttl,
+            thresholds: cfg.thresholds,
+            xid_policy: cfg.xid_policy.clone(),
+        },
+        metrics.clone(),
+    );
+    let cancel = CancellationToken::new();
+    let sampler_cfg = SamplerConfig {
+        interval: cfg.interval,
+        timeout: cfg.timeout,
+        retries: cfg.retries,
+        max_abandoned: cfg.max_abandoned,
+    };
+    let sink: EventSink = {
+        let store = store.clone();
+        Arc::new(move |e| store.add_event(e))
+    };
+
+    let mut sim_control = None;
+    let mut polled: Vec<Arc<dyn Source>> = Vec::new();
+    for kind in &cfg.sources {
+        match kind {
+            SourceKind::Nvml => polled.push(Arc::new(sources::nvml::NvmlSource::new(
+                cfg.nvml_lib.clone(),
+                Some((sink.clone(), cancel.clone())),
+            ))),
+            SourceKind::Dcmi => anyhow::bail!("dcmi: not built yet"),
+            SourceKind::NpuSmi => anyhow::bail!("npu-smi: not built yet"),
+            SourceKind::Exec => {
+                let argv = cfg.exec.clone().context("exec source without --exec")?;
+                polled.push(Arc::new(sources::exec::ExecSource::new(argv)));
+            }
+            SourceKind::Sim => {
+                let scenario = match &cfg.sim_scenario {
+                    Some(p) => sources::sim::SimSource::load_scenario(p)?,
+                    None => Vec::new(),
+                };
+                let seed = cfg.sim_seed.unwrap_or_else(sources::now_ms);
+                let sim =
+                    sources::sim::SimSource::new(cfg.sim_devices, cfg.sim_vendor, seed, scenario);
+                sim_control = Some(sim.control());
+                polled.push(Arc::new(sim));
+            }
+            SourceKind::Kmsg => sources::kmsg::spawn(
+                cfg.kmsg.clone(),
+                store.clone(),
+                metrics.clone(),
+                cancel.clone(),
+            ),
+        }
+    }
+
+    if cfg.fail_on_init_error {
+        for s in &polled {
+            let caller = sampler::Caller::new(s.clone(), metrics.clone());
+            if let Err(e @ sources::ProbeError::Init(_)) =
+                caller.call(cfg.timeout, cfg.max_abandoned).await
+            {
+                anyhow::bail!(
+                    "source {} cannot start: {e} (--fail-on-init-error)",
+                    s.name()
+                );
+            }
+        }
+    }
+
+    for s in polled {
+        store.register_source(s.name(), true);
+        tokio::spawn(sampler::run(
+            s,
+            store.clone(),
+            metrics.clone(),
+            sampler_cfg,
+            cancel.clone(),
+        ));
+    }
+
+    // Upkeep: notice devices going stale and age out old events.
+    {
+        let (store, cancel) = (store.clone(), cancel.clone());
+        let period =
+            (cfg.interval / 4).clamp(Duration::from_millis(50), Duration::from_millis(500));
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(period);
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = t.tick() => store.tick(),
+                }
+            }
+        });
+    }
+
+    if let Some(path) = cfg.node_file.clone() {
+        tokio::spawn(node_file::run(
+            path,
+            store.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        ));
+    }
+
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let app = api::router(api::ApiState {
+        store: store.clone(),
+        metrics: metrics.clone(),
+        sim: sim_control,
+    });
+    let server = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let r = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { cancel.cancelled().await })
+                .await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "HTTP server stopped");
+            }
+        })
+    };
+    tracing::info!(%addr, node = %cfg.node_name, sources = ?cfg.sources, "faultline agent serving");
+    Ok(Agent {
+        store,
+        metrics,
+        addr,
+        cancel,
+        server,
+    })
+}

@@ -1,0 +1,281 @@
+//! Prometheus metrics of the agent, on one prefixed registry.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use faultline_common::{DeviceHealth, DeviceStatus, XidEvent};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    source: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    device: String,
+    uuid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    device: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct XidLabels {
+    xid: String,
+    class: String,
+    source: String,
+    ignored: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LineLabels {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    path: String,
+    code: String,
+}
+
+/// Every metric the agent exports.
+pub struct Metrics {
+    registry: Registry,
+    source_up: Family<SourceLabel, Gauge>,
+    sample_seconds: Family<SourceLabel, Histogram>,
+    errors: Family<ErrorLabels, Counter>,
+    abandoned: Family<SourceLabel, Gauge>,
+    abandoned_total: Family<SourceLabel, Counter>,
+    temperature: Family<DeviceLabels, Gauge<f64, AtomicU64>>,
+    power: Family<DeviceLabels, Gauge<f64, AtomicU64>>,
+    ecc: Family<DeviceLabels, Gauge>,
+    status: Family<StatusLabels, Gauge>,
+    xids: Family<XidLabels, Counter>,
+    kmsg_lines: Family<LineLabels, Counter>,
+    http: Family<HttpLabels, Counter>,
+    killed_children: Counter,
+    killed_seen: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric registered under `faultline_agent_`.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("faultline_agent");
+        let m = Metrics {
+            source_up: Family::default(),
+            sample_seconds: Family::new_with_constructor(|| {
+                Histogram::new(
+                    [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 3.0, 10.0],
+                )
+            }),
+            errors: Family::default(),
+            abandoned: Family::default(),
+            abandoned_total: Family::default(),
+            temperature: Family::default(),
+            power: Family::default(),
+            ecc: Family::default(),
+            status: Family::default(),
+            xids: Family::default(),
+            kmsg_lines: Family::default(),
+            http: Family::default(),
+            killed_children: Counter::default(),
+            killed_seen: AtomicU64::new(0),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "source_up",
+            "1 when the source's last attempt succeeded",
+            m.source_up.clone(),
+        );
+        registry.register(
+            "sample_duration_seconds",
+            "Time one successful sample of a source took",
+            m.sample_seconds.clone(),
+        );
+        registry.register(
+            "source_errors",
+            "Failed samples by source and kind",
+            m.errors.clone(),
+        );
+        registry.register(
+            "abandoned_calls",
+            "Calls that timed out and have not returned yet",
+            m.abandoned.clone(),
+        );
+        registry.register(
+            "abandoned_calls_started",
+            "Calls abandoned after their timeout, since start",
+            m.abandoned_total.clone(),
+        );
+        registry.register(
+            "killed_children",
+            "Child processes killed at their timeout",
+            m.killed_children.clone(),
+        );
+        registry.register(
+            "device_temperature_celsius",
+            "Device temperature",
+            m.temperature.clone(),
+        );
+        registry.register("device_power_watts", "Device power draw", m.power.clone());
+        registry.register(
+            "device_ecc_errors",
+            "ECC errors since driver load (corrected + uncorrected)",
+            m.ecc.clone(),
+        );
+        registry.register(
+            "device_status",
+            "1 for the device's current status, 0 for the others",
+            m.status.clone(),
+        );
+        registry.register("xid_events", "Xid events seen", m.xids.clone());
+        registry.register(
+            "kmsg_lines",
+            "Kernel log lines read, by parse result",
+            m.kmsg_lines.clone(),
+        );
+        registry.register(
+            "http_requests",
+            "HTTP requests by path and code",
+            m.http.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Source up or down.
+    pub fn set_source_up(&self, source: &str, up: bool) {
+        self.source_up
+            .get_or_create(&SourceLabel {
+                source: source.into(),
+            })
+            .set(up as i64);
+    }
+
+    /// A successful sample took `secs`.
+    pub fn observe_sample(&self, source: &str, secs: f64) {
+        self.sample_seconds
+            .get_or_create(&SourceLabel {
+                source: source.into(),
+            })
+            .observe(secs);
+    }
+
+    /// A failed sample or call.
+    pub fn count_error(&self, source: &str, kind: &str) {
+        self.errors
+            .get_or_create(&ErrorLabels {
+                source: source.into(),
+                kind: kind.into(),
+            })
+            .inc();
+    }
+
+    /// A call was abandoned; `in_flight` are still hung.
+    pub fn abandoned(&self, source: &str, started: bool, in_flight: u32) {
+        let l = SourceLabel {
+            source: source.into(),
+        };
+        if started {
+            self.abandoned_total.get_or_create(&l).inc();
+        }
+        self.abandoned.get_or_create(&l).set(in_flight as i64);
+    }
+
+    /// An Xid was seen.
+    pub fn count_xid(&self, e: &XidEvent, ignored: bool) {
+        self.xids
+            .get_or_create(&XidLabels {
+                xid: e.xid.to_string(),
+                class: format!("{:?}", e.class).to_lowercase(),
+                source: e.source.clone(),
+                ignored: ignored.to_string(),
+            })
+            .inc();
+    }
+
+    /// A kernel log line was read: `xid`, `fallen-off-bus`, `other`, `unparsed-nvrm`.
+    pub fn count_kmsg_line(&self, result: &str) {
+        self.kmsg_lines
+            .get_or_create(&LineLabels {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// An HTTP request was answered.
+    pub fn count_http(&self, path: &str, code: u16) {
+        self.http
+            .get_or_create(&HttpLabels {
+                path: path.into(),
+                code: code.to_string(),
+            })
+            .inc();
+    }
+
+    /// Refresh per-device gauges from a rendered document.
+    pub fn observe_devices(&self, devices: &[DeviceHealth]) {
+        for d in devices {
+            let l = DeviceLabels {
+                device: d.reading.id.clone(),
+                uuid: d.reading.uuid.clone().unwrap_or_default(),
+            };
+            if let Some(t) = d.reading.temperature_c {
+                self.temperature.get_or_create(&l).set(t);
+            }
+            if let Some(p) = d.reading.power_w {
+                self.power.get_or_create(&l).set(p);
+            }
+            if let Some(e) = d.ecc_errors {
+                self.ecc.get_or_create(&l).set(e as i64);
+            }
+            for s in [
+                DeviceStatus::Healthy,
+                DeviceStatus::Degraded,
+                DeviceStatus::Failed,
+                DeviceStatus::Unknown,
+            ] {
+                self.status
+                    .get_or_create(&StatusLabels {
+                        device: d.reading.id.clone(),
+                        status: s.as_str().into(),
+                    })
+                    .set((d.status == s) as i64);
+            }
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let killed = crate::sources::process::KILLED_CHILDREN.load(Ordering::Relaxed);
+        let seen = self.killed_seen.swap(killed, Ordering::Relaxed);
+        if killed > seen {
+            self.killed_children.inc_by(killed - seen);
+        }
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,86 @@
+//! Device sources. Each polled source implements [`Source`]; a source that also streams
+//! events (NVML's event set, the kernel log) pushes them through an [`EventSink`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use faultline_common::{DeviceReading, XidEvent};
+
+pub mod exec;
+pub mod kmsg;
+
+pub mod nvml;
+pub mod process;
+pub mod sim;
+
+/// Why a sample failed. The kind is what callers and metrics branch on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// The source cannot start: library missing, driver not loaded, tool not found.
+    #[error("source cannot start: {0}")]
+    Init(String),
+    /// A call did not answer within the timeout.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// A call answered with an error.
+    #[error("call failed: {0}")]
+    Call(String),
+    /// The output could not be understood.
+    #[error("unparseable output: {0}")]
+    Parse(String),
+    /// Too many earlier calls are still hung; no new call was issued.
+    #[error("source hung: {0} abandoned call(s) still in flight")]
+    Hung(u32),
+    /// The call panicked.
+    #[error("panicked: {0}")]
+    Panic(String),
+}
+
+impl ProbeError {
+    /// Short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProbeError::Init(_) => "init",
+            ProbeError::Timeout(_) => "timeout",
+            ProbeError::Call(_) => "call",
+            ProbeError::Parse(_) => "parse",
+            ProbeError::Hung(_) => "hung",
+            ProbeError::Panic(_) => "panic",
+        }
+    }
+}
+
+/// What one sample of a source produced.
+#[derive(Debug, Clone, Default)]
+pub struct SourceSample {
+    /// One reading per device the source sees.
+    pub devices: Vec<DeviceReading>,
+    /// Xid events found during the sample (sim injects them this way).
+    pub events: Vec<XidEvent>,
+}
+
+/// A polled source. `sample` is blocking and may hang: the sampler runs it on its own
+/// thread, bounds it by the timeout and abandons it if it does not return.
+pub trait Source: Send + Sync + 'static {
+    /// Name in documents and metrics.
+    fn name(&self) -> &'static str;
+    /// Take one sample. `timeout` is the caller's bound, for sources that can enforce it
+    /// themselves (child processes are killed when it passes).
+    fn sample(&self, timeout: Duration) -> Result<SourceSample, ProbeError>;
+    /// Whether the first successful reading after start must be discarded (vendor tools
+    /// that return incomplete data right after the driver loads).
+    fn needs_warm_up(&self) -> bool {
+        false
+    }
+}
+
+/// Where streaming sources deliver Xid events.
+pub type EventSink = Arc<dyn Fn(XidEvent) + Send + Sync>;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

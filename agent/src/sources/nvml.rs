@@ -1,0 +1,434 @@
+//! `nvml`: NVIDIA devices through the real nvml-wrapper FFI.
+//!
+//! A probe that fails is a probe error (the device turns unknown once its last good
+//! reading is older than the TTL); only `NVML_ERROR_GPU_IS_LOST` says the device is
+//! broken, and then it is reported as lost, a hard fault. Unsupported metrics are left
+//! out, not guessed. Xid critical events come from an NVML event set on a thread of its
+//! own; an error of that wait is counted and retried, never turned into a fault (unlike
+//! NVIDIA's device plugin, which marks every device unhealthy on a wait error).
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use faultline_common::xid::class_of;
+use faultline_common::{
+    normalize_bus_id, DeviceReading, EccCounts, NvLinkState, PcieLink, RemappedRows, RetiredPages,
+    Throttle, Vendor, XidEvent,
+};
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::{
+    EccCounter, MemoryError, RetirementCause, TemperatureSensor,
+};
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use tokio_util::sync::CancellationToken;
+
+use super::{now_ms, EventSink, ProbeError, Source, SourceSample};
+
+/// NVLink links a device may have (NVML_NVLINK_MAX_LINKS).
+const MAX_NVLINKS: u32 = 18;
+/// How long one wait on the event set blocks (NVIDIA's device plugin uses 5 s).
+const EVENT_WAIT_MS: u32 = 5_000;
+
+#[derive(Clone, Default)]
+struct Identity {
+    uuid: Option<String>,
+    bus: Option<String>,
+    name: Option<String>,
+}
+
+/// The NVML source.
+pub struct NvmlSource {
+    lib_path: Option<PathBuf>,
+    nvml: Mutex<Option<Arc<Nvml>>>,
+    /// Identity of each index seen before, so a lost GPU is still named.
+    known: Mutex<HashMap<u32, Identity>>,
+    events: Option<(EventSink, CancellationToken)>,
+    events_started: AtomicBool,
+}
+
+fn init_error(e: NvmlError) -> ProbeError {
+    match e {
+        NvmlError::LibloadingError(_)
+        | NvmlError::DriverNotLoaded
+        | NvmlError::LibraryNotFound
+        | NvmlError::FailedToLoadSymbol(_)
+        | NvmlError::NoPermission => ProbeError::Init(format!("NVML: {e}")),
+        other => ProbeError::Call(format!("NVML init: {other}")),
+    }
+}
+
+impl NvmlSource {
+    /// `lib_path`: the library to load (default: the loader finds libnvidia-ml.so.1).
+    /// With `events`, a thread delivers Xid critical events to the sink.
+    pub fn new(lib_path: Option<PathBuf>, events: Option<(EventSink, CancellationToken)>) -> Self {
+        NvmlSource {
+            lib_path,
+            nvml: Mutex::new(None),
+            known: Mutex::new(HashMap::new()),
+            events,
+            events_started: AtomicBool::new(false),
+        }
+    }
+
+    fn handle(&self) -> Result<Arc<Nvml>, ProbeError> {
+        let mut g = self.nvml.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = g.as_ref() {
+            return Ok(n.clone());
+        }
+        let mut b = Nvml::builder();
+        if let Some(p) = &self.lib_path {
+            b.lib_path(OsStr::new(p.as_os_str()));
+        }
+        let nvml = Arc::new(b.init().map_err(init_error)?);
+        if let Ok(v) = nvml.sys_driver_version() {
+            tracing::info!(driver = %v, "NVML initialised");
+        }
+        *g = Some(nvml.clone());
+        Ok(nvml)
+    }
+
+    fn start_events(&self, nvml: &Arc<Nvml>) {
+        let Some((sink, cancel)) = &self.events else {
+            return;
+        };
+        if self.events_started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (nvml, sink, cancel) = (nvml.clone(), sink.clone(), cancel.clone());
+        let spawned = std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn(move || event_loop(&nvml, &sink, &cancel));
+        if spawned.is_err() {
+            self.events_started.store(false, Ordering::Release);
+        }
+    }
+
+    fn read_device(&self, nvml: &Nvml, index: u32) -> DeviceReading {
+        let mut r = DeviceReading::new(format!("gpu{index}"), Vendor::Nvidia, "nvml");
+        r.index = Some(index);
+        let known = self
+            .known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&index)
+            .cloned();
+        if let Some(k) = &known {
+            r.uuid = k.uuid.clone();
+            r.pci_bus_id = k.bus.clone();
+            r.name = k.name.clone();
+        }
+        let dev = match nvml.device_by_index(index) {
+            Ok(d) => d,
+            Err(NvmlError::GpuLost) => {
+                r.lost = true;
+                return r;
+            }
+            Err(e) => {
+                r.probe_errors.push(format!("handle: {e}"));
+                return r;
+            }
+        };
+        if let Err(lost) = read_metrics(&dev, &mut r) {
+            debug_assert!(lost);
+            r.lost = true;
+        }
+        if !r.lost && known.is_none() {
+            self.known.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                index,
+                Identity {
+                    uuid: r.uuid.clone(),
+                    bus: r.pci_bus_id.clone(),
+                    name: r.name.clone(),
+                },
+            );
+        }
+        r
+    }
+}
+
+/// `Ok(v)` -> `Some(v)`; unsupported -> `None`; another error is noted; `GpuLost`
+/// stops the whole reading.
+macro_rules! read {
+    ($r:expr, $what:literal, $call:expr) => {
+        match $call {
+            Ok(v) => Some(v),
+            Err(NvmlError::GpuLost) => return Err(true),
+            Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => None,
+            Err(e) => {
+                $r.probe_errors.push(format!("{}: {}", $what, e));
+                None
+            }
+        }
+    };
+}
+
+fn read_metrics(dev: &Device<'_>, r: &mut DeviceReading) -> Result<(), bool> {
+    if r.uuid.is_none() {
+        r.uuid = read!(r, "uuid", dev.uuid());
+    }
+    if r.pci_bus_id.is_none() {
+        r.pci_bus_id =
+            read!(r, "pci_info", dev.pci_info()).and_then(|p| normalize_bus_id(&p.bus_id));
+    }
+    if r.name.is_none() {
+        r.name = read!(r, "name", dev.name());
+    }
+    r.temperature_c =
+        read!(r, "temperature", dev.temperature(TemperatureSensor::Gpu)).map(f64::from);
+    r.power_w = read!(r, "power", dev.power_usage()).map(|mw| f64::from(mw) / 1000.0);
+
+    let vc = read!(
+        r,
+        "ecc",
+        dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+    );
+    if let Some(vc) = vc {
+        let vu = read!(
+            r,
+            "ecc",
+            dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+        )
+        .unwrap_or(0);
+        let ac = read!(
+            r,
+            "ecc",
+            dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate)
+        )
+        .unwrap_or(0);
+        let au = read!(
+            r,
+            "ecc",
+            dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate)
+        )
+        .unwrap_or(0);
+        r.ecc = Some(EccCounts {
+            volatile_corrected: vc,
+            volatile_uncorrected: vu,
+            aggregate_corrected: ac,
+            aggregate_uncorrected: au,
+        });
+    }
+
+    if let Some(pending) = read!(r, "retired_pages", dev.are_pages_pending_retired()) {
+        let sbe = read!(
+            r,
+            "retired_pages",
+            dev.retired_pages(RetirementCause::MultipleSingleBitEccErrors)
+        );
+        let dbe = read!(
+            r,
+            "retired_pages",
+            dev.retired_pages(RetirementCause::DoubleBitEccError)
+        );
+        r.retired_pages = Some(RetiredPages {
+            single_bit: sbe.map(|v| v.len() as u64).unwrap_or(0),
+            double_bit: dbe.map(|v| v.len() as u64).unwrap_or(0),
+            pending,
+        });
+    }
+
+    r.remapped_rows = read!(r, "remapped_rows", remapped_rows(dev));
+
+    let reasons = match clock_event_reasons(dev) {
+        Err(NvmlError::FailedToLoadSymbol(_)) | Err(NvmlError::NotSupported) => {
+            read!(r, "throttle", dev.current_throttle_reasons()).map(|t| t.bits())
+        }
+        other => read!(r, "throttle", other),
+    };
+    r.throttle = reasons.map(|raw| {
+        let t = ThrottleReasons::from_bits_retain(raw);
+        Throttle {
+            raw,
+            hw_slowdown: t.contains(ThrottleReasons::HW_SLOWDOWN),
+            hw_thermal: t.contains(ThrottleReasons::HW_THERMAL_SLOWDOWN),
+            hw_power_brake: t.contains(ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN),
+            sw_thermal: t.contains(ThrottleReasons::SW_THERMAL_SLOWDOWN),
+        }
+    });
+
+    let gen = read!(r, "pcie", dev.current_pcie_link_gen());
+    let width = read!(r, "pcie", dev.current_pcie_link_width());
+    if gen.is_some() || width.is_some() {
+        r.pcie = Some(PcieLink {
+            // NVML answering about the link means the link is up; a down link shows up
+            // as a lost GPU.
+            up: true,
+            gen,
+            max_gen: read!(r, "pcie", dev.max_pcie_link_gen()),
+            width,
+            max_width: read!(r, "pcie", dev.max_pcie_link_width()),
+        });
+    }
+
+    let mut nv = NvLinkState::default();
+    for link in 0..MAX_NVLINKS {
+        match dev.link_wrapper_for(link).is_active() {
+            Ok(active) => {
+                nv.total += 1;
+                if active {
+                    nv.active += 1;
+                } else {
+                    nv.down.push(link);
+                }
+            }
+            Err(NvmlError::GpuLost) => return Err(true),
+            // Past the last link, or no NVLink on this device.
+            Err(_) => break,
+        }
+    }
+    if nv.total > 0 {
+        r.nvlink = Some(nv);
+    }
+    Ok(())
+}
+
+/// `nvmlDeviceGetRemappedRows`, which nvml-wrapper does not wrap.
+fn remapped_rows(dev: &Device<'_>) -> Result<RemappedRows, NvmlError> {
+    let lib = dev.nvml().lib();
+    let f = lib
+        .nvmlDeviceGetRemappedRows
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let (mut corr, mut unc, mut pending, mut failure) = (0u32, 0u32, 0u32, 0u32);
+    // SAFETY: `f` is the library's nvmlDeviceGetRemappedRows, whose C signature the
+    // bindings declare; the handle comes from a live `Device` borrowed for this call, and
+    // the four out-pointers are valid, aligned `unsigned int`s on our stack.
+    let rc = unsafe {
+        f(
+            dev.handle(),
+            &mut corr,
+            &mut unc,
+            &mut pending,
+            &mut failure,
+        )
+    };
+    nvml_result(rc)?;
+    Ok(RemappedRows {
+        correctable: corr,
+        uncorrectable: unc,
+        pending: pending != 0,
+        failure: failure != 0,
+    })
+}
+
+/// `nvmlDeviceGetCurrentClocksEventReasons` (the newer name of the throttle reasons).
+fn clock_event_reasons(dev: &Device<'_>) -> Result<u64, NvmlError> {
+    let lib = dev.nvml().lib();
+    let f = lib
+        .nvmlDeviceGetCurrentClocksEventReasons
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let mut reasons: u64 = 0;
+    // SAFETY: as above: the bound symbol, a live handle, one valid out-pointer.
+    let rc = unsafe { f(dev.handle(), &mut reasons) };
+    nvml_result(rc)?;
+    Ok(reasons)
+}
+
+fn nvml_result(rc: nvml_wrapper_sys::bindings::nvmlReturn_t) -> Result<(), NvmlError> {
+    nvml_wrapper::error::nvml_try(rc)
+}
+
+fn event_loop(nvml: &Nvml, sink: &EventSink, cancel: &CancellationToken) {
+    let mut backoff = Duration::from_secs(1);
+    while !cancel.is_cancelled() {
+        match watch_events(nvml, sink, cancel) {
+            Ok(()) => return,
+            Err(e) => {
+                // A wait error says nothing about the devices: log, back off, re-arm.
+                tracing::warn!(error = %e, "NVML event wait failed; re-arming");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+            }
+        }
+    }
+}
+
+fn watch_events(
+    nvml: &Nvml,
+    sink: &EventSink,
+    cancel: &CancellationToken,
+) -> Result<(), NvmlError> {
+    let mut set = nvml.create_event_set()?;
+    let mut buses: HashMap<u32, Option<String>> = HashMap::new();
+    for i in 0..nvml.device_count()? {
+        let dev = match nvml.device_by_index(i) {
+            Ok(d) => d,
+            Err(_) => continue,
+        };
+        let supported = dev
+            .supported_event_types()
+            .unwrap_or(EventTypes::CRITICAL_XID_ERROR);
+        let wanted = EventTypes::CRITICAL_XID_ERROR & supported;
+        if wanted.is_empty() {
+            continue;
+        }
+        buses.insert(
+            i,
+            dev.pci_info()
+                .ok()
+                .and_then(|p| normalize_bus_id(&p.bus_id)),
+        );
+        set = dev.register_events(wanted, set).map_err(|e| e.error)?;
+    }
+    while !cancel.is_cancelled() {
+        match set.wait(EVENT_WAIT_MS) {
+            Ok(ev) => {
+                let xid = match ev.event_data {
+                    Some(XidError::Value(x)) => x as u32,
+                    _ => continue,
+                };
+                let idx = ev.device.index().ok();
+                let bus = idx
+                    .and_then(|i| buses.get(&i).cloned().flatten())
+                    .or_else(|| {
+                        ev.device
+                            .pci_info()
+                            .ok()
+                            .and_then(|p| normalize_bus_id(&p.bus_id))
+                    });
+                sink(XidEvent {
+                    xid,
+                    class: class_of(xid),
+                    pci_bus_id: bus,
+                    at_ms: now_ms(),
+                    source: "nvml-event".into(),
+                    message: format!(
+                        "NVML critical Xid event on GPU {}",
+                        idx.map(|i| i.to_string()).unwrap_or_default()
+                    ),
+                });
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+impl Source for NvmlSource {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn sample(&self, _timeout: Duration) -> Result<SourceSample, ProbeError> {
+        let nvml = self.handle()?;
+        self.start_events(&nvml);
+        let count = nvml
+            .device_count()
+            .map_err(|e| ProbeError::Call(format!("device count: {e}")))?;
+        let devices = (0..count).map(|i| self.read_device(&nvml, i)).collect();
+        Ok(SourceSample {
+            devices,
+            events: vec![],
+        })
+    }
+}

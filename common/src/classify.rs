@@ -1,0 +1,407 @@
+//! The instantaneous verdict on one reading. The agent serves it as is; the aggregator
+//! smooths it with windows and a state machine before anyone acts.
+
+use serde::{Deserialize, Serialize};
+
+use crate::reading::{DeviceReading, DeviceStatus, VendorHealthLevel};
+use crate::xid::XidVerdict;
+
+/// Limits for the instantaneous verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Thresholds {
+    /// At or above this core temperature a device is degraded (seed 003: 85 C).
+    pub temp_degraded_c: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            temp_degraded_c: 85.0,
+        }
+    }
+}
+
+/// One finding about a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// Machine-readable code, e.g. `gpu-lost`, `high-temp`, `xid-79`.
+    pub code: String,
+    /// What this finding alone makes of the device.
+    pub status: DeviceStatus,
+    /// Human detail.
+    pub detail: String,
+}
+
+/// The verdict: the worst status, its reason, and every finding behind it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Classification {
+    /// The worst status over all findings (healthy when there are none).
+    pub status: DeviceStatus,
+    /// The code of the worst finding.
+    pub reason: Option<String>,
+    /// All findings, worst first.
+    pub findings: Vec<Finding>,
+}
+
+impl Classification {
+    /// A device we could not look at.
+    pub fn unknown(code: &str, detail: impl Into<String>) -> Self {
+        Classification {
+            status: DeviceStatus::Unknown,
+            reason: Some(code.to_string()),
+            findings: vec![Finding {
+                code: code.to_string(),
+                status: DeviceStatus::Unknown,
+                detail: detail.into(),
+            }],
+        }
+    }
+}
+
+fn rank(s: DeviceStatus) -> u8 {
+    match s {
+        DeviceStatus::Healthy => 0,
+        DeviceStatus::Unknown => 1,
+        DeviceStatus::Degraded => 2,
+        DeviceStatus::Failed => 3,
+    }
+}
+
+/// Classify one fresh reading, with the device's Xid verdict if it has one.
+///
+/// Staleness is not judged here: the caller turns a reading past its TTL into
+/// [`Classification::unknown`] before calling this.
+pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> Classification {
+    let mut f: Vec<Finding> = Vec::new();
+    let mut add = |code: &str, status: DeviceStatus, detail: String| {
+        f.push(Finding {
+            code: code.to_string(),
+            status,
+            detail,
+        })
+    };
+    use DeviceStatus::*;
+
+    if r.lost {
+        add(
+            "gpu-lost",
+            Failed,
+            "device lost: it no longer answers on the bus".into(),
+        );
+    }
+    if let Some(p) = &r.pcie {
+        if !p.up {
+            add("pcie-link-down", Failed, "PCIe link is down".into());
+        } else if p.width_degraded() {
+            add(
+                "pcie-width-degraded",
+                Degraded,
+                format!(
+                    "PCIe link runs x{} of x{}",
+                    p.width.unwrap_or(0),
+                    p.max_width.unwrap_or(0)
+                ),
+            );
+        }
+    }
+    if let Some(rr) = &r.remapped_rows {
+        if rr.failure {
+            add(
+                "row-remap-failure",
+                Failed,
+                "row remapping failed: no spare rows left".into(),
+            );
+        } else if rr.pending {
+            add(
+                "row-remap-pending",
+                Degraded,
+                "row remap pending: GPU reset required".into(),
+            );
+        }
+    }
+    if let Some(rp) = &r.retired_pages {
+        if rp.pending {
+            add(
+                "page-retirement-pending",
+                Degraded,
+                "page retirement pending: driver reload or reset required".into(),
+            );
+        }
+    }
+    if let Some(e) = &r.ecc {
+        if e.volatile_uncorrected > 0 {
+            add(
+                "ecc-uncorrectable",
+                Degraded,
+                format!(
+                    "{} uncorrectable ECC error(s) since driver load",
+                    e.volatile_uncorrected
+                ),
+            );
+        }
+    }
+    if let Some(vh) = &r.vendor_health {
+        let codes = if vh.error_codes.is_empty() {
+            String::new()
+        } else {
+            format!(", error codes {}", vh.error_codes.join(","))
+        };
+        match vh.level {
+            VendorHealthLevel::Critical => add(
+                "vendor-health-critical",
+                Failed,
+                format!("vendor health {}{codes}", vh.raw),
+            ),
+            VendorHealthLevel::Alarm => add(
+                "vendor-health-alarm",
+                Degraded,
+                format!("vendor health {}{codes}", vh.raw),
+            ),
+            VendorHealthLevel::Warning => add(
+                "vendor-health-warning",
+                Degraded,
+                format!("vendor health {}{codes}", vh.raw),
+            ),
+            VendorHealthLevel::Ok => {}
+        }
+    }
+    if let Some(temp) = r.temperature_c {
+        if temp >= t.temp_degraded_c {
+            add(
+                "high-temp",
+                Degraded,
+                format!(
+                    "temperature {temp:.1} C at or above {:.1} C",
+                    t.temp_degraded_c
+                ),
+            );
+        }
+    }
+    if let Some(th) = &r.throttle {
+        if th.hw_power_brake {
+            add(
+                "power-brake",
+                Degraded,
+                "external power brake asserted".into(),
+            );
+        }
+        if th.hw_thermal || th.sw_thermal {
+            add(
+                "thermal-slowdown",
+                Degraded,
+                "clocks held down for temperature".into(),
+            );
+        } else if th.hw_slowdown {
+            add("hw-slowdown", Degraded, "hardware slowdown asserted".into());
+        }
+    }
+    if let Some(nv) = &r.nvlink {
+        if !nv.down.is_empty() {
+            add(
+                "nvlink-down",
+                Degraded,
+                format!(
+                    "{} of {} NVLink links inactive: {:?}",
+                    nv.down.len(),
+                    nv.total,
+                    nv.down
+                ),
+            );
+        }
+    }
+    if let Some(v) = xid {
+        add(&v.reason, v.status, v.detail.clone());
+    }
+    if let Some(s) = r.reported_status {
+        if s != Healthy {
+            let code = r
+                .reported_reason
+                .clone()
+                .unwrap_or_else(|| format!("reported-{}", s.as_str()));
+            add(&code, s, format!("the source reported {}", s.as_str()));
+        }
+    }
+    let read_nothing = r.temperature_c.is_none()
+        && r.power_w.is_none()
+        && r.ecc.is_none()
+        && r.pcie.is_none()
+        && r.vendor_health.is_none()
+        && r.reported_status.is_none();
+    if read_nothing && !r.lost {
+        let detail = if r.probe_errors.is_empty() {
+            "the source returned no metric for this device".to_string()
+        } else {
+            r.probe_errors.join("; ")
+        };
+        add("no-metrics", Unknown, detail);
+    }
+
+    f.sort_by_key(|x| std::cmp::Reverse(rank(x.status)));
+    let status = f.first().map(|x| x.status).unwrap_or(Healthy);
+    Classification {
+        status,
+        reason: f.first().map(|x| x.code.clone()),
+        findings: f,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reading::*;
+
+    fn healthy() -> DeviceReading {
+        let mut r = DeviceReading::new("gpu0", Vendor::Nvidia, "nvml");
+        r.temperature_c = Some(45.0);
+        r.power_w = Some(120.0);
+        r.ecc = Some(EccCounts::default());
+        r.pcie = Some(PcieLink {
+            up: true,
+            gen: Some(3),
+            max_gen: Some(5),
+            width: Some(16),
+            max_width: Some(16),
+        });
+        r
+    }
+
+    fn verdict(r: &DeviceReading) -> (DeviceStatus, Option<String>) {
+        let c = classify(r, None, &Thresholds::default());
+        (c.status, c.reason)
+    }
+
+    #[test]
+    fn a_clean_reading_is_healthy_even_at_a_lower_idle_pcie_gen() {
+        assert_eq!(verdict(&healthy()), (DeviceStatus::Healthy, None));
+    }
+
+    #[test]
+    fn each_signal_maps_to_its_status_and_reason() {
+        type Case = (&'static str, fn(&mut DeviceReading), DeviceStatus);
+        let cases: &[Case] = &[
+            ("gpu-lost", |r| r.lost = true, DeviceStatus::Failed),
+            (
+                "pcie-link-down",
+                |r| r.pcie.as_mut().unwrap().up = false,
+                DeviceStatus::Failed,
+            ),
+            (
+                "pcie-width-degraded",
+                |r| r.pcie.as_mut().unwrap().width = Some(8),
+                DeviceStatus::Degraded,
+            ),
+            (
+                "high-temp",
+                |r| r.temperature_c = Some(85.0),
+                DeviceStatus::Degraded,
+            ),
+            (
+                "ecc-uncorrectable",
+                |r| r.ecc.as_mut().unwrap().volatile_uncorrected = 1,
+                DeviceStatus::Degraded,
+            ),
+            (
+                "row-remap-failure",
+                |r| {
+                    r.remapped_rows = Some(RemappedRows {
+                        failure: true,
+                        ..Default::default()
+                    })
+                },
+                DeviceStatus::Failed,
+            ),
+            (
+                "row-remap-pending",
+                |r| {
+                    r.remapped_rows = Some(RemappedRows {
+                        pending: true,
+                        ..Default::default()
+                    })
+                },
+                DeviceStatus::Degraded,
+            ),
+            (
+                "page-retirement-pending",
+                |r| {
+                    r.retired_pages = Some(RetiredPages {
+                        pending: true,
+                        ..Default::default()
+                    })
+                },
+                DeviceStatus::Degraded,
+            ),
+            (
+                "power-brake",
+                |r| {
+                    r.throttle = Some(Throttle {
+                        hw_power_brake: true,
+                        ..Default::default()
+                    })
+                },
+                DeviceStatus::Degraded,
+            ),
+            (
+                "nvlink-down",
+                |r| {
+                    r.nvlink = Some(NvLinkState {
+                        total: 18,
+                        active: 17,
+                        down: vec![3],
+                    })
+                },
+                DeviceStatus::Degraded,
+            ),
+            (
+                "vendor-health-critical",
+                |r| {
+                    r.vendor_health = Some(VendorHealth {
+                        level: VendorHealthLevel::Critical,
+                        raw: "Critical".into(),
+                        error_codes: vec!["0x80E01801".into()],
+                    })
+                },
+                DeviceStatus::Failed,
+            ),
+        ];
+        for (code, mutate, status) in cases {
+            let mut r = healthy();
+            mutate(&mut r);
+            assert_eq!(verdict(&r), (*status, Some(code.to_string())), "{code}");
+        }
+    }
+
+    #[test]
+    fn the_worst_finding_names_the_reason() {
+        let mut r = healthy();
+        r.temperature_c = Some(95.0);
+        r.lost = true;
+        let c = classify(&r, None, &Thresholds::default());
+        assert_eq!(c.status, DeviceStatus::Failed);
+        assert_eq!(c.reason.as_deref(), Some("gpu-lost"));
+        assert_eq!(c.findings.len(), 2);
+    }
+
+    #[test]
+    fn a_reading_with_no_metric_is_unknown_not_healthy() {
+        let mut r = DeviceReading::new("npu0", Vendor::Ascend, "npu-smi");
+        r.probe_errors.push("health: timed out".into());
+        assert_eq!(
+            verdict(&r),
+            (DeviceStatus::Unknown, Some("no-metrics".into()))
+        );
+    }
+
+    #[test]
+    fn an_xid_verdict_is_a_finding() {
+        let v = XidVerdict {
+            status: DeviceStatus::Failed,
+            reason: "xid-79".into(),
+            detail: "fell off the bus".into(),
+        };
+        let c = classify(&healthy(), Some(&v), &Thresholds::default());
+        assert_eq!(
+            (c.status, c.reason.as_deref()),
+            (DeviceStatus::Failed, Some("xid-79"))
+        );
+    }
+}

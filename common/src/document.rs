@@ -1,0 +1,191 @@
+//! The node health document served by the agent at `GET /v1/health`.
+//!
+//! It keeps seed 003's field names (`node`, `npus[]` with `id`, `status`,
+//! `temperature_c`, `power_w`, `ecc_errors`, `pcie_link_status`, `reason`; `summary` with
+//! `total`, `healthy`, `degraded`, `failed`) so the seed's consumer works on it unchanged,
+//! and adds what the seed lacks: identity (UUID, bus id), detail readings, the findings
+//! behind a verdict, sample age, recent Xids, per-source status and a generation number.
+
+use serde::{Deserialize, Serialize};
+
+use crate::classify::Finding;
+use crate::reading::{DeviceReading, DeviceStatus};
+use crate::xid::XidEvent;
+
+/// Version of this document's shape. Bumped on any incompatible change.
+pub const SCHEMA_VERSION: &str = "faultline.node-health/v1";
+
+/// The whole node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeHealth {
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: String,
+    /// Increases by one whenever anything in the document other than ages and the
+    /// timestamp changes. Clients long-poll on it.
+    pub generation: u64,
+    /// When the document was rendered (RFC 3339, UTC).
+    pub timestamp: String,
+    /// The Kubernetes node name.
+    pub node: String,
+    /// The agent's version.
+    pub agent_version: String,
+    /// Every device, sorted by id.
+    pub npus: Vec<DeviceHealth>,
+    /// Counts by status.
+    pub summary: Summary,
+    /// Each configured source and how it is doing.
+    pub sources: Vec<SourceStatus>,
+    /// Recent Xid events whose PCI bus id matched no known device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unattributed_xids: Vec<XidEvent>,
+}
+
+/// One device in the document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceHealth {
+    /// The last reading (identity and metrics).
+    #[serde(flatten)]
+    pub reading: DeviceReading,
+    /// Instantaneous status of the last reading, or `unknown` once it is stale.
+    pub status: DeviceStatus,
+    /// Code of the worst finding; `null` when healthy.
+    pub reason: Option<String>,
+    /// Every finding behind the status, worst first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<Finding>,
+    /// ECC errors since driver load (corrected + uncorrected), the seed's single number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_errors: Option<u64>,
+    /// `up` or `down`, the seed's link field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_link_status: Option<String>,
+    /// When the reading was taken (RFC 3339), if ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_at: Option<String>,
+    /// Age of the reading in milliseconds when the document was rendered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_age_ms: Option<u64>,
+    /// Xid events for this device within the retention window, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_xids: Vec<XidEvent>,
+}
+
+/// Counts by status. `total` = the sum of the other four.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    /// All devices.
+    pub total: u32,
+    /// Healthy devices.
+    pub healthy: u32,
+    /// Degraded devices.
+    pub degraded: u32,
+    /// Failed devices.
+    pub failed: u32,
+    /// Devices we could not judge.
+    pub unknown: u32,
+}
+
+impl Summary {
+    /// Count the statuses of `devices`.
+    pub fn of<'a>(devices: impl IntoIterator<Item = &'a DeviceHealth>) -> Self {
+        let mut s = Summary::default();
+        for d in devices {
+            s.total += 1;
+            match d.status {
+                DeviceStatus::Healthy => s.healthy += 1,
+                DeviceStatus::Degraded => s.degraded += 1,
+                DeviceStatus::Failed => s.failed += 1,
+                DeviceStatus::Unknown => s.unknown += 1,
+            }
+        }
+        s
+    }
+}
+
+/// One source as the document reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceStatus {
+    /// `nvml`, `dcmi`, `npu-smi`, `exec`, `kmsg`, `sim`.
+    pub name: String,
+    /// The last attempt succeeded.
+    pub up: bool,
+    /// When the last good sample finished (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success: Option<String>,
+    /// The last error, if the last attempt failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Failed attempts in a row.
+    pub consecutive_failures: u32,
+    /// Calls that timed out and still have not returned (hung FFI or child).
+    pub abandoned_calls: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reading::Vendor;
+
+    #[test]
+    fn device_entry_keeps_the_seed_field_names() {
+        let mut r = DeviceReading::new("npu1", Vendor::Ascend, "npu-smi");
+        r.temperature_c = Some(89.2);
+        r.power_w = Some(312.5);
+        let d = DeviceHealth {
+            reading: r,
+            status: DeviceStatus::Degraded,
+            reason: Some("high-temp".into()),
+            findings: vec![],
+            ecc_errors: Some(3),
+            pcie_link_status: Some("up".into()),
+            sampled_at: None,
+            sample_age_ms: Some(10),
+            recent_xids: vec![],
+        };
+        let v = serde_json::to_value(&d).unwrap();
+        for (k, want) in [
+            ("id", serde_json::json!("npu1")),
+            ("status", serde_json::json!("degraded")),
+            ("temperature_c", serde_json::json!(89.2)),
+            ("power_w", serde_json::json!(312.5)),
+            ("ecc_errors", serde_json::json!(3)),
+            ("pcie_link_status", serde_json::json!("up")),
+            ("reason", serde_json::json!("high-temp")),
+        ] {
+            assert_eq!(v[k], want, "{k}");
+        }
+        let back: DeviceHealth = serde_json::from_value(v).unwrap();
+        assert_eq!(back, d);
+    }
+
+    #[test]
+    fn summary_counts_every_status() {
+        let mk = |s| DeviceHealth {
+            reading: DeviceReading::new("x", Vendor::Other, "sim"),
+            status: s,
+            reason: None,
+            findings: vec![],
+            ecc_errors: None,
+            pcie_link_status: None,
+            sampled_at: None,
+            sample_age_ms: None,
+            recent_xids: vec![],
+        };
+        let ds = [
+            mk(DeviceStatus::Healthy),
+            mk(DeviceStatus::Healthy),
+            mk(DeviceStatus::Failed),
+            mk(DeviceStatus::Unknown),
+        ];
+        assert_eq!(
+            Summary::of(&ds),
+            Summary {
+                total: 4,
+                healthy: 2,
+                degraded: 0,
+                failed: 1,
+                unknown: 1
+            }
+        );
+    }
+}

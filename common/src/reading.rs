@@ -1,0 +1,333 @@
+//! One device as a source saw it at one instant.
+
+use serde::{Deserialize, Serialize};
+
+/// The health of one device, as the agent (instantaneous) or the aggregator (smoothed)
+/// judges it.
+///
+/// `Unknown` means "we could not look" (stale reading, probe error, source down). It is
+/// never a synonym for broken: remediation must not act on it alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceStatus {
+    /// Every check we could make passed.
+    Healthy,
+    /// Usable, but something needs attention (hot, throttled, correctable errors).
+    Degraded,
+    /// The device must not take work: lost, link down, fatal Xid, uncorrectable memory.
+    Failed,
+    /// No current evidence either way.
+    Unknown,
+}
+
+impl DeviceStatus {
+    /// The lowercase name used in documents and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceStatus::Healthy => "healthy",
+            DeviceStatus::Degraded => "degraded",
+            DeviceStatus::Failed => "failed",
+            DeviceStatus::Unknown => "unknown",
+        }
+    }
+}
+
+/// Who made the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    /// NVIDIA GPUs (NVML, kernel Xid lines).
+    Nvidia,
+    /// Huawei Ascend NPUs (DCMI, npu-smi).
+    Ascend,
+    /// Anything a site-specific exec tool reports.
+    Other,
+}
+
+/// ECC error counters. "Volatile" counts since the last driver load; "aggregate" over the
+/// device's lifetime.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EccCounts {
+    /// Corrected (single-bit) errors since driver load.
+    pub volatile_corrected: u64,
+    /// Uncorrected (double-bit) errors since driver load.
+    pub volatile_uncorrected: u64,
+    /// Corrected errors over the device's lifetime.
+    pub aggregate_corrected: u64,
+    /// Uncorrected errors over the device's lifetime.
+    pub aggregate_uncorrected: u64,
+}
+
+impl EccCounts {
+    /// The seed's single `ecc_errors` number: errors since the driver loaded.
+    pub fn volatile_total(&self) -> u64 {
+        self.volatile_corrected
+            .saturating_add(self.volatile_uncorrected)
+    }
+}
+
+/// Pages the driver retired (pre-Ampere page retirement).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetiredPages {
+    /// Retired because of repeated single-bit errors.
+    pub single_bit: u64,
+    /// Retired because of a double-bit error.
+    pub double_bit: u64,
+    /// A retirement waits for the next driver reload or GPU reset.
+    pub pending: bool,
+}
+
+/// Row remapping (Ampere and later).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemappedRows {
+    /// Rows remapped after correctable errors.
+    pub correctable: u32,
+    /// Rows remapped after uncorrectable errors.
+    pub uncorrectable: u32,
+    /// A remap waits for a GPU reset.
+    pub pending: bool,
+    /// A remap failed: the device has run out of spare rows.
+    pub failure: bool,
+}
+
+/// Why the clocks are held down, decoded from NVML's clock event reasons.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Throttle {
+    /// The raw bitmask as NVML reported it.
+    pub raw: u64,
+    /// Hardware slowdown (thermal or power brake asserted by the board).
+    pub hw_slowdown: bool,
+    /// Hardware thermal slowdown.
+    pub hw_thermal: bool,
+    /// External power brake asserted.
+    pub hw_power_brake: bool,
+    /// Software thermal slowdown.
+    pub sw_thermal: bool,
+}
+
+/// PCIe link state. A lower current generation is normal at idle (power saving); a
+/// narrower width than the maximum is not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PcieLink {
+    /// Whether the link is up at all.
+    pub up: bool,
+    /// Current link generation.
+    pub gen: Option<u32>,
+    /// Maximum link generation of the device and slot.
+    pub max_gen: Option<u32>,
+    /// Current lane count.
+    pub width: Option<u32>,
+    /// Maximum lane count.
+    pub max_width: Option<u32>,
+}
+
+impl PcieLink {
+    /// True when the link runs on fewer lanes than it can.
+    pub fn width_degraded(&self) -> bool {
+        matches!((self.width, self.max_width), (Some(w), Some(m)) if w < m)
+    }
+}
+
+/// NVLink links by state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvLinkState {
+    /// Links the device reports.
+    pub total: u32,
+    /// Links that are active.
+    pub active: u32,
+    /// Indices of links that are not active.
+    pub down: Vec<u32>,
+}
+
+/// The vendor tool's own verdict, e.g. Ascend's `Health: OK/Warning/Alarm/Critical`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VendorHealthLevel {
+    /// Nothing reported.
+    Ok,
+    /// A minor alarm (Ascend "Warning").
+    Warning,
+    /// A major alarm (Ascend "Alarm").
+    Alarm,
+    /// A critical alarm (Ascend "Critical").
+    Critical,
+}
+
+/// The vendor's own health verdict and error codes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VendorHealth {
+    /// The level after mapping.
+    pub level: VendorHealthLevel,
+    /// The vendor's own word or number for it ("OK", "Alarm", "2").
+    pub raw: String,
+    /// Error codes the device reported (hex as the vendor prints them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub error_codes: Vec<String>,
+}
+
+/// One device as one source saw it. Every metric is optional: a source fills what it
+/// can read, and a metric it failed to read is listed in `probe_errors`, not guessed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceReading {
+    /// Stable id on this node: `gpu0`, `npu3`, `npu3-1` (card 3, chip 1).
+    pub id: String,
+    /// The vendor.
+    pub vendor: Vendor,
+    /// The source that produced this reading (`nvml`, `dcmi`, `npu-smi`, `exec`, `sim`).
+    pub source: String,
+    /// Vendor index (NVML index, NPU id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    /// Device UUID where the vendor has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// PCI bus id, normalised by [`normalize_bus_id`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    /// Product name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Core temperature in degrees Celsius.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<f64>,
+    /// Power draw in watts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<f64>,
+    /// ECC counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc: Option<EccCounts>,
+    /// Retired pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_pages: Option<RetiredPages>,
+    /// Remapped rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows: Option<RemappedRows>,
+    /// Clock event (throttle) reasons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<Throttle>,
+    /// PCIe link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie: Option<PcieLink>,
+    /// NVLink links.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink: Option<NvLinkState>,
+    /// The device is gone: NVML says the GPU is lost, or the kernel says it fell off the
+    /// bus. A hard fault, not a probe error.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
+    /// The vendor's own verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor_health: Option<VendorHealth>,
+    /// A status an exec tool reported itself; taken into account, never trusted alone
+    /// to make a device healthier than its readings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_status: Option<DeviceStatus>,
+    /// The reason an exec tool reported with its status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_reason: Option<String>,
+    /// Metrics this sample failed to read, as `metric: error`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probe_errors: Vec<String>,
+}
+
+impl DeviceReading {
+    /// An empty reading of `id` from `source`: every metric unknown.
+    pub fn new(id: impl Into<String>, vendor: Vendor, source: impl Into<String>) -> Self {
+        DeviceReading {
+            id: id.into(),
+            vendor,
+            source: source.into(),
+            index: None,
+            uuid: None,
+            pci_bus_id: None,
+            name: None,
+            temperature_c: None,
+            power_w: None,
+            ecc: None,
+            retired_pages: None,
+            remapped_rows: None,
+            throttle: None,
+            pcie: None,
+            nvlink: None,
+            lost: false,
+            vendor_health: None,
+            reported_status: None,
+            reported_reason: None,
+            probe_errors: Vec::new(),
+        }
+    }
+}
+
+/// Normalise a PCI bus id to `dddd:bb:dd.f`, lowercase, so the kernel's
+/// `PCI:0000:3b:00`, NVML's `00000000:3B:00.0` and npu-smi's `0000:C1:00.0` compare
+/// equal. Returns `None` for text that is not a bus id.
+pub fn normalize_bus_id(raw: &str) -> Option<String> {
+    let s = raw.trim();
+    let s = s.strip_prefix("PCI:").unwrap_or(s);
+    let (addr, func) = match s.rsplit_once('.') {
+        Some((a, f)) => (a, f),
+        None => (s, "0"),
+    };
+    let parts: Vec<&str> = addr.split(':').collect();
+    let (domain, bus, dev) = match parts.as_slice() {
+        [d, b, v] => (*d, *b, *v),
+        [b, v] => ("0", *b, *v),
+        _ => return None,
+    };
+    let hex = |t: &str| u32::from_str_radix(t, 16).ok();
+    let (domain, bus, dev, func) = (hex(domain)?, hex(bus)?, hex(dev)?, hex(func)?);
+    if bus > 0xff || dev > 0x1f || func > 7 || domain > 0xffff {
+        return None;
+    }
+    Some(format!("{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_ids_from_every_tool_compare_equal() {
+        for raw in [
+            "PCI:0000:3b:00",
+            "00000000:3B:00.0",
+            "0000:3b:00.0",
+            "3b:00.0",
+            " 0000:3B:00.0 ",
+        ] {
+            assert_eq!(
+                normalize_bus_id(raw).as_deref(),
+                Some("0000:3b:00.0"),
+                "{raw}"
+            );
+        }
+        assert_eq!(
+            normalize_bus_id("0000:C1:00.0").as_deref(),
+            Some("0000:c1:00.0")
+        );
+    }
+
+    #[test]
+    fn garbage_is_not_a_bus_id() {
+        for raw in [
+            "",
+            "gpu0",
+            "0000:zz:00.0",
+            "1:2:3:4",
+            "0000:3b:40.0",
+            "0000:3b:00.9",
+        ] {
+            assert_eq!(normalize_bus_id(raw), None, "{raw}");
+        }
+    }
+
+    #[test]
+    fn empty_optional_fields_stay_out_of_json() {
+        let r = DeviceReading::new("gpu0", Vendor::Nvidia, "nvml");
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"id": "gpu0", "vendor": "nvidia", "source": "nvml"})
+        );
+    }
+}

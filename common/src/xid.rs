@@ -1,0 +1,402 @@
+//! NVIDIA Xid errors: the catalog (which are fatal, which mean "restart the
+//! application", which are informational) and the per-Xid "N in window W" policy.
+//!
+//! Classes follow NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) and its
+//! resolution buckets: RESET_GPU / RESTART_BM / CONTACT_SUPPORT are `Fatal`,
+//! RESTART_APP is `RestartApp`, IGNORE and recording events are `Informational`.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use crate::reading::DeviceStatus;
+
+/// What an Xid means for the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum XidClass {
+    /// The device needs a reset, a reboot or a replacement before it takes work again.
+    Fatal,
+    /// The application hit an error (often its own); the device stays usable.
+    RestartApp,
+    /// Recorded for the record; no action.
+    Informational,
+    /// Not in our catalog. Treated like `RestartApp`: counted, degraded past a threshold.
+    Unknown,
+}
+
+/// `(xid, short name, class)`, sorted by xid.
+const CATALOG: &[(u32, &str, XidClass)] = {
+    use XidClass::*;
+    &[
+        (8, "GPU stopped processing (timeout)", RestartApp),
+        (13, "Graphics engine exception", RestartApp),
+        (31, "GPU memory page fault", RestartApp),
+        (32, "Invalid or corrupted push buffer stream", RestartApp),
+        (38, "Driver firmware error", Fatal),
+        (43, "GPU stopped processing", RestartApp),
+        (44, "Graphics engine fault during context switch", Fatal),
+        (
+            45,
+            "Preemptive cleanup, due to previous errors",
+            Informational,
+        ),
+        (48, "Double bit ECC error", Fatal),
+        (56, "Display engine error", Informational),
+        (57, "Error programming video memory interface", Fatal),
+        (58, "Unstable video memory interface detected", Fatal),
+        (61, "Internal micro-controller breakpoint/warning", Fatal),
+        (62, "Internal micro-controller halt", Fatal),
+        (
+            63,
+            "ECC page retirement or row remapping recording event",
+            Informational,
+        ),
+        (
+            64,
+            "ECC page retirement or row remapper recording failure",
+            Fatal,
+        ),
+        (68, "NVDEC0 exception", RestartApp),
+        (69, "Graphics engine class error", RestartApp),
+        (74, "NVLink error", Fatal),
+        (79, "GPU has fallen off the bus", Fatal),
+        (92, "High single-bit ECC error rate", Informational),
+        (94, "Contained ECC error", RestartApp),
+        (95, "Uncontained ECC error", Fatal),
+        (109, "Context switch timeout", RestartApp),
+        (110, "Security fault error", Fatal),
+        (119, "GSP RPC timeout", Fatal),
+        (120, "GSP error", Fatal),
+        (121, "C2C link corrected error", Informational),
+        (122, "SPI PMU RPC read failure", RestartApp),
+        (123, "SPI PMU RPC write failure", RestartApp),
+        (124, "SPI PMU RPC erase failure", RestartApp),
+        (136, "Link training failed", Fatal),
+        (137, "NVLink FLA privilege error", RestartApp),
+        (140, "Unrecovered ECC error", Fatal),
+        (143, "GPU initialization failure", Fatal),
+        (144, "NVLink SAW error", Fatal),
+        (145, "NVLink RLW error", Fatal),
+        (146, "NVLink TLW error", Fatal),
+        (147, "NVLink TREX error", Fatal),
+        (148, "NVLink NVLPW_CTRL error", Fatal),
+        (149, "NVLink NETIR error", Fatal),
+        (150, "NVLink MSE error", Fatal),
+        (151, "Key rotation error", Fatal),
+        (154, "GPU recovery action changed", Fatal),
+        (155, "NVLink SW defined error", Fatal),
+        (156, "Resource retirement event", Informational),
+        (157, "Resource retirement failure", Fatal),
+        (158, "GPU fatal timeout", Fatal),
+    ]
+};
+
+/// The class of an Xid after NVIDIA's catalog.
+pub fn class_of(xid: u32) -> XidClass {
+    match CATALOG.binary_search_by_key(&xid, |(x, _, _)| *x) {
+        Ok(i) => CATALOG[i].2,
+        Err(_) => XidClass::Unknown,
+    }
+}
+
+/// A short human name for an Xid, when the catalog has one.
+pub fn name_of(xid: u32) -> Option<&'static str> {
+    CATALOG
+        .binary_search_by_key(&xid, |(x, _, _)| *x)
+        .ok()
+        .map(|i| CATALOG[i].1)
+}
+
+/// One Xid (or Xid-less "fallen off the bus") event seen for a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XidEvent {
+    /// The Xid number; 79 for the Xid-less "has fallen off the bus" message.
+    pub xid: u32,
+    /// Catalog class at the time it was seen.
+    pub class: XidClass,
+    /// Normalised PCI bus id the event names, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    /// Milliseconds since the Unix epoch when the agent saw it.
+    pub at_ms: u64,
+    /// Where it came from: `nvml-event` or `kmsg`.
+    pub source: String,
+    /// The message text, trimmed (kernel line or NVML event description).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// "N events within window W" before an Xid changes the device's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XidThreshold {
+    /// Events needed.
+    pub count: u32,
+    /// Within this window.
+    #[serde(with = "duration_secs")]
+    pub window: Duration,
+}
+
+mod duration_secs {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_secs())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_secs(u64::deserialize(d)?))
+    }
+}
+
+impl std::str::FromStr for XidThreshold {
+    type Err = String;
+    /// `N/W`, e.g. `3/10m`, `1/1h`, `2/30s`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (n, w) = s
+            .split_once('/')
+            .ok_or_else(|| format!("threshold {s:?}: expected N/WINDOW, e.g. 3/10m"))?;
+        let count: u32 = n
+            .trim()
+            .parse()
+            .map_err(|_| format!("threshold {s:?}: {n:?} is not a count"))?;
+        if count == 0 {
+            return Err(format!("threshold {s:?}: count must be at least 1"));
+        }
+        let window = parse_duration(w.trim())
+            .ok_or_else(|| format!("threshold {s:?}: {w:?} is not a duration (30s, 10m, 1h)"))?;
+        Ok(XidThreshold { count, window })
+    }
+}
+
+/// Parse `500ms`, `30s`, `10m`, `1h`, `2d` or plain seconds.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let ms = match unit {
+        "ms" => n,
+        "" | "s" => n.checked_mul(1_000)?,
+        "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        "d" => n.checked_mul(86_400_000)?,
+        _ => return None,
+    };
+    Some(Duration::from_millis(ms))
+}
+
+/// How Xid events turn into a device status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XidPolicy {
+    /// Xids dropped entirely (still counted in metrics).
+    pub ignore: BTreeSet<u32>,
+    /// Per-Xid thresholds that override the class defaults.
+    pub thresholds: BTreeMap<u32, XidThreshold>,
+    /// Fatal Xids: this many within the window fail the device.
+    pub fatal: XidThreshold,
+    /// Restart-app and unknown Xids: this many within the window degrade the device.
+    pub restart_app: XidThreshold,
+    /// How long the agent keeps events for display and evaluation.
+    #[serde(with = "duration_secs")]
+    pub retention: Duration,
+}
+
+impl Default for XidPolicy {
+    fn default() -> Self {
+        XidPolicy {
+            ignore: BTreeSet::new(),
+            thresholds: BTreeMap::new(),
+            // A fatal Xid means reset or reboot: it holds the device failed for an hour
+            // unless the operator narrows the window. The aggregator's release needs
+            // clean samples on top of that.
+            fatal: XidThreshold {
+                count: 1,
+                window: Duration::from_secs(3600),
+            },
+            restart_app: XidThreshold {
+                count: 3,
+                window: Duration::from_secs(600),
+            },
+            retention: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What an Xid history means right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XidVerdict {
+    /// Failed or Degraded.
+    pub status: DeviceStatus,
+    /// `xid-79` and so on.
+    pub reason: String,
+    /// Human detail.
+    pub detail: String,
+}
+
+impl XidPolicy {
+    /// Whether the policy drops this Xid.
+    pub fn ignores(&self, xid: u32) -> bool {
+        self.ignore.contains(&xid)
+    }
+
+    /// The threshold for `xid`, or `None` when it never changes the status
+    /// (informational Xids without an explicit threshold).
+    pub fn threshold_for(&self, xid: u32) -> Option<(XidThreshold, DeviceStatus)> {
+        let class = class_of(xid);
+        let status = if class == XidClass::Fatal {
+            DeviceStatus::Failed
+        } else {
+            DeviceStatus::Degraded
+        };
+        if let Some(t) = self.thresholds.get(&xid) {
+            return Some((*t, status));
+        }
+        match class {
+            XidClass::Fatal => Some((self.fatal, status)),
+            XidClass::RestartApp | XidClass::Unknown => Some((self.restart_app, status)),
+            XidClass::Informational => None,
+        }
+    }
+
+    /// The worst verdict the events of one device give at `now_ms`.
+    pub fn evaluate(&self, events: &[XidEvent], now_ms: u64) -> Option<XidVerdict> {
+        let mut counts: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
+        let mut best: Option<XidVerdict> = None;
+        for e in events.iter().filter(|e| !self.ignores(e.xid)) {
+            let Some((t, status)) = self.threshold_for(e.xid) else {
+                continue;
+            };
+            let window_ms = t.window.as_millis() as u64;
+            if now_ms.saturating_sub(e.at_ms) > window_ms {
+                continue;
+            }
+            let c = counts.entry(e.xid).or_insert((0, e.at_ms));
+            c.0 += 1;
+            c.1 = c.1.max(e.at_ms);
+            if c.0 >= t.count {
+                let worse = best
+                    .as_ref()
+                    .is_none_or(|b| status_rank(status) > status_rank(b.status));
+                if worse {
+                    best = Some(XidVerdict {
+                        status,
+                        reason: format!("xid-{}", e.xid),
+                        detail: format!(
+                            "Xid {} ({}) seen {} time(s) within {}s",
+                            e.xid,
+                            name_of(e.xid).unwrap_or("not in catalog"),
+                            c.0,
+                            t.window.as_secs()
+                        ),
+                    });
+                }
+            }
+        }
+        best
+    }
+}
+
+fn status_rank(s: DeviceStatus) -> u8 {
+    match s {
+        DeviceStatus::Healthy => 0,
+        DeviceStatus::Unknown => 1,
+        DeviceStatus::Degraded => 2,
+        DeviceStatus::Failed => 3,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(xid: u32, at_ms: u64) -> XidEvent {
+        XidEvent {
+            xid,
+            class: class_of(xid),
+            pci_bus_id: None,
+            at_ms,
+            source: "kmsg".into(),
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn catalog_is_sorted_for_binary_search() {
+        assert!(CATALOG.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn catalog_classes() {
+        assert_eq!(class_of(79), XidClass::Fatal);
+        assert_eq!(class_of(48), XidClass::Fatal);
+        assert_eq!(class_of(95), XidClass::Fatal);
+        assert_eq!(class_of(94), XidClass::RestartApp);
+        assert_eq!(class_of(13), XidClass::RestartApp);
+        assert_eq!(class_of(63), XidClass::Informational);
+        assert_eq!(class_of(9999), XidClass::Unknown);
+    }
+
+    #[test]
+    fn one_fatal_xid_fails_the_device() {
+        let p = XidPolicy::default();
+        let v = p.evaluate(&[ev(79, 1_000)], 2_000).unwrap();
+        assert_eq!(v.status, DeviceStatus::Failed);
+        assert_eq!(v.reason, "xid-79");
+    }
+
+    #[test]
+    fn restart_app_xids_degrade_only_past_the_threshold() {
+        let p = XidPolicy::default();
+        let two = [ev(13, 1_000), ev(13, 2_000)];
+        assert_eq!(p.evaluate(&two, 3_000), None);
+        let three = [ev(13, 1_000), ev(13, 2_000), ev(13, 2_500)];
+        assert_eq!(
+            p.evaluate(&three, 3_000).unwrap().status,
+            DeviceStatus::Degraded
+        );
+        // Outside the 10 minute window they no longer count.
+        assert_eq!(p.evaluate(&three, 1_000 + 601_000), None);
+    }
+
+    #[test]
+    fn informational_and_ignored_xids_change_nothing() {
+        let mut p = XidPolicy::default();
+        assert_eq!(p.evaluate(&[ev(63, 0)], 1), None);
+        p.ignore.insert(79);
+        assert_eq!(p.evaluate(&[ev(79, 0)], 1), None);
+    }
+
+    #[test]
+    fn per_xid_threshold_overrides_class_default() {
+        let mut p = XidPolicy::default();
+        p.thresholds.insert(79, "2/1m".parse().unwrap());
+        assert_eq!(p.evaluate(&[ev(79, 0)], 1), None);
+        let v = p.evaluate(&[ev(79, 0), ev(79, 10)], 20).unwrap();
+        assert_eq!(v.status, DeviceStatus::Failed);
+        // An informational Xid with an explicit threshold degrades.
+        p.thresholds.insert(92, "1/1m".parse().unwrap());
+        assert_eq!(
+            p.evaluate(&[ev(92, 0)], 1).unwrap().status,
+            DeviceStatus::Degraded
+        );
+    }
+
+    #[test]
+    fn fatal_wins_over_degraded() {
+        let mut p = XidPolicy::default();
+        p.thresholds.insert(13, "1/1m".parse().unwrap());
+        let v = p.evaluate(&[ev(13, 0), ev(48, 1)], 2).unwrap();
+        assert_eq!(v.reason, "xid-48");
+    }
+
+    #[test]
+    fn threshold_syntax() {
+        let t: XidThreshold = "3/10m".parse().unwrap();
+        assert_eq!((t.count, t.window), (3, Duration::from_secs(600)));
+        for bad in ["3", "0/1m", "x/1m", "3/10y", "3/"] {
+            assert!(bad.parse::<XidThreshold>().is_err(), "{bad}");
+        }
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("7"), Some(Duration::from_secs(7)));
+    }
+}
