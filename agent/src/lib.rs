@@ -84,8 +84,12 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
                 cfg.nvml_lib.clone(),
                 Some((sink.clone(), cancel.clone())),
             ))),
-            SourceKind::Dcmi => anyhow::bail!("dcmi: not built yet"),
-            SourceKind::NpuSmi => anyhow::bail!("npu-smi: not built yet"),
+            SourceKind::Dcmi => polled.push(Arc::new(sources::dcmi::DcmiSource::new(
+                cfg.dcmi_lib.clone(),
+            ))),
+            SourceKind::NpuSmi => polled.push(Arc::new(sources::npu_smi::NpuSmiSource::new(
+                cfg.npu_smi.clone(),
+            ))),
             SourceKind::Exec => {
                 let argv = cfg.exec.clone().context("exec source without --exec")?;
                 polled.push(Arc::new(sources::exec::ExecSource::new(argv)));

@@ -85,9 +85,9 @@ impl Metrics {
         let m = Metrics {
             source_up: Family::default(),
             sample_seconds: Family::new_with_constructor(|| {
-                Histogram::new(
-                    [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 3.0, 10.0],
-                )
+                Histogram::new([
+                    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 3.0, 10.0,
+                ])
             }),
             errors: Family::default(),
             abandoned: Family::default(),

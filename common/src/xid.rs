@@ -25,87 +25,78 @@ pub enum XidClass {
     Unknown,
 }
 
-/// `(xid, short name, class)`, sorted by xid.
-const CATALOG: &[(u32, &str, XidClass)] = {
-    use XidClass::*;
-    &[
-        (8, "GPU stopped processing (timeout)", RestartApp),
-        (13, "Graphics engine exception", RestartApp),
-        (31, "GPU memory page fault", RestartApp),
-        (32, "Invalid or corrupted push buffer stream", RestartApp),
-        (38, "Driver firmware error", Fatal),
-        (43, "GPU stopped processing", RestartApp),
-        (44, "Graphics engine fault during context switch", Fatal),
-        (
-            45,
-            "Preemptive cleanup, due to previous errors",
-            Informational,
-        ),
-        (48, "Double bit ECC error", Fatal),
-        (56, "Display engine error", Informational),
-        (57, "Error programming video memory interface", Fatal),
-        (58, "Unstable video memory interface detected", Fatal),
-        (61, "Internal micro-controller breakpoint/warning", Fatal),
-        (62, "Internal micro-controller halt", Fatal),
-        (
-            63,
-            "ECC page retirement or row remapping recording event",
-            Informational,
-        ),
-        (
-            64,
-            "ECC page retirement or row remapper recording failure",
-            Fatal,
-        ),
-        (68, "NVDEC0 exception", RestartApp),
-        (69, "Graphics engine class error", RestartApp),
-        (74, "NVLink error", Fatal),
-        (79, "GPU has fallen off the bus", Fatal),
-        (92, "High single-bit ECC error rate", Informational),
-        (94, "Contained ECC error", RestartApp),
-        (95, "Uncontained ECC error", Fatal),
-        (109, "Context switch timeout", RestartApp),
-        (110, "Security fault error", Fatal),
-        (119, "GSP RPC timeout", Fatal),
-        (120, "GSP error", Fatal),
-        (121, "C2C link corrected error", Informational),
-        (122, "SPI PMU RPC read failure", RestartApp),
-        (123, "SPI PMU RPC write failure", RestartApp),
-        (124, "SPI PMU RPC erase failure", RestartApp),
-        (136, "Link training failed", Fatal),
-        (137, "NVLink FLA privilege error", RestartApp),
-        (140, "Unrecovered ECC error", Fatal),
-        (143, "GPU initialization failure", Fatal),
-        (144, "NVLink SAW error", Fatal),
-        (145, "NVLink RLW error", Fatal),
-        (146, "NVLink TLW error", Fatal),
-        (147, "NVLink TREX error", Fatal),
-        (148, "NVLink NVLPW_CTRL error", Fatal),
-        (149, "NVLink NETIR error", Fatal),
-        (150, "NVLink MSE error", Fatal),
-        (151, "Key rotation error", Fatal),
-        (154, "GPU recovery action changed", Fatal),
-        (155, "NVLink SW defined error", Fatal),
-        (156, "Resource retirement event", Informational),
-        (157, "Resource retirement failure", Fatal),
-        (158, "GPU fatal timeout", Fatal),
-    ]
-};
+/// NVIDIA's Xid catalog as a table: `xid, name, NVIDIA resolution bucket, our class,
+/// justification`, tab separated. Built from docs.nvidia.com/deploy/xid-errors (via the
+/// catalog spreadsheet as gpud generates it); each row says why it got its class.
+const CATALOG_TSV: &str = include_str!("xid_catalog.tsv");
+
+/// One catalog row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CatalogEntry {
+    /// The Xid.
+    pub xid: u32,
+    /// Short name.
+    pub name: &'static str,
+    /// NVIDIA's resolution bucket (RESET_GPU, RESTART_APP, IGNORE, ...), `-` if none.
+    pub resolution: &'static str,
+    /// Our class.
+    pub class: XidClass,
+}
+
+fn parse_class(s: &str) -> Option<XidClass> {
+    match s {
+        "fatal" => Some(XidClass::Fatal),
+        "restart-app" => Some(XidClass::RestartApp),
+        "informational" => Some(XidClass::Informational),
+        _ => None,
+    }
+}
+
+/// The whole catalog, sorted by Xid.
+pub fn catalog() -> &'static [CatalogEntry] {
+    static CATALOG: std::sync::OnceLock<Vec<CatalogEntry>> = std::sync::OnceLock::new();
+    CATALOG.get_or_init(|| {
+        let mut rows: Vec<CatalogEntry> = CATALOG_TSV
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split('\t').collect();
+                Some(CatalogEntry {
+                    xid: f.first()?.trim().parse().ok()?,
+                    name: f.get(1)?.trim(),
+                    resolution: f.get(2)?.trim(),
+                    class: parse_class(f.get(3)?.trim())?,
+                })
+            })
+            .collect();
+        rows.sort_by_key(|r| r.xid);
+        rows.dedup_by_key(|r| r.xid);
+        rows
+    })
+}
+
+fn entry(xid: u32) -> Option<&'static CatalogEntry> {
+    let c = catalog();
+    c.binary_search_by_key(&xid, |r| r.xid).ok().map(|i| &c[i])
+}
 
 /// The class of an Xid after NVIDIA's catalog.
 pub fn class_of(xid: u32) -> XidClass {
-    match CATALOG.binary_search_by_key(&xid, |(x, _, _)| *x) {
-        Ok(i) => CATALOG[i].2,
-        Err(_) => XidClass::Unknown,
+    entry(xid).map(|e| e.class).unwrap_or(XidClass::Unknown)
+}
+
+/// The class of one Xid message. Xid 154 ("GPU recovery action changed") is fatal only
+/// when the new action is not `None`.
+pub fn class_of_message(xid: u32, message: &str) -> XidClass {
+    if xid == 154 && message.contains("to 0x0 (None)") {
+        return XidClass::Informational;
     }
+    class_of(xid)
 }
 
 /// A short human name for an Xid, when the catalog has one.
 pub fn name_of(xid: u32) -> Option<&'static str> {
-    CATALOG
-        .binary_search_by_key(&xid, |(x, _, _)| *x)
-        .ok()
-        .map(|i| CATALOG[i].1)
+    entry(xid).map(|e| e.name)
 }
 
 /// One Xid (or Xid-less "fallen off the bus") event seen for a device.
@@ -241,8 +232,7 @@ impl XidPolicy {
 
     /// The threshold for `xid`, or `None` when it never changes the status
     /// (informational Xids without an explicit threshold).
-    pub fn threshold_for(&self, xid: u32) -> Option<(XidThreshold, DeviceStatus)> {
-        let class = class_of(xid);
+    pub fn threshold_for(&self, xid: u32, class: XidClass) -> Option<(XidThreshold, DeviceStatus)> {
         let status = if class == XidClass::Fatal {
             DeviceStatus::Failed
         } else {
@@ -263,7 +253,7 @@ impl XidPolicy {
         let mut counts: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
         let mut best: Option<XidVerdict> = None;
         for e in events.iter().filter(|e| !self.ignores(e.xid)) {
-            let Some((t, status)) = self.threshold_for(e.xid) else {
+            let Some((t, status)) = self.threshold_for(e.xid, e.class) else {
                 continue;
             };
             let window_ms = t.window.as_millis() as u64;
@@ -321,8 +311,22 @@ mod tests {
     }
 
     #[test]
-    fn catalog_is_sorted_for_binary_search() {
-        assert!(CATALOG.windows(2).all(|w| w[0].0 < w[1].0));
+    fn the_whole_catalog_parses() {
+        let rows = CATALOG_TSV
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .count();
+        // Every row but the header becomes an entry: none is silently dropped.
+        assert_eq!(catalog().len(), rows - 1);
+        assert!(catalog().windows(2).all(|w| w[0].xid < w[1].xid));
+    }
+
+    #[test]
+    fn recovery_action_none_is_informational() {
+        let to_none = "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)";
+        assert_eq!(class_of_message(154, to_none), XidClass::Informational);
+        let to_reset = "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)";
+        assert_eq!(class_of_message(154, to_reset), XidClass::Fatal);
     }
 
     #[test]

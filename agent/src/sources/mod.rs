@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use faultline_common::{DeviceReading, XidEvent};
 
+pub mod dcmi;
 pub mod exec;
 pub mod kmsg;
+pub mod npu_smi;
 
 pub mod nvml;
 pub mod process;

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use faultline_common::xid::class_of;
+use faultline_common::xid::class_of_message;
 use faultline_common::XidEvent;
 use tokio_util::sync::CancellationToken;
 
@@ -62,7 +62,7 @@ impl LineHandler {
         self.metrics.count_kmsg_line(kind);
         self.store.add_event(XidEvent {
             xid,
-            class: class_of(xid),
+            class: class_of_message(xid, &message),
             pci_bus_id: bus,
             at_ms,
             source: "kmsg".into(),

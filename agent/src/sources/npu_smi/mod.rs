@@ -1,0 +1,143 @@
+//! `npu-smi`: Huawei Ascend NPUs through the `npu-smi` CLI.
+//!
+//! Every sample runs `npu-smi info` (one process for all chips). Chips whose Health is
+//! not OK are asked `-t health` for their error codes; ECC counters (`-t ecc`) are
+//! refreshed every [`ECC_EVERY`] samples, since each call is a process start; `-t common`
+//! fills in a temperature the table left out. Every call shares the sample's deadline.
+
+pub mod parser;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use faultline_common::{
+    DeviceReading, EccCounts, PcieLink, Vendor, VendorHealth, VendorHealthLevel,
+};
+
+use super::{process, ProbeError, Source, SourceSample};
+
+/// ECC counters are read every this many samples.
+pub const ECC_EVERY: u64 = 10;
+
+/// The npu-smi source.
+pub struct NpuSmiSource {
+    program: String,
+    samples: Mutex<u64>,
+    ecc: Mutex<HashMap<String, EccCounts>>,
+}
+
+impl NpuSmiSource {
+    /// `program`: path or name on PATH.
+    pub fn new(program: String) -> Self {
+        NpuSmiSource {
+            program,
+            samples: Mutex::new(0),
+            ecc: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn run(&self, args: &[&str], deadline: Instant) -> Result<String, ProbeError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ProbeError::Timeout(Duration::ZERO));
+        }
+        let mut argv = vec![self.program.clone()];
+        argv.extend(args.iter().map(|s| s.to_string()));
+        process::run(&argv, left)
+    }
+}
+
+impl Source for NpuSmiSource {
+    fn name(&self) -> &'static str {
+        "npu-smi"
+    }
+
+    fn sample(&self, timeout: Duration) -> Result<SourceSample, ProbeError> {
+        let deadline = Instant::now() + timeout;
+        let info = self.run(&["info"], deadline)?;
+        let chips = parser::parse_info(&info).map_err(ProbeError::Parse)?;
+        let n = {
+            let mut s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+            *s += 1;
+            *s
+        };
+        let read_ecc = n % ECC_EVERY == 1;
+        let multi_chip = chips.iter().any(|c| c.chip > 0);
+        let mut out = SourceSample::default();
+        for c in chips {
+            let id = if multi_chip {
+                format!("npu{}-{}", c.npu, c.chip)
+            } else {
+                format!("npu{}", c.npu)
+            };
+            let (i, ch) = (c.npu.to_string(), c.chip.to_string());
+            let mut r = DeviceReading::new(id.clone(), Vendor::Ascend, "npu-smi");
+            r.index = Some(c.npu);
+            r.name = Some(c.name);
+            r.pci_bus_id = c.bus_id;
+            r.power_w = c.power_w;
+            r.temperature_c = c.temp_c;
+            // npu-smi lists only chips that answer on the bus.
+            r.pcie = Some(PcieLink {
+                up: true,
+                ..Default::default()
+            });
+            match parser::health_level(&c.health) {
+                Some(VendorHealthLevel::Ok) => {
+                    r.vendor_health = Some(VendorHealth {
+                        level: VendorHealthLevel::Ok,
+                        raw: c.health,
+                        error_codes: vec![],
+                    })
+                }
+                level => {
+                    // Ask for the error codes; fall back to the table's word.
+                    match self
+                        .run(&["info", "-t", "health", "-i", &i, "-c", &ch], deadline)
+                        .and_then(|t| parser::parse_health(&t).map_err(ProbeError::Parse))
+                    {
+                        Ok(h) => r.vendor_health = Some(h),
+                        Err(e) => {
+                            r.probe_errors.push(format!("health: {e}"));
+                            r.vendor_health = level.map(|level| VendorHealth {
+                                level,
+                                raw: c.health.clone(),
+                                error_codes: vec![],
+                            });
+                        }
+                    }
+                }
+            }
+            if r.temperature_c.is_none() {
+                match self.run(&["info", "-t", "common", "-i", &i, "-c", &ch], deadline) {
+                    Ok(t) => {
+                        let (temp, power) = parser::parse_common(&t);
+                        r.temperature_c = temp;
+                        r.power_w = r.power_w.or(power);
+                    }
+                    Err(e) => r.probe_errors.push(format!("common: {e}")),
+                }
+            }
+            let mut cache = self.ecc.lock().unwrap_or_else(|p| p.into_inner());
+            if read_ecc || !cache.contains_key(&id) {
+                match self
+                    .run(&["info", "-t", "ecc", "-i", &i, "-c", &ch], deadline)
+                    .and_then(|t| parser::parse_ecc(&t).map_err(ProbeError::Parse))
+                {
+                    Ok(e) => {
+                        cache.insert(id.clone(), e);
+                    }
+                    Err(e) => r.probe_errors.push(format!("ecc: {e}")),
+                }
+            }
+            r.ecc = cache.get(&id).copied();
+            out.devices.push(r);
+        }
+        Ok(out)
+    }
+
+    fn needs_warm_up(&self) -> bool {
+        true
+    }
+}
