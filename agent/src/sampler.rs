@@ -150,6 +150,9 @@ pub async fn run(
                 Err(ProbeError::Init(_) | ProbeError::Hung(_)) => break,
                 Err(e) => {
                     metrics.count_error(name, e.kind());
+                    // Say so at once: readers should not wait for the retries to learn
+                    // that the source is failing.
+                    store.record_failure(name, e, caller.abandoned());
                     if attempt < cfg.retries {
                         tracing::debug!(source = name, attempt, error = %e, "retrying");
                     }
@@ -172,10 +175,11 @@ pub async fn run(
                 next = tokio::time::Instant::now() + cfg.interval;
             }
             Err(e) => {
+                // Other errors were recorded attempt by attempt.
                 if matches!(e, ProbeError::Init(_) | ProbeError::Hung(_)) {
                     metrics.count_error(name, e.kind());
+                    store.record_failure(name, &e, abandoned);
                 }
-                store.record_failure(name, &e, abandoned);
                 // Log a failure once, then at most once a minute while it repeats.
                 let msg = e.to_string();
                 let quiet = matches!(&last_log, Some((t, m)) if *m == msg && t.elapsed() < Duration::from_secs(60));

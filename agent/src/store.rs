@@ -19,8 +19,9 @@ use crate::sources::{now_ms, ProbeError, SourceSample};
 /// Most Xid events kept in memory, whatever the retention says.
 const MAX_EVENTS: usize = 4096;
 /// The same Xid on the same bus from the same source within this window is one event
-/// (a fallen-off-the-bus message is printed with and without an Xid number).
-const EVENT_DEDUP_MS: u64 = 2_000;
+/// (the driver prints several lines for one Xid 13, and a fallen-off-the-bus message
+/// with and without an Xid number).
+const EVENT_DEDUP_MS: u64 = 1_000;
 
 /// What the store needs to know about the node.
 #[derive(Debug, Clone)]

@@ -85,9 +85,15 @@ pub fn spawn(path: PathBuf, store: Arc<Store>, metrics: Arc<Metrics>, cancel: Ca
     store.register_source("kmsg", false);
     let spawned = std::thread::Builder::new().name("kmsg".into()).spawn(move || {
         let mut backoff = Duration::from_millis(500);
+        // A plain file is followed from its end at start, and from its start after it
+        // was rotated or truncated (everything in it then is new).
+        let mut from_start = false;
         while !cancel.is_cancelled() {
-            match follow(&path, &store, &metrics, &cancel) {
-                Ok(()) => backoff = Duration::from_millis(500),
+            match follow(&path, from_start, &store, &metrics, &cancel) {
+                Ok(()) => {
+                    backoff = Duration::from_millis(500);
+                    from_start = true;
+                }
                 Err(e) => {
                     metrics.count_error("kmsg", e.kind());
                     store.record_failure("kmsg", &e, 0);
@@ -105,6 +111,7 @@ pub fn spawn(path: PathBuf, store: Arc<Store>, metrics: Arc<Metrics>, cancel: Ca
 
 fn follow(
     path: &Path,
+    from_start: bool,
     store: &Arc<Store>,
     metrics: &Arc<Metrics>,
     cancel: &CancellationToken,
@@ -141,7 +148,7 @@ fn follow(
     }
     let mut h = LineHandler::new(store.clone(), metrics.clone(), None);
     let fifo = ft.is_fifo();
-    let mut pos = if fifo {
+    let mut pos = if fifo || from_start {
         0
     } else {
         file.seek(SeekFrom::End(0))

@@ -1,0 +1,277 @@
+//! Kernel log Xid parsing over real lines from public bug reports (each line's source is
+//! cited beside it in tests/data/xid/), and the kmsg source end to end.
+
+mod common;
+
+use std::io::Write;
+use std::time::Duration;
+
+use common::*;
+use faultline_agent::sources::kmsg::parser::{Line, Parser};
+use faultline_common::normalize_bus_id;
+
+/// `(comment, line)` pairs of a data file: each data line follows its `# source:` line.
+fn cited_lines(rel: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(test_path(rel)).unwrap();
+    let mut out = Vec::new();
+    let mut source: Option<String> = None;
+    for line in text.lines() {
+        if line.starts_with("# source:") {
+            source = Some(line.to_string());
+        } else if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        } else if let Some(s) = source.take() {
+            out.push((s, line.to_string()));
+        }
+    }
+    out
+}
+
+fn field<'a>(comment: &'a str, key: &str) -> Option<&'a str> {
+    comment
+        .split(", ")
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+}
+
+#[test]
+fn every_real_line_parses_as_its_source_says() {
+    let lines = cited_lines("data/xid/real_lines.txt");
+    assert!(lines.len() >= 40, "only {} cited lines", lines.len());
+    let (mut xids, mut implied, mut negatives) = (0, 0, 0);
+    for (comment, line) in &lines {
+        let got = Parser::default().parse(line);
+        let want_bus = field(comment, "bus")
+            .and_then(|b| b.split_whitespace().next())
+            .and_then(normalize_bus_id);
+        match (field(comment, "xid"), field(comment, "implied")) {
+            (Some("none"), Some(x)) => {
+                assert_eq!(x, "79");
+                implied += 1;
+                match &got {
+                    Line::FallenOffBus { bus, .. } => assert_eq!(bus, &want_bus, "{line}"),
+                    other => panic!("{line}\nwant fallen-off-bus, got {other:?}\n{comment}"),
+                }
+            }
+            (Some("none"), None) => {
+                negatives += 1;
+                assert!(
+                    !matches!(got, Line::Xid { .. } | Line::FallenOffBus { .. }),
+                    "{line}\nis not an Xid but parsed as {got:?}\n{comment}"
+                );
+            }
+            (Some(n), _) => {
+                xids += 1;
+                let n: u32 = n.parse().unwrap();
+                match &got {
+                    Line::Xid { xid, bus, .. } => {
+                        assert_eq!(*xid, n, "{line}");
+                        assert_eq!(bus, &want_bus, "{line}\n{comment}");
+                    }
+                    other => panic!("{line}\nwant Xid {n}, got {other:?}\n{comment}"),
+                }
+            }
+            (None, _) => panic!("no xid= in {comment}"),
+        }
+    }
+    assert!(
+        xids >= 30 && implied >= 2 && negatives >= 10,
+        "{xids} {implied} {negatives}"
+    );
+}
+
+#[test]
+fn each_fallen_off_the_bus_sequence_names_one_gpu() {
+    let text = std::fs::read_to_string(test_path("data/xid/fallen_off_bus.log")).unwrap();
+    let mut seqs = 0;
+    for seq in text.split("\n# === sequence").skip(1) {
+        seqs += 1;
+        let comment = seq.lines().find(|l| l.starts_with("# source:")).unwrap();
+        let want = normalize_bus_id(field(comment, "bus").unwrap())
+            .unwrap_or_else(|| panic!("no bus in {comment}"));
+        let mut p = Parser::default();
+        let mut buses = std::collections::BTreeSet::new();
+        for line in seq.lines().filter(|l| !l.starts_with('#')) {
+            match p.parse(line) {
+                Line::Xid { xid: 79, bus, .. } | Line::FallenOffBus { bus, .. } => {
+                    buses.insert(bus.clone().unwrap_or_else(|| panic!("no bus in {line}")));
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(
+            buses.into_iter().collect::<Vec<_>>(),
+            vec![want],
+            "sequence {seqs}"
+        );
+    }
+    assert_eq!(seqs, 6);
+}
+
+#[test]
+fn gsp_timeout_log_has_five_xid_119() {
+    let text = std::fs::read_to_string(test_path("data/xid/gsp_timeout_119.log")).unwrap();
+    let mut p = Parser::default();
+    let n = text
+        .lines()
+        .filter(|l| matches!(p.parse(l), Line::Xid { xid: 119, .. }))
+        .count();
+    assert_eq!(n, 5);
+}
+
+fn append(path: &std::path::Path, lines: &[&str]) {
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    for l in lines {
+        writeln!(f, "{l}").unwrap();
+    }
+}
+
+#[tokio::test]
+async fn xid_lines_appended_to_a_log_fail_the_matching_gpu() {
+    let state = StateFile::new("device_count=2\n");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("kern.log");
+    // Old content is history: a followed file starts at its end.
+    std::fs::write(
+        &log,
+        "Jun 15 08:00:00 n kernel: NVRM: Xid (PCI:0000:28:00): 79, old news\n",
+    )
+    .unwrap();
+    let lib = fake_nvml().to_str().unwrap().to_string();
+    let agent = spawn_agent(
+        &[
+            "--source",
+            "nvml,kmsg",
+            "--nvml-lib",
+            &lib,
+            "--kmsg",
+            log.to_str().unwrap(),
+            "--interval",
+            "100ms",
+            "--xid-threshold",
+            "13=2/1m",
+        ],
+        &[("FAKE_NVML_STATE", state.p())],
+    );
+    wait_for(&agent, Duration::from_secs(10), "healthy", |d| {
+        d.summary.healthy == 2
+    })
+    .await;
+    append(
+        &log,
+        &[
+            "garbage \u{1} line with no meaning",
+            "Jun 15 08:23:45 node-42 kernel: [ 1234.5] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=python, Graphics Exception",
+            "Jun 15 08:23:46 node-42 kernel: NVRM: Xid (PCI:0000:ff:00): 48, a GPU this node does not have",
+        ],
+    );
+    let doc = wait_for(&agent, Duration::from_secs(5), "xid 13 seen", |d| {
+        !device(d, "gpu0").recent_xids.is_empty()
+    })
+    .await;
+    // One Xid 13 is below its "2 in 1m" threshold.
+    assert_eq!(status_of(&doc, "gpu0").0, "healthy");
+    assert_eq!(doc.unattributed_xids.len(), 1);
+    assert_eq!(doc.unattributed_xids[0].xid, 48);
+    // Lines of one Xid within a second are one event; this one comes later.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    append(
+        &log,
+        &["[ 1235.0] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=python, Graphics Exception"],
+    );
+    wait_for(
+        &agent,
+        Duration::from_secs(5),
+        "gpu0 degraded by two Xid 13",
+        |d| status_of(d, "gpu0") == ("degraded".into(), Some("xid-13".into())),
+    )
+    .await;
+
+    // The multi-line fallen-off-the-bus message, with the Xid 79 line and without.
+    append(
+        &log,
+        &[
+            "[ 1843.308145] NVRM: GPU at PCI:0000:28:00: GPU-00000000-0000-0000-0000-000000000001",
+            "[ 1843.308150] NVRM: Xid (PCI:0000:28:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+            "[ 1843.308155] NVRM: GPU 0000:28:00.0: GPU has fallen off the bus.",
+        ],
+    );
+    let doc = wait_for(&agent, Duration::from_secs(5), "gpu1 failed", |d| {
+        d.summary.failed == 1
+    })
+    .await;
+    let g1 = device(&doc, "gpu1");
+    assert_eq!(g1.reason.as_deref(), Some("xid-79"));
+    assert_eq!(
+        g1.recent_xids.len(),
+        1,
+        "the two fallen-off lines are one event: {:?}",
+        g1.recent_xids
+    );
+    assert_eq!(g1.recent_xids[0].source, "kmsg");
+    let metrics = request("GET", &agent.url("/metrics"), None).await.body;
+    assert!(
+        metrics.contains("faultline_agent_kmsg_lines_total{result=\"other\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("faultline_agent_xid_events_total{xid=\"79\",class=\"fatal\""),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_fifo_and_an_unreadable_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("kmsg.fifo");
+    let ok = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let agent = spawn_agent(
+        &[
+            "--source",
+            "sim,kmsg",
+            "--sim-devices",
+            "2",
+            "--kmsg",
+            fifo.to_str().unwrap(),
+            "--interval",
+            "100ms",
+        ],
+        &[],
+    );
+    wait_for(&agent, Duration::from_secs(10), "two sim GPUs", |d| {
+        d.npus.len() == 2
+    })
+    .await;
+    // Opening a FIFO for writing blocks until the agent has it open for reading.
+    let f = fifo.clone();
+    tokio::task::spawn_blocking(move || {
+        append(
+            &f,
+            &["6,1234,5678901,-;NVRM: Xid (PCI:0000:19:00): 95, pid=1, name=x, Uncontained: SM"],
+        );
+    })
+    .await
+    .unwrap();
+    // The sim's gpu1 sits at 0000:19:00.0.
+    let doc = wait_for(&agent, Duration::from_secs(5), "gpu1 failed", |d| {
+        d.summary.failed == 1
+    })
+    .await;
+    assert_eq!(
+        status_of(&doc, "gpu1"),
+        ("failed".into(), Some("xid-95".into()))
+    );
+
+    let missing = spawn_agent(
+        &["--source", "sim,kmsg", "--kmsg", "/nonexistent/kmsg"],
+        &[],
+    );
+    let doc = wait_for(&missing, Duration::from_secs(5), "kmsg down", |d| {
+        d.sources.iter().any(|s| s.name == "kmsg" && !s.up)
+    })
+    .await;
+    assert_eq!(doc.summary.failed, 0, "an unreadable log fails nothing");
+}
