@@ -1,0 +1,387 @@
+//! The HTTP API over loopback: the document, long-poll on the generation, probes,
+//! metrics, fault injection, bad requests, the node file, and flags from the environment.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn sim_agent(extra: &[&str]) -> AgentProc {
+    let mut flags = vec![
+        "--source",
+        "sim",
+        "--sim-devices",
+        "8",
+        "--interval",
+        "200ms",
+        "--sim-seed",
+        "1",
+    ];
+    flags.extend_from_slice(extra);
+    spawn_agent(&flags, &[])
+}
+
+#[tokio::test]
+async fn the_document_has_the_seed_fields_and_more() {
+    let agent = sim_agent(&[]);
+    let doc = wait_for(&agent, Duration::from_secs(10), "eight devices", |d| {
+        d.npus.len() == 8
+    })
+    .await;
+    let raw = request("GET", &agent.url("/v1/health"), None).await.json();
+    assert_eq!(raw["node"], "test-node");
+    assert_eq!(raw["schema_version"], "faultline.node-health/v1");
+    for k in ["total", "healthy", "degraded", "failed", "unknown"] {
+        assert!(raw["summary"][k].is_u64(), "summary.{k}");
+    }
+    for k in [
+        "id",
+        "status",
+        "temperature_c",
+        "power_w",
+        "ecc_errors",
+        "pcie_link_status",
+        "reason",
+        "sample_age_ms",
+        "uuid",
+        "pci_bus_id",
+    ] {
+        assert!(
+            raw["npus"][0].get(k).is_some(),
+            "npus[0].{k} missing: {}",
+            raw["npus"][0]
+        );
+    }
+    assert_eq!(doc.summary.total, 8);
+    assert_eq!(doc.summary.healthy, 8);
+    let one = request("GET", &agent.url("/v1/health/gpu3"), None).await;
+    assert_eq!((one.status, one.json()["id"].as_str()), (200, Some("gpu3")));
+    let none = request("GET", &agent.url("/v1/health/gpu99"), None).await;
+    assert_eq!(none.status, 404);
+    assert!(none.json()["error"].as_str().unwrap().contains("gpu99"));
+}
+
+#[tokio::test]
+async fn a_long_poll_hears_of_a_change_at_once() {
+    let agent = spawn_agent(
+        &["--source", "sim", "--sim-devices", "8", "--interval", "1s"],
+        &[],
+    );
+    let doc = wait_for(&agent, Duration::from_secs(10), "first sample", |d| {
+        d.npus.len() == 8
+    })
+    .await;
+    let gen = doc.generation;
+    let url = agent.url(&format!(
+        "/v1/health?wait_generation={gen}&timeout_ms=20000"
+    ));
+    let waiter = tokio::spawn(async move { request("GET", &url, None).await });
+    // Fault injection reaches the document with the next sample (up to 1 s away).
+    let r = request(
+        "POST",
+        &agent.url("/v1/sim/faults"),
+        Some(r#"{"device":"gpu2","fault":"lost"}"#),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let resp = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut d: faultline_common::NodeHealth = serde_json::from_str(&resp.body).unwrap();
+    assert!(d.generation > gen);
+    // Noise may move the generation before the fault lands; follow until it does.
+    while status_of(&d, "gpu2").0 != "failed" {
+        let url = agent.url(&format!(
+            "/v1/health?wait_generation={}&timeout_ms=5000",
+            d.generation
+        ));
+        d = serde_json::from_str(&request("GET", &url, None).await.body).unwrap();
+    }
+    // The document that answered was rendered right after the sample that changed it.
+    let at = |s: &str| humantime::parse_rfc3339(s).unwrap();
+    let sampled = at(device(&d, "gpu2").sampled_at.as_deref().unwrap());
+    let lag = at(&d.timestamp).duration_since(sampled).unwrap_or_default();
+    assert!(
+        lag < Duration::from_millis(500),
+        "the poll answered {lag:?} after the change"
+    );
+
+    // A poll that times out returns the current document.
+    let t = Instant::now();
+    let g = d.generation + 1000;
+    let r = request(
+        "GET",
+        &agent.url(&format!("/v1/health?wait_generation={g}&timeout_ms=200")),
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(t.elapsed() >= Duration::from_millis(200));
+}
+
+#[tokio::test]
+async fn bad_requests_get_json_errors() {
+    let agent = sim_agent(&[]);
+    for (method, path, body, want) in [
+        ("GET", "/v1/health?bogus=1", None, 400),
+        ("GET", "/v1/health?wait_generation=abc", None, 400),
+        ("GET", "/v1/health?timeout_ms=5", None, 400),
+        ("GET", "/v1/health?format=xml", None, 400),
+        ("GET", "/nope", None, 404),
+        ("POST", "/v1/health", Some("{}"), 405),
+        ("POST", "/v1/sim/faults", Some("{not json"), 400),
+        (
+            "POST",
+            "/v1/sim/faults",
+            Some(r#"{"device":"gpu0","fault":"melt"}"#),
+            400,
+        ),
+        (
+            "POST",
+            "/v1/sim/faults",
+            Some(r#"{"device":"gpu0","fault":"lost","extra":1}"#),
+            400,
+        ),
+        (
+            "POST",
+            "/v1/sim/faults",
+            Some(r#"{"device":"gpu42","fault":"lost"}"#),
+            422,
+        ),
+        (
+            "POST",
+            "/v1/sim/faults",
+            Some(r#"{"device":"gpu0","fault":"xid"}"#),
+            422,
+        ),
+    ] {
+        let r = request(method, &agent.url(path), body).await;
+        assert_eq!(r.status, want, "{method} {path} {body:?}: {}", r.body);
+        let v = r.json();
+        assert!(
+            v["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{method} {path}: {v}"
+        );
+        assert_eq!(v["status"], want);
+    }
+    let big = format!(
+        r#"{{"device":"gpu0","fault":"lost","pad":"{}"}}"#,
+        "x".repeat(100_000)
+    );
+    assert_eq!(
+        request("POST", &agent.url("/v1/sim/faults"), Some(&big))
+            .await
+            .status,
+        413
+    );
+    let r = request_with(
+        "POST",
+        &agent.url("/v1/sim/faults"),
+        Some("device=gpu0"),
+        Some("text/plain"),
+    )
+    .await;
+    assert_eq!(r.status, 415);
+    // Still serving after all that, and the 4xx were counted.
+    assert_eq!(health(&agent).await.npus.len(), 8);
+    let m = request("GET", &agent.url("/metrics"), None).await.body;
+    assert!(
+        m.contains("faultline_agent_http_requests_total{path=\"/v1/sim/faults\",code=\"400\"} 3"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn injection_is_read_only_without_the_simulator() {
+    let agent = spawn_agent(&["--source", "kmsg", "--kmsg", "/nonexistent"], &[]);
+    let r = request(
+        "POST",
+        &agent.url("/v1/sim/faults"),
+        Some(r#"{"device":"gpu0","fault":"lost"}"#),
+    )
+    .await;
+    assert_eq!(r.status, 404);
+    assert!(r.body.contains("only available when the sim source runs"));
+}
+
+#[tokio::test]
+async fn faults_injected_show_and_clear() {
+    let agent = sim_agent(&[]);
+    wait_for(&agent, Duration::from_secs(10), "healthy", |d| {
+        d.summary.healthy == 8
+    })
+    .await;
+    for (body, dev, status, reason) in [
+        (
+            r#"{"device":"gpu1","fault":"high-temp","value":93}"#,
+            "gpu1",
+            "degraded",
+            "high-temp",
+        ),
+        (
+            r#"{"device":"2","fault":"pcie-down"}"#,
+            "gpu2",
+            "failed",
+            "pcie-link-down",
+        ),
+        (
+            r#"{"device":"gpu3","fault":"xid","xid":48}"#,
+            "gpu3",
+            "failed",
+            "xid-48",
+        ),
+        (
+            r#"{"device":"gpu4","fault":"row-remap-pending"}"#,
+            "gpu4",
+            "degraded",
+            "row-remap-pending",
+        ),
+    ] {
+        assert_eq!(
+            request("POST", &agent.url("/v1/sim/faults"), Some(body))
+                .await
+                .status,
+            201
+        );
+        wait_for(&agent, Duration::from_secs(5), body, |d| {
+            status_of(d, dev) == (status.to_string(), Some(reason.to_string()))
+        })
+        .await;
+    }
+    let listed = request("GET", &agent.url("/v1/sim/faults"), None)
+        .await
+        .json();
+    assert_eq!(
+        listed.as_array().unwrap().len(),
+        3,
+        "the Xid was delivered once and is gone: {listed}"
+    );
+    let cleared = request("DELETE", &agent.url("/v1/sim/faults"), None)
+        .await
+        .json();
+    assert_eq!(cleared["cleared"], 3);
+    // The Xid 48 stays in the device's history (fatal, one hour window).
+    let doc = wait_for(&agent, Duration::from_secs(5), "others healthy", |d| {
+        d.summary.healthy == 7
+    })
+    .await;
+    assert_eq!(status_of(&doc, "gpu3").1.as_deref(), Some("xid-48"));
+}
+
+#[tokio::test]
+async fn a_hung_source_leaves_the_api_answering() {
+    let agent = sim_agent(&["--timeout", "200ms", "--cache-ttl", "1s"]);
+    wait_for(&agent, Duration::from_secs(10), "healthy", |d| {
+        d.summary.healthy == 8
+    })
+    .await;
+    let r = request(
+        "POST",
+        &agent.url("/v1/sim/faults"),
+        Some(r#"{"fault":"hang"}"#),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let start = Instant::now();
+    let mut slowest = Duration::ZERO;
+    loop {
+        let t = Instant::now();
+        let doc = health(&agent).await;
+        slowest = slowest.max(t.elapsed());
+        if doc.summary.unknown == 8 {
+            assert_eq!(doc.summary.failed, 0);
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10));
+    }
+    assert!(slowest < Duration::from_secs(1), "{slowest:?}");
+    assert_eq!(
+        request("GET", &agent.url("/healthz"), None).await.status,
+        200
+    );
+    request("DELETE", &agent.url("/v1/sim/faults"), None).await;
+    wait_for(&agent, Duration::from_secs(10), "recovered", |d| {
+        d.summary.healthy == 8
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn readiness_waits_for_the_first_sample() {
+    // The exec tool sleeps before answering, so the first sample takes a while.
+    let agent = spawn_agent(
+        &[
+            "--source",
+            "exec",
+            "--exec",
+            "sh -c 'sleep 1; echo []'",
+            "--interval",
+            "100ms",
+        ],
+        &[],
+    );
+    let r = request("GET", &agent.url("/readyz"), None).await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while request("GET", &agent.url("/readyz"), None).await.status != 200 {
+        assert!(Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_node_file_is_written_atomically_on_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("node.json");
+    let agent = sim_agent(&["--node-file", file.to_str().unwrap()]);
+    wait_for(&agent, Duration::from_secs(10), "healthy", |d| {
+        d.summary.healthy == 8
+    })
+    .await;
+    request(
+        "POST",
+        &agent.url("/v1/sim/faults"),
+        Some(r#"{"device":"gpu5","fault":"lost"}"#),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        // Every read sees a whole document, never a half-written one.
+        let text = std::fs::read_to_string(&file).unwrap();
+        let doc: faultline_common::NodeHealth =
+            serde_json::from_str(&text).expect("whole document");
+        if doc.summary.failed == 1 {
+            assert_eq!(status_of(&doc, "gpu5").0, "failed");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node file never showed the fault"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(leftovers.len(), 1, "no temp files left behind");
+}
+
+#[tokio::test]
+async fn every_flag_reads_its_environment_variable() {
+    let agent = spawn_agent(
+        &[],
+        &[
+            ("FAULTLINE_SOURCE", "sim"),
+            ("FAULTLINE_SIM_DEVICES", "3"),
+            ("FAULTLINE_SIM_VENDOR", "ascend"),
+            ("FAULTLINE_TEMP_THRESHOLD", "20"),
+        ],
+    );
+    let doc = wait_for(&agent, Duration::from_secs(10), "three NPUs", |d| {
+        d.npus.len() == 3
+    })
+    .await;
+    assert_eq!(doc.npus[0].reading.id, "npu0");
+    // Every simulated temperature is over 20 C.
+    assert_eq!(doc.summary.degraded, 3);
+}
