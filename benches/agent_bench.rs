@@ -26,7 +26,11 @@ impl Drop for Proc {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn start(agent: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(Proc, SocketAddr)> {
@@ -70,7 +74,10 @@ fn cpu_secs(pid: u32) -> f64 {
     ticks / 100.0
 }
 
-async fn get(client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>, url: &str) -> Result<Bytes> {
+async fn get(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
+    url: &str,
+) -> Result<Bytes> {
     let resp = client.get(url.parse()?).await?;
     if !resp.status().is_success() {
         bail!("status {}", resp.status());
@@ -86,12 +93,19 @@ fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-async fn cpu_per_sample(agent: &str, label: &str, args: &[&str], env: &[(&str, &str)], source: &str) -> Result<()> {
+async fn cpu_per_sample(
+    agent: &str,
+    label: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    source: &str,
+) -> Result<()> {
     let (p, addr) = start(agent, args, env)?;
     let client = Client::builder(TokioExecutor::new()).build_http();
     let murl = format!("http://{addr}/metrics");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let count_name = format!("faultline_agent_sample_duration_seconds_count{{source=\"{source}\"}}");
+    let count_name =
+        format!("faultline_agent_sample_duration_seconds_count{{source=\"{source}\"}}");
     let sum_name = format!("faultline_agent_sample_duration_seconds_sum{{source=\"{source}\"}}");
     let m0 = String::from_utf8_lossy(&get(&client, &murl).await?).into_owned();
     let c0 = cpu_secs(p.0.id());
@@ -188,12 +202,21 @@ async fn main() -> Result<()> {
         [_, a, n] => (a.clone(), n.clone()),
         _ => bail!("usage: agent-bench PATH/TO/faultline-agent PATH/TO/libnvidia-ml.so"),
     };
-    let rate: u32 = std::env::var("BENCH_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
-    let secs: u64 = std::env::var("BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let rate: u32 = std::env::var("BENCH_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let secs: u64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
 
     println!("| measure | result |\n|---|---|");
     let size = std::fs::metadata(&agent)?.len();
-    println!("| binary size (release, stripped) | {:.2} MiB ({size} bytes) |", size as f64 / 1048576.0);
+    println!(
+        "| binary size (release, stripped) | {:.2} MiB ({size} bytes) |",
+        size as f64 / 1048576.0
+    );
 
     let state_dir = std::env::temp_dir().join(format!("faultline-bench-{}", std::process::id()));
     std::fs::create_dir_all(&state_dir)?;
@@ -201,13 +224,31 @@ async fn main() -> Result<()> {
     std::fs::write(&state, "device_count=8\ngpu.3.nvlink.count=18\n")?;
     let state_s = state.to_str().unwrap().to_string();
     let nvml_env = [("FAKE_NVML_STATE", state_s.as_str())];
-    let nvml_args = ["--source", "nvml", "--nvml-lib", nvml.as_str(), "--interval", "100ms"];
+    let nvml_args = [
+        "--source",
+        "nvml",
+        "--nvml-lib",
+        nvml.as_str(),
+        "--interval",
+        "100ms",
+    ];
     cpu_per_sample(&agent, "NVML (C double)", &nvml_args, &nvml_env, "nvml").await?;
-    let sim_args = ["--source", "sim", "--sim-devices", "8", "--interval", "100ms"];
+    let sim_args = [
+        "--source",
+        "sim",
+        "--sim-devices",
+        "8",
+        "--interval",
+        "100ms",
+    ];
     cpu_per_sample(&agent, "sim", &sim_args, &[], "sim").await?;
 
     // Latency and memory under load: 8 NVML devices sampled every second (the default).
-    let (p, addr) = start(&agent, &["--source", "nvml", "--nvml-lib", nvml.as_str()], &nvml_env)?;
+    let (p, addr) = start(
+        &agent,
+        &["--source", "nvml", "--nvml-lib", nvml.as_str()],
+        &nvml_env,
+    )?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pid = p.0.id();
     let idle_rss = proc_status(pid, "VmRSS:").unwrap_or(0);
