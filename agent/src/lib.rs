@@ -82,7 +82,11 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
         match kind {
             SourceKind::Nvml => polled.push(Arc::new(sources::nvml::NvmlSource::new(
                 cfg.nvml_lib.clone(),
-                Some((sink.clone(), cancel.clone())),
+                Some(sources::nvml::EventStream {
+                    sink: sink.clone(),
+                    cancel: cancel.clone(),
+                    metrics: metrics.clone(),
+                }),
             ))),
             SourceKind::Dcmi => polled.push(Arc::new(sources::dcmi::DcmiSource::new(
                 cfg.dcmi_lib.clone(),

@@ -156,9 +156,21 @@ async fn critical_xid_events_arrive_through_the_event_set() {
     assert_eq!(g.recent_xids[0].pci_bus_id.as_deref(), Some("0000:28:00.0"));
     // An event wait error must not touch any device (NVIDIA's plugin marks all unhealthy).
     state.set("device_count=2\nevent.1=1:79\nevent_wait_error=999\n");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = request("GET", &agent.url("/metrics"), None).await.body;
+        if m.contains("faultline_agent_source_errors_total{source=\"nvml\",kind=\"event-wait\"}") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the wait error was not counted:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let doc = health(&agent).await;
     assert_eq!(status_of(&doc, "gpu0").0, "healthy");
+    assert_eq!(doc.summary.failed, 1, "only the Xid 79 device");
 }
 
 #[tokio::test]

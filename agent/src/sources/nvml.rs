@@ -31,6 +31,7 @@ use nvml_wrapper::{Device, Nvml};
 use tokio_util::sync::CancellationToken;
 
 use super::{now_ms, EventSink, ProbeError, Source, SourceSample};
+use crate::metrics::Metrics;
 
 /// NVLink links a device may have (NVML_NVLINK_MAX_LINKS).
 const MAX_NVLINKS: u32 = 18;
@@ -50,8 +51,19 @@ pub struct NvmlSource {
     nvml: Mutex<Option<Arc<Nvml>>>,
     /// Identity of each index seen before, so a lost GPU is still named.
     known: Mutex<HashMap<u32, Identity>>,
-    events: Option<(EventSink, CancellationToken)>,
+    events: Option<EventStream>,
     events_started: AtomicBool,
+}
+
+/// Where the event thread delivers Xids and counts its errors.
+#[derive(Clone)]
+pub struct EventStream {
+    /// Receives each Xid.
+    pub sink: EventSink,
+    /// Stops the thread.
+    pub cancel: CancellationToken,
+    /// Counts wait errors (`source_errors{source="nvml",kind="event-wait"}`).
+    pub metrics: Arc<Metrics>,
 }
 
 fn init_error(e: NvmlError) -> ProbeError {
@@ -68,7 +80,7 @@ fn init_error(e: NvmlError) -> ProbeError {
 impl NvmlSource {
     /// `lib_path`: the library to load (default: the loader finds libnvidia-ml.so.1).
     /// With `events`, a thread delivers Xid critical events to the sink.
-    pub fn new(lib_path: Option<PathBuf>, events: Option<(EventSink, CancellationToken)>) -> Self {
+    pub fn new(lib_path: Option<PathBuf>, events: Option<EventStream>) -> Self {
         NvmlSource {
             lib_path,
             nvml: Mutex::new(None),
@@ -96,16 +108,16 @@ impl NvmlSource {
     }
 
     fn start_events(&self, nvml: &Arc<Nvml>) {
-        let Some((sink, cancel)) = &self.events else {
+        let Some(stream) = &self.events else {
             return;
         };
         if self.events_started.swap(true, Ordering::AcqRel) {
             return;
         }
-        let (nvml, sink, cancel) = (nvml.clone(), sink.clone(), cancel.clone());
+        let (nvml, stream) = (nvml.clone(), stream.clone());
         let spawned = std::thread::Builder::new()
             .name("nvml-events".into())
-            .spawn(move || event_loop(&nvml, &sink, &cancel));
+            .spawn(move || event_loop(&nvml, &stream));
         if spawned.is_err() {
             self.events_started.store(false, Ordering::Release);
         }
@@ -337,12 +349,13 @@ fn nvml_result(rc: nvml_wrapper_sys::bindings::nvmlReturn_t) -> Result<(), NvmlE
     nvml_wrapper::error::nvml_try(rc)
 }
 
-fn event_loop(nvml: &Nvml, sink: &EventSink, cancel: &CancellationToken) {
+fn event_loop(nvml: &Nvml, stream: &EventStream) {
     let mut backoff = Duration::from_secs(1);
-    while !cancel.is_cancelled() {
-        match watch_events(nvml, sink, cancel) {
+    while !stream.cancel.is_cancelled() {
+        match watch_events(nvml, &stream.sink, &stream.cancel) {
             Ok(()) => return,
             Err(e) => {
+                stream.metrics.count_error("nvml", "event-wait");
                 // A wait error says nothing about the devices: log, back off, re-arm.
                 tracing::warn!(error = %e, "NVML event wait failed; re-arming");
                 std::thread::sleep(backoff);
