@@ -8,6 +8,8 @@
 pub mod classify;
 pub mod document;
 pub mod reading;
+pub mod rules;
+pub mod state;
 pub mod xid;
 
 pub use classify::{classify, Classification, Finding, Thresholds};

@@ -1,0 +1,419 @@
+//! Denoising rules of the aggregator: per-device, per-metric sliding windows, correlation
+//! rules across metrics, and which agent findings are hard faults. They turn one agent
+//! reading into an [`Observation`] for the state machine.
+//!
+//! The rules come from a file (YAML or TOML) that the aggregator reloads on change; every
+//! field has a default, so an empty file means the seed's rules:
+//! `high-temp` when at least 3 of the last 5 samples exceed 85 C; `ecc-thermal` when ECC
+//! errors come with a temperature above 75 C; `npu-offline` when the PCIe link is down
+//! and power is under 5 W.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::document::DeviceHealth;
+use crate::reading::DeviceStatus;
+use crate::state::{Observation, StateMachineConfig};
+
+/// A metric a rule can look at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// `temperature_c`.
+    TemperatureC,
+    /// `power_w`.
+    PowerW,
+    /// `ecc_errors` (corrected + uncorrected since driver load).
+    EccErrors,
+    /// Uncorrected ECC errors since driver load.
+    EccUncorrected,
+    /// `pcie_link_status`: 1 when up, 0 when down.
+    PcieLinkUp,
+}
+
+impl Metric {
+    fn value(self, d: &DeviceHealth) -> Option<f64> {
+        let r = &d.reading;
+        match self {
+            Metric::TemperatureC => r.temperature_c,
+            Metric::PowerW => r.power_w,
+            Metric::EccErrors => d.ecc_errors.map(|e| e as f64),
+            Metric::EccUncorrected => r.ecc.map(|e| e.volatile_uncorrected as f64),
+            Metric::PcieLinkUp => {
+                d.pcie_link_status
+                    .as_deref()
+                    .map(|s| if s == "up" { 1.0 } else { 0.0 })
+            }
+        }
+    }
+}
+
+/// A test on one metric: `above` and `below` are strict bounds; both may be given.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Condition {
+    /// The metric.
+    pub metric: Metric,
+    /// True when the value is greater than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub above: Option<f64>,
+    /// True when the value is less than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub below: Option<f64>,
+}
+
+impl Condition {
+    /// Whether `d` meets the condition. A metric the device does not report never does.
+    pub fn holds(&self, d: &DeviceHealth) -> bool {
+        match self.metric.value(d) {
+            Some(v) => self.above.is_none_or(|a| v > a) && self.below.is_none_or(|b| v < b),
+            None => false,
+        }
+    }
+}
+
+/// "At least `count` of the last `of` samples meet the condition."
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowRule {
+    /// The reason it reports (`high-temp`).
+    pub reason: String,
+    /// The test on each sample.
+    #[serde(flatten)]
+    pub condition: Condition,
+    /// Samples that must meet it.
+    pub count: usize,
+    /// Window length in samples.
+    pub of: usize,
+}
+
+/// How bad a rule's finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Must hold for `degraded_after` before the device is degraded.
+    #[default]
+    Soft,
+    /// Fails the device at once.
+    Hard,
+}
+
+/// Every condition on the same sample.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorrelationRule {
+    /// The reason it reports (`ecc-thermal`).
+    pub reason: String,
+    /// All must hold.
+    pub all: Vec<Condition>,
+    /// Soft (default) or hard.
+    #[serde(default)]
+    pub severity: Severity,
+}
+
+/// The whole rules file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Rules {
+    /// Sliding-window rules.
+    pub windows: Vec<WindowRule>,
+    /// Correlation rules.
+    pub correlations: Vec<CorrelationRule>,
+    /// Agent finding codes that fail a device at once; a trailing `*` matches a prefix
+    /// (`xid-*`: the fatal Xids the agent reports as failed).
+    pub hard_faults: Vec<String>,
+    /// Agent finding codes ignored here because a window rule covers them (the agent's
+    /// instantaneous `high-temp` is replaced by the 3-of-5 window).
+    pub ignore_findings: Vec<String>,
+    /// The state machine's timers.
+    pub state_machine: StateMachineConfig,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        let c = |metric, above, below| Condition {
+            metric,
+            above,
+            below,
+        };
+        Rules {
+            windows: vec![WindowRule {
+                reason: "high-temp".into(),
+                condition: c(Metric::TemperatureC, Some(85.0), None),
+                count: 3,
+                of: 5,
+            }],
+            correlations: vec![
+                CorrelationRule {
+                    reason: "ecc-thermal".into(),
+                    all: vec![
+                        c(Metric::EccErrors, Some(0.0), None),
+                        c(Metric::TemperatureC, Some(75.0), None),
+                    ],
+                    severity: Severity::Soft,
+                },
+                CorrelationRule {
+                    reason: "npu-offline".into(),
+                    all: vec![
+                        c(Metric::PcieLinkUp, None, Some(0.5)),
+                        c(Metric::PowerW, None, Some(5.0)),
+                    ],
+                    severity: Severity::Hard,
+                },
+            ],
+            hard_faults: [
+                "gpu-lost",
+                "pcie-link-down",
+                "row-remap-failure",
+                "vendor-health-critical",
+                "xid-*",
+            ]
+            .map(String::from)
+            .to_vec(),
+            ignore_findings: vec!["high-temp".into()],
+            state_machine: StateMachineConfig::default(),
+        }
+    }
+}
+
+/// Errors of a rules file.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    /// The text does not parse.
+    #[error("rules file does not parse: {0}")]
+    Parse(String),
+    /// It parses but makes no sense.
+    #[error("invalid rules: {0}")]
+    Invalid(String),
+}
+
+impl Rules {
+    /// Check what serde cannot.
+    pub fn validate(&self) -> Result<(), RulesError> {
+        for w in &self.windows {
+            if w.of == 0 || w.count == 0 || w.count > w.of || w.of > 1000 {
+                return Err(RulesError::Invalid(format!(
+                    "window {:?}: need 1 <= count <= of <= 1000, got {} of {}",
+                    w.reason, w.count, w.of
+                )));
+            }
+            if w.condition.above.is_none() && w.condition.below.is_none() {
+                return Err(RulesError::Invalid(format!(
+                    "window {:?}: needs above or below",
+                    w.reason
+                )));
+            }
+        }
+        for c in &self.correlations {
+            if c.all.is_empty() {
+                return Err(RulesError::Invalid(format!(
+                    "correlation {:?}: no conditions",
+                    c.reason
+                )));
+            }
+        }
+        let sm = &self.state_machine;
+        if sm.failed_recover_samples == 0 || sm.degraded_recover_samples == 0 {
+            return Err(RulesError::Invalid(
+                "recover samples must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn is_hard(&self, code: &str) -> bool {
+        self.hard_faults.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => code.starts_with(prefix),
+            None => p == code,
+        })
+    }
+}
+
+/// Sliding windows of one device.
+#[derive(Debug, Default, Clone)]
+pub struct DeviceWindows {
+    windows: HashMap<String, VecDeque<bool>>,
+}
+
+impl DeviceWindows {
+    /// Judge one agent entry (`None`: no entry this round) and return the observation.
+    pub fn observe(&mut self, d: Option<&DeviceHealth>, rules: &Rules) -> Observation {
+        let Some(d) = d.filter(|d| d.status != DeviceStatus::Unknown) else {
+            // Nothing fresh: the windows keep their samples (a gap is not a clean sample).
+            return Observation::Missing;
+        };
+        let mut hard: Option<String> = None;
+        let mut soft: Vec<String> = Vec::new();
+        for c in &rules.correlations {
+            if c.all.iter().all(|cond| cond.holds(d)) {
+                match c.severity {
+                    Severity::Hard => {
+                        hard.get_or_insert_with(|| c.reason.clone());
+                    }
+                    Severity::Soft => soft.push(c.reason.clone()),
+                }
+            }
+        }
+        for f in &d.findings {
+            if rules.ignore_findings.contains(&f.code) {
+                continue;
+            }
+            match f.status {
+                DeviceStatus::Failed if rules.is_hard(&f.code) => {
+                    hard.get_or_insert_with(|| f.code.clone());
+                }
+                DeviceStatus::Failed | DeviceStatus::Degraded => soft.push(f.code.clone()),
+                DeviceStatus::Healthy | DeviceStatus::Unknown => {}
+            }
+        }
+        for w in &rules.windows {
+            let buf = self.windows.entry(w.reason.clone()).or_default();
+            buf.push_back(w.condition.holds(d));
+            while buf.len() > w.of {
+                buf.pop_front();
+            }
+            if buf.iter().filter(|b| **b).count() >= w.count {
+                soft.insert(0, w.reason.clone());
+            }
+        }
+        // Windows of rules that were removed by a reload go away.
+        self.windows
+            .retain(|k, _| rules.windows.iter().any(|w| &w.reason == k));
+        match (hard, soft.is_empty()) {
+            (Some(h), _) => Observation::Hard(h),
+            (None, false) => Observation::Soft(soft),
+            (None, true) => Observation::Clean,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::Finding;
+    use crate::reading::{DeviceReading, Vendor};
+
+    fn dev(temp: f64) -> DeviceHealth {
+        let mut r = DeviceReading::new("npu0", Vendor::Ascend, "sim");
+        r.temperature_c = Some(temp);
+        r.power_w = Some(300.0);
+        DeviceHealth {
+            reading: r,
+            status: DeviceStatus::Healthy,
+            reason: None,
+            findings: vec![],
+            ecc_errors: Some(0),
+            pcie_link_status: Some("up".into()),
+            sampled_at: None,
+            sample_age_ms: Some(10),
+            recent_xids: vec![],
+        }
+    }
+
+    fn finding(code: &str, status: DeviceStatus) -> Finding {
+        Finding {
+            code: code.into(),
+            status,
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn high_temp_needs_three_of_the_last_five() {
+        let rules = Rules::default();
+        let mut w = DeviceWindows::default();
+        let temps = [90.0, 60.0, 90.0, 60.0, 60.0, 90.0, 90.0];
+        let got: Vec<bool> = temps
+            .iter()
+            .map(|t| matches!(w.observe(Some(&dev(*t)), &rules), Observation::Soft(r) if r[0] == "high-temp"))
+            .collect();
+        // 90,60,90 -> 2 hits; ...,60,60 -> 2; then 90 -> window [90,60,60,90]+... : the
+        // last five are 60,90,60,60,90 -> 2, then 90,60,60,90,90 -> 3.
+        assert_eq!(got, vec![false, false, false, false, false, false, true]);
+        // A single spike is noise.
+        let mut w = DeviceWindows::default();
+        for t in [60.0, 60.0, 99.0, 60.0, 60.0] {
+            assert_eq!(w.observe(Some(&dev(t)), &rules), Observation::Clean);
+        }
+    }
+
+    #[test]
+    fn seed_correlation_rules() {
+        let rules = Rules::default();
+        let mut d = dev(80.0);
+        d.ecc_errors = Some(2);
+        assert_eq!(
+            DeviceWindows::default().observe(Some(&d), &rules),
+            Observation::Soft(vec!["ecc-thermal".into()])
+        );
+        d.reading.temperature_c = Some(70.0);
+        assert_eq!(
+            DeviceWindows::default().observe(Some(&d), &rules),
+            Observation::Clean
+        );
+
+        let mut off = dev(40.0);
+        off.pcie_link_status = Some("down".into());
+        off.reading.power_w = Some(2.0);
+        off.findings
+            .push(finding("pcie-link-down", DeviceStatus::Failed));
+        // The more specific correlation names the hard fault.
+        assert_eq!(
+            DeviceWindows::default().observe(Some(&off), &rules),
+            Observation::Hard("npu-offline".into())
+        );
+    }
+
+    #[test]
+    fn agent_findings_are_hard_or_soft_by_the_list() {
+        let rules = Rules::default();
+        let mut d = dev(40.0);
+        d.findings = vec![finding("xid-79", DeviceStatus::Failed)];
+        assert_eq!(
+            DeviceWindows::default().observe(Some(&d), &rules),
+            Observation::Hard("xid-79".into())
+        );
+        d.findings = vec![finding("nvlink-down", DeviceStatus::Degraded)];
+        assert_eq!(
+            DeviceWindows::default().observe(Some(&d), &rules),
+            Observation::Soft(vec!["nvlink-down".into()])
+        );
+        // The agent's instantaneous high-temp is left to the window rule.
+        d.findings = vec![finding("high-temp", DeviceStatus::Degraded)];
+        assert_eq!(
+            DeviceWindows::default().observe(Some(&d), &rules),
+            Observation::Clean
+        );
+        // A failed finding outside the hard list only counts as soft.
+        d.findings = vec![finding("something-new", DeviceStatus::Failed)];
+        assert_eq!(
+            DeviceWindows::default().observe(Some(&d), &rules),
+            Observation::Soft(vec!["something-new".into()])
+        );
+    }
+
+    #[test]
+    fn unknown_or_absent_is_missing_never_a_fault() {
+        let rules = Rules::default();
+        let mut d = dev(99.0);
+        d.status = DeviceStatus::Unknown;
+        d.findings = vec![finding("probe-error", DeviceStatus::Unknown)];
+        let mut w = DeviceWindows::default();
+        for _ in 0..10 {
+            assert_eq!(w.observe(Some(&d), &rules), Observation::Missing);
+        }
+        assert_eq!(w.observe(None, &rules), Observation::Missing);
+    }
+
+    #[test]
+    fn validation_catches_nonsense() {
+        let mut r = Rules::default();
+        r.windows[0].count = 6;
+        assert!(r.validate().is_err());
+        let mut r = Rules::default();
+        r.correlations[0].all.clear();
+        assert!(r.validate().is_err());
+        assert!(Rules::default().validate().is_ok());
+    }
+}
