@@ -7,6 +7,7 @@
 
 pub mod classify;
 pub mod document;
+pub mod fault;
 pub mod reading;
 pub mod rules;
 pub mod state;

@@ -7,7 +7,19 @@ use serde::{Deserialize, Serialize};
 ///
 /// `Unknown` means "we could not look" (stale reading, probe error, source down). It is
 /// never a synonym for broken: remediation must not act on it alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceStatus {
     /// Every check we could make passed.

@@ -1,0 +1,208 @@
+//! `fault.json`: the versioned snapshot the aggregator publishes for workload pods and
+//! dashboards. Per node it keeps seed 003's shape (`version`, `timestamp`, `node`,
+//! `npus[]` with `id`, `status`, `temperature_c`, `power_w`, `ecc_errors`,
+//! `pcie_link_status`, `reason`; `summary` with `total`, `healthy`, `degraded`,
+//! `failed`) and adds the smoothed state's `since`, device identity and the agent's
+//! reachability. Its JSON Schema is generated from these types
+//! (`schema/fault.v1.schema.json`); a test fails when the committed copy is stale.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::reading::DeviceStatus;
+
+/// The `version` of every document of this shape.
+pub const FAULT_VERSION: &str = "faultline.fault/v1";
+
+/// One shard's document: every node of the shard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FaultDocument {
+    /// [`FAULT_VERSION`].
+    pub version: String,
+    /// When this document was written (RFC 3339).
+    pub timestamp: String,
+    /// Increases by one with every write of this shard by any writer.
+    pub sequence: u64,
+    /// Which shard (0-based) and of how many.
+    pub shard: u32,
+    /// Number of shards.
+    pub shards: u32,
+    /// The replica that wrote it.
+    pub writer: String,
+    /// Counts over every device of the shard.
+    pub summary: FaultSummary,
+    /// Nodes by name.
+    pub nodes: BTreeMap<String, NodeFaults>,
+}
+
+/// One node: seed 003's document shape, so its consumer works on it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeFaults {
+    /// [`FAULT_VERSION`].
+    pub version: String,
+    /// When this node's entry last changed (RFC 3339).
+    pub timestamp: String,
+    /// Node name.
+    pub node: String,
+    /// Whether the aggregator reaches the node's agent.
+    pub agent: AgentReach,
+    /// Every device, sorted by id.
+    pub npus: Vec<NpuFault>,
+    /// Counts by status.
+    pub summary: FaultSummary,
+}
+
+/// The agent as the aggregator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentReach {
+    /// The last request to the agent succeeded.
+    pub reachable: bool,
+    /// When the aggregator last heard from it (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<String>,
+    /// The last error, while unreachable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One device's smoothed state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NpuFault {
+    /// Device id on the node (`gpu3`, `npu0`, `npu3-1`).
+    pub id: String,
+    /// Smoothed status.
+    pub status: DeviceStatus,
+    /// Why it is not healthy; `null` when healthy.
+    pub reason: Option<String>,
+    /// Since when it has had this status (RFC 3339).
+    pub since: String,
+    /// Last temperature (C).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<f64>,
+    /// Last power (W).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<f64>,
+    /// ECC errors since driver load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_errors: Option<u64>,
+    /// `up` or `down`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_link_status: Option<String>,
+    /// Device UUID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// PCI bus id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+}
+
+/// Counts by status; `total` is their sum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSummary {
+    /// All devices.
+    pub total: u32,
+    /// Healthy.
+    pub healthy: u32,
+    /// Degraded.
+    pub degraded: u32,
+    /// Failed.
+    pub failed: u32,
+    /// Unknown.
+    pub unknown: u32,
+}
+
+impl FaultSummary {
+    /// Count statuses.
+    pub fn of<'a>(statuses: impl IntoIterator<Item = &'a DeviceStatus>) -> Self {
+        let mut s = FaultSummary::default();
+        for st in statuses {
+            s.total += 1;
+            match st {
+                DeviceStatus::Healthy => s.healthy += 1,
+                DeviceStatus::Degraded => s.degraded += 1,
+                DeviceStatus::Failed => s.failed += 1,
+                DeviceStatus::Unknown => s.unknown += 1,
+            }
+        }
+        s
+    }
+
+    /// Add another summary.
+    pub fn add(&mut self, o: &FaultSummary) {
+        self.total += o.total;
+        self.healthy += o.healthy;
+        self.degraded += o.degraded;
+        self.failed += o.failed;
+        self.unknown += o.unknown;
+    }
+}
+
+/// The JSON Schema of a shard document and of a node entry, as committed in
+/// `schema/fault.v1.schema.json`.
+pub fn json_schema() -> serde_json::Value {
+    let doc = schemars::schema_for!(FaultDocument);
+    serde_json::to_value(doc).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COMMITTED: &str = include_str!("../../schema/fault.v1.schema.json");
+
+    #[test]
+    fn the_committed_schema_is_current() {
+        let now = serde_json::to_string_pretty(&json_schema()).unwrap() + "\n";
+        if std::env::var_os("FAULTLINE_UPDATE_SCHEMA").is_some() {
+            let path = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../schema/fault.v1.schema.json"
+            );
+            std::fs::write(path, &now).unwrap();
+            return;
+        }
+        assert!(
+            now == COMMITTED,
+            "schema/fault.v1.schema.json is stale: run FAULTLINE_UPDATE_SCHEMA=1 cargo test -p faultline-common and commit it"
+        );
+    }
+
+    #[test]
+    fn a_node_entry_satisfies_the_seed_consumer_shape() {
+        let n = NodeFaults {
+            version: FAULT_VERSION.into(),
+            timestamp: "2026-11-29T10:00:00.000Z".into(),
+            node: "atlas900-node-042".into(),
+            agent: AgentReach {
+                reachable: true,
+                last_seen: None,
+                error: None,
+            },
+            npus: vec![NpuFault {
+                id: "npu1".into(),
+                status: DeviceStatus::Failed,
+                reason: Some("npu-offline".into()),
+                since: "2026-11-29T09:59:58.000Z".into(),
+                temperature_c: Some(40.0),
+                power_w: Some(1.0),
+                ecc_errors: Some(0),
+                pcie_link_status: Some("down".into()),
+                uuid: None,
+                pci_bus_id: None,
+            }],
+            summary: FaultSummary::of(&[DeviceStatus::Failed]),
+        };
+        let v = serde_json::to_value(&n).unwrap();
+        assert_eq!(v["node"], "atlas900-node-042");
+        assert_eq!(v["npus"][0]["status"], "failed");
+        assert_eq!(v["npus"][0]["reason"], "npu-offline");
+        assert_eq!(v["summary"]["failed"], 1);
+    }
+}
