@@ -127,8 +127,9 @@ async fn health(
     if let Some(seen) = q.wait_generation {
         let wait = Duration::from_millis(q.timeout_ms.unwrap_or(30_000)).min(MAX_WAIT);
         let mut rx = s.store.subscribe();
-        // Returns at once if the generation already moved past `seen`.
-        let _ = tokio::time::timeout(wait, rx.wait_for(|g| *g > seen)).await;
+        // Waits only while the generation is the one the client saw. Any other value,
+        // higher or lower (the agent restarted and counts from 1 again), answers at once.
+        let _ = tokio::time::timeout(wait, rx.wait_for(|g| *g != seen)).await;
     } else if q.timeout_ms.is_some() {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,

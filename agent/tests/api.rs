@@ -108,17 +108,20 @@ async fn a_long_poll_hears_of_a_change_at_once() {
         "the poll answered {lag:?} after the change"
     );
 
-    // A poll that times out returns the current document.
+    // A generation the agent never had (it restarted and counts again) answers at once.
     let t = Instant::now();
     let g = d.generation + 1000;
-    let r = request(
-        "GET",
-        &agent.url(&format!("/v1/health?wait_generation={g}&timeout_ms=200")),
-        None,
-    )
-    .await;
+    let url = agent.url(&format!("/v1/health?wait_generation={g}&timeout_ms=20000"));
+    assert_eq!(request("GET", &url, None).await.status, 200);
+    assert!(t.elapsed() < Duration::from_secs(5));
+    // A poll on the current generation that sees no change returns at its timeout.
+    let now = health(&agent).await.generation;
+    let t = Instant::now();
+    let url = agent.url(&format!("/v1/health?wait_generation={now}&timeout_ms=300"));
+    let r = request("GET", &url, None).await;
     assert_eq!(r.status, 200);
-    assert!(t.elapsed() >= Duration::from_millis(200));
+    let g2 = r.json()["generation"].as_u64().unwrap();
+    assert!(g2 != now || t.elapsed() >= Duration::from_millis(300));
 }
 
 #[tokio::test]

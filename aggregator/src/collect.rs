@@ -1,0 +1,131 @@
+//! Following each agent's change stream: a long-poll on `/v1/health?wait_generation=G`
+//! answers as soon as the agent's document changes, and at the poll timeout otherwise,
+//! so a change is heard within tens of milliseconds without polling faster. Every
+//! request has a deadline; failures back off with jitter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use faultline_common::NodeHealth;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// Longest the agent holds a poll open.
+pub const POLL_WAIT: Duration = Duration::from_secs(10);
+/// Deadline of one request: the poll wait plus slack.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// Largest document accepted from an agent.
+const MAX_DOC: usize = 4 << 20;
+
+/// What a collector reports.
+#[derive(Debug)]
+pub enum AgentEvent {
+    /// The agent's current document.
+    Document(Box<NodeHealth>),
+    /// The agent at `url` (serving `node`, if known) could not be reached.
+    Unreachable { node: String, error: String },
+}
+
+/// A shared HTTP client for all agents.
+pub type AgentClient = Client<HttpConnector, Empty<Bytes>>;
+
+/// A client with keep-alive connections.
+pub fn client() -> AgentClient {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(Duration::from_secs(3)));
+    http.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build(http)
+}
+
+async fn fetch(client: &AgentClient, url: &str) -> Result<NodeHealth, String> {
+    let uri: hyper::Uri = url.parse().map_err(|e| format!("bad url {url}: {e}"))?;
+    let resp = tokio::time::timeout(REQUEST_TIMEOUT, client.get(uri))
+        .await
+        .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
+        .map_err(|e| format!("request failed: {e}"))?;
+    let status = resp.status();
+    let body = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        Limited::new(resp.into_body(), MAX_DOC).collect(),
+    )
+    .await
+    .map_err(|_| "body timed out".to_string())?
+    .map_err(|e| format!("body: {e}"))?
+    .to_bytes();
+    if !status.is_success() {
+        return Err(format!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(200)])
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("not a node document: {e}"))
+}
+
+/// Follow one agent until cancelled. `node` names it before its first answer.
+pub async fn follow(
+    base: String,
+    mut node: String,
+    client: AgentClient,
+    tx: mpsc::Sender<AgentEvent>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    let mut generation: Option<u64> = None;
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let url = match generation {
+            Some(g) => format!(
+                "{base}/v1/health?wait_generation={g}&timeout_ms={}",
+                POLL_WAIT.as_millis()
+            ),
+            None => format!("{base}/v1/health"),
+        };
+        let r = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = fetch(&client, &url) => r,
+        };
+        match r {
+            Ok(doc) => {
+                metrics.agent_poll("ok");
+                backoff = Duration::from_millis(500);
+                generation = Some(doc.generation);
+                node = doc.node.clone();
+                if tx.send(AgentEvent::Document(Box::new(doc))).await.is_err() {
+                    return;
+                }
+            }
+            Err(error) => {
+                metrics.agent_poll("error");
+                generation = None;
+                tracing::debug!(agent = %base, %error, "agent unreachable");
+                if tx
+                    .send(AgentEvent::Unreachable {
+                        node: node.clone(),
+                        error,
+                    })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                // Jitter spreads a fleet's retries after a network blip.
+                let jitter = rand::rng().random_range(0.8..1.2);
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(backoff.mul_f64(jitter)) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Flags (each also read from `FAULTLINE_<FLAG>`), checked into one [`Config`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use faultline_common::xid::parse_duration;
+
+/// faultline aggregator: denoises agents' readings and publishes fault.json.
+#[derive(Debug, Parser)]
+#[command(name = "faultline-aggregator", version, about)]
+pub struct Args {
+    /// Agents to follow, comma separated base URLs (http://10.0.0.7:8081).
+    #[arg(long, env = "FAULTLINE_AGENTS", default_value = "")]
+    pub agents: String,
+    /// Rules file (YAML, TOML or JSON), reloaded on change. Default: the seed's rules.
+    #[arg(long, env = "FAULTLINE_RULES")]
+    pub rules: Option<PathBuf>,
+    /// Where fault.json goes: file.
+    #[arg(long, env = "FAULTLINE_SINK", default_value = "file")]
+    pub sink: String,
+    /// Directory of the file sink, laid out like a ConfigMap volume.
+    #[arg(long, env = "FAULTLINE_OUT", default_value = "./fault-out")]
+    pub out: PathBuf,
+    /// Address of the API (health, metrics, /v1/faults).
+    #[arg(long, env = "FAULTLINE_LISTEN", default_value = "0.0.0.0:8082")]
+    pub listen: SocketAddr,
+    /// Least time between two writes of a document (jittered up to +20%).
+    #[arg(long, env = "FAULTLINE_WRITE_INTERVAL", default_value = "1s")]
+    pub write_interval: String,
+    /// A transition to failed is written this soon after the previous write.
+    #[arg(long, env = "FAULTLINE_URGENT_SPACING", default_value = "200ms")]
+    pub urgent_spacing: String,
+    /// Rewrite an unchanged document this often, so readers can tell it is alive.
+    #[arg(long, env = "FAULTLINE_HEARTBEAT", default_value = "30s")]
+    pub heartbeat: String,
+    /// This replica's name (default: $POD_NAME, then the hostname).
+    #[arg(long, env = "FAULTLINE_REPLICA")]
+    pub replica: Option<String>,
+    /// Log format: text or json.
+    #[arg(long, env = "FAULTLINE_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+}
+
+/// The checked configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub agents: Vec<String>,
+    pub rules: Option<PathBuf>,
+    pub out: PathBuf,
+    pub listen: SocketAddr,
+    pub write_interval: Duration,
+    pub urgent_spacing: Duration,
+    pub heartbeat: Duration,
+    pub replica: String,
+    pub log_json: bool,
+}
+
+fn duration(flag: &str, v: &str) -> anyhow::Result<Duration> {
+    match parse_duration(v) {
+        Some(d) if !d.is_zero() => Ok(d),
+        _ => bail!("--{flag} {v:?}: expected a positive duration such as 200ms, 1s"),
+    }
+}
+
+impl Config {
+    /// Check the flags.
+    pub fn from_args(a: Args) -> anyhow::Result<Self> {
+        let mut agents = Vec::new();
+        for raw in a.agents.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let url = raw.trim_end_matches('/').to_string();
+            let uri: hyper::Uri = url
+                .parse()
+                .with_context(|| format!("--agents: {raw:?} is not a URL"))?;
+            if uri.scheme_str() != Some("http") || uri.host().is_none() {
+                bail!("--agents: {raw:?} must be http://HOST:PORT");
+            }
+            agents.push(url);
+        }
+        if agents.is_empty() {
+            bail!("--agents names no agent (in-cluster discovery of Nodes is not built yet)");
+        }
+        if a.sink != "file" {
+            bail!("--sink {:?}: this build writes the file sink only", a.sink);
+        }
+        let write_interval = duration("write-interval", &a.write_interval)?;
+        let urgent_spacing = duration("urgent-spacing", &a.urgent_spacing)?;
+        if urgent_spacing > write_interval {
+            bail!("--urgent-spacing must not exceed --write-interval");
+        }
+        let log_json = match a.log_format.as_str() {
+            "text" => false,
+            "json" => true,
+            v => bail!("--log-format {v:?}: expected text or json"),
+        };
+        let replica = a
+            .replica
+            .filter(|s| !s.is_empty())
+            .or_else(|| std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()))
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|s| s.trim().to_string())
+            })
+            .unwrap_or_else(|| "aggregator".into());
+        Ok(Config {
+            agents,
+            rules: a.rules,
+            out: a.out,
+            listen: a.listen,
+            write_interval,
+            urgent_spacing,
+            heartbeat: duration("heartbeat", &a.heartbeat)?,
+            replica,
+            log_json,
+        })
+    }
+
+    /// Parse a command line.
+    pub fn parse_from<I, T>(args: I) -> anyhow::Result<Self>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        Config::from_args(Args::try_parse_from(args)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agents_must_be_http_urls() {
+        let c =
+            Config::parse_from(["a", "--agents", "http://10.0.0.7:8081/, http://n2:8081"]).unwrap();
+        assert_eq!(c.agents, vec!["http://10.0.0.7:8081", "http://n2:8081"]);
+        for bad in ["", "10.0.0.7:8081", "https://x:1", "http://"] {
+            assert!(Config::parse_from(["a", "--agents", bad]).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Prometheus metrics of the aggregator, on one prefixed registry.
+
+use faultline_common::DeviceStatus;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabels {
+    to: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SinkLabels {
+    sink: String,
+    shard: String,
+}
+
+/// Every metric of the aggregator.
+pub struct Metrics {
+    registry: Registry,
+    rules_reloads: Family<ResultLabel, Counter>,
+    agent_polls: Family<ResultLabel, Counter>,
+    agents_reachable: Gauge,
+    agents_total: Gauge,
+    devices: Family<StateLabel, Gauge>,
+    transitions: Family<TransitionLabels, Counter>,
+    write_seconds: Family<SinkLabels, Histogram>,
+    write_bytes: Family<SinkLabels, Gauge>,
+    write_errors: Family<SinkLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric under `faultline_aggregator_`.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("faultline_aggregator");
+        let m = Metrics {
+            registry: Registry::default(),
+            rules_reloads: Family::default(),
+            agent_polls: Family::default(),
+            agents_reachable: Gauge::default(),
+            agents_total: Gauge::default(),
+            devices: Family::default(),
+            transitions: Family::default(),
+            write_seconds: Family::new_with_constructor(|| {
+                Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5])
+            }),
+            write_bytes: Family::default(),
+            write_errors: Family::default(),
+        };
+        registry.register(
+            "rules_reloads",
+            "Rules file reloads by result",
+            m.rules_reloads.clone(),
+        );
+        registry.register(
+            "agent_polls",
+            "Requests to agents by result",
+            m.agent_polls.clone(),
+        );
+        registry.register(
+            "agents_reachable",
+            "Agents whose last request succeeded",
+            m.agents_reachable.clone(),
+        );
+        registry.register("agents", "Agents known", m.agents_total.clone());
+        registry.register("devices", "Devices by smoothed state", m.devices.clone());
+        registry.register(
+            "transitions",
+            "State transitions by target state and reason",
+            m.transitions.clone(),
+        );
+        registry.register(
+            "write_duration_seconds",
+            "Time to write one shard document",
+            m.write_seconds.clone(),
+        );
+        registry.register(
+            "write_bytes",
+            "Size of the last document written",
+            m.write_bytes.clone(),
+        );
+        registry.register("write_errors", "Failed writes", m.write_errors.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// A rules reload happened.
+    pub fn rules_reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "invalid" };
+        self.rules_reloads
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// A request to an agent finished.
+    pub fn agent_poll(&self, result: &str) {
+        self.agent_polls
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Agent reachability.
+    pub fn set_agents(&self, reachable: usize, total: usize) {
+        self.agents_reachable.set(reachable as i64);
+        self.agents_total.set(total as i64);
+    }
+
+    /// Devices by state.
+    pub fn set_devices(&self, counts: &faultline_common::fault::FaultSummary) {
+        for (s, n) in [
+            (DeviceStatus::Healthy, counts.healthy),
+            (DeviceStatus::Degraded, counts.degraded),
+            (DeviceStatus::Failed, counts.failed),
+            (DeviceStatus::Unknown, counts.unknown),
+        ] {
+            self.devices
+                .get_or_create(&StateLabel {
+                    state: s.as_str().into(),
+                })
+                .set(n as i64);
+        }
+    }
+
+    /// A device changed state.
+    pub fn transition(&self, to: DeviceStatus, reason: &str) {
+        // The reason label is the code before any detail, to bound cardinality.
+        let code = reason.split_whitespace().next().unwrap_or("");
+        self.transitions
+            .get_or_create(&TransitionLabels {
+                to: to.as_str().into(),
+                reason: code.into(),
+            })
+            .inc();
+    }
+
+    /// A write finished.
+    pub fn write(&self, sink: &str, shard: u32, secs: f64, bytes: usize, ok: bool) {
+        let l = SinkLabels {
+            sink: sink.into(),
+            shard: shard.to_string(),
+        };
+        if ok {
+            self.write_seconds.get_or_create(&l).observe(secs);
+            self.write_bytes.get_or_create(&l).set(bytes as i64);
+        } else {
+            self.write_errors.get_or_create(&l).inc();
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,437 @@
+//! From agents' documents to smoothed device states: per node, per device, the sliding
+//! windows and correlation rules turn each sample into an observation and the state
+//! machine turns observations into a status with a reason and a since-when.
+//!
+//! Each device gets about one observation per second: a document arriving within a
+//! second of the last evaluation is kept for the next tick, unless it carries a hard
+//! fault, which is evaluated at once (the fast path to `failed`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use faultline_common::fault::{AgentReach, FaultSummary, NodeFaults, NpuFault, FAULT_VERSION};
+use faultline_common::rules::{DeviceWindows, Rules};
+use faultline_common::state::{step, DeviceState};
+use faultline_common::{DeviceHealth, DeviceStatus, NodeHealth};
+
+use crate::metrics::Metrics;
+
+/// Evaluations closer together than this are merged into the next tick.
+pub const MIN_EVAL_SPACING_MS: u64 = 900;
+
+struct Device {
+    windows: DeviceWindows,
+    state: DeviceState,
+    last: Option<DeviceHealth>,
+}
+
+struct Node {
+    devices: BTreeMap<String, Device>,
+    doc: Option<NodeHealth>,
+    /// The document arrived since the last evaluation.
+    unseen: bool,
+    reach: AgentReach,
+    reachable_since_ms: Option<u64>,
+    last_eval_ms: Option<u64>,
+    changed_ms: u64,
+}
+
+/// What an update changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// Nodes whose published entry changed.
+    pub nodes: Vec<String>,
+    /// Some device turned failed: flush sooner.
+    pub urgent: bool,
+}
+
+impl Change {
+    fn merge(&mut self, o: Change) {
+        self.nodes.extend(o.nodes);
+        self.urgent |= o.urgent;
+    }
+}
+
+/// Every node's devices.
+pub struct Pipeline {
+    nodes: BTreeMap<String, Node>,
+    rules: Arc<Rules>,
+    metrics: Arc<Metrics>,
+}
+
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
+}
+
+impl Pipeline {
+    /// An empty pipeline.
+    pub fn new(rules: Arc<Rules>, metrics: Arc<Metrics>) -> Self {
+        Pipeline {
+            nodes: BTreeMap::new(),
+            rules,
+            metrics,
+        }
+    }
+
+    /// Use new rules from the next evaluation on (windows keep their samples).
+    pub fn set_rules(&mut self, rules: Arc<Rules>) {
+        self.rules = rules;
+    }
+
+    /// Make sure a node is known (discovered before its agent answered).
+    pub fn ensure_node(&mut self, node: &str, now_ms: u64) {
+        self.nodes.entry(node.to_string()).or_insert_with(|| Node {
+            devices: BTreeMap::new(),
+            doc: None,
+            unseen: false,
+            reach: AgentReach {
+                reachable: false,
+                last_seen: None,
+                error: Some("not polled yet".into()),
+            },
+            reachable_since_ms: None,
+            last_eval_ms: None,
+            changed_ms: now_ms,
+        });
+    }
+
+    /// Forget a node (it left the cluster or the shard).
+    pub fn remove_node(&mut self, node: &str) -> bool {
+        self.nodes.remove(node).is_some()
+    }
+
+    /// Names of the known nodes.
+    pub fn node_names(&self) -> impl Iterator<Item = &String> {
+        self.nodes.keys()
+    }
+
+    /// An agent answered with its document.
+    pub fn on_document(&mut self, doc: NodeHealth, now_ms: u64) -> Change {
+        let name = doc.node.clone();
+        self.ensure_node(&name, now_ms);
+        let hard = doc.npus.iter().any(|d| d.status == DeviceStatus::Failed);
+        let node = self.nodes.get_mut(&name).expect("just ensured");
+        let reach_changed = !node.reach.reachable;
+        node.reach = AgentReach {
+            reachable: true,
+            last_seen: Some(rfc3339(now_ms)),
+            error: None,
+        };
+        if reach_changed {
+            node.reachable_since_ms = Some(now_ms);
+            node.changed_ms = now_ms;
+        }
+        node.doc = Some(doc);
+        node.unseen = true;
+        let due = node
+            .last_eval_ms
+            .is_none_or(|t| now_ms.saturating_sub(t) >= MIN_EVAL_SPACING_MS);
+        let mut change = if due || hard {
+            self.evaluate(&name, now_ms)
+        } else {
+            Change::default()
+        };
+        if reach_changed && !change.nodes.contains(&name) {
+            change.nodes.push(name);
+        }
+        change
+    }
+
+    /// An agent could not be reached.
+    pub fn on_unreachable(&mut self, node: &str, error: &str, now_ms: u64) -> Change {
+        self.ensure_node(node, now_ms);
+        let n = self.nodes.get_mut(node).expect("just ensured");
+        let was = n.reach.reachable;
+        n.reach.reachable = false;
+        n.reach.error = Some(error.to_string());
+        n.reachable_since_ms = None;
+        n.doc = None;
+        if was {
+            n.changed_ms = now_ms;
+            Change {
+                nodes: vec![node.to_string()],
+                urgent: false,
+            }
+        } else {
+            Change::default()
+        }
+    }
+
+    /// The once-a-second look at every node not evaluated within the last second.
+    pub fn tick(&mut self, now_ms: u64) -> Change {
+        let due: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| {
+                n.last_eval_ms
+                    .is_none_or(|t| now_ms.saturating_sub(t) >= MIN_EVAL_SPACING_MS)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut change = Change::default();
+        for name in due {
+            change.merge(self.evaluate(&name, now_ms));
+        }
+        let (reachable, total) = (
+            self.nodes.values().filter(|n| n.reach.reachable).count(),
+            self.nodes.len(),
+        );
+        self.metrics.set_agents(reachable, total);
+        self.metrics.set_devices(&self.summary());
+        change
+    }
+
+    fn evaluate(&mut self, name: &str, now_ms: u64) -> Change {
+        let rules = self.rules.clone();
+        let metrics = self.metrics.clone();
+        let Some(node) = self.nodes.get_mut(name) else {
+            return Change::default();
+        };
+        node.last_eval_ms = Some(now_ms);
+        node.unseen = false;
+        let doc = node.doc.as_ref();
+        // Devices the agent reports, and devices we knew that it no longer reports.
+        let mut ids: Vec<String> = node.devices.keys().cloned().collect();
+        if let Some(d) = doc {
+            for dev in &d.npus {
+                if !node.devices.contains_key(&dev.reading.id) {
+                    ids.push(dev.reading.id.clone());
+                }
+            }
+        }
+        let mut change = Change::default();
+        for id in ids {
+            let entry = doc.and_then(|d| d.npus.iter().find(|x| x.reading.id == id));
+            let dev = node.devices.entry(id.clone()).or_insert_with(|| Device {
+                windows: DeviceWindows::default(),
+                state: DeviceState::new(now_ms),
+                last: None,
+            });
+            let obs = dev.windows.observe(entry, &rules);
+            let next = step(&dev.state, &obs, now_ms, &rules.state_machine);
+            if let Some(e) = entry {
+                dev.last = Some(e.clone());
+            }
+            if next.status != dev.state.status || next.reason != dev.state.reason {
+                if next.status != dev.state.status {
+                    metrics.transition(next.status, next.reason.as_deref().unwrap_or("clean"));
+                    tracing::info!(
+                        node = name, device = %id, from = dev.state.status.as_str(),
+                        to = next.status.as_str(), reason = ?next.reason, "device state changed"
+                    );
+                    change.urgent |= next.status == DeviceStatus::Failed;
+                }
+                if change.nodes.is_empty() {
+                    change.nodes.push(name.to_string());
+                }
+                node.changed_ms = now_ms;
+            }
+            dev.state = next;
+        }
+        change
+    }
+
+    /// The published entry of one node.
+    pub fn node_faults(&self, name: &str) -> Option<NodeFaults> {
+        let n = self.nodes.get(name)?;
+        let npus: Vec<NpuFault> = n
+            .devices
+            .iter()
+            .map(|(id, d)| {
+                let last = d.last.as_ref();
+                NpuFault {
+                    id: id.clone(),
+                    status: d.state.status,
+                    reason: d.state.reason.clone(),
+                    since: rfc3339(d.state.since_ms),
+                    temperature_c: last.and_then(|l| l.reading.temperature_c),
+                    power_w: last.and_then(|l| l.reading.power_w),
+                    ecc_errors: last.and_then(|l| l.ecc_errors),
+                    pcie_link_status: last.and_then(|l| l.pcie_link_status.clone()),
+                    uuid: last.and_then(|l| l.reading.uuid.clone()),
+                    pci_bus_id: last.and_then(|l| l.reading.pci_bus_id.clone()),
+                }
+            })
+            .collect();
+        Some(NodeFaults {
+            version: FAULT_VERSION.into(),
+            timestamp: rfc3339(n.changed_ms),
+            node: name.to_string(),
+            agent: n.reach.clone(),
+            summary: FaultSummary::of(npus.iter().map(|d| &d.status)),
+            npus,
+        })
+    }
+
+    /// Counts over every device.
+    pub fn summary(&self) -> FaultSummary {
+        FaultSummary::of(
+            self.nodes
+                .values()
+                .flat_map(|n| n.devices.values().map(|d| &d.state.status)),
+        )
+    }
+
+    /// The state of one device (tests and the API).
+    pub fn device_state(&self, node: &str, device: &str) -> Option<&DeviceState> {
+        self.nodes.get(node)?.devices.get(device).map(|d| &d.state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use faultline_common::classify::Finding;
+    use faultline_common::{DeviceReading, Summary, Vendor, SCHEMA_VERSION};
+
+    fn doc(node: &str, devs: Vec<DeviceHealth>) -> NodeHealth {
+        NodeHealth {
+            schema_version: SCHEMA_VERSION.into(),
+            generation: 1,
+            timestamp: String::new(),
+            node: node.into(),
+            agent_version: "test".into(),
+            summary: Summary::of(&devs),
+            npus: devs,
+            sources: vec![],
+            unattributed_xids: vec![],
+        }
+    }
+
+    fn dev(id: &str, temp: f64, failed: Option<&str>) -> DeviceHealth {
+        let mut r = DeviceReading::new(id, Vendor::Nvidia, "sim");
+        r.temperature_c = Some(temp);
+        DeviceHealth {
+            reading: r,
+            status: if failed.is_some() {
+                DeviceStatus::Failed
+            } else {
+                DeviceStatus::Healthy
+            },
+            reason: failed.map(String::from),
+            findings: failed
+                .map(|c| {
+                    vec![Finding {
+                        code: c.into(),
+                        status: DeviceStatus::Failed,
+                        detail: String::new(),
+                    }]
+                })
+                .unwrap_or_default(),
+            ecc_errors: Some(0),
+            pcie_link_status: Some("up".into()),
+            sampled_at: None,
+            sample_age_ms: Some(1),
+            recent_xids: vec![],
+        }
+    }
+
+    fn pipeline() -> Pipeline {
+        Pipeline::new(Arc::new(Rules::default()), Arc::new(Metrics::new()))
+    }
+
+    #[test]
+    fn a_hard_fault_fails_at_once_even_between_ticks() {
+        let mut p = pipeline();
+        p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), 1_000);
+        assert_eq!(
+            p.device_state("n1", "gpu0").unwrap().status,
+            DeviceStatus::Healthy
+        );
+        // 100 ms later, a hard fault: evaluated at once and marked urgent.
+        let c = p.on_document(doc("n1", vec![dev("gpu0", 40.0, Some("gpu-lost"))]), 1_100);
+        assert!(c.urgent);
+        assert_eq!(c.nodes, vec!["n1".to_string()]);
+        let s = p.device_state("n1", "gpu0").unwrap();
+        assert_eq!(
+            (s.status, s.reason.as_deref()),
+            (DeviceStatus::Failed, Some("gpu-lost"))
+        );
+        let f = p.node_faults("n1").unwrap();
+        assert_eq!(f.summary.failed, 1);
+        assert_eq!(f.npus[0].since, rfc3339(1_100));
+    }
+
+    #[test]
+    fn documents_faster_than_once_a_second_count_once() {
+        let mut p = pipeline();
+        p.on_document(doc("n1", vec![dev("gpu0", 40.0, Some("gpu-lost"))]), 0);
+        // Ten clean documents within one second are one sample, not ten.
+        for i in 1..=10 {
+            p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), i * 50);
+        }
+        assert_eq!(
+            p.device_state("n1", "gpu0").unwrap().status,
+            DeviceStatus::Failed
+        );
+        for t in 1..=5 {
+            p.tick(t * 1_000);
+        }
+        assert_eq!(
+            p.device_state("n1", "gpu0").unwrap().status,
+            DeviceStatus::Healthy
+        );
+    }
+
+    #[test]
+    fn an_unreachable_agent_turns_devices_unknown_after_the_grace_never_failed() {
+        let mut p = pipeline();
+        p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), 0);
+        p.on_unreachable("n1", "connection refused", 500);
+        for t in 1..=29 {
+            p.tick(t * 1_000);
+        }
+        assert_eq!(
+            p.device_state("n1", "gpu0").unwrap().status,
+            DeviceStatus::Healthy
+        );
+        p.tick(30_000);
+        let f = p.node_faults("n1").unwrap();
+        assert_eq!(f.npus[0].status, DeviceStatus::Unknown);
+        assert!(!f.agent.reachable);
+        assert_eq!(f.agent.error.as_deref(), Some("connection refused"));
+        for t in 31..=400 {
+            p.tick(t * 1_000);
+        }
+        assert_eq!(p.summary().failed, 0);
+    }
+
+    #[test]
+    fn a_device_missing_from_the_document_is_not_a_fault() {
+        let mut p = pipeline();
+        p.on_document(
+            doc("n1", vec![dev("gpu0", 40.0, None), dev("gpu1", 40.0, None)]),
+            0,
+        );
+        for t in 1..=60 {
+            p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), t * 1_000);
+        }
+        assert_eq!(
+            p.device_state("n1", "gpu1").unwrap().status,
+            DeviceStatus::Unknown
+        );
+        assert_eq!(
+            p.device_state("n1", "gpu0").unwrap().status,
+            DeviceStatus::Healthy
+        );
+    }
+
+    #[test]
+    fn sustained_heat_degrades_after_the_window_and_the_hold() {
+        let mut p = pipeline();
+        p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), 0);
+        let mut t = 0;
+        while p.device_state("n1", "gpu0").unwrap().status == DeviceStatus::Healthy {
+            t += 1_000;
+            assert!(t < 120_000, "never degraded");
+            p.on_document(doc("n1", vec![dev("gpu0", 95.0, None)]), t);
+        }
+        // 3 of 5 samples over 85 C from the third hot sample, then held 60 s.
+        assert_eq!(t, 63_000);
+        assert_eq!(
+            p.device_state("n1", "gpu0").unwrap().reason.as_deref(),
+            Some("high-temp")
+        );
+    }
+}

@@ -1,0 +1,3 @@
+//! Where fault documents go.
+
+pub mod file;

@@ -1,0 +1,275 @@
+//! Simulated agents, the aggregator and the file sink over real HTTP on loopback: a hard
+//! fault injected at an agent is in fault.json, read the way a pod reads a ConfigMap
+//! volume, within a second; seed 003's consumer, given its node's entry, reacts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use faultline_common::fault::{FaultDocument, NodeFaults};
+use faultline_common::DeviceStatus;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+async fn agent(node: &str) -> faultline_agent::Agent {
+    let cfg = faultline_agent::config::Config::parse_from([
+        "faultline-agent",
+        "--source",
+        "sim",
+        "--sim-devices",
+        "4",
+        "--interval",
+        "100ms",
+        "--listen",
+        "127.0.0.1:0",
+        "--node-name",
+        node,
+    ])
+    .unwrap();
+    faultline_agent::start(cfg).await.unwrap()
+}
+
+async fn aggregator(
+    agents: &[&faultline_agent::Agent],
+    out: &Path,
+    rules: Option<&Path>,
+) -> faultline_aggregator::Aggregator {
+    let urls: Vec<String> = agents
+        .iter()
+        .map(|a| format!("http://{}", a.addr))
+        .collect();
+    let mut args = vec![
+        "faultline-aggregator".to_string(),
+        "--agents".into(),
+        urls.join(","),
+        "--out".into(),
+        out.to_str().unwrap().into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--replica".into(),
+        "r1".into(),
+    ];
+    if let Some(r) = rules {
+        args.extend(["--rules".to_string(), r.to_str().unwrap().to_string()]);
+    }
+    let cfg = faultline_aggregator::config::Config::parse_from(args).unwrap();
+    faultline_aggregator::start(cfg).await.unwrap()
+}
+
+/// Read a key the way a pod reads its mounted ConfigMap: open the path, parse.
+fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(serde_json::from_str(&text).expect("a whole document, never a torn one"))
+}
+
+async fn wait_file<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    within: Duration,
+    pred: impl Fn(&T) -> bool,
+) -> (T, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = read::<T>(path) {
+            if pred(&v) {
+                return (v, start.elapsed());
+            }
+        }
+        assert!(
+            start.elapsed() < within,
+            "timed out waiting on {}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> u16 {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    let client: hyper_util::client::legacy::Client<_, Full<Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let req = hyper::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    client.request(req).await.unwrap().status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_fault_reaches_the_file_sink_within_a_second_and_the_consumer_reacts() {
+    let (a1, a2, a3) = (agent("n1").await, agent("n2").await, agent("n3").await);
+    let out = tempfile::tempdir().unwrap();
+    let agg = aggregator(&[&a1, &a2, &a3], out.path(), None).await;
+    let (doc, _) = wait_file::<FaultDocument>(
+        &out.path().join("fault.json"),
+        Duration::from_secs(15),
+        |d| d.nodes.len() == 3 && d.summary.healthy == 12,
+    )
+    .await;
+    assert_eq!(doc.version, "faultline.fault/v1");
+    assert_eq!(doc.writer, "r1");
+
+    // Seed 003's consumer, unmodified, watching n2's entry as its /config/fault.json.
+    let mut consumer = Command::new("python3")
+        .arg(root().join("tests/consumer/run_consumer.py"))
+        .arg(out.path().join("n2.json"))
+        .env("NODE_NAME", "n2")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 is needed (.ci/run installs it)");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        consumer.try_wait().unwrap().is_none(),
+        "healthy: the consumer keeps running"
+    );
+
+    let t0 = Instant::now();
+    assert_eq!(
+        post(
+            a2.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu1","fault":"lost"}"#
+        )
+        .await,
+        201
+    );
+    let (n2, _) =
+        wait_file::<NodeFaults>(&out.path().join("n2.json"), Duration::from_secs(5), |n| {
+            n.npus
+                .iter()
+                .any(|d| d.id == "gpu1" && d.status == DeviceStatus::Failed)
+        })
+        .await;
+    let latency = t0.elapsed();
+    assert!(
+        latency < Duration::from_secs(1),
+        "fault reached the file sink after {latency:?}"
+    );
+    let gpu1 = n2.npus.iter().find(|d| d.id == "gpu1").unwrap();
+    assert_eq!(gpu1.reason.as_deref(), Some("gpu-lost"));
+    assert_eq!(n2.summary.failed, 1);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = consumer.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the consumer did not react");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut consumer.stdout.take().unwrap(), &mut text).unwrap();
+    assert_eq!(status.code(), Some(1));
+    assert_eq!(text.trim(), "CRITICAL: NPU gpu1 failed, reason: gpu-lost");
+
+    // Other nodes are untouched; the whole-shard document agrees.
+    let (doc, _) = wait_file::<FaultDocument>(
+        &out.path().join("fault.json"),
+        Duration::from_secs(3),
+        |d| d.summary.failed == 1,
+    )
+    .await;
+    assert_eq!(doc.nodes["n1"].summary.healthy, 4);
+    agg.cancel_token().cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_dies_turns_unknown_never_failed() {
+    let a1 = agent("n1").await;
+    let out = tempfile::tempdir().unwrap();
+    let rules = out.path().join("rules.yaml");
+    // A short grace so the test is quick.
+    std::fs::write(&rules, "state_machine:\n  unknown_after_ms: 2000\n").unwrap();
+    let sink = out.path().join("sink");
+    let agg = aggregator(&[&a1], &sink, Some(&rules)).await;
+    wait_file::<NodeFaults>(&sink.join("n1.json"), Duration::from_secs(15), |n| {
+        n.summary.healthy == 4
+    })
+    .await;
+    a1.shutdown().await;
+    let (n1, _) = wait_file::<NodeFaults>(&sink.join("n1.json"), Duration::from_secs(15), |n| {
+        n.summary.unknown == 4
+    })
+    .await;
+    assert!(!n1.agent.reachable);
+    assert!(n1.agent.error.is_some());
+    assert_eq!(n1.summary.failed, 0);
+    agg.cancel_token().cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_reload_and_an_invalid_file_keeps_the_old_rules() {
+    let a1 = agent("n1").await;
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, "").unwrap();
+    let sink = dir.path().join("sink");
+    let agg = aggregator(&[&a1], &sink, Some(&rules)).await;
+    let metrics = format!("http://{}/metrics", agg.addr);
+    wait_file::<NodeFaults>(&sink.join("n1.json"), Duration::from_secs(15), |n| {
+        n.summary.healthy == 4
+    })
+    .await;
+
+    // Broken: counted, logged, old rules stay.
+    std::fs::write(
+        &rules,
+        "windows: [ {reason: x, metric: temperature_c, above: 1, count: 9, of: 2} ]\n",
+    )
+    .unwrap();
+    let text = wait_metric(
+        &metrics,
+        "faultline_aggregator_rules_reloads_total{result=\"invalid\"} 1",
+    )
+    .await;
+    assert!(
+        !text.contains("rules_reloads_total{result=\"ok\"}"),
+        "{text}"
+    );
+
+    // Valid: every simulated GPU is over 20 C, and the rule degrades after 0 s held.
+    std::fs::write(
+        &rules,
+        "windows: [ {reason: warm, metric: temperature_c, above: 20, count: 1, of: 1} ]\nstate_machine: {degraded_after_ms: 0}\n",
+    )
+    .unwrap();
+    wait_metric(
+        &metrics,
+        "faultline_aggregator_rules_reloads_total{result=\"ok\"} 1",
+    )
+    .await;
+    let (n1, _) = wait_file::<NodeFaults>(&sink.join("n1.json"), Duration::from_secs(10), |n| {
+        n.summary.degraded == 4
+    })
+    .await;
+    assert_eq!(n1.npus[0].reason.as_deref(), Some("warm"));
+    agg.cancel_token().cancel();
+}
+
+async fn wait_metric(url: &str, needle: &str) -> String {
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::Bytes;
+    let client: hyper_util::client::legacy::Client<_, Empty<Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let start = Instant::now();
+    loop {
+        let resp = client.get(url.parse().unwrap()).await.unwrap();
+        let text = String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes())
+            .into_owned();
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no {needle} in\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
