@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -139,7 +139,11 @@ async fn health(
     Ok(json_response(&s.store.render(), pretty))
 }
 
-async fn device(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn device(
+    State(s): State<ApiState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(id) = id.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
     let doc = s.store.render();
     let d = doc
         .npus
@@ -167,6 +171,8 @@ async fn readyz(State(s): State<ApiState>) -> Response {
 }
 
 async fn metrics(State(s): State<ApiState>) -> Response {
+    // Rendering refreshes the per-device gauges, for scrapers that read nothing else.
+    let _ = s.store.render();
     (
         [(
             header::CONTENT_TYPE,
@@ -193,9 +199,10 @@ async fn list_faults(State(s): State<ApiState>) -> Result<Response, ApiError> {
 async fn inject_fault(
     State(s): State<ApiState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let sim = sim(&s)?;
+    let body = body.map_err(|e| ApiError(e.status(), e.body_text()))?;
     if body.len() > MAX_BODY {
         return Err(ApiError(
             StatusCode::PAYLOAD_TOO_LARGE,

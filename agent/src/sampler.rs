@@ -87,9 +87,9 @@ impl Caller {
                     .compare_exchange(RUNNING, DONE, Ordering::AcqRel, Ordering::Acquire)
                     .is_err()
                 {
-                    // The sampler gave up on us; we are no longer in flight.
-                    let left = counter.fetch_sub(1, Ordering::AcqRel) - 1;
-                    metrics.abandoned(name, false, left);
+                    // The sampler gave up on us (and counted us first): no longer in flight.
+                    counter.fetch_sub(1, Ordering::AcqRel);
+                    metrics.abandoned(name, false, counter.load(Ordering::Acquire));
                     tracing::info!(source = name, "an abandoned call returned at last");
                 }
                 let _ = tx.send(r);
@@ -101,11 +101,17 @@ impl Caller {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(ProbeError::Panic("probe thread vanished".into())),
             Err(_) => {
-                if state
+                // Count first, then claim: the probe thread only uncounts a call it finds
+                // claimed, so the counter never goes below zero.
+                self.in_flight_abandoned.fetch_add(1, Ordering::AcqRel);
+                let claimed = state
                     .compare_exchange(RUNNING, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    let n = self.in_flight_abandoned.fetch_add(1, Ordering::AcqRel) + 1;
+                    .is_ok();
+                if !claimed {
+                    // It finished just now; its result went with the receiver.
+                    self.in_flight_abandoned.fetch_sub(1, Ordering::AcqRel);
+                } else {
+                    let n = self.abandoned();
                     self.metrics.abandoned(name, true, n);
                     tracing::warn!(
                         source = name,
@@ -130,6 +136,13 @@ pub async fn run(
 ) {
     let name = source.name();
     let warm_up = source.needs_warm_up();
+    // A source that kills its own child processes at the timeout gets a little longer
+    // here, so its clean kill is not also counted as an abandoned call.
+    let call_timeout = if source.enforces_timeout() {
+        cfg.timeout + Duration::from_secs(1)
+    } else {
+        cfg.timeout
+    };
     let caller = Caller::new(source, metrics.clone());
     let mut discarded_first = !warm_up;
     let mut backoff = cfg.interval;
@@ -143,7 +156,7 @@ pub async fn run(
         let started = Instant::now();
         let mut result = Err(ProbeError::Call("not attempted".into()));
         for attempt in 0..=cfg.retries {
-            result = caller.call(cfg.timeout, cfg.max_abandoned).await;
+            result = caller.call(call_timeout, cfg.max_abandoned).await;
             match &result {
                 Ok(_) => break,
                 // Retrying cannot help a source that is not there or is hung.
@@ -166,6 +179,7 @@ pub async fn run(
                 backoff = cfg.interval;
                 if !discarded_first {
                     discarded_first = true;
+                    store.mark_attempted(name);
                     tracing::info!(source = name, "discarded the first reading (warm-up)");
                 } else {
                     store.apply_sample(name, sample);

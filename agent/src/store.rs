@@ -1,12 +1,14 @@
 //! The agent's state: the last good reading of every device, each source's status and
 //! the recent Xid events. Samplers write into it; the API renders it. Nothing here
-//! waits on a source, so a hung source can never block a reader.
+//! waits on a source, so a hung source can never block a reader, and nothing slow
+//! (logging included) happens while the lock is held.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use faultline_common::classify::Finding;
+use faultline_common::xid::XidVerdict;
 use faultline_common::{
     classify, Classification, DeviceHealth, DeviceReading, DeviceStatus, NodeHealth, SourceStatus,
     Summary, Thresholds, XidEvent, XidPolicy, SCHEMA_VERSION,
@@ -18,10 +20,17 @@ use crate::sources::{now_ms, ProbeError, SourceSample};
 
 /// Most Xid events kept in memory, whatever the retention says.
 const MAX_EVENTS: usize = 4096;
+/// Most unattributed events shown in the document.
+const MAX_UNATTRIBUTED_SHOWN: usize = 100;
 /// The same Xid on the same bus from the same source within this window is one event
 /// (the driver prints several lines for one Xid 13, and a fallen-off-the-bus message
 /// with and without an Xid number).
 const EVENT_DEDUP_MS: u64 = 1_000;
+/// The same Xid from two sources (NVML's event and the kernel line) within this window
+/// is one event.
+const CROSS_SOURCE_DEDUP_MS: u64 = 3_000;
+/// A device absent from its source's samples this long is forgotten.
+const FORGET_MISSING_AFTER: Duration = Duration::from_secs(3600);
 
 /// What the store needs to know about the node.
 #[derive(Debug, Clone)]
@@ -36,6 +45,8 @@ struct Cached {
     reading: DeviceReading,
     at: Instant,
     at_ms: u64,
+    /// Since when the device is absent from its source's successful samples.
+    missing_since: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -50,13 +61,16 @@ struct SourceState {
     abandoned: u32,
 }
 
+/// What upkeep watches, to tell watchers when it changes with time alone.
+type TimedView = BTreeMap<String, (bool, Option<(DeviceStatus, String)>)>;
+
 struct Inner {
     devices: BTreeMap<String, Cached>,
     sources: BTreeMap<&'static str, SourceState>,
     events: VecDeque<XidEvent>,
     generation: u64,
-    /// Devices past their TTL at the last look, to notice when one goes stale.
-    stale: BTreeSet<String>,
+    /// Per device: stale or not, and its Xid verdict, at the last upkeep.
+    timed: TimedView,
 }
 
 /// Shared agent state.
@@ -65,6 +79,16 @@ pub struct Store {
     inner: Mutex<Inner>,
     generation: watch::Sender<u64>,
     metrics: Arc<Metrics>,
+}
+
+fn empty(r: &DeviceReading) -> bool {
+    r.temperature_c.is_none()
+        && r.power_w.is_none()
+        && r.ecc.is_none()
+        && r.pcie.is_none()
+        && r.vendor_health.is_none()
+        && r.reported_status.is_none()
+        && !r.lost
 }
 
 impl Store {
@@ -78,7 +102,7 @@ impl Store {
                 sources: BTreeMap::new(),
                 events: VecDeque::new(),
                 generation: 1,
-                stale: BTreeSet::new(),
+                timed: BTreeMap::new(),
             }),
             generation,
             metrics,
@@ -123,6 +147,11 @@ impl Store {
         self.metrics.set_source_up(name, !polled);
     }
 
+    /// A source answered but its reading was discarded (warm-up): it counts as tried.
+    pub fn mark_attempted(&self, source: &'static str) {
+        self.lock().sources.entry(source).or_default().attempted = true;
+    }
+
     /// True once every polled source has been tried at least once.
     pub fn ready(&self) -> bool {
         self.lock().sources.values().all(|s| s.attempted)
@@ -132,6 +161,7 @@ impl Store {
     pub fn apply_sample(&self, source: &'static str, sample: SourceSample) {
         let now = Instant::now();
         let now_ms = now_ms();
+        let mut logged = Vec::new();
         let mut inner = self.lock();
         let mut changed = false;
         {
@@ -145,25 +175,25 @@ impl Store {
             s.last_success_ms = Some(now_ms);
         }
         self.metrics.set_source_up(source, true);
+        let mut seen = Vec::with_capacity(sample.devices.len());
         for reading in sample.devices {
-            let empty = reading.temperature_c.is_none()
-                && reading.power_w.is_none()
-                && reading.ecc.is_none()
-                && reading.pcie.is_none()
-                && reading.vendor_health.is_none()
-                && reading.reported_status.is_none()
-                && !reading.lost;
+            seen.push(reading.id.clone());
+            let is_empty = empty(&reading);
             match inner.devices.get_mut(&reading.id) {
                 // A device that answered nothing this time keeps its last good reading
                 // (it ages into unknown after the TTL); the errors are counted.
-                Some(_) if empty => {
+                Some(c) if is_empty => {
                     self.metrics.count_error(source, "device");
+                    if c.missing_since.take().is_some() {
+                        changed = true;
+                    }
                 }
                 Some(c) => {
-                    changed |= c.reading != reading;
+                    changed |= c.reading != reading || c.missing_since.is_some();
                     c.reading = reading;
                     c.at = now;
                     c.at_ms = now_ms;
+                    c.missing_since = None;
                 }
                 None => {
                     changed = true;
@@ -173,17 +203,31 @@ impl Store {
                             reading,
                             at: now,
                             at_ms: now_ms,
+                            missing_since: None,
                         },
                     );
                 }
             }
         }
+        // Devices this source no longer lists are unknown at once: a device that drops
+        // out of the enumeration is not one we may keep calling healthy.
+        for (id, c) in inner.devices.iter_mut() {
+            if c.reading.source == source && c.missing_since.is_none() && !seen.contains(id) {
+                c.missing_since = Some(now);
+                changed = true;
+            }
+        }
         for e in sample.events {
-            changed |= self.push_event(&mut inner, e);
+            if let Some(e) = self.push_event(&mut inner, e) {
+                logged.push(e);
+                changed = true;
+            }
         }
         if changed {
             self.bump(&mut inner);
         }
+        drop(inner);
+        log_events(&logged);
     }
 
     /// A sample failed.
@@ -218,53 +262,89 @@ impl Store {
     /// A streaming source saw an Xid.
     pub fn add_event(&self, e: XidEvent) {
         let mut inner = self.lock();
-        if self.push_event(&mut inner, e) {
+        let added = self.push_event(&mut inner, e);
+        if added.is_some() {
             self.bump(&mut inner);
         }
+        drop(inner);
+        log_events(added.as_slice());
     }
 
-    fn push_event(&self, inner: &mut Inner, e: XidEvent) -> bool {
+    /// Keep `e` unless ignored or a duplicate; returns it when kept (to log it later).
+    fn push_event(&self, inner: &mut Inner, e: XidEvent) -> Option<XidEvent> {
         let ignored = self.cfg.xid_policy.ignores(e.xid);
         self.metrics.count_xid(&e, ignored);
         if ignored {
-            return false;
+            return None;
         }
         let dup = inner.events.iter().rev().take(64).any(|o| {
-            o.xid == e.xid
-                && o.pci_bus_id == e.pci_bus_id
-                && o.source == e.source
-                && e.at_ms.abs_diff(o.at_ms) <= EVENT_DEDUP_MS
+            let window = if o.source == e.source {
+                EVENT_DEDUP_MS
+            } else {
+                CROSS_SOURCE_DEDUP_MS
+            };
+            o.xid == e.xid && o.pci_bus_id == e.pci_bus_id && e.at_ms.abs_diff(o.at_ms) <= window
         });
         if dup {
-            return false;
+            return None;
         }
-        tracing::warn!(xid = e.xid, class = ?e.class, bus = ?e.pci_bus_id, source = %e.source, "Xid event");
-        inner.events.push_back(e);
+        inner.events.push_back(e.clone());
         while inner.events.len() > MAX_EVENTS {
             inner.events.pop_front();
         }
-        true
+        Some(e)
     }
 
-    /// Periodic upkeep: notice devices that went stale (so watchers hear of it) and
-    /// drop events past retention.
+    fn verdict(
+        &self,
+        inner: &Inner,
+        bus: Option<&str>,
+        now_ms: u64,
+    ) -> (Vec<XidEvent>, Option<XidVerdict>) {
+        let events: Vec<XidEvent> = match bus {
+            Some(bus) => inner
+                .events
+                .iter()
+                .filter(|e| e.pci_bus_id.as_deref() == Some(bus))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        let v = self.cfg.xid_policy.evaluate(&events, now_ms);
+        (events, v)
+    }
+
+    /// Periodic upkeep: notice what changes with time alone (a device going stale, an
+    /// Xid window running out) so watchers hear of it; drop events past retention and
+    /// devices missing for long.
     pub fn tick(&self) {
         let now = Instant::now();
         let now_ms = now_ms();
         let mut inner = self.lock();
-        let stale: BTreeSet<String> = inner
-            .devices
-            .iter()
-            .filter(|(_, c)| now.duration_since(c.at) > self.cfg.cache_ttl)
-            .map(|(id, _)| id.clone())
-            .collect();
         let retention = self.cfg.xid_policy.retention.as_millis() as u64;
         let before = inner.events.len();
         inner
             .events
             .retain(|e| now_ms.saturating_sub(e.at_ms) <= retention);
-        if stale != inner.stale || before != inner.events.len() {
-            inner.stale = stale;
+        let forgotten = {
+            let n = inner.devices.len();
+            inner.devices.retain(|_, c| {
+                c.missing_since
+                    .is_none_or(|m| now.duration_since(m) < FORGET_MISSING_AFTER)
+            });
+            n != inner.devices.len()
+        };
+        let view: TimedView = inner
+            .devices
+            .iter()
+            .map(|(id, c)| {
+                let stale = now.duration_since(c.at) > self.cfg.cache_ttl;
+                let (_, v) = self.verdict(&inner, c.reading.pci_bus_id.as_deref(), now_ms);
+                (id.clone(), (stale, v.map(|v| (v.status, v.reason))))
+            })
+            .collect();
+        if view != inner.timed || before != inner.events.len() || forgotten {
+            inner.timed = view;
             self.bump(&mut inner);
         }
     }
@@ -274,27 +354,24 @@ impl Store {
         let now = Instant::now();
         let now_ms = now_ms();
         let inner = self.lock();
-        let policy = &self.cfg.xid_policy;
-        let mut attributed = vec![false; inner.events.len()];
+        let mut attributed: Vec<&str> = Vec::new();
         let mut npus = Vec::with_capacity(inner.devices.len());
-        for (id, c) in &inner.devices {
+        for c in inner.devices.values() {
             let r = &c.reading;
-            let events: Vec<XidEvent> = match &r.pci_bus_id {
-                Some(bus) => inner
-                    .events
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, e)| e.pci_bus_id.as_deref() == Some(bus.as_str()))
-                    .map(|(i, e)| {
-                        attributed[i] = true;
-                        e.clone()
-                    })
-                    .collect(),
-                None => Vec::new(),
-            };
-            let verdict = policy.evaluate(&events, now_ms);
+            if let Some(bus) = r.pci_bus_id.as_deref() {
+                attributed.push(bus);
+            }
+            let (events, verdict) = self.verdict(&inner, r.pci_bus_id.as_deref(), now_ms);
             let age = now.duration_since(c.at);
-            let class = if age > self.cfg.cache_ttl {
+            let unknown = if let Some(m) = c.missing_since {
+                Some((
+                    "missing",
+                    format!(
+                        "absent from the source's samples for {}s",
+                        now.duration_since(m).as_secs()
+                    ),
+                ))
+            } else if age > self.cfg.cache_ttl {
                 let src = inner.sources.get(r.source.as_str());
                 let (code, why) = match src {
                     Some(s) if s.init_error => ("source-down", s.last_error.clone()),
@@ -310,23 +387,30 @@ impl Store {
                     detail.push_str(": ");
                     detail.push_str(&w);
                 }
-                let mut cl = Classification::unknown(code, detail);
-                // Fresh evidence from the kernel log still counts when the poll is stale.
-                if let Some(v) = verdict.filter(|v| v.status != DeviceStatus::Unknown) {
-                    cl.findings.insert(
-                        0,
-                        Finding {
-                            code: v.reason.clone(),
-                            status: v.status,
-                            detail: v.detail,
-                        },
-                    );
-                    cl.status = v.status;
-                    cl.reason = Some(v.reason);
-                }
-                cl
+                Some((code, detail))
             } else {
-                classify(r, verdict.as_ref(), &self.cfg.thresholds)
+                None
+            };
+            let class = match unknown {
+                Some((code, detail)) => {
+                    let mut cl = Classification::unknown(code, detail);
+                    // Fresh evidence from the kernel log still counts when the poll is
+                    // stale: an Xid verdict outranks "we could not look".
+                    if let Some(v) = verdict {
+                        cl.findings.insert(
+                            0,
+                            Finding {
+                                code: v.reason.clone(),
+                                status: v.status,
+                                detail: v.detail,
+                            },
+                        );
+                        cl.status = v.status;
+                        cl.reason = Some(v.reason);
+                    }
+                    cl
+                }
+                None => classify(r, verdict.as_ref(), &self.cfg.thresholds),
             };
             npus.push(DeviceHealth {
                 reading: r.clone(),
@@ -339,14 +423,21 @@ impl Store {
                 sample_age_ms: Some(age.as_millis() as u64),
                 recent_xids: events,
             });
-            let _ = id;
         }
-        let unattributed_xids = inner
+        let unattributed: Vec<XidEvent> = inner
             .events
             .iter()
-            .zip(&attributed)
-            .filter(|(_, a)| !**a)
-            .map(|(e, _)| e.clone())
+            .filter(|e| {
+                e.pci_bus_id
+                    .as_deref()
+                    .is_none_or(|b| !attributed.contains(&b))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .take(MAX_UNATTRIBUTED_SHOWN)
+            .rev()
+            .cloned()
             .collect();
         let sources = inner
             .sources
@@ -372,8 +463,14 @@ impl Store {
             summary: Summary::of(&npus),
             npus,
             sources,
-            unattributed_xids,
+            unattributed_xids: unattributed,
         }
+    }
+}
+
+fn log_events(events: &[XidEvent]) {
+    for e in events {
+        tracing::warn!(xid = e.xid, class = ?e.class, bus = ?e.pci_bus_id, source = %e.source, "Xid event");
     }
 }
 
@@ -381,4 +478,151 @@ impl Store {
 pub fn rfc3339_ms(ms: u64) -> String {
     let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
     humantime::format_rfc3339_millis(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use faultline_common::xid::{class_of, XidThreshold};
+    use faultline_common::Vendor;
+
+    fn store(ttl_ms: u64, policy: XidPolicy) -> Arc<Store> {
+        Store::new(
+            StoreConfig {
+                node: "n".into(),
+                cache_ttl: Duration::from_millis(ttl_ms),
+                thresholds: Thresholds::default(),
+                xid_policy: policy,
+            },
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    fn reading(id: &str, bus: &str) -> DeviceReading {
+        let mut r = DeviceReading::new(id, Vendor::Nvidia, "nvml");
+        r.pci_bus_id = Some(bus.into());
+        r.temperature_c = Some(40.0);
+        r
+    }
+
+    fn sample(rs: Vec<DeviceReading>) -> SourceSample {
+        SourceSample {
+            devices: rs,
+            events: vec![],
+        }
+    }
+
+    fn xid(x: u32, bus: &str, source: &str, at_ms: u64) -> XidEvent {
+        XidEvent {
+            xid: x,
+            class: class_of(x),
+            pci_bus_id: Some(bus.into()),
+            at_ms,
+            source: source.into(),
+            message: String::new(),
+        }
+    }
+
+    fn status(s: &Store, id: &str) -> (DeviceStatus, Option<String>) {
+        let d = s.render();
+        let dev = d.npus.iter().find(|x| x.reading.id == id).unwrap();
+        (dev.status, dev.reason.clone())
+    }
+
+    #[test]
+    fn going_stale_moves_the_generation() {
+        let s = store(50, XidPolicy::default());
+        s.apply_sample("nvml", sample(vec![reading("gpu0", "0000:18:00.0")]));
+        s.tick();
+        let g = s.generation();
+        s.tick();
+        assert_eq!(s.generation(), g, "nothing changed");
+        std::thread::sleep(Duration::from_millis(80));
+        s.tick();
+        assert!(s.generation() > g, "stale must be announced");
+        assert_eq!(status(&s, "gpu0").0, DeviceStatus::Unknown);
+    }
+
+    #[test]
+    fn an_xid_window_running_out_moves_the_generation() {
+        let mut p = XidPolicy::default();
+        p.thresholds.insert(
+            79,
+            XidThreshold {
+                count: 1,
+                window: Duration::from_millis(100),
+            },
+        );
+        let s = store(60_000, p);
+        s.apply_sample("nvml", sample(vec![reading("gpu0", "0000:18:00.0")]));
+        s.add_event(xid(79, "0000:18:00.0", "kmsg", now_ms()));
+        s.tick();
+        assert_eq!(status(&s, "gpu0").0, DeviceStatus::Failed);
+        let g = s.generation();
+        std::thread::sleep(Duration::from_millis(150));
+        s.tick();
+        assert!(
+            s.generation() > g,
+            "the verdict lapsed; watchers must hear of it"
+        );
+        assert_eq!(status(&s, "gpu0").0, DeviceStatus::Healthy);
+    }
+
+    #[test]
+    fn one_xid_seen_by_nvml_and_the_kernel_log_counts_once() {
+        let s = store(60_000, XidPolicy::default());
+        s.apply_sample("nvml", sample(vec![reading("gpu0", "0000:18:00.0")]));
+        let t = now_ms();
+        s.add_event(xid(13, "0000:18:00.0", "nvml-event", t));
+        s.add_event(xid(13, "0000:18:00.0", "kmsg", t + 1_500));
+        s.add_event(xid(13, "0000:18:00.0", "kmsg", t + 1_800));
+        assert_eq!(s.render().npus[0].recent_xids.len(), 1);
+        // A later one is a new event.
+        s.add_event(xid(13, "0000:18:00.0", "kmsg", t + 5_000));
+        assert_eq!(s.render().npus[0].recent_xids.len(), 2);
+    }
+
+    #[test]
+    fn a_device_that_drops_out_of_the_enumeration_is_unknown_at_once() {
+        let s = store(60_000, XidPolicy::default());
+        s.apply_sample(
+            "nvml",
+            sample(vec![
+                reading("gpu0", "0000:18:00.0"),
+                reading("gpu1", "0000:28:00.0"),
+            ]),
+        );
+        s.apply_sample("nvml", sample(vec![reading("gpu0", "0000:18:00.0")]));
+        assert_eq!(
+            status(&s, "gpu1"),
+            (DeviceStatus::Unknown, Some("missing".into()))
+        );
+        // ...unless the kernel says why: then it is failed.
+        s.add_event(xid(79, "0000:28:00.0", "kmsg", now_ms()));
+        assert_eq!(
+            status(&s, "gpu1"),
+            (DeviceStatus::Failed, Some("xid-79".into()))
+        );
+        // It comes back.
+        s.apply_sample(
+            "nvml",
+            sample(vec![
+                reading("gpu0", "0000:18:00.0"),
+                reading("gpu1", "0000:28:00.0"),
+            ]),
+        );
+        assert_ne!(status(&s, "gpu1").1.as_deref(), Some("missing"));
+    }
+
+    #[test]
+    fn an_empty_reading_keeps_the_last_good_one() {
+        let s = store(60_000, XidPolicy::default());
+        s.apply_sample("nvml", sample(vec![reading("gpu0", "0000:18:00.0")]));
+        let mut bad = DeviceReading::new("gpu0", Vendor::Nvidia, "nvml");
+        bad.probe_errors.push("temperature: Unknown".into());
+        s.apply_sample("nvml", sample(vec![bad]));
+        let d = s.render();
+        assert_eq!(d.npus[0].reading.temperature_c, Some(40.0));
+        assert_eq!(d.npus[0].status, DeviceStatus::Healthy);
+    }
 }

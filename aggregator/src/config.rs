@@ -141,4 +141,24 @@ mod tests {
             assert!(Config::parse_from(["a", "--agents", bad]).is_err(), "{bad}");
         }
     }
+
+    #[test]
+    fn every_flag_reads_faultline_flag_from_the_environment() {
+        use clap::CommandFactory;
+        let mut n = 0;
+        for arg in Args::command().get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if long == "help" || long == "version" {
+                continue;
+            }
+            let want = format!("FAULTLINE_{}", long.to_uppercase().replace('-', "_"));
+            assert_eq!(
+                arg.get_env().and_then(|e| e.to_str()),
+                Some(want.as_str()),
+                "--{long}"
+            );
+            n += 1;
+        }
+        assert!(n >= 8, "only {n} flags seen");
+    }
 }

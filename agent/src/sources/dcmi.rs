@@ -9,6 +9,7 @@
 //! and leaves the metric out.
 #![allow(unsafe_code)]
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -108,56 +109,98 @@ fn rc(what: &str, rc: c_int) -> Result<(), String> {
 /// The DCMI source.
 pub struct DcmiSource {
     path: PathBuf,
-    dcmi: Mutex<Option<Arc<Dcmi>>>,
+    /// The library, loaded once and kept loaded (an init that failed is retried on the
+    /// same handle; unloading a vendor library that started threads is not safe).
+    lib: Mutex<Option<Arc<Dcmi>>>,
+    ready: std::sync::atomic::AtomicBool,
+    /// Per (card, chip): logic id once known, so a transient error cannot rename a chip,
+    /// and the run of "not ready" answers.
+    chips: Mutex<HashMap<(c_int, c_int), ChipMemo>>,
 }
+
+#[derive(Default, Clone, Copy)]
+struct ChipMemo {
+    logic: Option<c_int>,
+    not_ready: u32,
+}
+
+/// "Not ready" answers in a row before a chip is reported lost (one may be a blip).
+const NOT_READY_LOST_AFTER: u32 = 3;
 
 impl DcmiSource {
     /// Load `path` on first use.
     pub fn new(path: PathBuf) -> Self {
         DcmiSource {
             path,
-            dcmi: Mutex::new(None),
+            lib: Mutex::new(None),
+            ready: std::sync::atomic::AtomicBool::new(false),
+            chips: Mutex::new(HashMap::new()),
         }
     }
 
     fn handle(&self) -> Result<Arc<Dcmi>, ProbeError> {
-        let mut g = self.dcmi.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(d) = g.as_ref() {
-            return Ok(d.clone());
+        use std::sync::atomic::Ordering;
+        let mut g = self.lib.lock().unwrap_or_else(|p| p.into_inner());
+        let d = match g.as_ref() {
+            Some(d) => d.clone(),
+            None => {
+                // SAFETY: loading a shared library runs its initialisers; libdcmi.so is
+                // the vendor's library named by the operator, which we are here to call.
+                let lib = unsafe { Library::new(&self.path) }
+                    .map_err(|e| ProbeError::Init(format!("{}: {e}", self.path.display())))?;
+                let d = Arc::new(Dcmi { lib });
+                *g = Some(d.clone());
+                d
+            }
+        };
+        if !self.ready.load(Ordering::Acquire) {
+            let init = d.sym::<FnInit>(b"dcmi_init\0").map_err(ProbeError::Init)?;
+            // SAFETY: dcmi_init(void) takes no arguments.
+            let r = unsafe { init() };
+            if r != 0 {
+                return Err(ProbeError::Init(format!("dcmi_init: dcmi error {r}")));
+            }
+            self.ready.store(true, Ordering::Release);
         }
-        // SAFETY: loading a shared library runs its initialisers; libdcmi.so is the
-        // vendor's library named by the operator, which is what we are here to call.
-        let lib = unsafe { Library::new(&self.path) }
-            .map_err(|e| ProbeError::Init(format!("{}: {e}", self.path.display())))?;
-        let d = Dcmi { lib };
-        let init = d.sym::<FnInit>(b"dcmi_init\0").map_err(ProbeError::Init)?;
-        // SAFETY: dcmi_init(void) takes no arguments.
-        let r = unsafe { init() };
-        if r != 0 {
-            return Err(ProbeError::Init(format!("dcmi_init: dcmi error {r}")));
-        }
-        let d = Arc::new(d);
-        *g = Some(d.clone());
         Ok(d)
+    }
+
+    fn memo(&self, card: c_int, chip: c_int) -> ChipMemo {
+        self.chips
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(card, chip))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn set_memo(&self, card: c_int, chip: c_int, m: ChipMemo) {
+        self.chips
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((card, chip), m);
     }
 }
 
-fn read_chip(d: &Dcmi, card: c_int, chip: c_int) -> DeviceReading {
-    let mut logic: c_int = -1;
-    let logic_ok = d
-        .sym::<FnLogicId>(b"dcmi_get_device_logic_id\0")
-        // SAFETY: out-pointer first, then card and chip ids, as in the header.
-        .map(|f| unsafe { f(&mut logic, card, chip) } == 0 && logic >= 0)
-        .unwrap_or(false);
-    let id = if logic_ok {
-        format!("npu{logic}")
-    } else {
-        format!("npu{card}-{chip}")
+fn read_chip(src: &DcmiSource, d: &Dcmi, card: c_int, chip: c_int) -> DeviceReading {
+    let mut memo = src.memo(card, chip);
+    if memo.logic.is_none() {
+        let mut logic: c_int = -1;
+        let ok = d
+            .sym::<FnLogicId>(b"dcmi_get_device_logic_id\0")
+            // SAFETY: out-pointer first, then card and chip ids, as in the header.
+            .map(|f| unsafe { f(&mut logic, card, chip) } == 0 && logic >= 0)
+            .unwrap_or(false);
+        if ok {
+            memo.logic = Some(logic);
+        }
+    }
+    let id = match memo.logic {
+        Some(l) => format!("npu{l}"),
+        None => format!("npu{card}-{chip}"),
     };
     let mut r = DeviceReading::new(id, Vendor::Ascend, "dcmi");
-    if logic_ok {
-        r.index = Some(logic as u32);
-    }
+    r.index = memo.logic.map(|l| l as u32);
     let note = |r: &mut DeviceReading, e: String| r.probe_errors.push(e);
 
     // Health first: a dropped card answers "not ready" and nothing else is worth asking.
@@ -186,7 +229,16 @@ fn read_chip(d: &Dcmi, card: c_int, chip: c_int) -> DeviceReading {
                     }
                 }
                 NOT_READY => {
-                    r.lost = true;
+                    // How Huawei's plugin spots a card that dropped off; a single answer
+                    // may be a blip, so it takes a few in a row.
+                    memo.not_ready += 1;
+                    src.set_memo(card, chip, memo);
+                    if memo.not_ready >= NOT_READY_LOST_AFTER {
+                        r.lost = true;
+                    } else {
+                        r.probe_errors
+                            .push(format!("health: not ready ({} in a row)", memo.not_ready));
+                    }
                     return r;
                 }
                 e => note(&mut r, format!("health: dcmi error {e}")),
@@ -194,6 +246,14 @@ fn read_chip(d: &Dcmi, card: c_int, chip: c_int) -> DeviceReading {
         }
         Err(e) => note(&mut r, e),
     }
+    // Without the chip's own verdict its other numbers do not make it healthy: report
+    // only the errors, and its last good reading ages into unknown.
+    if r.vendor_health.is_none() {
+        src.set_memo(card, chip, memo);
+        return r;
+    }
+    memo.not_ready = 0;
+    src.set_memo(card, chip, memo);
 
     if let Some(vh) = r
         .vendor_health
@@ -342,7 +402,7 @@ impl Source for DcmiSource {
             }
             // The plugin accepts 1..=4 chips; an id at or above the count is the MCU.
             for chip in 0..m.clamp(0, 4) {
-                out.devices.push(read_chip(&d, card, chip));
+                out.devices.push(read_chip(self, &d, card, chip));
             }
         }
         Ok(out)

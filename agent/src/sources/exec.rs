@@ -148,6 +148,10 @@ impl Source for ExecSource {
         })
     }
 
+    fn enforces_timeout(&self) -> bool {
+        true
+    }
+
     fn needs_warm_up(&self) -> bool {
         // Vendor tools can return incomplete data right after the driver loads (seed
         // 003, 5.2); the first reading is thrown away.

@@ -74,6 +74,10 @@ pub trait Source: Send + Sync + 'static {
     fn needs_warm_up(&self) -> bool {
         false
     }
+    /// Whether `sample` enforces `timeout` itself (child processes killed at it).
+    fn enforces_timeout(&self) -> bool {
+        false
+    }
 }
 
 /// Where streaming sources deliver Xid events.

@@ -148,19 +148,35 @@ impl NvmlSource {
                 return r;
             }
         };
+        // The UUID is read every time: if another board now sits at this index, the
+        // cached bus id and name are not its own.
+        match dev.uuid() {
+            Ok(u) if r.uuid.as_deref() != Some(u.as_str()) => {
+                r.uuid = Some(u);
+                r.pci_bus_id = None;
+                r.name = None;
+            }
+            Ok(_) => {}
+            Err(NvmlError::GpuLost) => {
+                r.lost = true;
+                return r;
+            }
+            Err(e) => r.probe_errors.push(format!("uuid: {e}")),
+        }
         if let Err(lost) = read_metrics(&dev, &mut r) {
             debug_assert!(lost);
             r.lost = true;
         }
-        if !r.lost && known.is_none() {
-            self.known.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                index,
-                Identity {
-                    uuid: r.uuid.clone(),
-                    bus: r.pci_bus_id.clone(),
-                    name: r.name.clone(),
-                },
-            );
+        let identity = Identity {
+            uuid: r.uuid.clone(),
+            bus: r.pci_bus_id.clone(),
+            name: r.name.clone(),
+        };
+        if !r.lost && identity.uuid.is_some() && known.is_none_or(|k| k.uuid != identity.uuid) {
+            self.known
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(index, identity);
         }
         r
     }
@@ -183,9 +199,6 @@ macro_rules! read {
 }
 
 fn read_metrics(dev: &Device<'_>, r: &mut DeviceReading) -> Result<(), bool> {
-    if r.uuid.is_none() {
-        r.uuid = read!(r, "uuid", dev.uuid());
-    }
     if r.pci_bus_id.is_none() {
         r.pci_bus_id =
             read!(r, "pci_info", dev.pci_info()).and_then(|p| normalize_bus_id(&p.bus_id));
@@ -197,37 +210,36 @@ fn read_metrics(dev: &Device<'_>, r: &mut DeviceReading) -> Result<(), bool> {
         read!(r, "temperature", dev.temperature(TemperatureSensor::Gpu)).map(f64::from);
     r.power_w = read!(r, "power", dev.power_usage()).map(|mw| f64::from(mw) / 1000.0);
 
-    let vc = read!(
-        r,
-        "ecc",
-        dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-    );
-    if let Some(vc) = vc {
-        let vu = read!(
-            r,
-            "ecc",
-            dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-        )
-        .unwrap_or(0);
-        let ac = read!(
-            r,
-            "ecc",
-            dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate)
-        )
-        .unwrap_or(0);
-        let au = read!(
-            r,
-            "ecc",
-            dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate)
-        )
-        .unwrap_or(0);
-        r.ecc = Some(EccCounts {
-            volatile_corrected: vc,
-            volatile_uncorrected: vu,
-            aggregate_corrected: ac,
-            aggregate_uncorrected: au,
-        });
-    }
+    // The four counters are one reading: if any of them cannot be read, none is
+    // reported (a 0 standing in for an unread uncorrectable count would hide a fault).
+    let ecc = (|| -> Result<Option<EccCounts>, NvmlError> {
+        let read = |e, c| match dev.total_ecc_errors(e, c) {
+            Ok(v) => Ok(Some(v)),
+            Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => Ok(None),
+            Err(x) => Err(x),
+        };
+        let vc = read(MemoryError::Corrected, EccCounter::Volatile)?;
+        let vu = read(MemoryError::Uncorrected, EccCounter::Volatile)?;
+        let ac = read(MemoryError::Corrected, EccCounter::Aggregate)?;
+        let au = read(MemoryError::Uncorrected, EccCounter::Aggregate)?;
+        Ok(match (vc, vu) {
+            (Some(vc), Some(vu)) => Some(EccCounts {
+                volatile_corrected: vc,
+                volatile_uncorrected: vu,
+                aggregate_corrected: ac.unwrap_or(0),
+                aggregate_uncorrected: au.unwrap_or(0),
+            }),
+            _ => None,
+        })
+    })();
+    r.ecc = match ecc {
+        Ok(e) => e,
+        Err(NvmlError::GpuLost) => return Err(true),
+        Err(e) => {
+            r.probe_errors.push(format!("ecc: {e}"));
+            None
+        }
+    };
 
     if let Some(pending) = read!(r, "retired_pages", dev.are_pages_pending_retired()) {
         let sbe = read!(
@@ -293,7 +305,13 @@ fn read_metrics(dev: &Device<'_>, r: &mut DeviceReading) -> Result<(), bool> {
             }
             Err(NvmlError::GpuLost) => return Err(true),
             // Past the last link, or no NVLink on this device.
-            Err(_) => break,
+            Err(NvmlError::InvalidArg)
+            | Err(NvmlError::NotSupported)
+            | Err(NvmlError::FailedToLoadSymbol(_)) => break,
+            Err(e) => {
+                r.probe_errors.push(format!("nvlink {link}: {e}"));
+                break;
+            }
         }
     }
     if nv.total > 0 {
@@ -353,7 +371,8 @@ fn event_loop(nvml: &Nvml, stream: &EventStream) {
     let mut backoff = Duration::from_secs(1);
     while !stream.cancel.is_cancelled() {
         match watch_events(nvml, &stream.sink, &stream.cancel) {
-            Ok(()) => return,
+            // Cancelled, or time to re-arm.
+            Ok(()) => backoff = Duration::from_secs(1),
             Err(e) => {
                 stream.metrics.count_error("nvml", "event-wait");
                 // A wait error says nothing about the devices: log, back off, re-arm.
@@ -372,26 +391,50 @@ fn watch_events(
 ) -> Result<(), NvmlError> {
     let mut set = nvml.create_event_set()?;
     let mut buses: HashMap<u32, Option<String>> = HashMap::new();
+    let mut registered: Vec<u32> = Vec::new();
+    let mut skipped = 0;
     for i in 0..nvml.device_count()? {
-        let dev = match nvml.device_by_index(i) {
-            Ok(d) => d,
-            Err(_) => continue,
+        // A lost or broken GPU is skipped: it must not cost the others their events.
+        let Ok(dev) = nvml.device_by_index(i) else {
+            skipped += 1;
+            continue;
         };
-        let supported = dev
-            .supported_event_types()
-            .unwrap_or(EventTypes::CRITICAL_XID_ERROR);
+        let Ok(supported) = dev.supported_event_types() else {
+            skipped += 1;
+            continue;
+        };
         let wanted = EventTypes::CRITICAL_XID_ERROR & supported;
         if wanted.is_empty() {
             continue;
         }
-        buses.insert(
-            i,
-            dev.pci_info()
-                .ok()
-                .and_then(|p| normalize_bus_id(&p.bus_id)),
-        );
-        set = dev.register_events(wanted, set).map_err(|e| e.error)?;
+        match dev.register_events(wanted, set) {
+            Ok(s) => {
+                set = s;
+                registered.push(i);
+                buses.insert(
+                    i,
+                    dev.pci_info()
+                        .ok()
+                        .and_then(|p| normalize_bus_id(&p.bus_id)),
+                );
+            }
+            Err(e) => {
+                // nvml-wrapper frees the set on a failed registration: build it again
+                // with the devices that did register.
+                tracing::warn!(gpu = i, error = %e.error, "cannot register Xid events; skipping this GPU");
+                skipped += 1;
+                set = nvml.create_event_set()?;
+                for &j in &registered {
+                    let d = nvml.device_by_index(j)?;
+                    set = d
+                        .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+                        .map_err(|e| e.error)?;
+                }
+            }
+        }
     }
+    // With a GPU skipped, re-arm now and then in case it comes back.
+    let rearm = (skipped > 0).then(|| std::time::Instant::now() + Duration::from_secs(60));
     while !cancel.is_cancelled() {
         match set.wait(EVENT_WAIT_MS) {
             Ok(ev) => {
@@ -423,6 +466,9 @@ fn watch_events(
             Err(NvmlError::Timeout) => {}
             Err(e) => return Err(e),
         }
+        if rearm.is_some_and(|t| std::time::Instant::now() >= t) {
+            return Ok(());
+        }
     }
     Ok(())
 }
@@ -435,9 +481,19 @@ impl Source for NvmlSource {
     fn sample(&self, _timeout: Duration) -> Result<SourceSample, ProbeError> {
         let nvml = self.handle()?;
         self.start_events(&nvml);
-        let count = nvml
-            .device_count()
-            .map_err(|e| ProbeError::Call(format!("device count: {e}")))?;
+        let count = match nvml.device_count() {
+            Ok(c) => c,
+            Err(e) => {
+                // A driver that lost its state answers nothing until NVML starts over.
+                if matches!(
+                    e,
+                    NvmlError::Uninitialized | NvmlError::Unknown | NvmlError::DriverNotLoaded
+                ) {
+                    *self.nvml.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                }
+                return Err(ProbeError::Call(format!("device count: {e}")));
+            }
+        };
         let devices = (0..count).map(|i| self.read_device(&nvml, i)).collect();
         Ok(SourceSample {
             devices,

@@ -6,6 +6,7 @@ use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::ProbeError;
@@ -39,6 +40,13 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<String, ProbeError> {
     let pid = child.id() as i32;
     let out = reader(child.stdout.take(), MAX_STDOUT + 1);
     let err = reader(child.stderr.take(), MAX_STDERR);
+    let kill_group = || {
+        // SAFETY: killpg only sends a signal to the process group we created above
+        // (pgid = the child's pid); no memory is touched.
+        unsafe {
+            libc::killpg(pid, libc::SIGKILL);
+        }
+    };
 
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_millis(1);
@@ -46,15 +54,14 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<String, ProbeError> {
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) => {}
-            Err(e) => return Err(ProbeError::Call(format!("{prog}: wait: {e}"))),
+            Err(e) => {
+                kill_group();
+                return Err(ProbeError::Call(format!("{prog}: wait: {e}")));
+            }
         }
         let now = Instant::now();
         if now >= deadline {
-            // SAFETY: killpg only sends a signal to the process group we created above
-            // (pgid = the child's pid); no memory is touched.
-            unsafe {
-                libc::killpg(pid, libc::SIGKILL);
-            }
+            kill_group();
             let _ = child.kill();
             let _ = child.wait();
             KILLED_CHILDREN.fetch_add(1, Ordering::Relaxed);
@@ -63,8 +70,18 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<String, ProbeError> {
         std::thread::sleep(pause.min(deadline - now));
         pause = (pause * 2).min(Duration::from_millis(20));
     };
-    let stdout = out.join().unwrap_or_default();
-    let stderr = err.join().unwrap_or_default();
+    // Whatever the tool left running in the background would hold our pipes open (and
+    // leak on every sample): the group goes with the tool.
+    kill_group();
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(100));
+    let stdout = out
+        .recv_timeout(left)
+        .map_err(|_| ProbeError::Timeout(timeout))?;
+    let stderr = err
+        .recv_timeout(Duration::from_millis(100))
+        .unwrap_or_default();
     if !status.success() {
         let msg = String::from_utf8_lossy(&stderr);
         let msg = msg.trim();
@@ -82,17 +99,29 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<String, ProbeError> {
         .map_err(|_| ProbeError::Parse(format!("{prog} printed invalid UTF-8")))
 }
 
-fn reader<R: Read + Send + 'static>(
-    pipe: Option<R>,
-    cap: usize,
-) -> std::thread::JoinHandle<Vec<u8>> {
+/// Read a pipe to its end on a thread, keeping the first `cap` bytes and discarding the
+/// rest (closing early would kill a chatty tool with SIGPIPE).
+fn reader<R: Read + Send + 'static>(pipe: Option<R>, cap: usize) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut buf = Vec::new();
-        if let Some(p) = pipe {
-            let _ = p.take(cap as u64).read_to_end(&mut buf);
+        if let Some(mut p) = pipe {
+            let mut chunk = [0u8; 8192];
+            loop {
+                match p.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let room = cap.saturating_sub(buf.len());
+                        buf.extend_from_slice(&chunk[..n.min(room)]);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
         }
-        buf
-    })
+        let _ = tx.send(buf);
+    });
+    rx
 }
 
 #[cfg(test)]
@@ -111,14 +140,60 @@ mod tests {
         );
     }
 
+    fn alive(pid_file: &std::path::Path) -> bool {
+        let pid = std::fs::read_to_string(pid_file).unwrap();
+        // A killed child of ours may linger as a zombie until init reaps it.
+        match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+            Ok(stat) => !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
+            Err(_) => false,
+        }
+    }
+
+    fn wait_dead(pid_file: &std::path::Path) -> bool {
+        (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            !alive(pid_file)
+        })
+    }
+
     #[test]
     fn a_hung_child_and_its_children_are_killed_at_the_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("bg.pid");
+        let script = format!("sleep 30 & echo $! > {}; sleep 30", pid_file.display());
         let start = Instant::now();
         let before = KILLED_CHILDREN.load(Ordering::Relaxed);
-        let e = run(&sh("sleep 30 & sleep 30"), Duration::from_millis(200)).unwrap_err();
-        assert_eq!(e, ProbeError::Timeout(Duration::from_millis(200)));
+        let e = run(&sh(&script), Duration::from_millis(300)).unwrap_err();
+        assert_eq!(e, ProbeError::Timeout(Duration::from_millis(300)));
         assert!(start.elapsed() < Duration::from_secs(5));
         assert!(KILLED_CHILDREN.load(Ordering::Relaxed) > before);
+        assert!(wait_dead(&pid_file), "the background child survived");
+    }
+
+    #[test]
+    fn a_tool_that_leaves_a_child_behind_neither_hangs_us_nor_leaks_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("bg.pid");
+        let script = format!("sleep 30 & echo $! > {}; echo done", pid_file.display());
+        let start = Instant::now();
+        assert_eq!(run(&sh(&script), Duration::from_secs(5)).unwrap(), "done\n");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "held by the child's open pipe"
+        );
+        assert!(wait_dead(&pid_file), "the background child leaked");
+    }
+
+    #[test]
+    fn a_chatty_tool_is_not_killed_by_a_closed_pipe() {
+        let out = run(
+            &sh("head -c 100000 /dev/zero >&2; echo ok"),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(out, "ok\n");
     }
 
     #[test]

@@ -134,10 +134,10 @@ impl SimControl {
             }
         }
         let until = match req.duration_s {
-            Some(s) if s.is_finite() && s > 0.0 => {
+            Some(s) if s.is_finite() && s > 0.0 && s <= 7.0 * 86_400.0 => {
                 Some(Instant::now() + Duration::from_secs_f64(s))
             }
-            Some(_) => return Err("duration_s must be positive".into()),
+            Some(_) => return Err("duration_s must be between 0 and 604800 (a week)".into()),
             None => None,
         };
         let f = ActiveFault {

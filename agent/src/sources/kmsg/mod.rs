@@ -2,15 +2,17 @@
 //!
 //! `/dev/kmsg` (a character device) is read record by record from the start of the
 //! kernel's ring buffer, with each record's own timestamp, so an Xid printed shortly
-//! before the agent (re)started still counts within its window. A plain file is
-//! followed from its end like `tail -F` (an old syslog must not replay as new faults),
-//! a FIFO from whatever is written to it.
+//! before the agent (re)started still counts within its window; a reopen skips records
+//! already seen (by sequence number). A plain file is followed from its end like
+//! `tail -F` (an old syslog must not replay as new faults) and resumed where it was
+//! after an error; after rotation or truncation the new file is read from its start.
+//! A FIFO is read as written.
 
 pub mod parser;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Seek, SeekFrom};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,10 +21,15 @@ use faultline_common::xid::class_of_message;
 use faultline_common::XidEvent;
 use tokio_util::sync::CancellationToken;
 
-use self::parser::{kmsg_timestamp_us, Line, Parser};
+use self::parser::{Line, Parser};
 use super::{now_ms, ProbeError};
 use crate::metrics::Metrics;
 use crate::store::Store;
+
+/// A record whose kernel timestamp is this close to now is live: it gets the arrival
+/// time, so it lines up with NVML's event for the same Xid (the boot time from
+/// /proc/stat is only good to a second or so).
+const LIVE_WINDOW_MS: u64 = 10_000;
 
 /// Turns lines into events and counts them.
 pub struct LineHandler {
@@ -30,6 +37,47 @@ pub struct LineHandler {
     store: Arc<Store>,
     metrics: Arc<Metrics>,
     boot_ms: Option<u64>,
+}
+
+/// A raw /dev/kmsg record: `prio,seq,usec,flags;message` (message with `\xNN` escapes).
+pub struct Record<'a> {
+    /// Sequence number.
+    pub seq: u64,
+    /// Microseconds since boot.
+    pub usec: u64,
+    /// The message, still escaped.
+    pub message: &'a str,
+}
+
+/// Split a /dev/kmsg record into header and message.
+pub fn parse_record(rec: &str) -> Option<Record<'_>> {
+    let first = rec.lines().next()?;
+    let (head, message) = first.split_once(';')?;
+    let mut f = head.split(',');
+    let _prio: u32 = f.next()?.parse().ok()?;
+    let seq = f.next()?.parse().ok()?;
+    let usec = f.next()?.parse().ok()?;
+    Some(Record { seq, usec, message })
+}
+
+/// Undo /dev/kmsg's `\xNN` escaping (non-printable bytes, embedded newlines).
+pub fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1] == b'x' {
+            let hex = std::str::from_utf8(&b[i + 2..i + 4]).ok();
+            if let Some(v) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl LineHandler {
@@ -43,12 +91,31 @@ impl LineHandler {
         }
     }
 
-    /// Handle one line.
-    pub fn line(&mut self, line: &str) {
-        let at_ms = match (self.boot_ms, kmsg_timestamp_us(line)) {
-            (Some(boot), Some(us)) => boot + us / 1000,
-            _ => now_ms(),
+    /// One /dev/kmsg record: its message may hold several lines (escaped newlines).
+    pub fn record(&mut self, rec: &Record<'_>) {
+        let now = now_ms();
+        let at_ms = match self.boot_ms {
+            Some(boot) => {
+                let t = boot + rec.usec / 1000;
+                if now.abs_diff(t) <= LIVE_WINDOW_MS {
+                    now
+                } else {
+                    t
+                }
+            }
+            None => now,
         };
+        for line in unescape(rec.message).lines() {
+            self.line_at(line, at_ms);
+        }
+    }
+
+    /// One line of a text log, seen now.
+    pub fn line(&mut self, line: &str) {
+        self.line_at(line, now_ms());
+    }
+
+    fn line_at(&mut self, line: &str, at_ms: u64) {
         let (xid, bus, message, kind) = match self.parser.parse(line) {
             Line::Xid { xid, bus, message } => (xid, bus, message, "xid"),
             Line::FallenOffBus { bus, message } => (79, bus, message, "fallen-off-bus"),
@@ -78,6 +145,15 @@ pub fn boot_time_ms() -> Option<u64> {
     Some(line[6..].trim().parse::<u64>().ok()? * 1000)
 }
 
+/// Where reading stopped, to resume after an error without replaying or skipping.
+#[derive(Debug, Default, Clone, Copy)]
+struct Position {
+    /// Plain file: inode and offset.
+    file: Option<(u64, u64)>,
+    /// /dev/kmsg: the last sequence number handled.
+    seq: Option<u64>,
+}
+
 /// Follow `path` on a thread of its own until `cancel` fires; reopen with backoff on
 /// failure. Never returns an error: a kernel log we cannot read is reported as the
 /// source being down.
@@ -85,15 +161,10 @@ pub fn spawn(path: PathBuf, store: Arc<Store>, metrics: Arc<Metrics>, cancel: Ca
     store.register_source("kmsg", false);
     let spawned = std::thread::Builder::new().name("kmsg".into()).spawn(move || {
         let mut backoff = Duration::from_millis(500);
-        // A plain file is followed from its end at start, and from its start after it
-        // was rotated or truncated (everything in it then is new).
-        let mut from_start = false;
+        let mut pos = Position::default();
         while !cancel.is_cancelled() {
-            match follow(&path, from_start, &store, &metrics, &cancel) {
-                Ok(()) => {
-                    backoff = Duration::from_millis(500);
-                    from_start = true;
-                }
+            match follow(&path, &mut pos, &store, &metrics, &cancel) {
+                Ok(()) => backoff = Duration::from_millis(500),
                 Err(e) => {
                     metrics.count_error("kmsg", e.kind());
                     store.record_failure("kmsg", &e, 0);
@@ -109,9 +180,13 @@ pub fn spawn(path: PathBuf, store: Arc<Store>, metrics: Arc<Metrics>, cancel: Ca
     }
 }
 
+fn call_err(path: &Path, e: std::io::Error) -> ProbeError {
+    ProbeError::Call(format!("{}: {e}", path.display()))
+}
+
 fn follow(
     path: &Path,
-    from_start: bool,
+    pos: &mut Position,
     store: &Arc<Store>,
     metrics: &Arc<Metrics>,
     cancel: &CancellationToken,
@@ -130,65 +205,112 @@ fn follow(
             match file.read(&mut buf) {
                 Ok(0) => std::thread::sleep(Duration::from_millis(100)),
                 Ok(n) => {
-                    let rec = String::from_utf8_lossy(&buf[..n]);
-                    // A record is one line plus optional " KEY=value" continuation lines.
-                    if let Some(first) = rec.lines().next() {
-                        h.line(first);
+                    let text = String::from_utf8_lossy(&buf[..n]);
+                    match parse_record(&text) {
+                        // Seen before a reopen: the ring buffer starts over on open.
+                        Some(r) if pos.seq.is_some_and(|s| r.seq <= s) => {}
+                        Some(r) => {
+                            pos.seq = Some(r.seq);
+                            h.record(&r);
+                        }
+                        None => metrics.count_kmsg_line("malformed-record"),
                     }
                 }
                 // The ring buffer overwrote records we had not read yet: carry on.
                 Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
-                    metrics.count_kmsg_line("overrun");
+                    metrics.count_kmsg_line("overrun")
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(ProbeError::Call(format!("{}: {e}", path.display()))),
+                Err(e) => return Err(call_err(path, e)),
             }
         }
         return Ok(());
     }
     let mut h = LineHandler::new(store.clone(), metrics.clone(), None);
-    let fifo = ft.is_fifo();
-    let mut pos = if fifo || from_start {
-        0
-    } else {
-        file.seek(SeekFrom::End(0))
-            .map_err(|e| ProbeError::Call(e.to_string()))?
+    if ft.is_fifo() {
+        let mut reader = BufReader::new(file);
+        let mut line = Vec::new();
+        while !cancel.is_cancelled() {
+            line.clear();
+            let n = reader
+                .read_until(b'\n', &mut line)
+                .map_err(|e| call_err(path, e))?;
+            if n == 0 {
+                // The writer left; reopen and wait for the next one.
+                return Ok(());
+            }
+            // A last line without a newline is still a line.
+            h.line(String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r']));
+        }
+        return Ok(());
+    }
+    // A plain file: resume where we were if it is the same file and not truncated,
+    // start at its beginning if it was replaced or truncated, at its end the first time.
+    let ino = meta.ino();
+    let start = match pos.file {
+        Some((i, off)) if i == ino && meta.len() >= off => off,
+        Some(_) => 0,
+        None => meta.len(),
     };
+    file.seek(SeekFrom::Start(start))
+        .map_err(|e| call_err(path, e))?;
+    let mut offset = start;
+    pos.file = Some((ino, offset));
     let mut reader = BufReader::new(file);
     let mut line = Vec::new();
     while !cancel.is_cancelled() {
         line.clear();
         let n = reader
             .read_until(b'\n', &mut line)
-            .map_err(|e| ProbeError::Call(format!("{}: {e}", path.display())))?;
-        if n == 0 || line.last() != Some(&b'\n') {
-            // At the end (or mid-line): a FIFO whose writer left is reopened; a file is
-            // polled for appends and reopened from the start if it was truncated or
-            // replaced (log rotation).
-            if fifo && n == 0 {
-                return Ok(());
-            }
-            if n > 0 {
-                // Put the partial line back by seeking to its start.
-                let back = reader
-                    .seek(SeekFrom::Current(-(n as i64)))
-                    .map_err(|e| ProbeError::Call(e.to_string()))?;
-                pos = back;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-            match std::fs::metadata(path) {
-                Ok(m) if m.len() < pos || m_ino(&m) != m_ino(&meta) => return Ok(()),
-                Ok(_) => continue,
-                Err(e) => return Err(ProbeError::Call(format!("{}: {e}", path.display()))),
-            }
+            .map_err(|e| call_err(path, e))?;
+        if n > 0 && line.last() == Some(&b'\n') {
+            offset += n as u64;
+            pos.file = Some((ino, offset));
+            h.line(String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r']));
+            continue;
         }
-        pos += n as u64;
-        h.line(String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r']));
+        if n > 0 {
+            // A line still being written: read it again once it is whole.
+            reader
+                .seek(SeekFrom::Start(offset))
+                .map_err(|e| call_err(path, e))?;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        match std::fs::metadata(path) {
+            // Rotated (a new inode) or truncated: reopen.
+            Ok(m) if m.ino() != ino || m.len() < offset => return Ok(()),
+            Ok(_) => {}
+            // Between a rename and the new file's creation: reopen when it is there.
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(call_err(path, e)),
+        }
     }
     Ok(())
 }
 
-fn m_ino(m: &std::fs::Metadata) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    m.ino()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kmsg_records_and_escapes() {
+        let r = parse_record("4,1234,5678901,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: fallen off the bus.\n SUBSYSTEM=pci").unwrap();
+        assert_eq!((r.seq, r.usec), (1234, 5678901));
+        let lines: Vec<String> = unescape(r.message).lines().map(String::from).collect();
+        assert_eq!(
+            lines,
+            vec![
+                "NVRM: The NVIDIA GPU 0000:b3:00.0",
+                "NVRM: fallen off the bus."
+            ]
+        );
+        let mut p = Parser::default();
+        let parsed: Vec<Line> = lines.iter().map(|l| p.parse(l)).collect();
+        assert!(
+            matches!(&parsed[1], Line::FallenOffBus { bus: Some(b), .. } if b == "0000:b3:00.0"),
+            "{parsed:?}"
+        );
+        assert!(parse_record("garbage").is_none());
+        assert_eq!(unescape("a\\x5cb\\xZZ\\x4"), "a\\b\\xZZ\\x4");
+    }
 }

@@ -40,16 +40,6 @@ fn nvrm_message(line: &str) -> Option<&str> {
     Some(line[i + 6..].trim_end())
 }
 
-/// The kernel's monotonic timestamp of a raw /dev/kmsg record, in microseconds:
-/// `6,1234,5678901,-;NVRM: ...` -> 5678901.
-pub fn kmsg_timestamp_us(line: &str) -> Option<u64> {
-    let (head, _) = line.split_once(';')?;
-    let mut f = head.split(',');
-    let _prio = f.next()?.parse::<u32>().ok()?;
-    let _seq = f.next()?.parse::<u64>().ok()?;
-    f.next()?.parse().ok()
-}
-
 fn bus_in(text: &str) -> Option<String> {
     text.split(|c: char| c.is_whitespace() || c == ',' || c == '(' || c == ')')
         .filter(|w| w.contains(':'))
@@ -133,12 +123,6 @@ mod tests {
         ] {
             assert_eq!(xid(line), want, "{line}");
         }
-    }
-
-    #[test]
-    fn kmsg_timestamps() {
-        assert_eq!(kmsg_timestamp_us("6,1234,5678901,-;NVRM: x"), Some(5678901));
-        assert_eq!(kmsg_timestamp_us("[ 1.0] NVRM: x"), None);
     }
 
     #[test]

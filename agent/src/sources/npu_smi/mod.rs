@@ -25,6 +25,7 @@ pub struct NpuSmiSource {
     program: String,
     samples: Mutex<u64>,
     ecc: Mutex<HashMap<String, EccCounts>>,
+    multi_chip: std::sync::atomic::AtomicBool,
 }
 
 impl NpuSmiSource {
@@ -34,6 +35,7 @@ impl NpuSmiSource {
             program,
             samples: Mutex::new(0),
             ecc: Mutex::new(HashMap::new()),
+            multi_chip: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -63,7 +65,13 @@ impl Source for NpuSmiSource {
             *s
         };
         let read_ecc = n % ECC_EVERY == 1;
-        let multi_chip = chips.iter().any(|c| c.chip > 0);
+        // Once a chip other than 0 was seen, ids stay `npuN-C` even if a chip drops out
+        // of the table: ids must not change under the aggregator's feet.
+        if chips.iter().any(|c| c.chip > 0) {
+            self.multi_chip
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        let multi_chip = self.multi_chip.load(std::sync::atomic::Ordering::Relaxed);
         let mut out = SourceSample::default();
         for c in chips {
             let id = if multi_chip {
@@ -87,7 +95,7 @@ impl Source for NpuSmiSource {
                 Some(VendorHealthLevel::Ok) => {
                     r.vendor_health = Some(VendorHealth {
                         level: VendorHealthLevel::Ok,
-                        raw: c.health,
+                        raw: c.health.clone(),
                         error_codes: vec![],
                     })
                 }
@@ -119,22 +127,47 @@ impl Source for NpuSmiSource {
                     Err(e) => r.probe_errors.push(format!("common: {e}")),
                 }
             }
-            let mut cache = self.ecc.lock().unwrap_or_else(|p| p.into_inner());
-            if read_ecc || !cache.contains_key(&id) {
+            // The cache lock is never held across a child process (which may hang).
+            let cached = self
+                .ecc
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&id)
+                .copied();
+            r.ecc = cached;
+            if read_ecc || cached.is_none() {
                 match self
                     .run(&["info", "-t", "ecc", "-i", &i, "-c", &ch], deadline)
                     .and_then(|t| parser::parse_ecc(&t).map_err(ProbeError::Parse))
                 {
                     Ok(e) => {
-                        cache.insert(id.clone(), e);
+                        r.ecc = Some(e);
+                        self.ecc
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(id.clone(), e);
                     }
                     Err(e) => r.probe_errors.push(format!("ecc: {e}")),
                 }
             }
-            r.ecc = cache.get(&id).copied();
+            // Without a health verdict the chip's numbers do not make it healthy: report
+            // nothing, and its last good reading ages into unknown.
+            if r.vendor_health.is_none() {
+                let mut blank = DeviceReading::new(r.id.clone(), Vendor::Ascend, "npu-smi");
+                blank.probe_errors = r.probe_errors;
+                blank
+                    .probe_errors
+                    .push(format!("health: {:?} is not a known health word", c.health));
+                out.devices.push(blank);
+                continue;
+            }
             out.devices.push(r);
         }
         Ok(out)
+    }
+
+    fn enforces_timeout(&self) -> bool {
+        true
     }
 
     fn needs_warm_up(&self) -> bool {
