@@ -169,6 +169,21 @@ async fn bad_requests_get_json_errors() {
         );
         assert_eq!(v["status"], want);
     }
+    // Bad bytes in a path, a body far past any limit, a duration that would overflow.
+    let r = request("GET", &agent.url("/v1/health/%FF"), None).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.json()["error"].is_string());
+    let huge = format!(r#"{{"pad":"{}"}}"#, "x".repeat(3 << 20));
+    let r = request("POST", &agent.url("/v1/sim/faults"), Some(&huge)).await;
+    assert_eq!(r.status, 413);
+    assert!(r.json()["error"].is_string(), "{}", r.body);
+    let r = request(
+        "POST",
+        &agent.url("/v1/sim/faults"),
+        Some(r#"{"device":"gpu0","fault":"lost","duration_s":1e30}"#),
+    )
+    .await;
+    assert_eq!(r.status, 422, "{}", r.body);
     let big = format!(
         r#"{{"device":"gpu0","fault":"lost","pad":"{}"}}"#,
         "x".repeat(100_000)

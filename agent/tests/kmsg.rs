@@ -273,5 +273,20 @@ async fn a_fifo_and_an_unreadable_log() {
         d.sources.iter().any(|s| s.name == "kmsg" && !s.up)
     })
     .await;
-    assert_eq!(doc.summary.failed, 0, "an unreadable log fails nothing");
+    let src = doc.sources.iter().find(|s| s.name == "kmsg").unwrap();
+    assert!(
+        src.last_error
+            .as_deref()
+            .unwrap()
+            .contains("/nonexistent/kmsg"),
+        "{src:?}"
+    );
+    // The other source goes on.
+    wait_for(
+        &missing,
+        Duration::from_secs(10),
+        "sim devices served",
+        |d| d.summary.healthy == 8,
+    )
+    .await;
 }

@@ -174,6 +174,36 @@ async fn critical_xid_events_arrive_through_the_event_set() {
 }
 
 #[tokio::test]
+async fn a_broken_gpu_does_not_cost_the_others_their_xid_events() {
+    // gpu1 refuses event registration (999 = NVML_ERROR_UNKNOWN); nvml-wrapper then
+    // frees the whole event set, which the agent must rebuild without gpu1.
+    let base = "device_count=3\ngpu.1.error.nvmlDeviceRegisterEvents=999\n";
+    let state = StateFile::new(base);
+    let agent = nvml_agent(&state, &[]);
+    wait_for(&agent, Duration::from_secs(10), "healthy", |d| {
+        d.summary.healthy == 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    state.set(&format!("{base}event.1=2:48\nevent.2=0:79\n"));
+    let doc = wait_for(
+        &agent,
+        Duration::from_secs(10),
+        "xids on gpu0 and gpu2",
+        |d| d.summary.failed == 2,
+    )
+    .await;
+    assert_eq!(
+        status_of(&doc, "gpu2"),
+        ("failed".into(), Some("xid-48".into()))
+    );
+    assert_eq!(
+        status_of(&doc, "gpu0"),
+        ("failed".into(), Some("xid-79".into()))
+    );
+}
+
+#[tokio::test]
 async fn without_a_driver_the_agent_serves_unknown_and_recovers() {
     // 9 = NVML_ERROR_DRIVER_NOT_LOADED.
     let state = StateFile::new("init_error=9\n");
