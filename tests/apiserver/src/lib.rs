@@ -1,0 +1,1079 @@
+//! A Kubernetes API server for tests and the demo: the real HTTP API for what faultline
+//! uses, kept in memory. Both `kubectl` and the `kube` client work against it.
+//!
+//! Served: discovery (`/version`, `/api`, `/api/v1`, `/apis`, `/apis/<group>/<version>`);
+//! for Nodes (and `nodes/status`), Pods (and `pods/status`, `pods/eviction`),
+//! ConfigMaps, Events, Namespaces, Leases (`coordination.k8s.io/v1`) and
+//! PodDisruptionBudgets (`policy/v1`): get, list and watch with resourceVersion, label
+//! and field selectors; create (409 AlreadyExists); update (409 Conflict on a stale
+//! resourceVersion); JSON, merge and strategic-merge patch; delete. A ConfigMap over
+//! 1 MiB is refused (422) as the real server does. An eviction is refused with 429 while
+//! a matching PodDisruptionBudget allows no disruption, and deletes the pod otherwise.
+//!
+//! Fault injection (`PUT /_faults`, JSON [`Faults`]) adds latency, 5xx, 409 and 429 to a
+//! share of calls and ends watches early; `GET /_calls` lists the calls received.
+
+pub mod patch;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+/// ConfigMaps (data + binaryData) may not exceed this, as in the real server.
+pub const CONFIGMAP_MAX_BYTES: usize = 1 << 20;
+/// Watch events kept for watches that start from an older resourceVersion.
+const HISTORY: usize = 100_000;
+
+/// One kind the server knows.
+#[derive(Debug, Clone, Copy)]
+pub struct Kind {
+    /// `""` for the core group.
+    pub group: &'static str,
+    /// `v1`.
+    pub version: &'static str,
+    /// Plural resource name.
+    pub plural: &'static str,
+    /// Kind name.
+    pub kind: &'static str,
+    /// Namespaced or cluster scoped.
+    pub namespaced: bool,
+    /// Short names for kubectl.
+    pub short: &'static [&'static str],
+}
+
+/// Every kind served.
+pub const KINDS: &[Kind] = &[
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "nodes",
+        kind: "Node",
+        namespaced: false,
+        short: &["no"],
+    },
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "pods",
+        kind: "Pod",
+        namespaced: true,
+        short: &["po"],
+    },
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        kind: "ConfigMap",
+        namespaced: true,
+        short: &["cm"],
+    },
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "events",
+        kind: "Event",
+        namespaced: true,
+        short: &["ev"],
+    },
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "namespaces",
+        kind: "Namespace",
+        namespaced: false,
+        short: &["ns"],
+    },
+    Kind {
+        group: "coordination.k8s.io",
+        version: "v1",
+        plural: "leases",
+        kind: "Lease",
+        namespaced: true,
+        short: &[],
+    },
+    Kind {
+        group: "policy",
+        version: "v1",
+        plural: "poddisruptionbudgets",
+        kind: "PodDisruptionBudget",
+        namespaced: true,
+        short: &["pdb"],
+    },
+];
+
+fn kind_of(group: &str, plural: &str) -> Option<&'static Kind> {
+    KINDS
+        .iter()
+        .find(|k| k.group == group && k.plural == plural)
+}
+
+fn api_version(k: &Kind) -> String {
+    if k.group.is_empty() {
+        k.version.to_string()
+    } else {
+        format!("{}/{}", k.group, k.version)
+    }
+}
+
+/// Faults to inject, each a share of calls in 0..=1.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Faults {
+    /// Added to every call.
+    pub latency_ms: u64,
+    /// Share of calls answered 500.
+    pub error_rate: f64,
+    /// Share of writes (update/patch) answered 409 Conflict.
+    pub conflict_rate: f64,
+    /// Share of calls answered 429 TooManyRequests.
+    pub throttle_rate: f64,
+    /// Watches end after this many seconds (0: only at their timeout).
+    pub drop_watch_after_s: u64,
+    /// Seed of the fault dice.
+    pub seed: u64,
+}
+
+/// A call as recorded.
+#[derive(Debug, Clone, Serialize)]
+pub struct Call {
+    /// HTTP method.
+    pub method: String,
+    /// Path and query.
+    pub uri: String,
+    /// Answered status.
+    pub status: u16,
+}
+
+#[derive(Debug, Clone)]
+struct WatchEvent {
+    rv: u64,
+    key: (String, String, String),
+    kind: &'static str,
+    event: &'static str,
+    object: Value,
+}
+
+struct Inner {
+    rv: u64,
+    /// (plural, namespace, name) -> object.
+    objects: BTreeMap<(String, String, String), Value>,
+    history: VecDeque<WatchEvent>,
+    faults: Faults,
+    rng: rand::rngs::StdRng,
+    calls: Vec<Call>,
+    uid: u64,
+}
+
+/// The server state.
+#[derive(Clone)]
+pub struct ApiServer {
+    inner: Arc<Mutex<Inner>>,
+    events: broadcast::Sender<WatchEvent>,
+}
+
+impl Default for ApiServer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A Kubernetes `Status` error.
+#[derive(Debug)]
+pub struct ApiError {
+    code: StatusCode,
+    reason: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+        }
+    }
+    fn not_found(plural: &str, name: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{plural} \"{name}\" not found"),
+        )
+    }
+}
+
+fn status_body(code: StatusCode, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": if code.is_success() { "Success" } else { "Failure" },
+        "message": message, "reason": reason, "code": code.as_u16()
+    })
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.code,
+            Json(status_body(self.code, self.reason, &self.message)),
+        )
+            .into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+/// `a=b,c!=d,e` label selectors (equality, inequality, existence).
+pub fn labels_match(selector: &str, labels: &Value) -> bool {
+    selector
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .all(|term| {
+            let get = |k: &str| labels.get(k).and_then(Value::as_str);
+            if let Some((k, v)) = term.split_once("!=") {
+                get(k.trim()) != Some(v.trim())
+            } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+                get(k.trim()) == Some(v.trim())
+            } else if let Some(k) = term.strip_prefix('!') {
+                get(k.trim()).is_none()
+            } else {
+                get(term).is_some()
+            }
+        })
+}
+
+/// `metadata.name=x,spec.nodeName=y,status.phase!=Succeeded` field selectors.
+pub fn fields_match(selector: &str, obj: &Value) -> bool {
+    selector
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .all(|term| {
+            let (path, want, negate) = match term.split_once("!=") {
+                Some((p, v)) => (p, v, true),
+                None => match term.split_once("==").or_else(|| term.split_once('=')) {
+                    Some((p, v)) => (p, v, false),
+                    None => return false,
+                },
+            };
+            let mut cur = obj;
+            for part in path.trim().split('.') {
+                cur = cur.get(part).unwrap_or(&Value::Null);
+            }
+            let got = match cur {
+                Value::String(s) => s.clone(),
+                Value::Null => String::new(),
+                other => other.to_string(),
+            };
+            (got == want.trim()) != negate
+        })
+}
+
+fn selector_of(pdb: &Value) -> Value {
+    pdb.pointer("/spec/selector/matchLabels")
+        .cloned()
+        .unwrap_or(json!({}))
+}
+
+fn pod_healthy(p: &Value) -> bool {
+    p.pointer("/metadata/deletionTimestamp").is_none()
+        && p.pointer("/status/phase").and_then(Value::as_str) == Some("Running")
+}
+
+fn int_or_percent(v: &Value, total: i64) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => {
+            let pct: f64 = s.strip_suffix('%')?.parse().ok()?;
+            Some((pct * total as f64 / 100.0).ceil() as i64)
+        }
+        _ => None,
+    }
+}
+
+/// The query parameters this server acts on; the others (limit, fieldManager, ...) are
+/// accepted and ignored.
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct ListParams {
+    watch: Option<String>,
+    resource_version: Option<String>,
+    label_selector: Option<String>,
+    field_selector: Option<String>,
+    timeout_seconds: Option<u64>,
+    allow_watch_bookmarks: Option<bool>,
+}
+
+impl ApiServer {
+    /// An empty cluster with the `default` namespace.
+    pub fn new() -> Self {
+        let (events, _) = broadcast::channel(65_536);
+        let s = ApiServer {
+            inner: Arc::new(Mutex::new(Inner {
+                rv: 1,
+                objects: BTreeMap::new(),
+                history: VecDeque::new(),
+                faults: Faults::default(),
+                rng: rand::rngs::StdRng::seed_from_u64(0),
+                calls: Vec::new(),
+                uid: 0,
+            })),
+            events,
+        };
+        for ns in ["default", "kube-system"] {
+            let _ = s.create("namespaces", "", json!({"metadata": {"name": ns}}));
+        }
+        s
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Set the faults to inject.
+    pub fn set_faults(&self, f: Faults) {
+        let mut g = self.lock();
+        g.rng = rand::rngs::StdRng::seed_from_u64(f.seed);
+        g.faults = f;
+    }
+
+    /// The calls received so far.
+    pub fn calls(&self) -> Vec<Call> {
+        self.lock().calls.clone()
+    }
+
+    /// One object.
+    pub fn get(&self, plural: &str, ns: &str, name: &str) -> Option<Value> {
+        self.lock()
+            .objects
+            .get(&(plural.into(), ns.into(), name.into()))
+            .cloned()
+    }
+
+    /// Every object of a kind (in every namespace when `ns` is empty and the kind is
+    /// namespaced).
+    pub fn list(&self, plural: &str, ns: &str) -> Vec<Value> {
+        self.lock()
+            .objects
+            .iter()
+            .filter(|((p, n, _), _)| p == plural && (ns.is_empty() || n == ns))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    fn record(
+        g: &mut Inner,
+        tx: &broadcast::Sender<WatchEvent>,
+        key: (String, String, String),
+        kind: &'static str,
+        event: &'static str,
+        object: Value,
+    ) {
+        let e = WatchEvent {
+            rv: g.rv,
+            key,
+            kind,
+            event,
+            object,
+        };
+        g.history.push_back(e.clone());
+        while g.history.len() > HISTORY {
+            g.history.pop_front();
+        }
+        let _ = tx.send(e);
+    }
+
+    fn stamp(g: &mut Inner, obj: &mut Value, k: &Kind, ns: &str) {
+        g.rv += 1;
+        let rv = g.rv.to_string();
+        obj["apiVersion"] = json!(api_version(k));
+        obj["kind"] = json!(k.kind);
+        let meta = obj["metadata"].as_object_mut().expect("checked by caller");
+        meta.insert("resourceVersion".into(), json!(rv));
+        if k.namespaced {
+            meta.insert("namespace".into(), json!(ns));
+        } else {
+            meta.remove("namespace");
+        }
+    }
+
+    fn validate(k: &Kind, obj: &Value) -> Result<(), ApiError> {
+        if k.plural == "configmaps" {
+            let size: usize = ["data", "binaryData"]
+                .iter()
+                .filter_map(|f| obj.get(*f).and_then(Value::as_object))
+                .flat_map(|m| {
+                    m.iter()
+                        .map(|(key, v)| key.len() + v.as_str().map_or(0, str::len))
+                })
+                .sum();
+            if size > CONFIGMAP_MAX_BYTES {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Invalid",
+                    format!(
+                        "ConfigMap \"{}\" is invalid: []: Too long: must have at most {CONFIGMAP_MAX_BYTES} bytes",
+                        obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Create an object (as the API would: name, uid, resourceVersion, timestamps).
+    pub fn create(&self, plural: &str, ns: &str, mut obj: Value) -> Result<Value, ApiError> {
+        let k = kind_of_plural(plural)?;
+        if !obj.get("metadata").is_some_and(Value::is_object) {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "metadata is required",
+            ));
+        }
+        let mut g = self.lock();
+        let name = match obj.pointer("/metadata/name").and_then(Value::as_str) {
+            Some(n) if !n.is_empty() => n.to_string(),
+            _ => match obj
+                .pointer("/metadata/generateName")
+                .and_then(Value::as_str)
+            {
+                Some(prefix) => {
+                    let suffix: String = (0..5)
+                        .map(|_| (b'a' + g.rng.random_range(0..26u8)) as char)
+                        .collect();
+                    format!("{prefix}{suffix}")
+                }
+                None => {
+                    return Err(ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "Invalid",
+                        "metadata.name: Required value",
+                    ))
+                }
+            },
+        };
+        let ns = if k.namespaced { ns } else { "" };
+        if k.namespaced && ns.is_empty() {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "a namespace is required",
+            ));
+        }
+        let key = (plural.to_string(), ns.to_string(), name.clone());
+        if g.objects.contains_key(&key) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("{plural} \"{name}\" already exists"),
+            ));
+        }
+        Self::validate(k, &obj)?;
+        g.uid += 1;
+        let uid = format!("00000000-0000-4000-8000-{:012x}", g.uid);
+        {
+            let meta = obj["metadata"].as_object_mut().expect("checked");
+            meta.insert("name".into(), json!(name));
+            meta.insert("uid".into(), json!(uid));
+            meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+            meta.remove("generateName");
+        }
+        if plural == "pods" && obj.pointer("/status/phase").is_none() {
+            obj["status"]["phase"] = json!("Running");
+        }
+        Self::stamp(&mut g, &mut obj, k, ns);
+        g.objects.insert(key.clone(), obj.clone());
+        Self::record(&mut g, &self.events, key, k.kind, "ADDED", obj.clone());
+        Ok(obj)
+    }
+
+    /// Replace an object; a stale `metadata.resourceVersion` is a 409 Conflict.
+    pub fn update(
+        &self,
+        plural: &str,
+        ns: &str,
+        name: &str,
+        mut obj: Value,
+        subresource: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let k = kind_of_plural(plural)?;
+        let ns = if k.namespaced { ns } else { "" };
+        let key = (plural.to_string(), ns.to_string(), name.to_string());
+        let mut g = self.lock();
+        let cur = g
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(plural, name))?;
+        if let Some(rv) = obj
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+        {
+            if !rv.is_empty()
+                && Some(rv)
+                    != cur
+                        .pointer("/metadata/resourceVersion")
+                        .and_then(Value::as_str)
+            {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    format!("Operation cannot be fulfilled on {plural} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
+                ));
+            }
+        }
+        if !obj.get("metadata").is_some_and(Value::is_object) {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "metadata is required",
+            ));
+        }
+        // The status subresource changes status only; the main resource everything else.
+        match subresource {
+            Some("status") => {
+                let status = obj.get("status").cloned().unwrap_or(Value::Null);
+                obj = cur.clone();
+                obj["status"] = status;
+            }
+            _ => {
+                if let Some(st) = cur.get("status") {
+                    if k.plural != "configmaps" {
+                        obj["status"] = st.clone();
+                    }
+                }
+            }
+        }
+        for f in ["uid", "creationTimestamp", "name", "deletionTimestamp"] {
+            if let Some(v) = cur.pointer(&format!("/metadata/{f}")) {
+                obj["metadata"][f] = v.clone();
+            }
+        }
+        Self::validate(k, &obj)?;
+        Self::stamp(&mut g, &mut obj, k, ns);
+        g.objects.insert(key.clone(), obj.clone());
+        Self::record(&mut g, &self.events, key, k.kind, "MODIFIED", obj.clone());
+        Ok(obj)
+    }
+
+    /// Delete an object; returns it.
+    pub fn delete(&self, plural: &str, ns: &str, name: &str) -> Result<Value, ApiError> {
+        let k = kind_of_plural(plural)?;
+        let ns = if k.namespaced { ns } else { "" };
+        let key = (plural.to_string(), ns.to_string(), name.to_string());
+        let mut g = self.lock();
+        let mut obj = g
+            .objects
+            .remove(&key)
+            .ok_or_else(|| ApiError::not_found(plural, name))?;
+        g.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(g.rv.to_string());
+        Self::record(&mut g, &self.events, key, k.kind, "DELETED", obj.clone());
+        Ok(obj)
+    }
+
+    /// The Eviction subresource: 429 while a PodDisruptionBudget allows no disruption.
+    pub fn evict(&self, ns: &str, name: &str) -> Result<Value, ApiError> {
+        let pod = self
+            .get("pods", ns, name)
+            .ok_or_else(|| ApiError::not_found("pods", name))?;
+        let labels = pod
+            .pointer("/metadata/labels")
+            .cloned()
+            .unwrap_or(json!({}));
+        let pods = self.list("pods", ns);
+        for pdb in self.list("poddisruptionbudgets", ns) {
+            let sel = selector_of(&pdb);
+            let sel_map = sel.as_object().cloned().unwrap_or_default();
+            let matches = |l: &Value| sel_map.iter().all(|(k, v)| l.get(k) == Some(v));
+            if sel_map.is_empty() || !matches(&labels) {
+                continue;
+            }
+            let covered: Vec<&Value> = pods
+                .iter()
+                .filter(|p| matches(&p.pointer("/metadata/labels").cloned().unwrap_or(json!({}))))
+                .collect();
+            let expected = covered.len() as i64;
+            let healthy = covered.iter().filter(|p| pod_healthy(p)).count() as i64;
+            let allowed = if let Some(min) = pdb
+                .pointer("/spec/minAvailable")
+                .and_then(|v| int_or_percent(v, expected))
+            {
+                healthy - min
+            } else if let Some(max) = pdb
+                .pointer("/spec/maxUnavailable")
+                .and_then(|v| int_or_percent(v, expected))
+            {
+                max - (expected - healthy)
+            } else {
+                0
+            };
+            // Evicting a pod that is not healthy does not reduce availability.
+            if allowed <= 0 && pod_healthy(&pod) {
+                return Err(ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                ));
+            }
+        }
+        self.delete("pods", ns, name)?;
+        Ok(status_body(StatusCode::CREATED, "", ""))
+    }
+}
+
+fn kind_of_plural(plural: &str) -> Result<&'static Kind, ApiError> {
+    KINDS.iter().find(|k| k.plural == plural).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("the server could not find the requested resource ({plural})"),
+        )
+    })
+}
+
+// ----------------------------------------------------------------------------- HTTP
+
+/// The router, with discovery, resources and the test controls.
+pub fn router(server: ApiServer) -> Router {
+    Router::new()
+        .route("/version", get(|| async { Json(json!({"major": "1", "minor": "34", "gitVersion": "v1.34.0-faultline-test", "platform": "linux/amd64"})) }))
+        .route("/api", get(|| async { Json(json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})) }))
+        .route("/api/v1", get(|| async { Json(resource_list("", "v1")) }))
+        .route("/apis", get(|| async { Json(group_list()) }))
+        .route("/apis/{group}/{version}", get(|Path((g, v)): Path<(String, String)>| async move {
+            if KINDS.iter().any(|k| k.group == g && k.version == v) {
+                Json(resource_list(&g, &v)).into_response()
+            } else {
+                ApiError::new(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource").into_response()
+            }
+        }))
+        .route("/_faults", put(set_faults).get(get_faults))
+        .route("/_calls", get(|State(s): State<ApiServer>| async move { Json(s.calls()) }))
+        .fallback(dispatch)
+        .with_state(server)
+}
+
+async fn set_faults(State(s): State<ApiServer>, Json(f): Json<Faults>) -> Json<Faults> {
+    s.set_faults(f.clone());
+    Json(f)
+}
+
+async fn get_faults(State(s): State<ApiServer>) -> Json<Faults> {
+    Json(s.lock().faults.clone())
+}
+
+fn resource_list(group: &str, version: &str) -> Value {
+    let mut resources = Vec::new();
+    for k in KINDS
+        .iter()
+        .filter(|k| k.group == group && k.version == version)
+    {
+        resources.push(json!({
+            "name": k.plural, "singularName": k.kind.to_lowercase(), "namespaced": k.namespaced, "kind": k.kind,
+            "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": k.short
+        }));
+        if matches!(k.plural, "nodes" | "pods" | "poddisruptionbudgets") {
+            resources.push(json!({"name": format!("{}/status", k.plural), "singularName": "", "namespaced": k.namespaced, "kind": k.kind, "verbs": ["get", "patch", "update"]}));
+        }
+        if k.plural == "pods" {
+            resources.push(json!({"name": "pods/eviction", "singularName": "", "namespaced": true, "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]}));
+        }
+    }
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+}
+
+fn group_list() -> Value {
+    let mut groups: Vec<Value> = Vec::new();
+    for k in KINDS.iter().filter(|k| !k.group.is_empty()) {
+        if groups.iter().any(|g| g["name"] == k.group) {
+            continue;
+        }
+        let gv = format!("{}/{}", k.group, k.version);
+        groups.push(json!({"name": k.group, "versions": [{"groupVersion": gv, "version": k.version}], "preferredVersion": {"groupVersion": gv, "version": k.version}}));
+    }
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// A resource path, taken apart.
+#[derive(Debug, PartialEq, Eq)]
+struct ResourcePath {
+    group: String,
+    namespace: String,
+    plural: String,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+/// `/api/v1/[namespaces/NS/]PLURAL[/NAME[/SUB]]` and `/apis/GROUP/VERSION/...`.
+fn parse_path(path: &str) -> Option<ResourcePath> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _v, rest @ ..] => ("".to_string(), rest),
+        ["apis", g, _v, rest @ ..] => (g.to_string(), rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (ns.to_string(), rest),
+        _ => (String::new(), rest),
+    };
+    let (plural, name, subresource) = match rest {
+        [plural] => (plural, None, None),
+        [plural, name] => (plural, Some(name.to_string()), None),
+        [plural, name, sub] => (plural, Some(name.to_string()), Some(sub.to_string())),
+        _ => return None,
+    };
+    Some(ResourcePath {
+        group,
+        namespace,
+        plural: plural.to_string(),
+        name,
+        subresource,
+    })
+}
+
+async fn dispatch(
+    State(s): State<ApiServer>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let resp = handle(&s, &method, &uri, &headers, body).await;
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    };
+    s.lock().calls.push(Call {
+        method: method.to_string(),
+        uri: uri.to_string(),
+        status: resp.status().as_u16(),
+    });
+    resp
+}
+
+async fn handle(
+    s: &ApiServer,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    let path = uri.path();
+    let not_found = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("the server could not find the requested resource ({path})"),
+        )
+    };
+    let ResourcePath {
+        group,
+        namespace: ns,
+        plural,
+        name,
+        subresource: sub,
+    } = parse_path(path).ok_or_else(not_found)?;
+    let k = kind_of(&group, &plural).ok_or_else(not_found)?;
+    let params: ListParams = Query::try_from_uri(uri)
+        .map(|Query(p)| p)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", e.body_text()))?;
+
+    // Injected faults.
+    let (latency, fail) = {
+        let mut g = s.lock();
+        let f = g.faults.clone();
+        let write = matches!(*method, Method::PUT | Method::PATCH);
+        let roll = |g: &mut Inner, p: f64| p > 0.0 && g.rng.random_bool(p.min(1.0));
+        let fail = if roll(&mut g, f.error_rate) {
+            Some(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "injected fault: internal error",
+            ))
+        } else if roll(&mut g, f.throttle_rate) {
+            Some(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                "injected fault: too many requests, please try again later",
+            ))
+        } else if write && roll(&mut g, f.conflict_rate) {
+            Some(ApiError::new(StatusCode::CONFLICT, "Conflict", "injected fault: the object has been modified; please apply your changes to the latest version and try again"))
+        } else {
+            None
+        };
+        (f.latency_ms, fail)
+    };
+    if latency > 0 {
+        tokio::time::sleep(Duration::from_millis(latency)).await;
+    }
+    if let Some(e) = fail {
+        return Err(e);
+    }
+
+    // Only JSON is served; clients that try protobuf or CBOR first (kubectl does for
+    // built-in types) fall back to JSON on a 415.
+    let body_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !body.is_empty() && (body_type.contains("protobuf") || body_type.contains("cbor")) {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!("the body of the request was in an unknown format - accepted media types include: application/json (got {body_type})"),
+        ));
+    }
+    let parse_body = || -> Result<Value, ApiError> {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!("invalid JSON body: {e}"),
+            )
+        })
+    };
+    match (method.clone(), name, sub.as_deref()) {
+        (Method::GET, None, None) => {
+            if matches!(params.watch.as_deref(), Some("true") | Some("1")) {
+                Ok(watch(s, k, &ns, &params))
+            } else {
+                Ok(Json(list(s, k, &ns, &params)).into_response())
+            }
+        }
+        (Method::GET, Some(n), None | Some("status")) => {
+            let ns = if k.namespaced { ns } else { String::new() };
+            s.get(k.plural, &ns, &n)
+                .map(|o| Json(o).into_response())
+                .ok_or_else(|| ApiError::not_found(k.plural, &n))
+        }
+        (Method::POST, None, None) => {
+            let obj = s.create(k.plural, &ns, parse_body()?)?;
+            Ok((StatusCode::CREATED, Json(obj)).into_response())
+        }
+        (Method::POST, Some(n), Some("eviction")) if k.plural == "pods" => {
+            let _ = parse_body()?;
+            Ok((StatusCode::CREATED, Json(s.evict(&ns, &n)?)).into_response())
+        }
+        (Method::PUT, Some(n), sub @ (None | Some("status"))) => {
+            Ok(Json(s.update(k.plural, &ns, &n, parse_body()?, sub)?).into_response())
+        }
+        (Method::PATCH, Some(n), sub @ (None | Some("status"))) => {
+            let ct = headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let ns2 = if k.namespaced {
+                ns.clone()
+            } else {
+                String::new()
+            };
+            let cur = s
+                .get(k.plural, &ns2, &n)
+                .ok_or_else(|| ApiError::not_found(k.plural, &n))?;
+            let p = parse_body()?;
+            let mut next = match ct.split(';').next().unwrap_or("").trim() {
+                "application/json-patch+json" => patch::json_patch(&cur, &p).map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e))?,
+                "application/merge-patch+json" => patch::merge_patch(&cur, &p),
+                "application/strategic-merge-patch+json" => patch::strategic_merge_patch(&cur, &p),
+                "application/apply-patch+yaml" => return Err(ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType", "server-side apply is not served by this test server")),
+                other => return Err(ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {other:?})"))),
+            };
+            // A patch that names a resourceVersion is checked like an update; one that
+            // does not applies to the current object.
+            if p.pointer("/metadata/resourceVersion").is_none() {
+                next["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"].clone();
+            }
+            Ok(Json(s.update(k.plural, &ns, &n, next, sub)?).into_response())
+        }
+        (Method::DELETE, Some(n), None) => Ok(Json(s.delete(k.plural, &ns, &n)?).into_response()),
+        _ => Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("{method} is not supported on {path}"),
+        )),
+    }
+}
+
+fn selected(
+    k: &Kind,
+    ns: &str,
+    key: &(String, String, String),
+    obj: &Value,
+    p: &ListParams,
+) -> bool {
+    key.0 == k.plural
+        && (ns.is_empty() || key.1 == ns)
+        && p.label_selector.as_deref().is_none_or(|sel| {
+            labels_match(sel, obj.pointer("/metadata/labels").unwrap_or(&Value::Null))
+        })
+        && p.field_selector
+            .as_deref()
+            .is_none_or(|sel| fields_match(sel, obj))
+}
+
+fn list(s: &ApiServer, k: &Kind, ns: &str, p: &ListParams) -> Value {
+    let g = s.lock();
+    let items: Vec<Value> = g
+        .objects
+        .iter()
+        .filter(|(key, o)| selected(k, ns, key, o, p))
+        .map(|(_, o)| o.clone())
+        .collect();
+    json!({"kind": format!("{}List", k.kind), "apiVersion": api_version(k), "metadata": {"resourceVersion": g.rv.to_string()}, "items": items})
+}
+
+fn watch(s: &ApiServer, k: &'static Kind, ns: &str, p: &ListParams) -> Response {
+    let mut rx = s.events.subscribe();
+    let (backlog, start_rv, too_old, drop_after) = {
+        let g = s.lock();
+        let from: Option<u64> = p
+            .resource_version
+            .as_deref()
+            .filter(|v| !v.is_empty() && *v != "0")
+            .and_then(|v| v.parse().ok());
+        let oldest = g.history.front().map(|e| e.rv).unwrap_or(g.rv);
+        let mut backlog = Vec::new();
+        let mut too_old = false;
+        match from {
+            // From a point in history: replay what happened after it.
+            Some(rv) if rv + 1 < oldest => too_old = true,
+            Some(rv) => backlog.extend(
+                g.history
+                    .iter()
+                    .filter(|e| {
+                        e.rv > rv && e.kind == k.kind && selected(k, ns, &e.key, &e.object, p)
+                    })
+                    .map(|e| json!({"type": e.event, "object": e.object})),
+            ),
+            // From "any": the current objects as ADDED, then changes.
+            None => backlog.extend(
+                g.objects
+                    .iter()
+                    .filter(|(key, o)| selected(k, ns, key, o, p))
+                    .map(|(_, o)| json!({"type": "ADDED", "object": o})),
+            ),
+        }
+        (backlog, g.rv, too_old, g.faults.drop_watch_after_s)
+    };
+    let timeout = Duration::from_secs(p.timeout_seconds.unwrap_or(1800).min(3600));
+    let timeout = if drop_after > 0 {
+        timeout.min(Duration::from_secs(drop_after))
+    } else {
+        timeout
+    };
+    let bookmarks = p.allow_watch_bookmarks.unwrap_or(false);
+    let (ns, p_label, p_field) = (
+        ns.to_string(),
+        p.label_selector.clone(),
+        p.field_selector.clone(),
+    );
+    let stream = async_stream(move |tx| async move {
+        if too_old {
+            let _ = tx.send(json!({"type": "ERROR", "object": status_body(StatusCode::GONE, "Expired", "too old resource version")})).await;
+            return;
+        }
+        for e in backlog {
+            if tx.send(e).await.is_err() {
+                return;
+            }
+        }
+        let params = ListParams {
+            label_selector: p_label,
+            field_selector: p_field,
+            ..Default::default()
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last_rv = start_rv;
+        loop {
+            let next = tokio::time::timeout_at(deadline, rx.recv()).await;
+            match next {
+                Err(_) => {
+                    if bookmarks {
+                        let _ = tx.send(json!({"type": "BOOKMARK", "object": {"kind": k.kind, "apiVersion": api_version(k), "metadata": {"resourceVersion": last_rv.to_string()}}})).await;
+                    }
+                    return;
+                }
+                Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
+                    let _ = tx.send(json!({"type": "ERROR", "object": status_body(StatusCode::GONE, "Expired", "watch fell behind")})).await;
+                    return;
+                }
+                Ok(Err(_)) => return,
+                Ok(Ok(e)) => {
+                    if e.rv <= start_rv
+                        || e.kind != k.kind
+                        || !selected(k, &ns, &e.key, &e.object, &params)
+                    {
+                        continue;
+                    }
+                    last_rv = e.rv;
+                    if tx
+                        .send(json!({"type": e.event, "object": e.object}))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    Response::builder()
+        .header("content-type", "application/json")
+        .header("transfer-encoding", "chunked")
+        .body(stream)
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// A streaming body fed line by line (one JSON document per line, as watches are).
+fn async_stream<F, Fut>(f: F) -> Body
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Value>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Value>(256);
+    tokio::spawn(f(tx));
+    let stream = futures_util::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx).map(|v| {
+            v.map(|v| {
+                let mut line = serde_json::to_vec(&v).unwrap_or_default();
+                line.push(b'\n');
+                Ok::<_, Infallible>(Bytes::from(line))
+            })
+        })
+    });
+    Body::from_stream(stream)
+}
+
+/// Serve until `cancel` fires.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    server: ApiServer,
+    cancel: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(server))
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await
+}

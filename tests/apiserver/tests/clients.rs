@@ -1,0 +1,374 @@
+//! The test API server against real clients: the `kube` crate (what faultline uses) and
+//! `kubectl`.
+
+use std::time::Duration;
+
+use faultline_test_apiserver::{ApiServer, Faults};
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{
+    Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams, WatchEvent,
+    WatchParams,
+};
+use kube::Client;
+use serde_json::json;
+
+async fn start() -> (ApiServer, String, tokio_util::sync::CancellationToken) {
+    let server = ApiServer::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let cancel = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(faultline_test_apiserver::serve(
+        listener,
+        server.clone(),
+        cancel.clone(),
+    ));
+    (server, url, cancel)
+}
+
+fn client(url: &str) -> Client {
+    let mut cfg = kube::Config::new(url.parse().unwrap());
+    // kube retries 429 by itself (up to 15 times); these tests look at each answer.
+    cfg.default_retry = false;
+    Client::try_from(cfg).unwrap()
+}
+
+fn err_code(e: kube::Error) -> u16 {
+    match e {
+        kube::Error::Api(s) => s.code,
+        other => panic!("not an API error: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn kube_client_crud_patch_and_conflicts() {
+    let (_s, url, _c) = start().await;
+    let c = client(&url);
+    let nodes: Api<Node> = Api::all(c.clone());
+    let n: Node =
+        serde_json::from_value(json!({"metadata": {"name": "gpu-1", "labels": {"gpu": "true"}}}))
+            .unwrap();
+    let created = nodes.create(&PostParams::default(), &n).await.unwrap();
+    assert!(created.metadata.uid.is_some());
+    assert_eq!(
+        err_code(nodes.create(&PostParams::default(), &n).await.unwrap_err()),
+        409
+    );
+    let list = nodes
+        .list(&ListParams::default().labels("gpu=true"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert!(nodes
+        .list(&ListParams::default().labels("gpu=false"))
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+
+    // Strategic merge of a taint keeps the ones already there.
+    let pp = PatchParams::default();
+    nodes
+        .patch(
+            "gpu-1",
+            &pp,
+            &Patch::Strategic(json!({"spec": {"taints": [{"key": "a", "effect": "NoSchedule"}]}})),
+        )
+        .await
+        .unwrap();
+    let n = nodes
+        .patch(
+            "gpu-1",
+            &pp,
+            &Patch::Strategic(json!({"spec": {"taints": [{"key": "b", "effect": "NoSchedule"}]}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(n.spec.unwrap().taints.unwrap().len(), 2);
+    // Merge and JSON patches.
+    nodes
+        .patch(
+            "gpu-1",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+        )
+        .await
+        .unwrap();
+    let jp: json_patch::Patch = serde_json::from_value(
+        json!([{"op": "add", "path": "/metadata/annotations", "value": {"y": "2"}}]),
+    )
+    .unwrap();
+    let n = nodes
+        .patch("gpu-1", &pp, &Patch::Json::<()>(jp))
+        .await
+        .unwrap();
+    assert_eq!(n.metadata.annotations.unwrap()["y"], "2");
+    assert_eq!(n.metadata.labels.as_ref().unwrap()["x"], "1");
+    // The status subresource.
+    let n = nodes
+        .patch_status("gpu-1", &pp, &Patch::Strategic(json!({"status": {"conditions": [{"type": "AcceleratorHealthy", "status": "False", "reason": "GpuLost"}]}})))
+        .await
+        .unwrap();
+    assert_eq!(
+        n.status.unwrap().conditions.unwrap()[0].reason.as_deref(),
+        Some("GpuLost")
+    );
+
+    // Optimistic concurrency: a replace with a stale resourceVersion is a 409.
+    let leases: Api<Lease> = Api::namespaced(c.clone(), "default");
+    let l: Lease = serde_json::from_value(
+        json!({"metadata": {"name": "shard-0"}, "spec": {"holderIdentity": "a"}}),
+    )
+    .unwrap();
+    let first = leases.create(&PostParams::default(), &l).await.unwrap();
+    let mut mine = first.clone();
+    mine.spec.as_mut().unwrap().holder_identity = Some("b".into());
+    leases
+        .replace("shard-0", &PostParams::default(), &mine)
+        .await
+        .unwrap();
+    let mut stale = first.clone();
+    stale.spec.as_mut().unwrap().holder_identity = Some("c".into());
+    assert_eq!(
+        err_code(
+            leases
+                .replace("shard-0", &PostParams::default(), &stale)
+                .await
+                .unwrap_err()
+        ),
+        409
+    );
+    assert_eq!(
+        leases
+            .get("shard-0")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .holder_identity
+            .as_deref(),
+        Some("b")
+    );
+
+    nodes
+        .delete("gpu-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(err_code(nodes.get("gpu-1").await.unwrap_err()), 404);
+}
+
+#[tokio::test]
+async fn configmaps_over_one_mib_are_refused() {
+    let (_s, url, _c) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client(&url), "default");
+    let ok: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "a"}, "data": {"k": "x".repeat(900 << 10)}}),
+    )
+    .unwrap();
+    cms.create(&PostParams::default(), &ok).await.unwrap();
+    let big: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "b"}, "data": {"k": "x".repeat(1 << 20)}}),
+    )
+    .unwrap();
+    assert_eq!(
+        err_code(cms.create(&PostParams::default(), &big).await.unwrap_err()),
+        422
+    );
+}
+
+#[tokio::test]
+async fn watch_from_a_resource_version() {
+    let (_s, url, _c) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client(&url), "default");
+    let a: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "a"}, "data": {"v": "1"}})).unwrap();
+    let created = cms.create(&PostParams::default(), &a).await.unwrap();
+    let rv = created.metadata.resource_version.clone().unwrap();
+    let mut stream = cms
+        .watch(&WatchParams::default().timeout(10), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    cms.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"v": "2"}})),
+    )
+    .await
+    .unwrap();
+    cms.delete("a", &DeleteParams::default()).await.unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    match ev {
+        WatchEvent::Modified(cm) => assert_eq!(cm.data.unwrap()["v"], "2"),
+        other => panic!("{other:?}"),
+    }
+    let ev = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(ev, WatchEvent::Deleted(_)), "{ev:?}");
+}
+
+#[tokio::test]
+async fn eviction_respects_disruption_budgets() {
+    let (_s, url, _c) = start().await;
+    let c = client(&url);
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    for name in ["w-0", "w-1"] {
+        let p: Pod = serde_json::from_value(json!({"metadata": {"name": name, "labels": {"app": "train"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}})).unwrap();
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(c.clone(), "default");
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({"metadata": {"name": "train"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "train"}}}})).unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    assert_eq!(
+        err_code(
+            pods.evict("w-0", &EvictParams::default())
+                .await
+                .unwrap_err()
+        ),
+        429
+    );
+    assert!(
+        pods.get("w-0").await.is_ok(),
+        "a refused eviction deletes nothing"
+    );
+    pdbs.patch(
+        "train",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"minAvailable": 1}})),
+    )
+    .await
+    .unwrap();
+    pods.evict("w-0", &EvictParams::default()).await.unwrap();
+    assert_eq!(err_code(pods.get("w-0").await.unwrap_err()), 404);
+    assert_eq!(
+        err_code(
+            pods.evict("w-0", &EvictParams::default())
+                .await
+                .unwrap_err()
+        ),
+        404
+    );
+    // Now one is left and the budget wants one: refused again.
+    assert_eq!(
+        err_code(
+            pods.evict("w-1", &EvictParams::default())
+                .await
+                .unwrap_err()
+        ),
+        429
+    );
+}
+
+#[tokio::test]
+async fn injected_faults() {
+    let (s, url, _c) = start().await;
+    let nodes: Api<Node> = Api::all(client(&url));
+    s.set_faults(Faults {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    assert_eq!(
+        err_code(nodes.list(&ListParams::default()).await.unwrap_err()),
+        500
+    );
+    s.set_faults(Faults {
+        throttle_rate: 1.0,
+        ..Default::default()
+    });
+    assert_eq!(
+        err_code(nodes.list(&ListParams::default()).await.unwrap_err()),
+        429
+    );
+    s.set_faults(Faults {
+        error_rate: 0.5,
+        seed: 7,
+        ..Default::default()
+    });
+    let mut fails = 0;
+    for _ in 0..100 {
+        if nodes.list(&ListParams::default()).await.is_err() {
+            fails += 1;
+        }
+    }
+    assert!((25..=75).contains(&fails), "{fails} of 100");
+    s.set_faults(Faults::default());
+    assert!(nodes.list(&ListParams::default()).await.is_ok());
+    assert!(s.calls().iter().any(|c| c.status == 500));
+}
+
+#[tokio::test]
+async fn kubectl_works_against_it() {
+    let Ok(out) = std::process::Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+    else {
+        eprintln!("SKIPPED kubectl_works_against_it: no kubectl on PATH (.ci/run installs it)");
+        return;
+    };
+    assert!(out.status.success());
+    let (_s, url, _c) = start().await;
+    let c = client(&url);
+    let nodes: Api<Node> = Api::all(c.clone());
+    let n: Node = serde_json::from_value(json!({"metadata": {"name": "gpu-node-7"}})).unwrap();
+    nodes.create(&PostParams::default(), &n).await.unwrap();
+    let url2 = url.clone();
+    let run = move |args: &[&str]| {
+        let mut cmd = std::process::Command::new("kubectl");
+        cmd.args(["--server", &url2, "--insecure-skip-tls-verify=true"])
+            .args(args)
+            .env("KUBECONFIG", "/dev/null");
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, text) = tokio::task::spawn_blocking({
+        let run = run.clone();
+        move || run(&["get", "nodes"])
+    })
+    .await
+    .unwrap();
+    assert!(ok && text.contains("gpu-node-7"), "{text}");
+    let (ok, text) = tokio::task::spawn_blocking({
+        let run = run.clone();
+        // `kubectl create configmap` (a generator) sends protobuf, which this server does
+        // not decode; `-f` sends JSON.
+        move || {
+            let f = std::env::temp_dir().join(format!("cm-{}.json", std::process::id()));
+            std::fs::write(&f, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"fault","namespace":"default"},"data":{"fault.json":"{}"}}"#).unwrap();
+            // No OpenAPI document is served, so client-side validation is off.
+            let r = run(&["create", "--validate=false", "-f", f.to_str().unwrap()]);
+            let _ = std::fs::remove_file(&f);
+            r
+        }
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{text}");
+    let (ok, text) = tokio::task::spawn_blocking(move || {
+        run(&[
+            "get",
+            "cm",
+            "fault",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.data.fault\\.json}",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok && text.trim() == "{}", "{text}");
+}
