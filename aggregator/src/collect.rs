@@ -32,6 +32,8 @@ pub enum AgentEvent {
     Document(Box<NodeHealth>),
     /// The agent at `url` (serving `node`, if known) could not be reached.
     Unreachable { node: String, error: String },
+    /// The node left the cluster (or the selector).
+    Removed { node: String },
 }
 
 /// A shared HTTP client for all agents.

@@ -18,9 +18,33 @@ pub struct Args {
     /// Rules file (YAML, TOML or JSON), reloaded on change. Default: the seed's rules.
     #[arg(long, env = "FAULTLINE_RULES")]
     pub rules: Option<PathBuf>,
-    /// Where fault.json goes: file.
+    /// Where fault.json goes: `file` (a directory) or `configmap` (one per shard).
     #[arg(long, env = "FAULTLINE_SINK", default_value = "file")]
     pub sink: String,
+    /// Kubernetes API server URL (default: in-cluster config, then $KUBECONFIG).
+    #[arg(long, env = "FAULTLINE_KUBE_SERVER")]
+    pub kube_server: Option<String>,
+    /// Namespace of the shard Leases and ConfigMaps.
+    #[arg(long, env = "FAULTLINE_NAMESPACE", default_value = "faultline")]
+    pub namespace: String,
+    /// Base name of Leases and ConfigMaps: `<name>-shard-<i>`.
+    #[arg(long, env = "FAULTLINE_NAME", default_value = "faultline")]
+    pub name: String,
+    /// Number of shards (Leases and ConfigMaps); nodes map to shards by a stable hash.
+    #[arg(long, env = "FAULTLINE_SHARDS", default_value_t = 1)]
+    pub shards: u32,
+    /// How long a shard Lease lasts without renewal.
+    #[arg(long, env = "FAULTLINE_LEASE_DURATION", default_value = "15s")]
+    pub lease_duration: String,
+    /// How often Leases are renewed or tried.
+    #[arg(long, env = "FAULTLINE_LEASE_RETRY", default_value = "2s")]
+    pub lease_retry: String,
+    /// Nodes to follow when no --agents are given (seed: node-role.kubernetes.io/atlas=true).
+    #[arg(long, env = "FAULTLINE_NODE_SELECTOR", default_value = "")]
+    pub node_selector: String,
+    /// Port of the agents on the nodes.
+    #[arg(long, env = "FAULTLINE_AGENT_PORT", default_value_t = 8081)]
+    pub agent_port: u16,
     /// Directory of the file sink, laid out like a ConfigMap volume.
     #[arg(long, env = "FAULTLINE_OUT", default_value = "./fault-out")]
     pub out: PathBuf,
@@ -44,10 +68,28 @@ pub struct Args {
     pub log_format: String,
 }
 
+/// Where documents go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkKind {
+    /// A directory laid out like a ConfigMap volume.
+    File,
+    /// One ConfigMap per shard, written by the shard's Lease holder.
+    ConfigMap,
+}
+
 /// The checked configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub agents: Vec<String>,
+    pub sink: SinkKind,
+    pub kube_server: Option<String>,
+    pub namespace: String,
+    pub name: String,
+    pub shards: u32,
+    pub lease_duration: Duration,
+    pub lease_retry: Duration,
+    pub node_selector: String,
+    pub agent_port: u16,
     pub rules: Option<PathBuf>,
     pub out: PathBuf,
     pub listen: SocketAddr,
@@ -79,11 +121,21 @@ impl Config {
             }
             agents.push(url);
         }
-        if agents.is_empty() {
-            bail!("--agents names no agent (in-cluster discovery of Nodes is not built yet)");
+        let sink = match a.sink.as_str() {
+            "file" => SinkKind::File,
+            "configmap" => SinkKind::ConfigMap,
+            s => bail!("--sink {s:?}: expected file or configmap"),
+        };
+        if a.shards == 0 || a.shards > 1024 {
+            bail!("--shards must be between 1 and 1024");
         }
-        if a.sink != "file" {
-            bail!("--sink {:?}: this build writes the file sink only", a.sink);
+        if sink == SinkKind::File && a.shards != 1 {
+            bail!("--shards applies to --sink configmap; the file sink is one directory");
+        }
+        let lease_duration = duration("lease-duration", &a.lease_duration)?;
+        let lease_retry = duration("lease-retry", &a.lease_retry)?;
+        if lease_retry * 2 >= lease_duration {
+            bail!("--lease-retry must be well under half of --lease-duration");
         }
         let write_interval = duration("write-interval", &a.write_interval)?;
         let urgent_spacing = duration("urgent-spacing", &a.urgent_spacing)?;
@@ -107,6 +159,15 @@ impl Config {
             .unwrap_or_else(|| "aggregator".into());
         Ok(Config {
             agents,
+            sink,
+            kube_server: a.kube_server,
+            namespace: a.namespace,
+            name: a.name,
+            shards: a.shards,
+            lease_duration,
+            lease_retry,
+            node_selector: a.node_selector,
+            agent_port: a.agent_port,
             rules: a.rules,
             out: a.out,
             listen: a.listen,
@@ -137,7 +198,7 @@ mod tests {
         let c =
             Config::parse_from(["a", "--agents", "http://10.0.0.7:8081/, http://n2:8081"]).unwrap();
         assert_eq!(c.agents, vec!["http://10.0.0.7:8081", "http://n2:8081"]);
-        for bad in ["", "10.0.0.7:8081", "https://x:1", "http://"] {
+        for bad in ["10.0.0.7:8081", "https://x:1", "http://"] {
             assert!(Config::parse_from(["a", "--agents", bad]).is_err(), "{bad}");
         }
     }

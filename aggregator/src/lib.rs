@@ -4,6 +4,8 @@
 
 pub mod collect;
 pub mod config;
+pub mod discover;
+pub mod lease;
 pub mod metrics;
 pub mod pipeline;
 pub mod rules_file;
@@ -19,7 +21,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use faultline_common::fault::{FaultDocument, FaultSummary, FAULT_VERSION};
+use faultline_common::fault::{shard_of, FaultDocument, FaultSummary, FAULT_VERSION};
 use faultline_common::rules::Rules;
 use rand::Rng;
 use serde_json::json;
@@ -27,9 +29,13 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::collect::AgentEvent;
-use crate::config::Config;
+use crate::config::{Config, SinkKind};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
+use crate::sink::configmap::ConfigMapSink;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
 
 /// A running aggregator.
 pub struct Aggregator {
@@ -37,6 +43,7 @@ pub struct Aggregator {
     pub addr: std::net::SocketAddr,
     cancel: CancellationToken,
     done: tokio::task::JoinHandle<()>,
+    lease_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Aggregator {
@@ -44,9 +51,22 @@ impl Aggregator {
     pub fn cancel_token(&self) -> CancellationToken {
         self.cancel.clone()
     }
-    /// Wait until it stops.
+    /// Wait until it stops (after a cancel, the Leases are released first).
     pub async fn wait(self) {
         let _ = self.done.await;
+        if let Some(t) = self.lease_task {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+    }
+
+    /// Stop at once, as a crash would: the Leases are not released, so another
+    /// replica must wait for them to run out.
+    pub fn abort(self) {
+        if let Some(t) = self.lease_task {
+            t.abort();
+        }
+        self.done.abort();
+        self.cancel.cancel();
     }
 }
 
@@ -67,11 +87,14 @@ fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::rng().random_range(1.0..1.2))
 }
 
-/// Build the document of every node.
-fn document(p: &Pipeline, sequence: u64, writer: &str) -> FaultDocument {
+/// Build the document of the nodes of one shard (every node with `shards` = 1).
+fn document(p: &Pipeline, sequence: u64, writer: &str, shard: u32, shards: u32) -> FaultDocument {
     let mut nodes = BTreeMap::new();
     let mut summary = FaultSummary::default();
-    for name in p.node_names() {
+    for name in p
+        .node_names()
+        .filter(|n| shards == 1 || shard_of(n, shards) == shard)
+    {
         if let Some(n) = p.node_faults(name) {
             summary.add(&n.summary);
             nodes.insert(name.clone(), n);
@@ -81,8 +104,8 @@ fn document(p: &Pipeline, sequence: u64, writer: &str) -> FaultDocument {
         version: FAULT_VERSION.into(),
         timestamp: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
         sequence,
-        shard: 0,
-        shards: 1,
+        shard,
+        shards,
         writer: writer.to_string(),
         summary,
         nodes,
@@ -101,6 +124,32 @@ fn files(doc: &FaultDocument) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
         }
     }
     Ok(f)
+}
+
+enum Sink {
+    File(std::path::PathBuf),
+    ConfigMap {
+        sink: Arc<ConfigMapSink>,
+        held: lease::Held,
+        shards: u32,
+    },
+}
+
+/// A Kubernetes client: `--kube-server` (plain, for the test server), else in-cluster
+/// or $KUBECONFIG. kube's own retry of 429/503 is off: callers decide what to retry.
+async fn kube_client(cfg: &Config) -> anyhow::Result<kube::Client> {
+    let mut kc = match &cfg.kube_server {
+        Some(url) => kube::Config::new(
+            url.parse()
+                .with_context(|| format!("--kube-server {url}"))?,
+        ),
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration (in-cluster or KUBECONFIG); use --kube-server")?,
+    };
+    kc.default_retry = false;
+    kc.read_timeout = Some(Duration::from_secs(15));
+    kube::Client::try_from(kc).context("Kubernetes client")
 }
 
 /// Start collectors, the pipeline and the API.
@@ -124,6 +173,24 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
 
     let (tx, mut rx) = mpsc::channel::<AgentEvent>(1024);
     let client = collect::client();
+    let kube = if cfg.sink == SinkKind::ConfigMap || cfg.agents.is_empty() {
+        Some(kube_client(&cfg).await?)
+    } else {
+        None
+    };
+    if cfg.agents.is_empty() {
+        let api: Api<Node> = Api::all(kube.clone().context("discovery needs the Kubernetes API")?);
+        tokio::spawn(discover::run(
+            api,
+            cfg.node_selector.clone(),
+            cfg.agent_port,
+            Duration::from_secs(10),
+            client.clone(),
+            tx.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        ));
+    }
     for url in &cfg.agents {
         tokio::spawn(collect::follow(
             url.clone(),
@@ -135,6 +202,41 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
         ));
     }
     drop(tx);
+
+    let mut lease_task = None;
+    let sink = match cfg.sink {
+        SinkKind::File => Sink::File(cfg.out.clone()),
+        SinkKind::ConfigMap => {
+            let kube = kube
+                .clone()
+                .context("the configmap sink needs the Kubernetes API")?;
+            let held = lease::Held::default();
+            let leases: Api<Lease> = Api::namespaced(kube.clone(), &cfg.namespace);
+            let lcfg = lease::LeaseConfig {
+                duration: cfg.lease_duration,
+                retry: cfg.lease_retry,
+                margin: cfg.lease_retry + Duration::from_secs(1),
+            };
+            let leases = lease::ShardLeases {
+                api: leases,
+                name: cfg.name.clone(),
+                me: cfg.replica.clone(),
+                shards: cfg.shards,
+                cfg: lcfg,
+                held: held.clone(),
+                metrics: metrics.clone(),
+            };
+            lease_task = Some(tokio::spawn(leases.run(cancel.clone())));
+            Sink::ConfigMap {
+                sink: Arc::new(ConfigMapSink::new(
+                    Api::namespaced(kube, &cfg.namespace),
+                    cfg.name.clone(),
+                )),
+                held,
+                shards: cfg.shards,
+            }
+        }
+    };
 
     let latest: Arc<Mutex<Option<Arc<FaultDocument>>>> = Arc::new(Mutex::new(None));
     let listener = tokio::net::TcpListener::bind(cfg.listen)
@@ -168,6 +270,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
             let mut last_write: Option<Instant> = None;
             let mut spacing = jittered(cfg.write_interval);
             let mut writing: Option<tokio::task::JoinHandle<()>> = None;
+            let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut last_held: Vec<u32> = Vec::new();
             loop {
                 // When the next write is due.
                 let due = match last_write {
@@ -191,14 +295,23 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         let c = match ev {
                             AgentEvent::Document(doc) => pipeline.on_document(*doc, now),
                             AgentEvent::Unreachable { node, error } => pipeline.on_unreachable(&node, &error, now),
+                            AgentEvent::Removed { node } => pipeline::Change { nodes: if pipeline.remove_node(&node) { vec![node] } else { vec![] }, urgent: false },
                         };
                         dirty |= !c.nodes.is_empty();
                         urgent |= c.urgent;
                     }
                     _ = tick.tick() => {
                         let c = pipeline.tick(now_ms());
-                        dirty |= !c.nodes.is_empty();
+                        dirty |= !c.nodes.is_empty() || failed.load(std::sync::atomic::Ordering::Acquire);
                         urgent |= c.urgent;
+                        // A shard just taken is written at once.
+                        if let Sink::ConfigMap { held, .. } = &sink {
+                            let now_held = held.shards();
+                            if now_held != last_held {
+                                dirty = true;
+                                last_held = now_held;
+                            }
+                        }
                     }
                     r = rules_rx.changed() => {
                         if r.is_ok() {
@@ -206,27 +319,62 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         }
                     }
                     _ = tokio::time::sleep_until(due), if writing.as_ref().is_none_or(|w| w.is_finished()) => {
+                        if failed.swap(false, std::sync::atomic::Ordering::AcqRel) {
+                            tracing::debug!("the last write failed; this one retries it");
+                        }
                         sequence += 1;
-                        let doc = Arc::new(document(&pipeline, sequence, &cfg.replica));
-                        *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(doc.clone());
-                        let (out, metrics) = (cfg.out.clone(), metrics.clone());
-                        writing = Some(tokio::task::spawn_blocking(move || {
-                            let t = Instant::now();
-                            let r = files(&doc).and_then(|f| {
-                                let bytes = f.values().map(Vec::len).sum::<usize>();
-                                sink::file::write(&out, &f)?;
-                                Ok(bytes)
-                            });
-                            match r {
-                                Ok(bytes) => metrics.write("file", 0, t.elapsed().as_secs_f64(), bytes, true),
-                                Err(e) => {
-                                    metrics.write("file", 0, 0.0, 0, false);
-                                    tracing::error!(error = %e, out = %out.display(), "cannot write fault documents");
-                                }
+                        let whole = Arc::new(document(&pipeline, sequence, &cfg.replica, 0, 1));
+                        *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(whole.clone());
+                        writing = Some(match &sink {
+                            Sink::File(out) => {
+                                let (out, metrics, failed) = (out.clone(), metrics.clone(), failed.clone());
+                                tokio::task::spawn_blocking(move || {
+                                    let t = Instant::now();
+                                    let r = files(&whole).and_then(|f| {
+                                        let bytes = f.values().map(Vec::len).sum::<usize>();
+                                        sink::file::write(&out, &f)?;
+                                        Ok(bytes)
+                                    });
+                                    match r {
+                                        Ok(bytes) => metrics.write("file", 0, t.elapsed().as_secs_f64(), bytes, true),
+                                        Err(e) => {
+                                            failed.store(true, std::sync::atomic::Ordering::Release);
+                                            metrics.write("file", 0, 0.0, 0, false);
+                                            tracing::error!(error = %e, out = %out.display(), "cannot write fault documents");
+                                        }
+                                    }
+                                })
                             }
-                        }));
+                            Sink::ConfigMap { sink, held, shards, .. } => {
+                                let mine = held.shards();
+                                for s in (0..*shards).filter(|s| !mine.contains(s)) {
+                                    metrics.write_skipped("configmap", s);
+                                }
+                                let docs: Vec<FaultDocument> = mine
+                                    .iter()
+                                    .map(|s| document(&pipeline, 0, &cfg.replica, *s, *shards))
+                                    .collect();
+                                let (sink, held, metrics, failed) = (sink.clone(), held.clone(), metrics.clone(), failed.clone());
+                                tokio::spawn(async move {
+                                    for doc in docs {
+                                        let shard = doc.shard;
+                                        let t = Instant::now();
+                                        match sink.write(doc, &held).await {
+                                            Ok(bytes) => metrics.write("configmap", shard, t.elapsed().as_secs_f64(), bytes, true),
+                                            Err(sink::configmap::WriteError::NotHolder(_)) => metrics.write_skipped("configmap", shard),
+                                            Err(e) => {
+                                                failed.store(true, std::sync::atomic::Ordering::Release);
+                                                metrics.write("configmap", shard, 0.0, 0, false);
+                                                tracing::error!(shard, error = %e, "cannot write the shard ConfigMap");
+                                            }
+                                        }
+                                    }
+                                })
+                            }
+                        });
                         last_write = Some(Instant::now());
                         spacing = jittered(cfg.write_interval);
+                        // A failed write leaves the document dirty for the next round.
                         dirty = false;
                         urgent = false;
                     }
@@ -237,7 +385,12 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
             }
         })
     };
-    Ok(Aggregator { addr, cancel, done })
+    Ok(Aggregator {
+        addr,
+        cancel,
+        done,
+        lease_task,
+    })
 }
 
 fn router(state: ApiState) -> Router {

@@ -43,6 +43,15 @@ pub struct Metrics {
     write_seconds: Family<SinkLabels, Histogram>,
     write_bytes: Family<SinkLabels, Gauge>,
     write_errors: Family<SinkLabels, Counter>,
+    writes_skipped: Family<SinkLabels, Counter>,
+    lease_held: Family<ShardLabel, Gauge>,
+    lease_errors: Counter,
+    discovery_errors: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabel {
+    shard: String,
 }
 
 impl Default for Metrics {
@@ -68,6 +77,10 @@ impl Metrics {
             }),
             write_bytes: Family::default(),
             write_errors: Family::default(),
+            writes_skipped: Family::default(),
+            lease_held: Family::default(),
+            lease_errors: Counter::default(),
+            discovery_errors: Counter::default(),
         };
         registry.register(
             "rules_reloads",
@@ -102,6 +115,26 @@ impl Metrics {
             m.write_bytes.clone(),
         );
         registry.register("write_errors", "Failed writes", m.write_errors.clone());
+        registry.register(
+            "writes_skipped",
+            "Writes not made because this replica does not hold the shard",
+            m.writes_skipped.clone(),
+        );
+        registry.register(
+            "lease_held",
+            "1 while this replica holds the shard's Lease",
+            m.lease_held.clone(),
+        );
+        registry.register(
+            "lease_errors",
+            "Lease requests that failed",
+            m.lease_errors.clone(),
+        );
+        registry.register(
+            "discovery_errors",
+            "Node list requests that failed",
+            m.discovery_errors.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -170,6 +203,35 @@ impl Metrics {
         } else {
             self.write_errors.get_or_create(&l).inc();
         }
+    }
+
+    /// A write was not made: the shard is not ours.
+    pub fn write_skipped(&self, sink: &str, shard: u32) {
+        self.writes_skipped
+            .get_or_create(&SinkLabels {
+                sink: sink.into(),
+                shard: shard.to_string(),
+            })
+            .inc();
+    }
+
+    /// Lease ownership of a shard.
+    pub fn set_lease(&self, shard: u32, held: bool) {
+        self.lease_held
+            .get_or_create(&ShardLabel {
+                shard: shard.to_string(),
+            })
+            .set(held as i64);
+    }
+
+    /// A lease request failed.
+    pub fn lease_error(&self) {
+        self.lease_errors.inc();
+    }
+
+    /// A node list failed.
+    pub fn discovery_error(&self) {
+        self.discovery_errors.inc();
     }
 
     /// The Prometheus text exposition.

@@ -144,6 +144,17 @@ impl FaultSummary {
     }
 }
 
+/// The shard of a node: FNV-1a of its name modulo the shard count. Stable across
+/// replicas, restarts and versions.
+pub fn shard_of(node: &str, shards: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in node.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % u64::from(shards.max(1))) as u32
+}
+
 /// The JSON Schema of a shard document and of a node entry, as committed in
 /// `schema/fault.v1.schema.json`.
 pub fn json_schema() -> serde_json::Value {
@@ -172,6 +183,17 @@ mod tests {
             now == COMMITTED,
             "schema/fault.v1.schema.json is stale: run FAULTLINE_UPDATE_SCHEMA=1 cargo test -p faultline-common and commit it"
         );
+    }
+
+    #[test]
+    fn shards_are_stable_and_spread() {
+        assert_eq!(shard_of("gpu-node-1", 1), 0);
+        assert_eq!(shard_of("gpu-node-1", 8), shard_of("gpu-node-1", 8));
+        let mut counts = [0u32; 8];
+        for i in 0..8000 {
+            counts[shard_of(&format!("node-{i}"), 8) as usize] += 1;
+        }
+        assert!(counts.iter().all(|c| (800..1200).contains(c)), "{counts:?}");
     }
 
     #[test]

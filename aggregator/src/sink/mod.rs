@@ -1,3 +1,4 @@
 //! Where fault documents go.
 
+pub mod configmap;
 pub mod file;

@@ -1,0 +1,234 @@
+//! Shard ownership by Kubernetes Leases (`<name>-shard-<i>`), one fenced loop per
+//! replica. A replica holds a shard while its renewals succeed; it counts the shard as
+//! its own only until `renewed_at + duration - margin` on its own clock, checks that
+//! before every write, and drops it the moment a renewal is refused (a 409 on the
+//! resourceVersion or another holder). Another replica takes a shard once its
+//! `renewTime` is older than the lease duration. Defaults follow client-go's leader
+//! election: 15 s duration, 2 s retry period.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use tokio_util::sync::CancellationToken;
+
+/// Lease timing.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseConfig {
+    /// How long a lease lasts without renewal.
+    pub duration: Duration,
+    /// How often holders renew and others look.
+    pub retry: Duration,
+    /// Stop writing this long before the lease would run out.
+    pub margin: Duration,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            duration: Duration::from_secs(15),
+            retry: Duration::from_secs(2),
+            margin: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Which shards this replica holds, and until when (its own clock).
+#[derive(Clone, Default)]
+pub struct Held {
+    inner: Arc<Mutex<BTreeMap<u32, Instant>>>,
+}
+
+impl Held {
+    /// Whether this replica may write `shard` now.
+    pub fn holds(&self, shard: u32) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&shard)
+            .is_some_and(|until| Instant::now() < *until)
+    }
+
+    /// Shards held now.
+    pub fn shards(&self) -> Vec<u32> {
+        let now = Instant::now();
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, u)| now < **u)
+            .map(|(s, _)| *s)
+            .collect()
+    }
+
+    fn set(&self, shard: u32, until: Option<Instant>) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match until {
+            Some(u) => {
+                g.insert(shard, u);
+            }
+            None => {
+                g.remove(&shard);
+            }
+        }
+    }
+}
+
+/// The Lease of a shard.
+pub fn lease_name(name: &str, shard: u32) -> String {
+    format!("{name}-shard-{shard}")
+}
+
+fn now_micro() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+fn expired(spec: &LeaseSpec, duration: Duration) -> bool {
+    let Some(renew) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
+        return true;
+    };
+    let dur = spec
+        .lease_duration_seconds
+        .map(|s| Duration::from_secs(s.max(1) as u64))
+        .unwrap_or(duration);
+    let age = Timestamp::now().duration_since(renew.0);
+    age.as_secs_f64() > dur.as_secs_f64()
+}
+
+/// This replica's shard Leases.
+pub struct ShardLeases {
+    /// The Lease API in the aggregator's namespace.
+    pub api: Api<Lease>,
+    /// Base name: `<name>-shard-<i>`.
+    pub name: String,
+    /// This replica's identity (`holderIdentity`).
+    pub me: String,
+    /// Number of shards.
+    pub shards: u32,
+    /// Timing.
+    pub cfg: LeaseConfig,
+    /// What we hold, shared with the writers.
+    pub held: Held,
+    /// Metrics.
+    pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl ShardLeases {
+    /// One pass over every shard: renew what we hold, take what has expired.
+    pub async fn pass(&self) {
+        let (api, name, me, cfg, held, metrics) = (
+            &self.api,
+            &self.name,
+            self.me.as_str(),
+            &self.cfg,
+            &self.held,
+            &self.metrics,
+        );
+        for shard in 0..self.shards {
+            let lname = lease_name(name, shard);
+            let started = Instant::now();
+            let outcome = match api.get_opt(&lname).await {
+                Ok(None) => {
+                    let lease = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(lname.clone()),
+                            ..Default::default()
+                        },
+                        spec: Some(LeaseSpec {
+                            holder_identity: Some(me.to_string()),
+                            lease_duration_seconds: Some(cfg.duration.as_secs() as i32),
+                            acquire_time: Some(now_micro()),
+                            renew_time: Some(now_micro()),
+                            lease_transitions: Some(0),
+                            ..Default::default()
+                        }),
+                    };
+                    api.create(&PostParams::default(), &lease)
+                        .await
+                        .map(|_| true)
+                }
+                Ok(Some(mut lease)) => {
+                    let spec = lease.spec.get_or_insert_with(Default::default);
+                    let mine = spec.holder_identity.as_deref() == Some(me);
+                    if mine || expired(spec, cfg.duration) {
+                        if !mine {
+                            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                            spec.acquire_time = Some(now_micro());
+                            spec.holder_identity = Some(me.to_string());
+                        }
+                        spec.renew_time = Some(now_micro());
+                        spec.lease_duration_seconds = Some(cfg.duration.as_secs() as i32);
+                        // The resourceVersion we read makes this a compare-and-swap.
+                        api.replace(&lname, &PostParams::default(), &lease)
+                            .await
+                            .map(|_| true)
+                    } else {
+                        Ok(false)
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            let was = held.holds(shard);
+            match outcome {
+                Ok(true) => {
+                    held.set(shard, Some(started + cfg.duration - cfg.margin));
+                    if !was {
+                        tracing::info!(shard, lease = %lname, "shard lease acquired");
+                    }
+                }
+                Ok(false) => {
+                    if was {
+                        tracing::warn!(shard, lease = %lname, "shard lease held by another replica; stopping writes");
+                    }
+                    held.set(shard, None);
+                }
+                // Refused (another replica won the race): ours no more, at once.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    if was {
+                        tracing::warn!(shard, lease = %lname, "shard lease lost to a conflicting update; stopping writes");
+                    }
+                    held.set(shard, None);
+                }
+                // Could not ask: keep what we have until it runs out on our own clock.
+                Err(e) => {
+                    metrics.lease_error();
+                    tracing::warn!(shard, lease = %lname, error = %e, "lease renewal failed");
+                }
+            }
+            metrics.set_lease(shard, held.holds(shard));
+        }
+    }
+
+    /// Renew and acquire until cancelled; on cancel, release what we hold so another
+    /// replica takes over at once.
+    pub async fn run(self, cancel: CancellationToken) {
+        loop {
+            self.pass().await;
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(self.cfg.retry) => {}
+            }
+        }
+        let (api, name, me, held) = (&self.api, &self.name, &self.me, &self.held);
+        for shard in held.shards() {
+            held.set(shard, None);
+            let lname = lease_name(name, shard);
+            if let Ok(mut lease) = api.get(&lname).await {
+                if let Some(spec) = lease
+                    .spec
+                    .as_mut()
+                    .filter(|s| s.holder_identity.as_deref() == Some(me.as_str()))
+                {
+                    spec.holder_identity = None;
+                    spec.renew_time = None;
+                    let _ = api.replace(&lname, &PostParams::default(), &lease).await;
+                    tracing::info!(shard, "shard lease released");
+                }
+            }
+        }
+    }
+}

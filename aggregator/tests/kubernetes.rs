@@ -1,0 +1,354 @@
+//! The aggregator against the Kubernetes API test server: shard ConfigMaps written by the
+//! Lease holder within a second of a fault, Node discovery, failover to another replica
+//! within the lease duration, and no write from a replica after it lost its Lease.
+
+use std::time::{Duration, Instant};
+
+use faultline_common::fault::{shard_of, FaultDocument, NodeFaults};
+use faultline_common::DeviceStatus;
+use faultline_test_apiserver::ApiServer;
+use serde_json::{json, Value};
+
+const NS: &str = "faultline";
+
+async fn api_server() -> (ApiServer, String) {
+    let server = ApiServer::new();
+    server
+        .create("namespaces", "", json!({"metadata": {"name": NS}}))
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(faultline_test_apiserver::serve(
+        listener,
+        server.clone(),
+        tokio_util::sync::CancellationToken::new(),
+    ));
+    (server, url)
+}
+
+async fn agent(node: &str) -> faultline_agent::Agent {
+    let cfg = faultline_agent::config::Config::parse_from([
+        "faultline-agent",
+        "--source",
+        "sim",
+        "--sim-devices",
+        "4",
+        "--interval",
+        "100ms",
+        "--listen",
+        "127.0.0.1:0",
+        "--node-name",
+        node,
+    ])
+    .unwrap();
+    faultline_agent::start(cfg).await.unwrap()
+}
+
+async fn aggregator(
+    kube: &str,
+    replica: &str,
+    shards: u32,
+    extra: &[String],
+) -> faultline_aggregator::Aggregator {
+    let mut args: Vec<String> = [
+        "faultline-aggregator",
+        "--sink",
+        "configmap",
+        "--kube-server",
+        kube,
+        "--namespace",
+        NS,
+        "--shards",
+        &shards.to_string(),
+        "--replica",
+        replica,
+        "--listen",
+        "127.0.0.1:0",
+        "--lease-duration",
+        "3s",
+        "--lease-retry",
+        "500ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend_from_slice(extra);
+    let cfg = faultline_aggregator::config::Config::parse_from(args).unwrap();
+    faultline_aggregator::start(cfg).await.unwrap()
+}
+
+fn shard_doc(server: &ApiServer, shard: u32) -> Option<FaultDocument> {
+    let cm = server.get("configmaps", NS, &format!("faultline-shard-{shard}"))?;
+    serde_json::from_str(cm["data"]["fault.json"].as_str()?).ok()
+}
+
+fn node_entry(server: &ApiServer, shards: u32, node: &str) -> Option<NodeFaults> {
+    let cm = server.get(
+        "configmaps",
+        NS,
+        &format!("faultline-shard-{}", shard_of(node, shards)),
+    )?;
+    serde_json::from_str(cm["data"][format!("{node}.json")].as_str()?).ok()
+}
+
+fn holder(server: &ApiServer, shard: u32) -> Option<String> {
+    let l = server.get("leases", NS, &format!("faultline-shard-{shard}"))?;
+    l["spec"]["holderIdentity"].as_str().map(String::from)
+}
+
+async fn until<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> (T, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return (v, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < within,
+            "timed out after {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> u16 {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    let client: hyper_util::client::legacy::Client<_, Full<Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let req = hyper::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    client.request(req).await.unwrap().status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
+    let (server, kube) = api_server().await;
+    let agents = [agent("n1").await, agent("n2").await, agent("n3").await];
+    let urls: Vec<String> = agents
+        .iter()
+        .map(|a| format!("http://{}", a.addr))
+        .collect();
+    let agg = aggregator(&kube, "r1", 2, &["--agents".into(), urls.join(",")]).await;
+    let (_, _) = until(
+        Duration::from_secs(20),
+        "every node healthy in its shard",
+        || {
+            ["n1", "n2", "n3"]
+                .iter()
+                .all(|n| node_entry(&server, 2, n).is_some_and(|e| e.summary.healthy == 4))
+                .then_some(())
+        },
+    )
+    .await;
+    // Each shard holds exactly its nodes.
+    for s in 0..2 {
+        let doc = shard_doc(&server, s).unwrap();
+        assert_eq!((doc.shard, doc.shards, doc.writer.as_str()), (s, 2, "r1"));
+        for n in doc.nodes.keys() {
+            assert_eq!(shard_of(n, 2), s);
+        }
+    }
+    assert_eq!(holder(&server, 0).as_deref(), Some("r1"));
+
+    let t0 = Instant::now();
+    assert_eq!(
+        post(
+            agents[1].addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu1","fault":"xid","xid":79}"#
+        )
+        .await,
+        201
+    );
+    let (entry, _) = until(Duration::from_secs(5), "gpu1 failed in n2's entry", || {
+        node_entry(&server, 2, "n2").filter(|e| {
+            e.npus
+                .iter()
+                .any(|d| d.id == "gpu1" && d.status == DeviceStatus::Failed)
+        })
+    })
+    .await;
+    let latency = t0.elapsed();
+    assert!(
+        latency < Duration::from_secs(1),
+        "in the ConfigMap after {latency:?}"
+    );
+    assert_eq!(
+        entry
+            .npus
+            .iter()
+            .find(|d| d.id == "gpu1")
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some("xid-79")
+    );
+    agg.cancel_token().cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_are_discovered_and_forgotten() {
+    let (server, kube) = api_server().await;
+    let a = agent("gpu-7").await;
+    let node = json!({"metadata": {"name": "gpu-7", "labels": {"accelerator": "nvidia"}},
+                      "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}});
+    server.create("nodes", "", node).unwrap();
+    server.create("nodes", "", json!({"metadata": {"name": "cpu-1"}, "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}})).unwrap();
+    let agg = aggregator(
+        &kube,
+        "r1",
+        1,
+        &[
+            "--node-selector".into(),
+            "accelerator=nvidia".into(),
+            "--agent-port".into(),
+            a.addr.port().to_string(),
+        ],
+    )
+    .await;
+    until(Duration::from_secs(20), "gpu-7 in the shard", || {
+        node_entry(&server, 1, "gpu-7").filter(|e| e.summary.healthy == 4)
+    })
+    .await;
+    assert!(node_entry(&server, 1, "cpu-1").is_none(), "not selected");
+    server.delete("nodes", "", "gpu-7").unwrap();
+    until(Duration::from_secs(20), "gpu-7 gone", || {
+        shard_doc(&server, 0)
+            .filter(|d| d.nodes.is_empty())
+            .map(|_| ())
+    })
+    .await;
+    agg.cancel_token().cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holder_is_replaced_within_the_lease_duration() {
+    let (server, kube) = api_server().await;
+    let a = agent("n1").await;
+    let agents = ["--agents".to_string(), format!("http://{}", a.addr)];
+    let r1 = aggregator(&kube, "r1", 1, &agents).await;
+    until(Duration::from_secs(10), "r1 holds the shard", || {
+        (holder(&server, 0).as_deref() == Some("r1")).then_some(())
+    })
+    .await;
+    let r2 = aggregator(&kube, "r2", 1, &agents).await;
+    until(Duration::from_secs(10), "r1 writes", || {
+        shard_doc(&server, 0).filter(|d| d.writer == "r1")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        holder(&server, 0).as_deref(),
+        Some("r1"),
+        "r2 must not take a held shard"
+    );
+
+    // r1 dies without a word (no release): its lease runs out, r2 takes over.
+    let t0 = Instant::now();
+    r1.abort();
+    let (_, took) = until(Duration::from_secs(10), "r2 holds the shard", || {
+        (holder(&server, 0).as_deref() == Some("r2")).then_some(())
+    })
+    .await;
+    assert!(
+        took < Duration::from_millis(3000 + 1500),
+        "took {took:?}, lease duration 3 s"
+    );
+    let (doc, _) = until(Duration::from_secs(5), "r2 writes", || {
+        shard_doc(&server, 0).filter(|d| d.writer == "r2")
+    })
+    .await;
+    assert!(doc.nodes.contains_key("n1"));
+    let _ = t0;
+    r2.cancel_token().cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_lost_its_lease_writes_nothing_more() {
+    let (server, kube) = api_server().await;
+    let a = agent("n1").await;
+    let agg = aggregator(
+        &kube,
+        "r1",
+        1,
+        &[
+            "--agents".into(),
+            format!("http://{}", a.addr),
+            "--heartbeat".into(),
+            "1s".into(),
+        ],
+    )
+    .await;
+    until(Duration::from_secs(10), "r1 writes", || {
+        shard_doc(&server, 0).filter(|d| d.writer == "r1")
+    })
+    .await;
+
+    // Another party takes the Lease (as a replica would after a partition) and keeps it.
+    let steal = |server: &ApiServer| {
+        let mut l = server.get("leases", NS, "faultline-shard-0").unwrap();
+        l["spec"]["holderIdentity"] = json!("intruder");
+        l["spec"]["renewTime"] =
+            json!(humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string());
+        server
+            .update("leases", NS, "faultline-shard-0", l, None)
+            .is_ok()
+    };
+    let keep = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            loop {
+                let _ = steal(&server);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    // It notices at its next renewal (500 ms); after that nothing of r1's lands, even
+    // though its agent keeps changing and its heartbeat is 1 s.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let rv_before = server.get("configmaps", NS, "faultline-shard-0").unwrap()["metadata"]
+        ["resourceVersion"]
+        .clone();
+    assert_eq!(
+        post(
+            a.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu0","fault":"lost"}"#
+        )
+        .await,
+        201
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cm: Value = server.get("configmaps", NS, "faultline-shard-0").unwrap();
+    assert_eq!(
+        cm["metadata"]["resourceVersion"], rv_before,
+        "r1 wrote after losing its lease"
+    );
+    let m = metrics(agg.addr).await;
+    assert!(
+        m.contains("faultline_aggregator_lease_held{shard=\"0\"} 0"),
+        "{m}"
+    );
+    assert!(
+        m.contains("faultline_aggregator_writes_skipped_total{sink=\"configmap\",shard=\"0\"}"),
+        "{m}"
+    );
+    keep.abort();
+    agg.cancel_token().cancel();
+}
+
+async fn metrics(addr: std::net::SocketAddr) -> String {
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::Bytes;
+    let client: hyper_util::client::legacy::Client<_, Empty<Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let resp = client
+        .get(format!("http://{addr}/metrics").parse().unwrap())
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned()
+}
