@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use faultline_common::fault::{shard_of, FaultDocument, NodeFaults};
+use faultline_common::fault::{shard_of, NodeFaults, ShardIndex};
 use faultline_common::DeviceStatus;
 use faultline_test_apiserver::ApiServer;
 use serde_json::{json, Value};
@@ -77,7 +77,7 @@ async fn aggregator(
     faultline_aggregator::start(cfg).await.unwrap()
 }
 
-fn shard_doc(server: &ApiServer, shard: u32) -> Option<FaultDocument> {
+fn shard_doc(server: &ApiServer, shard: u32) -> Option<ShardIndex> {
     let cm = server.get("configmaps", NS, &format!("faultline-shard-{shard}"))?;
     serde_json::from_str(cm["data"]["fault.json"].as_str()?).ok()
 }

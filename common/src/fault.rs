@@ -38,6 +38,50 @@ pub struct FaultDocument {
     pub nodes: BTreeMap<String, NodeFaults>,
 }
 
+/// The `fault.json` key of a shard ConfigMap: the shard's counts and each node's
+/// counts. The full entry of a node is its own key, `<node>.json`, so no node's data is
+/// stored twice and a shard of ~350 nodes x 8 devices stays under the ConfigMap limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShardIndex {
+    /// [`FAULT_VERSION`].
+    pub version: String,
+    /// When this shard was written (RFC 3339).
+    pub timestamp: String,
+    /// Increases by one with every write of this shard by any writer.
+    pub sequence: u64,
+    /// Which shard (0-based).
+    pub shard: u32,
+    /// Number of shards.
+    pub shards: u32,
+    /// The replica that wrote it.
+    pub writer: String,
+    /// Counts over every device of the shard.
+    pub summary: FaultSummary,
+    /// Each node's counts; its entry is the key `<node>.json`.
+    pub nodes: BTreeMap<String, FaultSummary>,
+}
+
+impl ShardIndex {
+    /// The index of a shard document.
+    pub fn of(doc: &FaultDocument) -> Self {
+        ShardIndex {
+            version: doc.version.clone(),
+            timestamp: doc.timestamp.clone(),
+            sequence: doc.sequence,
+            shard: doc.shard,
+            shards: doc.shards,
+            writer: doc.writer.clone(),
+            summary: doc.summary,
+            nodes: doc
+                .nodes
+                .iter()
+                .map(|(k, v)| (k.clone(), v.summary))
+                .collect(),
+        }
+    }
+}
+
 /// One node: seed 003's document shape, so its consumer works on it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -155,34 +199,44 @@ pub fn shard_of(node: &str, shards: u32) -> u32 {
     (h % u64::from(shards.max(1))) as u32
 }
 
-/// The JSON Schema of a shard document and of a node entry, as committed in
-/// `schema/fault.v1.schema.json`.
-pub fn json_schema() -> serde_json::Value {
-    let doc = schemars::schema_for!(FaultDocument);
-    serde_json::to_value(doc).unwrap_or_default()
+/// The JSON Schemas, as committed in `schema/`: the whole document (the file sink's
+/// `fault.json`, the aggregator's `/v1/faults`), a shard ConfigMap's `fault.json`, and
+/// one node's `<node>.json`.
+pub fn json_schemas() -> [(&'static str, serde_json::Value); 3] {
+    let v = |s: schemars::Schema| serde_json::to_value(s).unwrap_or_default();
+    [
+        (
+            "fault.v1.schema.json",
+            v(schemars::schema_for!(FaultDocument)),
+        ),
+        (
+            "shard-index.v1.schema.json",
+            v(schemars::schema_for!(ShardIndex)),
+        ),
+        ("node.v1.schema.json", v(schemars::schema_for!(NodeFaults))),
+    ]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const COMMITTED: &str = include_str!("../../schema/fault.v1.schema.json");
-
     #[test]
-    fn the_committed_schema_is_current() {
-        let now = serde_json::to_string_pretty(&json_schema()).unwrap() + "\n";
-        if std::env::var_os("FAULTLINE_UPDATE_SCHEMA").is_some() {
-            let path = concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../schema/fault.v1.schema.json"
+    fn the_committed_schemas_are_current() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../schema");
+        for (name, schema) in json_schemas() {
+            let now = serde_json::to_string_pretty(&schema).unwrap() + "\n";
+            let path = format!("{dir}/{name}");
+            if std::env::var_os("FAULTLINE_UPDATE_SCHEMA").is_some() {
+                std::fs::write(&path, &now).unwrap();
+                continue;
+            }
+            let committed = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                now == committed,
+                "schema/{name} is stale: run FAULTLINE_UPDATE_SCHEMA=1 cargo test -p faultline-common and commit it"
             );
-            std::fs::write(path, &now).unwrap();
-            return;
         }
-        assert!(
-            now == COMMITTED,
-            "schema/fault.v1.schema.json is stale: run FAULTLINE_UPDATE_SCHEMA=1 cargo test -p faultline-common and commit it"
-        );
     }
 
     #[test]

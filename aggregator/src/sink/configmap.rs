@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use faultline_common::fault::FaultDocument;
+use faultline_common::fault::{FaultDocument, ShardIndex};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
@@ -50,10 +50,13 @@ pub fn configmap_name(name: &str, shard: u32) -> String {
     format!("{name}-shard-{shard}")
 }
 
-/// The keys of one shard document.
+/// The keys of one shard: `fault.json` (the shard's index) and `<node>.json` each.
 pub fn files(doc: &FaultDocument) -> Result<BTreeMap<String, String>, serde_json::Error> {
     let mut f = BTreeMap::new();
-    f.insert("fault.json".to_string(), serde_json::to_string(doc)?);
+    f.insert(
+        "fault.json".to_string(),
+        serde_json::to_string(&ShardIndex::of(doc))?,
+    );
     for (node, n) in &doc.nodes {
         f.insert(format!("{node}.json"), serde_json::to_string(n)?);
     }
