@@ -42,6 +42,13 @@ pub struct Args {
     /// Nodes to follow when no --agents are given (seed: node-role.kubernetes.io/atlas=true).
     #[arg(long, env = "FAULTLINE_NODE_SELECTOR", default_value = "")]
     pub node_selector: String,
+    /// Pods nudged per second after a device on their node turns degraded or failed, so
+    /// kubelet refreshes their mounted fault.json at once (0: off).
+    #[arg(long, env = "FAULTLINE_NUDGE_RATE", default_value_t = 20.0)]
+    pub nudge_rate: f64,
+    /// Only nudge pods matching this label selector (default: every running pod).
+    #[arg(long, env = "FAULTLINE_NUDGE_SELECTOR", default_value = "")]
+    pub nudge_selector: String,
     /// Port of the agents on the nodes.
     #[arg(long, env = "FAULTLINE_AGENT_PORT", default_value_t = 8081)]
     pub agent_port: u16,
@@ -90,6 +97,8 @@ pub struct Config {
     pub lease_retry: Duration,
     pub node_selector: String,
     pub agent_port: u16,
+    pub nudge_rate: f64,
+    pub nudge_selector: String,
     pub rules: Option<PathBuf>,
     pub out: PathBuf,
     pub listen: SocketAddr,
@@ -132,6 +141,9 @@ impl Config {
         if sink == SinkKind::File && a.shards != 1 {
             bail!("--shards applies to --sink configmap; the file sink is one directory");
         }
+        if !(0.0..=10_000.0).contains(&a.nudge_rate) {
+            bail!("--nudge-rate must be between 0 and 10000 per second");
+        }
         let lease_duration = duration("lease-duration", &a.lease_duration)?;
         let lease_retry = duration("lease-retry", &a.lease_retry)?;
         if lease_retry * 2 >= lease_duration {
@@ -168,6 +180,8 @@ impl Config {
             lease_retry,
             node_selector: a.node_selector,
             agent_port: a.agent_port,
+            nudge_rate: a.nudge_rate,
+            nudge_selector: a.nudge_selector,
             rules: a.rules,
             out: a.out,
             listen: a.listen,

@@ -7,6 +7,7 @@ pub mod config;
 pub mod discover;
 pub mod lease;
 pub mod metrics;
+pub mod nudge;
 pub mod pipeline;
 pub mod rules_file;
 pub mod sink;
@@ -132,6 +133,7 @@ enum Sink {
         sink: Arc<ConfigMapSink>,
         held: lease::Held,
         shards: u32,
+        nudger: Option<Arc<nudge::Nudger>>,
     },
 }
 
@@ -227,6 +229,14 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                 metrics: metrics.clone(),
             };
             lease_task = Some(tokio::spawn(leases.run(cancel.clone())));
+            let nudger = (cfg.nudge_rate > 0.0).then(|| {
+                Arc::new(nudge::Nudger::new(
+                    Api::all(kube.clone()),
+                    cfg.nudge_selector.clone(),
+                    cfg.nudge_rate,
+                    metrics.clone(),
+                ))
+            });
             Sink::ConfigMap {
                 sink: Arc::new(ConfigMapSink::new(
                     Api::namespaced(kube, &cfg.namespace),
@@ -234,6 +244,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                 )),
                 held,
                 shards: cfg.shards,
+                nudger,
             }
         }
     };
@@ -272,6 +283,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
             let mut writing: Option<tokio::task::JoinHandle<()>> = None;
             let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let mut last_held: Vec<u32> = Vec::new();
+            // Nodes whose pods are nudged once their shard is written.
+            let mut alarming: std::collections::BTreeSet<String> = Default::default();
             loop {
                 // When the next write is due.
                 let due = match last_write {
@@ -295,15 +308,20 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         let c = match ev {
                             AgentEvent::Document(doc) => pipeline.on_document(*doc, now),
                             AgentEvent::Unreachable { node, error } => pipeline.on_unreachable(&node, &error, now),
-                            AgentEvent::Removed { node } => pipeline::Change { nodes: if pipeline.remove_node(&node) { vec![node] } else { vec![] }, urgent: false },
+                            AgentEvent::Removed { node } => pipeline::Change {
+                                nodes: if pipeline.remove_node(&node) { vec![node] } else { vec![] },
+                                ..Default::default()
+                            },
                         };
                         dirty |= !c.nodes.is_empty();
                         urgent |= c.urgent;
+                        alarming.extend(c.alarming);
                     }
                     _ = tick.tick() => {
                         let c = pipeline.tick(now_ms());
                         dirty |= !c.nodes.is_empty() || failed.load(std::sync::atomic::Ordering::Acquire);
                         urgent |= c.urgent;
+                        alarming.extend(c.alarming);
                         // A shard just taken is written at once.
                         if let Sink::ConfigMap { held, .. } = &sink {
                             let now_held = held.shards();
@@ -345,22 +363,38 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                                     }
                                 })
                             }
-                            Sink::ConfigMap { sink, held, shards, .. } => {
+                            Sink::ConfigMap { sink, held, shards, nudger } => {
                                 let mine = held.shards();
                                 for s in (0..*shards).filter(|s| !mine.contains(s)) {
                                     metrics.write_skipped("configmap", s);
                                 }
-                                let docs: Vec<FaultDocument> = mine
+                                let jobs: Vec<(FaultDocument, Vec<String>)> = mine
                                     .iter()
-                                    .map(|s| document(&pipeline, 0, &cfg.replica, *s, *shards))
+                                    .map(|s| {
+                                        let doc = document(&pipeline, 0, &cfg.replica, *s, *shards);
+                                        let nudge: Vec<String> = alarming.iter().filter(|n| doc.nodes.contains_key(*n)).cloned().collect();
+                                        (doc, nudge)
+                                    })
                                     .collect();
-                                let (sink, held, metrics, failed) = (sink.clone(), held.clone(), metrics.clone(), failed.clone());
+                                // Nodes of shards we do not hold are the holder's to nudge.
+                                alarming.clear();
+                                let (sink, held, metrics, failed, nudger) =
+                                    (sink.clone(), held.clone(), metrics.clone(), failed.clone(), nudger.clone());
                                 tokio::spawn(async move {
-                                    for doc in docs {
+                                    for (doc, nudge) in jobs {
                                         let shard = doc.shard;
                                         let t = Instant::now();
                                         match sink.write(doc, &held).await {
-                                            Ok(bytes) => metrics.write("configmap", shard, t.elapsed().as_secs_f64(), bytes, true),
+                                            Ok(bytes) => {
+                                                metrics.write("configmap", shard, t.elapsed().as_secs_f64(), bytes, true);
+                                                // After the write, so the sync the nudge causes finds the new content.
+                                                if let Some(n) = nudger.as_ref() {
+                                                    let stamp = now_ms().to_string();
+                                                    for node in nudge {
+                                                        n.nudge(&node, &stamp).await;
+                                                    }
+                                                }
+                                            }
                                             Err(sink::configmap::WriteError::NotHolder(_)) => metrics.write_skipped("configmap", shard),
                                             Err(e) => {
                                                 failed.store(true, std::sync::atomic::Ordering::Release);

@@ -47,6 +47,7 @@ pub struct Metrics {
     lease_held: Family<ShardLabel, Gauge>,
     lease_errors: Counter,
     discovery_errors: Counter,
+    nudges: Family<ResultLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -81,6 +82,7 @@ impl Metrics {
             lease_held: Family::default(),
             lease_errors: Counter::default(),
             discovery_errors: Counter::default(),
+            nudges: Family::default(),
         };
         registry.register(
             "rules_reloads",
@@ -227,6 +229,15 @@ impl Metrics {
     /// A lease request failed.
     pub fn lease_error(&self) {
         self.lease_errors.inc();
+    }
+
+    /// A pod nudge: `ok`, `error`, `rate-limited`.
+    pub fn nudge(&self, result: &str) {
+        self.nudges
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// A node list failed.

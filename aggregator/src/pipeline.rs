@@ -43,12 +43,15 @@ pub struct Change {
     pub nodes: Vec<String>,
     /// Some device turned failed: flush sooner.
     pub urgent: bool,
+    /// Nodes where a device turned degraded or failed: their pods are nudged.
+    pub alarming: Vec<String>,
 }
 
 impl Change {
     fn merge(&mut self, o: Change) {
         self.nodes.extend(o.nodes);
         self.urgent |= o.urgent;
+        self.alarming.extend(o.alarming);
     }
 }
 
@@ -151,7 +154,7 @@ impl Pipeline {
             n.changed_ms = now_ms;
             Change {
                 nodes: vec![node.to_string()],
-                urgent: false,
+                ..Default::default()
             }
         } else {
             Change::default()
@@ -221,6 +224,11 @@ impl Pipeline {
                         to = next.status.as_str(), reason = ?next.reason, "device state changed"
                     );
                     change.urgent |= next.status == DeviceStatus::Failed;
+                    if matches!(next.status, DeviceStatus::Failed | DeviceStatus::Degraded)
+                        && !change.alarming.iter().any(|n| n == name)
+                    {
+                        change.alarming.push(name.to_string());
+                    }
                 }
                 if change.nodes.is_empty() {
                     change.nodes.push(name.to_string());

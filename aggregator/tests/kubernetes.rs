@@ -131,6 +131,16 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
         .iter()
         .map(|a| format!("http://{}", a.addr))
         .collect();
+    for (name, node, phase) in [
+        ("train-0", "n2", "Running"),
+        ("train-1", "n2", "Running"),
+        ("done", "n2", "Succeeded"),
+        ("other", "n1", "Running"),
+    ] {
+        server
+            .create("pods", "default", json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}, "status": {"phase": phase}}))
+            .unwrap();
+    }
     let agg = aggregator(&kube, "r1", 2, &["--agents".into(), urls.join(",")]).await;
     let (_, _) = until(
         Duration::from_secs(20),
@@ -186,6 +196,61 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
             .as_deref(),
         Some("xid-79")
     );
+
+    // The running pods on n2 are nudged so kubelet refreshes their mounted ConfigMap now
+    // rather than in 60-90 s; the finished pod and the pod on n1 are left alone.
+    let annotated = |name: &str| {
+        server.get("pods", "default", name).unwrap()["metadata"]["annotations"]
+            ["faultline.io/fault-refresh"]
+            .is_string()
+    };
+    until(Duration::from_secs(5), "train pods nudged", || {
+        (annotated("train-0") && annotated("train-1")).then_some(())
+    })
+    .await;
+    assert!(!annotated("done") && !annotated("other"));
+    agg.cancel_token().cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nudging_can_be_turned_off() {
+    let (server, kube) = api_server().await;
+    let a = agent("n1").await;
+    server
+        .create("pods", "default", json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}))
+        .unwrap();
+    let agg = aggregator(
+        &kube,
+        "r1",
+        1,
+        &[
+            "--agents".into(),
+            format!("http://{}", a.addr),
+            "--nudge-rate".into(),
+            "0".into(),
+        ],
+    )
+    .await;
+    until(Duration::from_secs(10), "healthy", || {
+        node_entry(&server, 1, "n1").filter(|e| e.summary.healthy == 4)
+    })
+    .await;
+    assert_eq!(
+        post(
+            a.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu0","fault":"lost"}"#
+        )
+        .await,
+        201
+    );
+    until(Duration::from_secs(5), "failed", || {
+        node_entry(&server, 1, "n1").filter(|e| e.summary.failed == 1)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pod = server.get("pods", "default", "p").unwrap();
+    assert!(pod["metadata"]["annotations"].is_null(), "{pod}");
     agg.cancel_token().cancel();
 }
 

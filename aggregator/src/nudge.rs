@@ -1,0 +1,117 @@
+//! Pod freshness. Kubelet refreshes a mounted ConfigMap only when it syncs the pod:
+//! every `syncFrequency` (1 min) plus up to 50% jitter, so 60-90 s. A change to the Pod
+//! object itself triggers a sync at once (what Kyverno's "refresh-volumes-in-pods"
+//! policy relies on). So when a device turns degraded or failed, right after the shard's
+//! ConfigMap is written, the workload pods on that node get an annotation
+//! (`faultline.io/fault-refresh`) and see the new `/config/<node>.json` within seconds.
+//!
+//! Cost: one pod LIST (by `spec.nodeName`) per alarming node and one PATCH per pod,
+//! each a pod update that watchers of pods also see. A token bucket (`--nudge-rate` per
+//! second, bursts of twice that) bounds it; `--nudge-rate 0` turns it off. Pods past the
+//! budget are counted and simply wait for kubelet's own refresh.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+
+use crate::metrics::Metrics;
+
+/// The annotation set on nudged pods.
+pub const ANNOTATION: &str = "faultline.io/fault-refresh";
+
+struct Bucket {
+    tokens: f64,
+    last: Instant,
+}
+
+/// Nudges pods, within a budget.
+pub struct Nudger {
+    api: Api<Pod>,
+    selector: String,
+    rate: f64,
+    bucket: Mutex<Bucket>,
+    metrics: Arc<Metrics>,
+}
+
+impl Nudger {
+    /// `rate` nudges per second (bursts of `2 x rate`), pods matching `selector`.
+    pub fn new(api: Api<Pod>, selector: String, rate: f64, metrics: Arc<Metrics>) -> Self {
+        Nudger {
+            api,
+            selector,
+            rate,
+            bucket: Mutex::new(Bucket {
+                tokens: rate * 2.0,
+                last: Instant::now(),
+            }),
+            metrics,
+        }
+    }
+
+    fn take(&self) -> bool {
+        let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        b.tokens =
+            (b.tokens + now.duration_since(b.last).as_secs_f64() * self.rate).min(self.rate * 2.0);
+        b.last = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Nudge the running pods on `node`; returns how many were patched.
+    pub async fn nudge(&self, node: &str, stamp: &str) -> usize {
+        let mut lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        if !self.selector.is_empty() {
+            lp = lp.labels(&self.selector);
+        }
+        let pods = match self.api.list(&lp).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                self.metrics.nudge("error");
+                tracing::warn!(node, error = %e, "cannot list pods to nudge");
+                return 0;
+            }
+        };
+        let mut done = 0;
+        for p in pods {
+            let finished = matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded") | Some("Failed")
+            );
+            if p.metadata.deletion_timestamp.is_some() || finished {
+                continue;
+            }
+            let (Some(name), Some(ns)) =
+                (p.metadata.name.as_deref(), p.metadata.namespace.as_deref())
+            else {
+                continue;
+            };
+            if !self.take() {
+                self.metrics.nudge("rate-limited");
+                continue;
+            }
+            let api: Api<Pod> = Api::namespaced(self.api.clone().into_client(), ns);
+            let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION: stamp}}});
+            match api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    self.metrics.nudge("ok");
+                    done += 1;
+                }
+                Err(e) => {
+                    self.metrics.nudge("error");
+                    tracing::debug!(pod = name, namespace = ns, error = %e, "nudge failed");
+                }
+            }
+        }
+        done
+    }
+}
