@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
 # faultline end to end on an embedded default: no cluster, no GPU.
 #
-# Starts three node agents on simulated GPUs and the aggregator with its file sink (a
-# directory laid out like a mounted ConfigMap). One agent runs a scenario (a GPU runs
-# hot for a while, another falls off the bus); then the demo injects a fault through an
-# agent's API and times how long it takes to reach fault.json.
+# Starts the Kubernetes API test server with three GPU nodes and a training pod on each,
+# one agent per node on 8 simulated GPUs, and the aggregator writing shard ConfigMaps
+# under a shard Lease. One agent runs a scenario (a GPU falls off the bus); then the demo
+# injects a fault through another agent's API and times how long it takes to reach the
+# ConfigMap and to nudge the pod on that node.
 #   ./demo.sh            run the demo and exit
 #   ./demo.sh --serve    leave everything running afterwards (Ctrl-C to stop)
 set -euo pipefail
 cd "$(dirname "$0")"
 BASE="${FAULTLINE_DEMO_PORT:-18081}"
 WORK="$(mktemp -d)"
-cargo build --release -q -p faultline-agent -p faultline-aggregator
+cargo build --release -q -p faultline-agent -p faultline-aggregator -p faultline-test-apiserver
 PIDS=()
 cleanup() { kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
+KUBE="http://127.0.0.1:$((BASE + 20))"
+target/release/faultline-test-apiserver --listen "127.0.0.1:$((BASE + 20))" >"$WORK/apiserver.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 100); do curl -sf "$KUBE/version" >/dev/null && break; sleep 0.1; done
+post() { curl -sf -X POST "$KUBE$1" -H 'content-type: application/json' -d "$2" >/dev/null; }
+post /api/v1/namespaces '{"metadata":{"name":"faultline"}}'
+
 AGENTS=()
 for i in 1 2 3; do
   port=$((BASE + i - 1))
+  post /api/v1/nodes "{\"metadata\":{\"name\":\"gpu-node-$i\",\"labels\":{\"nvidia.com/gpu.present\":\"true\"}},\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"127.0.0.1\"}],\"capacity\":{\"nvidia.com/gpu\":\"8\"}}}"
+  post /api/v1/namespaces/default/pods "{\"metadata\":{\"name\":\"train-$i\",\"labels\":{\"app\":\"train\"}},\"spec\":{\"nodeName\":\"gpu-node-$i\",\"containers\":[{\"name\":\"trainer\",\"image\":\"trainer\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"8\"}}}]}}"
   extra=()
   [[ $i == 1 ]] && extra=(--sim-scenario deploy/scenarios/demo.json)
   target/release/faultline-agent --source sim --sim-devices 8 --sim-seed "$i" "${extra[@]}" \
@@ -26,25 +36,27 @@ for i in 1 2 3; do
   PIDS+=($!)
   AGENTS+=("http://127.0.0.1:$port")
 done
-AGG_PORT=$((BASE + 10))
-OUT="$WORK/config"
-target/release/faultline-aggregator --agents "$(IFS=,; echo "${AGENTS[*]}")" --out "$OUT" \
-  --listen "127.0.0.1:$AGG_PORT" --replica demo >"$WORK/aggregator.log" 2>&1 &
+AGG="http://127.0.0.1:$((BASE + 10))"
+target/release/faultline-aggregator --sink configmap --kube-server "$KUBE" --namespace faultline \
+  --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
+  >"$WORK/aggregator.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 100); do [[ -e "$OUT/fault.json" ]] && break; sleep 0.1; done
 
+cm() { curl -sf "$KUBE/api/v1/namespaces/faultline/configmaps/faultline-shard-0"; }
+for _ in $(seq 100); do cm >/dev/null 2>&1 && break; sleep 0.1; done
 show() {
-  python3 - "$OUT" <<'PY'
-import json, sys, os
-d = json.load(open(os.path.join(sys.argv[1], "fault.json")))
-print("  fault.json sequence %(sequence)s  summary %(summary)s" % d)
-for name, n in d["nodes"].items():
+  cm | python3 -c '
+import json, sys
+cm = json.load(sys.stdin)
+idx = json.loads(cm["data"]["fault.json"])
+print("  ConfigMap faultline/faultline-shard-0  sequence %(sequence)s  writer %(writer)s  summary %(summary)s" % idx)
+for key in sorted(k for k in cm["data"] if k != "fault.json"):
+    n = json.loads(cm["data"][key])
     bad = [(x["id"], x["status"], x["reason"]) for x in n["npus"] if x["status"] != "healthy"]
-    print("  %-11s %s" % (name, bad if bad else "all %d healthy" % n["summary"]["total"]))
-PY
+    print("  %-18s %s" % (key, bad if bad else "all %d healthy" % n["summary"]["total"]))'
 }
 
-echo "== 3 agents x 8 simulated GPUs -> aggregator -> $OUT (laid out like a ConfigMap volume)"
+echo "== test API server $KUBE: 3 GPU nodes, a training pod on each; 3 agents x 8 simulated GPUs; aggregator"
 sleep 2; show
 echo "== scenario on gpu-node-1: gpu3 falls off the bus (Xid 79) at 6 s; gpu6 runs at 91 C for 6 s"
 echo "   (a hard fault fails at once; heat must hold 3 of 5 samples for 60 s before 'degraded')"
@@ -53,17 +65,22 @@ echo "== injecting a PCIe link-down on gpu-node-2/gpu5 through its agent's API"
 START=$(date +%s%N)
 curl -sf -X POST "${AGENTS[1]}/v1/sim/faults" -H 'content-type: application/json' \
   -d '{"device":"gpu5","fault":"pcie-down"}' >/dev/null
-until python3 -c 'import json,sys; n=json.load(open(sys.argv[1])); sys.exit(0 if any(x["id"]=="gpu5" and x["status"]=="failed" for x in n["npus"]) else 1)' "$OUT/gpu-node-2.json" 2>/dev/null; do
+until cm | python3 -c 'import json,sys; n=json.loads(json.load(sys.stdin)["data"]["gpu-node-2.json"]); sys.exit(0 if any(x["id"]=="gpu5" and x["status"]=="failed" for x in n["npus"]) else 1)' 2>/dev/null; do
   sleep 0.01
 done
-echo "  in $OUT/gpu-node-2.json after $(( ($(date +%s%N) - START) / 1000000 )) ms"
+echo "  in the ConfigMap after $(( ($(date +%s%N) - START) / 1000000 )) ms (the agent samples once a second)"
+for _ in $(seq 200); do
+  curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2" | grep -q 'faultline.io/fault-refresh' && break; sleep 0.01
+done
+echo "  pod default/train-2 nudged (annotation faultline.io/fault-refresh) after $(( ($(date +%s%N) - START) / 1000000 )) ms, so kubelet refreshes its mount now, not in 60-90 s"
 show
 cat <<TXT
 == look yourself (./demo.sh --serve keeps all this running):
-  ls -la $OUT                       # ..data -> ..<timestamp>/, one key per node + fault.json
-  cat $OUT/gpu-node-2.json          # what a pod on gpu-node-2 reads (seed 003's shape)
+  kubectl --server $KUBE get nodes,pods -A
+  kubectl --server $KUBE get lease,cm -n faultline
+  kubectl --server $KUBE get cm faultline-shard-0 -n faultline -o jsonpath='{.data.gpu-node-2\.json}'
   curl -s ${AGENTS[0]}/v1/health?format=pretty
-  curl -s http://127.0.0.1:$AGG_PORT/metrics | grep faultline_aggregator_devices
+  curl -s $AGG/metrics | grep -E 'faultline_aggregator_(devices|lease_held|pod_nudges)'
   curl -s -X POST ${AGENTS[2]}/v1/sim/faults -H 'content-type: application/json' -d '{"device":"gpu0","fault":"xid","xid":48}'
 TXT
 if [[ "${1:-}" == "--serve" ]]; then

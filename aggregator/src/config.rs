@@ -27,6 +27,10 @@ pub struct Args {
     /// Namespace of the shard Leases and ConfigMaps.
     #[arg(long, env = "FAULTLINE_NAMESPACE", default_value = "faultline")]
     pub namespace: String,
+    /// Also write the shard ConfigMaps into these namespaces, comma separated: a pod can
+    /// only mount ConfigMaps of its own namespace, so list the workloads' namespaces.
+    #[arg(long, env = "FAULTLINE_PUBLISH_NAMESPACES", default_value = "")]
+    pub publish_namespaces: String,
     /// Base name of Leases and ConfigMaps: `<name>-shard-<i>`.
     #[arg(long, env = "FAULTLINE_NAME", default_value = "faultline")]
     pub name: String,
@@ -91,6 +95,8 @@ pub struct Config {
     pub sink: SinkKind,
     pub kube_server: Option<String>,
     pub namespace: String,
+    /// Namespaces the shard ConfigMaps are written to (`namespace` first).
+    pub publish_namespaces: Vec<String>,
     pub name: String,
     pub shards: u32,
     pub lease_duration: Duration,
@@ -173,6 +179,20 @@ impl Config {
             agents,
             sink,
             kube_server: a.kube_server,
+            publish_namespaces: {
+                let mut v = vec![a.namespace.clone()];
+                for ns in a
+                    .publish_namespaces
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                {
+                    if !v.iter().any(|x| x == ns) {
+                        v.push(ns.to_string());
+                    }
+                }
+                v
+            },
             namespace: a.namespace,
             name: a.name,
             shards: a.shards,

@@ -130,7 +130,8 @@ fn files(doc: &FaultDocument) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
 enum Sink {
     File(std::path::PathBuf),
     ConfigMap {
-        sink: Arc<ConfigMapSink>,
+        /// One per namespace written, the aggregator's own first.
+        sinks: Vec<Arc<ConfigMapSink>>,
         held: lease::Held,
         shards: u32,
         nudger: Option<Arc<nudge::Nudger>>,
@@ -238,10 +239,16 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                 ))
             });
             Sink::ConfigMap {
-                sink: Arc::new(ConfigMapSink::new(
-                    Api::namespaced(kube, &cfg.namespace),
-                    cfg.name.clone(),
-                )),
+                sinks: cfg
+                    .publish_namespaces
+                    .iter()
+                    .map(|ns| {
+                        Arc::new(ConfigMapSink::new(
+                            Api::namespaced(kube.clone(), ns),
+                            cfg.name.clone(),
+                        ))
+                    })
+                    .collect(),
                 held,
                 shards: cfg.shards,
                 nudger,
@@ -363,7 +370,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                                     }
                                 })
                             }
-                            Sink::ConfigMap { sink, held, shards, nudger } => {
+                            Sink::ConfigMap { sinks, held, shards, nudger } => {
                                 let mine = held.shards();
                                 for s in (0..*shards).filter(|s| !mine.contains(s)) {
                                     metrics.write_skipped("configmap", s);
@@ -378,28 +385,35 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                                     .collect();
                                 // Nodes of shards we do not hold are the holder's to nudge.
                                 alarming.clear();
-                                let (sink, held, metrics, failed, nudger) =
-                                    (sink.clone(), held.clone(), metrics.clone(), failed.clone(), nudger.clone());
+                                let (sinks, held, metrics, failed, nudger) =
+                                    (sinks.clone(), held.clone(), metrics.clone(), failed.clone(), nudger.clone());
                                 tokio::spawn(async move {
                                     for (doc, nudge) in jobs {
                                         let shard = doc.shard;
-                                        let t = Instant::now();
-                                        match sink.write(doc, &held).await {
-                                            Ok(bytes) => {
-                                                metrics.write("configmap", shard, t.elapsed().as_secs_f64(), bytes, true);
-                                                // After the write, so the sync the nudge causes finds the new content.
-                                                if let Some(n) = nudger.as_ref() {
-                                                    let stamp = now_ms().to_string();
-                                                    for node in nudge {
-                                                        n.nudge(&node, &stamp).await;
-                                                    }
+                                        let mut written = false;
+                                        for sink in &sinks {
+                                            let t = Instant::now();
+                                            match sink.write(doc.clone(), &held).await {
+                                                Ok(bytes) => {
+                                                    written = true;
+                                                    metrics.write("configmap", shard, t.elapsed().as_secs_f64(), bytes, true);
+                                                }
+                                                Err(sink::configmap::WriteError::NotHolder(_)) => {
+                                                    metrics.write_skipped("configmap", shard);
+                                                    break;
+                                                }
+                                                Err(e) => {
+                                                    failed.store(true, std::sync::atomic::Ordering::Release);
+                                                    metrics.write("configmap", shard, 0.0, 0, false);
+                                                    tracing::error!(shard, error = %e, "cannot write the shard ConfigMap");
                                                 }
                                             }
-                                            Err(sink::configmap::WriteError::NotHolder(_)) => metrics.write_skipped("configmap", shard),
-                                            Err(e) => {
-                                                failed.store(true, std::sync::atomic::Ordering::Release);
-                                                metrics.write("configmap", shard, 0.0, 0, false);
-                                                tracing::error!(shard, error = %e, "cannot write the shard ConfigMap");
+                                        }
+                                        // After the write, so the sync the nudge causes finds the new content.
+                                        if let (true, Some(n)) = (written, nudger.as_ref()) {
+                                            let stamp = now_ms().to_string();
+                                            for node in nudge {
+                                                n.nudge(&node, &stamp).await;
                                             }
                                         }
                                     }

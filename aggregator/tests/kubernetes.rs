@@ -228,6 +228,8 @@ async fn nudging_can_be_turned_off() {
             format!("http://{}", a.addr),
             "--nudge-rate".into(),
             "0".into(),
+            "--publish-namespaces".into(),
+            "default".into(),
         ],
     )
     .await;
@@ -251,6 +253,17 @@ async fn nudging_can_be_turned_off() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let pod = server.get("pods", "default", "p").unwrap();
     assert!(pod["metadata"]["annotations"].is_null(), "{pod}");
+    // Published into the workload namespace too (pods mount ConfigMaps of their own
+    // namespace only), with the same content.
+    let here = server.get("configmaps", NS, "faultline-shard-0").unwrap();
+    let there = until(Duration::from_secs(5), "copy in default", || {
+        server
+            .get("configmaps", "default", "faultline-shard-0")
+            .filter(|c| c["data"]["n1.json"] == here["data"]["n1.json"])
+    })
+    .await
+    .0;
+    assert!(there["data"]["fault.json"].is_string());
     agg.cancel_token().cancel();
 }
 
