@@ -15,6 +15,10 @@ pub struct Args {
     /// Agents to follow, comma separated base URLs (http://10.0.0.7:8081).
     #[arg(long, env = "FAULTLINE_AGENTS", default_value = "")]
     pub agents: String,
+    /// A file listing agents' base URLs, one per line (`#` comments), for lists too long
+    /// for a flag.
+    #[arg(long, env = "FAULTLINE_AGENTS_FILE")]
+    pub agents_file: Option<PathBuf>,
     /// Rules file (YAML, TOML or JSON), reloaded on change. Default: the seed's rules.
     #[arg(long, env = "FAULTLINE_RULES")]
     pub rules: Option<PathBuf>,
@@ -126,7 +130,23 @@ impl Config {
     /// Check the flags.
     pub fn from_args(a: Args) -> anyhow::Result<Self> {
         let mut agents = Vec::new();
-        for raw in a.agents.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let listed = match &a.agents_file {
+            Some(p) => std::fs::read_to_string(p)
+                .with_context(|| format!("--agents-file {}", p.display()))?,
+            None => String::new(),
+        };
+        let from_file = listed
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join(",");
+        for raw in a
+            .agents
+            .split(',')
+            .chain(from_file.split(','))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
             let url = raw.trim_end_matches('/').to_string();
             let uri: hyper::Uri = url
                 .parse()

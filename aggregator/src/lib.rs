@@ -164,6 +164,9 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
     };
     let (rules_tx, mut rules_rx) = watch::channel(Arc::new(rules));
     let cancel = CancellationToken::new();
+    // The core keeps a sender too: with every sender gone, `changed()` would return at
+    // once, forever, and spin the core loop.
+    let rules_keepalive = rules_tx.clone();
     if let Some(p) = cfg.rules.clone() {
         tokio::spawn(rules_file::watch_file(
             p,
@@ -279,6 +282,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
         let cancel = cancel.clone();
         let metrics = metrics.clone();
         tokio::spawn(async move {
+            let _rules_keepalive = rules_keepalive;
             let mut pipeline = Pipeline::new(rules_rx.borrow_and_update().clone(), metrics.clone());
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

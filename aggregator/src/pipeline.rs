@@ -12,7 +12,7 @@ use std::sync::Arc;
 use faultline_common::fault::{AgentReach, FaultSummary, NodeFaults, NpuFault, FAULT_VERSION};
 use faultline_common::rules::{DeviceWindows, Rules};
 use faultline_common::state::{step, DeviceState};
-use faultline_common::{DeviceHealth, DeviceStatus, NodeHealth};
+use faultline_common::{DeviceStatus, NodeHealth};
 
 use crate::metrics::Metrics;
 
@@ -22,7 +22,6 @@ pub const MIN_EVAL_SPACING_MS: u64 = 900;
 struct Device {
     windows: DeviceWindows,
     state: DeviceState,
-    last: Option<DeviceHealth>,
 }
 
 struct Node {
@@ -149,7 +148,7 @@ impl Pipeline {
         n.reach.reachable = false;
         n.reach.error = Some(error.to_string());
         n.reachable_since_ms = None;
-        n.doc = None;
+        // The last document stays for its readings; it is no longer evaluated.
         if was {
             n.changed_ms = now_ms;
             Change {
@@ -193,29 +192,34 @@ impl Pipeline {
         };
         node.last_eval_ms = Some(now_ms);
         node.unseen = false;
-        let doc = node.doc.as_ref();
-        // Devices the agent reports, and devices we knew that it no longer reports.
-        let mut ids: Vec<String> = node.devices.keys().cloned().collect();
+        let Node {
+            devices,
+            doc,
+            reach,
+            changed_ms,
+            ..
+        } = node;
+        // Only a reachable agent's document is evidence.
+        let doc = doc.as_ref().filter(|_| reach.reachable);
         if let Some(d) = doc {
             for dev in &d.npus {
-                if !node.devices.contains_key(&dev.reading.id) {
-                    ids.push(dev.reading.id.clone());
+                if !devices.contains_key(&dev.reading.id) {
+                    devices.insert(
+                        dev.reading.id.clone(),
+                        Device {
+                            windows: DeviceWindows::default(),
+                            state: DeviceState::new(now_ms),
+                        },
+                    );
                 }
             }
         }
         let mut change = Change::default();
-        for id in ids {
-            let entry = doc.and_then(|d| d.npus.iter().find(|x| x.reading.id == id));
-            let dev = node.devices.entry(id.clone()).or_insert_with(|| Device {
-                windows: DeviceWindows::default(),
-                state: DeviceState::new(now_ms),
-                last: None,
-            });
+        // Devices the agent reports, and devices we knew that it no longer reports.
+        for (id, dev) in devices.iter_mut() {
+            let entry = doc.and_then(|d| d.npus.iter().find(|x| x.reading.id == *id));
             let obs = dev.windows.observe(entry, &rules);
             let next = step(&dev.state, &obs, now_ms, &rules.state_machine);
-            if let Some(e) = entry {
-                dev.last = Some(e.clone());
-            }
             if next.status != dev.state.status || next.reason != dev.state.reason {
                 if next.status != dev.state.status {
                     metrics.transition(next.status, next.reason.as_deref().unwrap_or("clean"));
@@ -233,7 +237,7 @@ impl Pipeline {
                 if change.nodes.is_empty() {
                     change.nodes.push(name.to_string());
                 }
-                node.changed_ms = now_ms;
+                *changed_ms = now_ms;
             }
             dev.state = next;
         }
@@ -247,7 +251,11 @@ impl Pipeline {
             .devices
             .iter()
             .map(|(id, d)| {
-                let last = d.last.as_ref();
+                // Readings from the last document that listed the device.
+                let last = n
+                    .doc
+                    .as_ref()
+                    .and_then(|doc| doc.npus.iter().find(|x| x.reading.id == *id));
                 NpuFault {
                     id: id.clone(),
                     status: d.state.status,
@@ -291,7 +299,7 @@ impl Pipeline {
 mod tests {
     use super::*;
     use faultline_common::classify::Finding;
-    use faultline_common::{DeviceReading, Summary, Vendor, SCHEMA_VERSION};
+    use faultline_common::{DeviceHealth, DeviceReading, Summary, Vendor, SCHEMA_VERSION};
 
     fn doc(node: &str, devs: Vec<DeviceHealth>) -> NodeHealth {
         NodeHealth {

@@ -8,7 +8,7 @@
 //! errors come with a temperature above 75 C; `npu-offline` when the PCIe link is down
 //! and power is under 5 W.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
@@ -230,10 +230,11 @@ impl Rules {
     }
 }
 
-/// Sliding windows of one device.
+/// Sliding windows of one device, one per window rule (by position; a slot whose rule
+/// changed on a reload starts empty).
 #[derive(Debug, Default, Clone)]
 pub struct DeviceWindows {
-    windows: HashMap<String, VecDeque<bool>>,
+    windows: Vec<(String, VecDeque<bool>)>,
 }
 
 impl DeviceWindows {
@@ -267,8 +268,16 @@ impl DeviceWindows {
                 DeviceStatus::Healthy | DeviceStatus::Unknown => {}
             }
         }
-        for w in &rules.windows {
-            let buf = self.windows.entry(w.reason.clone()).or_default();
+        self.windows.truncate(rules.windows.len());
+        for (i, w) in rules.windows.iter().enumerate() {
+            if self.windows.get(i).is_none_or(|(r, _)| *r != w.reason) {
+                let slot = (w.reason.clone(), VecDeque::with_capacity(w.of));
+                match self.windows.get_mut(i) {
+                    Some(s) => *s = slot,
+                    None => self.windows.push(slot),
+                }
+            }
+            let buf = &mut self.windows[i].1;
             buf.push_back(w.condition.holds(d));
             while buf.len() > w.of {
                 buf.pop_front();
@@ -277,9 +286,6 @@ impl DeviceWindows {
                 soft.insert(0, w.reason.clone());
             }
         }
-        // Windows of rules that were removed by a reload go away.
-        self.windows
-            .retain(|k, _| rules.windows.iter().any(|w| &w.reason == k));
         match (hard, soft.is_empty()) {
             (Some(h), _) => Observation::Hard(h),
             (None, false) => Observation::Soft(soft),

@@ -1,0 +1,400 @@
+//! Aggregator benchmark. Run through `benches/run-aggregator-bench.sh`.
+//!
+//! A fleet of simulated agents is served from this process (one long-poll endpoint per
+//! node under `/n/<i>`, each node's document changing now and then as real sensor
+//! readings do), with the Kubernetes API test server in-process too; the release
+//! `faultline-aggregator` runs as its own process against both.
+//!
+//! 1. Latency, 1,000 nodes x 8 devices: a hard fault is injected on a node's document;
+//!    the time until the node's entry in its shard ConfigMap shows the device failed.
+//! 2. Footprint, 5,000 nodes x 8 devices: the aggregator's CPU (share of one core) and
+//!    resident memory at steady state, and ConfigMap writes per second.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use axum::extract::{Path, Query, State};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use faultline_common::classify::Finding;
+use faultline_common::fault::{shard_of, NodeFaults};
+use faultline_common::{
+    DeviceHealth, DeviceReading, DeviceStatus, NodeHealth, Summary, Vendor, SCHEMA_VERSION,
+};
+use faultline_test_apiserver::ApiServer;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+
+struct SimNode {
+    doc: Mutex<(NodeHealth, bytes::Bytes)>,
+    generation: watch::Sender<u64>,
+}
+
+struct Fleet {
+    nodes: Vec<SimNode>,
+}
+
+fn device(i: u32) -> DeviceHealth {
+    let mut r = DeviceReading::new(format!("gpu{i}"), Vendor::Nvidia, "nvml");
+    r.uuid = Some(format!("GPU-5157e000-0000-4000-8000-{i:012x}"));
+    r.pci_bus_id = Some(format!("0000:{:02x}:00.0", 0x18 + i * 0x10));
+    r.temperature_c = Some(50.0);
+    r.power_w = Some(300.0);
+    DeviceHealth {
+        reading: r,
+        status: DeviceStatus::Healthy,
+        reason: None,
+        findings: vec![],
+        ecc_errors: Some(0),
+        pcie_link_status: Some("up".into()),
+        sampled_at: None,
+        sample_age_ms: Some(200),
+        recent_xids: vec![],
+    }
+}
+
+fn node_name(i: usize) -> String {
+    format!("gpu-node-{i:05}")
+}
+
+impl Fleet {
+    fn new(n: usize) -> Arc<Self> {
+        let nodes = (0..n)
+            .map(|i| {
+                let npus: Vec<DeviceHealth> = (0..8).map(device).collect();
+                let doc = NodeHealth {
+                    schema_version: SCHEMA_VERSION.into(),
+                    generation: 1,
+                    timestamp: String::new(),
+                    node: node_name(i),
+                    agent_version: "bench".into(),
+                    summary: Summary::of(&npus),
+                    npus,
+                    sources: vec![],
+                    unattributed_xids: vec![],
+                };
+                let bytes = bytes::Bytes::from(serde_json::to_vec(&doc).unwrap());
+                SimNode {
+                    doc: Mutex::new((doc, bytes)),
+                    generation: watch::channel(1).0,
+                }
+            })
+            .collect();
+        Arc::new(Fleet { nodes })
+    }
+
+    fn change(&self, i: usize, f: impl FnOnce(&mut NodeHealth)) {
+        let node = &self.nodes[i];
+        let mut g = node.doc.lock().unwrap();
+        f(&mut g.0);
+        g.0.generation += 1;
+        g.0.summary = Summary::of(&g.0.npus);
+        g.1 = bytes::Bytes::from(serde_json::to_vec(&g.0).unwrap());
+        node.generation.send_replace(g.0.generation);
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Q {
+    wait_generation: Option<u64>,
+    timeout_ms: Option<u64>,
+}
+
+async fn health(
+    State(f): State<Arc<Fleet>>,
+    Path(i): Path<usize>,
+    Query(q): Query<Q>,
+) -> axum::response::Response {
+    let Some(node) = f.nodes.get(i) else {
+        return axum::http::StatusCode::NOT_FOUND.into_response();
+    };
+    if let Some(seen) = q.wait_generation {
+        let mut rx = node.generation.subscribe();
+        let wait = Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(60_000));
+        let _ = tokio::time::timeout(wait, rx.wait_for(|g| *g != seen)).await;
+    }
+    let body = node.doc.lock().unwrap().1.clone();
+    ([("content-type", "application/json")], body).into_response()
+}
+
+async fn serve_fleet(fleet: Arc<Fleet>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new()
+        .route("/n/{i}/v1/health", get(health))
+        .with_state(fleet);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// Sensor noise: every node's document changes about once per `period`.
+fn noise(fleet: Arc<Fleet>, period: Duration) {
+    tokio::spawn(async move {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let tick = Duration::from_millis(100);
+        let per_tick = (fleet.nodes.len() as f64 * tick.as_secs_f64() / period.as_secs_f64())
+            .max(1.0) as usize;
+        loop {
+            tokio::time::sleep(tick).await;
+            for _ in 0..per_tick {
+                let i = rng.random_range(0..fleet.nodes.len());
+                let d = rng.random_range(0..8);
+                let t = rng.random_range(45.0..60.0);
+                fleet.change(i, |doc| doc.npus[d].reading.temperature_c = Some(t));
+            }
+        }
+    });
+}
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn start(
+    agg: &str,
+    nodes: usize,
+    fleet: SocketAddr,
+    kube: &str,
+    shards: u32,
+) -> Result<Proc> {
+    let agents: Vec<String> = (0..nodes)
+        .map(|i| format!("http://{fleet}/n/{i}"))
+        .collect();
+    let list = std::env::temp_dir().join(format!("faultline-bench-agents-{}", std::process::id()));
+    std::fs::write(&list, agents.join("\n"))?;
+    let child = Command::new(agg)
+        .args([
+            "--sink",
+            "configmap",
+            "--kube-server",
+            kube,
+            "--namespace",
+            "faultline",
+            "--replica",
+            "bench",
+        ])
+        .args([
+            "--shards",
+            &shards.to_string(),
+            "--listen",
+            "127.0.0.1:0",
+            "--nudge-rate",
+            "0",
+        ])
+        .arg("--agents-file")
+        .arg(&list)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok(Proc(child))
+}
+
+fn entry(server: &ApiServer, node: &str, shards: u32) -> Option<NodeFaults> {
+    let cm = server.get(
+        "configmaps",
+        "faultline",
+        &format!("faultline-shard-{}", shard_of(node, shards)),
+    )?;
+    serde_json::from_str(cm["data"][format!("{node}.json")].as_str()?).ok()
+}
+
+async fn until_all_present(
+    server: &ApiServer,
+    nodes: usize,
+    shards: u32,
+    within: Duration,
+) -> Result<Duration> {
+    let t = Instant::now();
+    loop {
+        let present: usize = (0..shards)
+            .filter_map(|s| server.get("configmaps", "faultline", &format!("faultline-shard-{s}")))
+            .map(|cm| {
+                cm["data"]
+                    .as_object()
+                    .map(|d| d.len().saturating_sub(1))
+                    .unwrap_or(0)
+            })
+            .sum();
+        if present == nodes {
+            return Ok(t.elapsed());
+        }
+        if t.elapsed() > within {
+            bail!("only {present} of {nodes} nodes published after {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn proc_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn cpu_secs(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    (f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0))
+        / 100.0
+}
+
+fn pct(v: &[Duration], p: f64) -> f64 {
+    v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
+}
+
+async fn api_server() -> (ApiServer, String) {
+    let server = ApiServer::new();
+    server
+        .create(
+            "namespaces",
+            "",
+            serde_json::json!({"metadata": {"name": "faultline"}}),
+        )
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(faultline_test_apiserver::serve(
+        listener,
+        server.clone(),
+        tokio_util::sync::CancellationToken::new(),
+    ));
+    (server, url)
+}
+
+async fn latency(agg: &str, nodes: usize, injections: usize) -> Result<()> {
+    let shards = 3;
+    let fleet = Fleet::new(nodes);
+    let addr = serve_fleet(fleet.clone()).await;
+    noise(fleet.clone(), Duration::from_secs(5));
+    let (server, kube) = api_server().await;
+    let _p = start(agg, nodes, addr, &kube, shards).await?;
+    let ready = until_all_present(&server, nodes, shards, Duration::from_secs(120)).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut picked: Vec<usize> = (0..nodes).collect();
+    let mut lat = Vec::new();
+    for k in 0..injections {
+        let i = picked.swap_remove(rng.random_range(0..picked.len()));
+        let name = node_name(i);
+        let t0 = Instant::now();
+        fleet.change(i, |doc| {
+            let d = &mut doc.npus[k % 8];
+            d.status = DeviceStatus::Failed;
+            d.reason = Some("xid-79".into());
+            d.findings = vec![Finding {
+                code: "xid-79".into(),
+                status: DeviceStatus::Failed,
+                detail: String::new(),
+            }];
+        });
+        let dev = format!("gpu{}", k % 8);
+        loop {
+            if entry(&server, &name, shards).is_some_and(|e| {
+                e.npus
+                    .iter()
+                    .any(|d| d.id == dev && d.status == DeviceStatus::Failed)
+            }) {
+                lat.push(t0.elapsed());
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                bail!("fault on {name} not published within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..600))).await;
+    }
+    lat.sort();
+    println!(
+        "| fault to ConfigMap, {nodes} nodes x 8 devices, {injections} hard faults | p50 {:.0} ms, p95 {:.0} ms, p99 {:.0} ms, max {:.0} ms (all published {:.1} s after start) |",
+        pct(&lat, 0.5),
+        pct(&lat, 0.95),
+        pct(&lat, 0.99),
+        lat.last().unwrap().as_secs_f64() * 1e3,
+        ready.as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn footprint(agg: &str, nodes: usize, shards: u32, secs: u64) -> Result<()> {
+    let fleet = Fleet::new(nodes);
+    let addr = serve_fleet(fleet.clone()).await;
+    noise(fleet.clone(), Duration::from_secs(5));
+    let (server, kube) = api_server().await;
+    let p = start(agg, nodes, addr, &kube, shards).await?;
+    let pid = p.0.id();
+    let ready = until_all_present(&server, nodes, shards, Duration::from_secs(300)).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let writes = |s: &ApiServer| {
+        s.calls()
+            .iter()
+            .filter(|c| {
+                c.uri.contains("/configmaps") && matches!(c.method.as_str(), "PUT" | "POST")
+            })
+            .count()
+    };
+    let (c0, w0, t0) = (cpu_secs(pid), writes(&server), Instant::now());
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let (c1, w1, dt) = (cpu_secs(pid), writes(&server), t0.elapsed().as_secs_f64());
+    let mut shard_sizes = BTreeMap::new();
+    for s in 0..shards {
+        if let Some(cm) = server.get("configmaps", "faultline", &format!("faultline-shard-{s}")) {
+            let bytes: usize = cm["data"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| k.len() + v.as_str().unwrap_or("").len())
+                .sum();
+            shard_sizes.insert(s, bytes);
+        }
+    }
+    println!(
+        "| steady state, {nodes} nodes x 8 devices ({shards} shards; each node's document changes every ~5 s) | CPU {:.1}% of one core; RSS {:.0} MiB (peak {:.0} MiB); {:.1} ConfigMap writes/s; largest ConfigMap {} KiB; all published {:.1} s after start |",
+        (c1 - c0) / dt * 100.0,
+        proc_kib(pid, "VmRSS:") as f64 / 1024.0,
+        proc_kib(pid, "VmHWM:") as f64 / 1024.0,
+        (w1 - w0) as f64 / dt,
+        shard_sizes.values().max().copied().unwrap_or(0) / 1024,
+        ready.as_secs_f64()
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(agg) = args.get(1) else {
+        bail!("usage: aggregator-bench PATH/TO/faultline-aggregator");
+    };
+    let n_lat: usize = std::env::var("BENCH_LATENCY_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let n_big: usize = std::env::var("BENCH_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000);
+    println!("| measure | result |\n|---|---|");
+    if n_lat > 0 {
+        latency(agg, n_lat, 100.min(n_lat)).await?;
+    }
+    footprint(agg, n_big, 16, 30).await?;
+    Ok(())
+}

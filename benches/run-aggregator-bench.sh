@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Aggregator benchmark: fault-to-ConfigMap latency at 1,000 nodes, and CPU, memory and
+# ConfigMap writes at 5,000 nodes x 8 devices (BENCH_LATENCY_NODES, BENCH_NODES).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -p faultline-aggregator -p faultline-benches >&2
+echo "machine: $(nproc) cores, $(uname -m), $(date -u +%Y-%m-%d)"
+exec target/release/aggregator-bench target/release/faultline-aggregator
