@@ -246,10 +246,10 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                     .publish_namespaces
                     .iter()
                     .map(|ns| {
-                        Arc::new(ConfigMapSink::new(
-                            Api::namespaced(kube.clone(), ns),
-                            cfg.name.clone(),
-                        ))
+                        Arc::new(
+                            ConfigMapSink::new(Api::namespaced(kube.clone(), ns), cfg.name.clone())
+                                .with_metrics(metrics.clone()),
+                        )
                     })
                     .collect(),
                 held,

@@ -44,6 +44,7 @@ pub struct Metrics {
     write_bytes: Family<SinkLabels, Gauge>,
     write_errors: Family<SinkLabels, Counter>,
     writes_skipped: Family<SinkLabels, Counter>,
+    write_conflicts: Family<SinkLabels, Counter>,
     lease_held: Family<ShardLabel, Gauge>,
     lease_errors: Counter,
     discovery_errors: Counter,
@@ -79,6 +80,7 @@ impl Metrics {
             write_bytes: Family::default(),
             write_errors: Family::default(),
             writes_skipped: Family::default(),
+            write_conflicts: Family::default(),
             lease_held: Family::default(),
             lease_errors: Counter::default(),
             discovery_errors: Counter::default(),
@@ -212,6 +214,16 @@ impl Metrics {
         self.writes_skipped
             .get_or_create(&SinkLabels {
                 sink: sink.into(),
+                shard: shard.to_string(),
+            })
+            .inc();
+    }
+
+    /// A write met a 409.
+    pub fn write_conflict(&self, shard: u32) {
+        self.write_conflicts
+            .get_or_create(&SinkLabels {
+                sink: "configmap".into(),
                 shard: shard.to_string(),
             })
             .inc();

@@ -430,3 +430,62 @@ async fn metrics(addr: std::net::SocketAddr) -> String {
         .unwrap();
     String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_converge_through_conflicts_and_server_errors() {
+    let (server, kube) = api_server().await;
+    let a = agent("n1").await;
+    let agg = aggregator(
+        &kube,
+        "r1",
+        1,
+        &["--agents".into(), format!("http://{}", a.addr)],
+    )
+    .await;
+    until(Duration::from_secs(10), "healthy", || {
+        node_entry(&server, 1, "n1").filter(|e| e.summary.healthy == 4)
+    })
+    .await;
+    server.set_faults(faultline_test_apiserver::Faults {
+        conflict_rate: 0.3,
+        error_rate: 0.1,
+        seed: 3,
+        ..Default::default()
+    });
+    // A few seconds of lease renewals and heartbeats through the faults first.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        post(
+            a.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu2","fault":"row-remap-failure"}"#
+        )
+        .await,
+        201
+    );
+    let (entry, _) = until(
+        Duration::from_secs(20),
+        "the fault lands despite 409s and 500s",
+        || node_entry(&server, 1, "n1").filter(|e| e.summary.failed == 1),
+    )
+    .await;
+    assert_eq!(
+        entry
+            .npus
+            .iter()
+            .find(|d| d.id == "gpu2")
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some("row-remap-failure")
+    );
+    server.set_faults(Default::default());
+    let calls = server.calls();
+    let count = |code: u16| calls.iter().filter(|c| c.status == code).count();
+    assert!(
+        count(409) + count(500) > 0,
+        "no injected fault was met: {} calls",
+        calls.len()
+    );
+    agg.cancel_token().cancel();
+}

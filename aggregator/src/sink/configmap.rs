@@ -43,6 +43,7 @@ pub struct ConfigMapSink {
     name: String,
     /// Per shard: the resourceVersion and sequence of our last write.
     last: Mutex<HashMap<u32, (String, u64)>>,
+    metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
 }
 
 /// The ConfigMap of a shard.
@@ -70,7 +71,14 @@ impl ConfigMapSink {
             api,
             name,
             last: Mutex::new(HashMap::new()),
+            metrics: None,
         }
+    }
+
+    /// Count 409s in `metrics`.
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn sequence_in(cm: &ConfigMap) -> u64 {
@@ -157,6 +165,9 @@ impl ConfigMapSink {
                 }
                 // Written in between (or created already): read again and retry.
                 Err(kube::Error::Api(s)) if s.code == 409 && attempt < 2 => {
+                    if let Some(m) = &self.metrics {
+                        m.write_conflict(shard);
+                    }
                     let cur = self.api.get_opt(&cm_name).await?;
                     rv = cur
                         .as_ref()
