@@ -22,6 +22,8 @@ pub const MIN_EVAL_SPACING_MS: u64 = 900;
 struct Device {
     windows: DeviceWindows,
     state: DeviceState,
+    /// The last full evaluation observed a clean sample.
+    clean: bool,
 }
 
 struct Node {
@@ -76,9 +78,13 @@ impl Pipeline {
         }
     }
 
-    /// Use new rules from the next evaluation on (windows keep their samples).
+    /// Use new rules from the next evaluation on (windows keep their samples); every
+    /// node is judged in full again, since the new rules may see its document anew.
     pub fn set_rules(&mut self, rules: Arc<Rules>) {
         self.rules = rules;
+        for n in self.nodes.values_mut() {
+            n.unseen = true;
+        }
     }
 
     /// Make sure a node is known (discovered before its agent answered).
@@ -173,7 +179,9 @@ impl Pipeline {
             .collect();
         let mut change = Change::default();
         for name in due {
-            change.merge(self.evaluate(&name, now_ms));
+            if !self.quiet_sample(&name, now_ms) {
+                change.merge(self.evaluate(&name, now_ms));
+            }
         }
         let (reachable, total) = (
             self.nodes.values().filter(|n| n.reach.reachable).count(),
@@ -182,6 +190,34 @@ impl Pipeline {
         self.metrics.set_agents(reachable, total);
         self.metrics.set_devices(&self.summary());
         change
+    }
+
+    /// A node whose document has not changed since it was last judged, whose agent is
+    /// reachable and whose devices are all healthy with quiet windows would be judged
+    /// exactly the same again: a clean sample each. Record that without the work.
+    fn quiet_sample(&mut self, name: &str, now_ms: u64) -> bool {
+        let Some(node) = self.nodes.get_mut(name) else {
+            return false;
+        };
+        let quiet = !node.unseen
+            && node.reach.reachable
+            && node
+                .doc
+                .as_ref()
+                .is_some_and(|d| d.npus.len() == node.devices.len())
+            && node.devices.values().all(|d| {
+                d.state.status == DeviceStatus::Healthy
+                    && d.state.soft_since_ms.is_none()
+                    && d.windows.quiet()
+            });
+        if quiet {
+            node.last_eval_ms = Some(now_ms);
+            for d in node.devices.values_mut() {
+                d.state.last_fresh_ms = Some(now_ms);
+                d.state.clean_streak = d.state.clean_streak.saturating_add(1);
+            }
+        }
+        quiet
     }
 
     fn evaluate(&mut self, name: &str, now_ms: u64) -> Change {
@@ -209,6 +245,7 @@ impl Pipeline {
                         Device {
                             windows: DeviceWindows::default(),
                             state: DeviceState::new(now_ms),
+                            clean: false,
                         },
                     );
                 }
@@ -219,6 +256,7 @@ impl Pipeline {
         for (id, dev) in devices.iter_mut() {
             let entry = doc.and_then(|d| d.npus.iter().find(|x| x.reading.id == *id));
             let obs = dev.windows.observe(entry, &rules);
+            dev.clean = obs == faultline_common::state::Observation::Clean;
             let next = step(&dev.state, &obs, now_ms, &rules.state_machine);
             if next.status != dev.state.status || next.reason != dev.state.reason {
                 if next.status != dev.state.status {
@@ -430,6 +468,40 @@ mod tests {
         assert_eq!(
             p.device_state("n1", "gpu0").unwrap().status,
             DeviceStatus::Healthy
+        );
+    }
+
+    #[test]
+    fn skipping_quiet_nodes_changes_no_outcome() {
+        // The same history through the pipeline, with documents now and then: the
+        // states must match what evaluating every tick in full gives (the state
+        // machine run by hand below).
+        let mut p = pipeline();
+        p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), 0);
+        for t in 1..=10 {
+            p.tick(t * 1_000);
+        }
+        let s = p.device_state("n1", "gpu0").unwrap().clone();
+        assert_eq!(s.status, DeviceStatus::Healthy);
+        assert_eq!(
+            s.last_fresh_ms,
+            Some(10_000),
+            "quiet ticks still count as fresh samples"
+        );
+        assert_eq!(s.clean_streak, 11);
+        // Unreachable after that: unknown 30 s after the last fresh sample, not earlier.
+        p.on_unreachable("n1", "gone", 10_500);
+        for t in 11..=39 {
+            p.tick(t * 1_000);
+        }
+        assert_eq!(
+            p.device_state("n1", "gpu0").unwrap().status,
+            DeviceStatus::Healthy
+        );
+        p.tick(40_000);
+        assert_eq!(
+            p.device_state("n1", "gpu0").unwrap().status,
+            DeviceStatus::Unknown
         );
     }
 

@@ -238,6 +238,12 @@ pub struct DeviceWindows {
 }
 
 impl DeviceWindows {
+    /// No window holds a sample that met its condition: another sample that does not
+    /// meet it changes no verdict (what lets the aggregator skip quiet devices).
+    pub fn quiet(&self) -> bool {
+        self.windows.iter().all(|(_, w)| !w.iter().any(|b| *b))
+    }
+
     /// Judge one agent entry (`None`: no entry this round) and return the observation.
     pub fn observe(&mut self, d: Option<&DeviceHealth>, rules: &Rules) -> Observation {
         let Some(d) = d.filter(|d| d.status != DeviceStatus::Unknown) else {
