@@ -41,6 +41,13 @@ target/release/faultline-aggregator --sink configmap --kube-server "$KUBE" --nam
   --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
   >"$WORK/aggregator.log" 2>&1 &
 PIDS+=($!)
+# A second aggregator with the file sink: the same documents in a directory laid out the
+# way kubelet lays out a mounted ConfigMap, for a local consumer.
+OUT="$WORK/config"
+target/release/faultline-aggregator --sink file --out "$OUT" \
+  --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 11))" --replica demo-file \
+  >"$WORK/aggregator-file.log" 2>&1 &
+PIDS+=($!)
 
 cm() { curl -sf "$KUBE/api/v1/namespaces/faultline/configmaps/faultline-shard-0"; }
 for _ in $(seq 100); do cm >/dev/null 2>&1 && break; sleep 0.1; done
@@ -72,6 +79,10 @@ echo "  in the ConfigMap after $(( ($(date +%s%N) - START) / 1000000 )) ms (the 
 for _ in $(seq 200); do
   curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2" | grep -q 'faultline.io/fault-refresh' && break; sleep 0.01
 done
+for _ in $(seq 200); do
+  python3 -c 'import json,sys; n=json.load(open(sys.argv[1])); sys.exit(0 if any(x["id"]=="gpu5" and x["status"]=="failed" for x in n["npus"]) else 1)' "$OUT/gpu-node-2.json" 2>/dev/null && break; sleep 0.01
+done
+echo "  in the file sink $OUT/gpu-node-2.json after $(( ($(date +%s%N) - START) / 1000000 )) ms"
 echo "  pod default/train-2 nudged (annotation faultline.io/fault-refresh) after $(( ($(date +%s%N) - START) / 1000000 )) ms, so kubelet refreshes its mount now, not in 60-90 s"
 show
 cat <<TXT
@@ -79,6 +90,7 @@ cat <<TXT
   kubectl --server $KUBE get nodes,pods -A
   kubectl --server $KUBE get lease,cm -n faultline
   kubectl --server $KUBE get cm faultline-shard-0 -n faultline -o jsonpath='{.data.gpu-node-2\.json}'
+  ls -la $OUT; cat $OUT/gpu-node-2.json   # the file sink: ..data -> ..<timestamp>/, a key per node
   curl -s ${AGENTS[0]}/v1/health?format=pretty
   curl -s $AGG/metrics | grep -E 'faultline_aggregator_(devices|lease_held|pod_nudges)'
   curl -s -X POST ${AGENTS[2]}/v1/sim/faults -H 'content-type: application/json' -d '{"device":"gpu0","fault":"xid","xid":48}'

@@ -190,7 +190,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
             api,
             cfg.node_selector.clone(),
             cfg.agent_port,
-            Duration::from_secs(10),
+            Duration::from_secs(5),
             client.clone(),
             tx.clone(),
             metrics.clone(),
