@@ -2,36 +2,21 @@
 //! fault injected at an agent is in fault.json, read the way a pod reads a ConfigMap
 //! volume, within a second; seed 003's consumer, given its node's entry, reacts.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use faultline_common::fault::{FaultDocument, NodeFaults};
 use faultline_common::DeviceStatus;
+use support::*;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
         .to_path_buf()
-}
-
-async fn agent(node: &str) -> faultline_agent::Agent {
-    let cfg = faultline_agent::config::Config::parse_from([
-        "faultline-agent",
-        "--source",
-        "sim",
-        "--sim-devices",
-        "4",
-        "--interval",
-        "100ms",
-        "--listen",
-        "127.0.0.1:0",
-        "--node-name",
-        node,
-    ])
-    .unwrap();
-    faultline_agent::start(cfg).await.unwrap()
 }
 
 async fn aggregator(
@@ -86,19 +71,6 @@ async fn wait_file<T: serde::de::DeserializeOwned>(
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> u16 {
-    use http_body_util::Full;
-    use hyper::body::Bytes;
-    let client: hyper_util::client::legacy::Client<_, Full<Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
-    let req = hyper::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    client.request(req).await.unwrap().status().as_u16()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,16 +225,9 @@ async fn rules_reload_and_an_invalid_file_keeps_the_old_rules() {
 }
 
 async fn wait_metric(url: &str, needle: &str) -> String {
-    use http_body_util::{BodyExt, Empty};
-    use hyper::body::Bytes;
-    let client: hyper_util::client::legacy::Client<_, Empty<Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
     let start = Instant::now();
     loop {
-        let resp = client.get(url.parse().unwrap()).await.unwrap();
-        let text = String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes())
-            .into_owned();
+        let text = get_text(url).await;
         if text.contains(needle) {
             return text;
         }

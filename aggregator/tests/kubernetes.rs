@@ -2,12 +2,15 @@
 //! Lease holder within a second of a fault, Node discovery, failover to another replica
 //! within the lease duration, and no write from a replica after it lost its Lease.
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use faultline_common::fault::{shard_of, NodeFaults, ShardIndex};
 use faultline_common::DeviceStatus;
 use faultline_test_apiserver::ApiServer;
 use serde_json::{json, Value};
+use support::*;
 
 const NS: &str = "faultline";
 
@@ -24,24 +27,6 @@ async fn api_server() -> (ApiServer, String) {
         tokio_util::sync::CancellationToken::new(),
     ));
     (server, url)
-}
-
-async fn agent(node: &str) -> faultline_agent::Agent {
-    let cfg = faultline_agent::config::Config::parse_from([
-        "faultline-agent",
-        "--source",
-        "sim",
-        "--sim-devices",
-        "4",
-        "--interval",
-        "100ms",
-        "--listen",
-        "127.0.0.1:0",
-        "--node-name",
-        node,
-    ])
-    .unwrap();
-    faultline_agent::start(cfg).await.unwrap()
 }
 
 async fn aggregator(
@@ -94,33 +79,6 @@ fn node_entry(server: &ApiServer, shards: u32, node: &str) -> Option<NodeFaults>
 fn holder(server: &ApiServer, shard: u32) -> Option<String> {
     let l = server.get("leases", NS, &format!("faultline-shard-{shard}"))?;
     l["spec"]["holderIdentity"].as_str().map(String::from)
-}
-
-async fn until<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> (T, Duration) {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return (v, start.elapsed());
-        }
-        assert!(
-            start.elapsed() < within,
-            "timed out after {within:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> u16 {
-    use http_body_util::Full;
-    use hyper::body::Bytes;
-    let client: hyper_util::client::legacy::Client<_, Full<Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
-    let req = hyper::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    client.request(req).await.unwrap().status().as_u16()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -419,16 +377,7 @@ async fn a_replica_that_lost_its_lease_writes_nothing_more() {
 }
 
 async fn metrics(addr: std::net::SocketAddr) -> String {
-    use http_body_util::{BodyExt, Empty};
-    use hyper::body::Bytes;
-    let client: hyper_util::client::legacy::Client<_, Empty<Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
-    let resp = client
-        .get(format!("http://{addr}/metrics").parse().unwrap())
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned()
+    get_text(&format!("http://{addr}/metrics")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

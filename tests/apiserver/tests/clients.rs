@@ -372,3 +372,28 @@ async fn kubectl_works_against_it() {
     .unwrap();
     assert!(ok && text.trim() == "{}", "{text}");
 }
+
+#[tokio::test]
+async fn watches_can_be_dropped_early() {
+    let (s, url, _c) = start().await;
+    s.set_faults(Faults {
+        drop_watch_after_s: 1,
+        ..Default::default()
+    });
+    let cms: Api<ConfigMap> = Api::namespaced(client(&url), "default");
+    let t = std::time::Instant::now();
+    let mut stream = cms
+        .watch(&WatchParams::default().timeout(60), "0")
+        .await
+        .unwrap()
+        .boxed();
+    // No events: the stream ends when the server drops it, well before its 60 s timeout.
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(ev) = stream.next().await {
+            let _ = ev;
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the watch was not dropped");
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
