@@ -57,6 +57,20 @@ pub struct Args {
     /// Only nudge pods matching this label selector (default: every running pod).
     #[arg(long, env = "FAULTLINE_NUDGE_SELECTOR", default_value = "")]
     pub nudge_selector: String,
+    /// Remediation: off, dry-run (announce what would be done) or enforce. Default:
+    /// dry-run with --sink configmap (it needs the shard Leases), off with the file sink.
+    #[arg(long, env = "FAULTLINE_REMEDIATION")]
+    pub remediation: Option<String>,
+    /// The taint put on a node with a failed accelerator (NoSchedule).
+    #[arg(
+        long,
+        env = "FAULTLINE_TAINT_KEY",
+        default_value = "nvidia.com/gpu-fault"
+    )]
+    pub taint_key: String,
+    /// Namespace of the Events about Nodes.
+    #[arg(long, env = "FAULTLINE_EVENT_NAMESPACE", default_value = "default")]
+    pub event_namespace: String,
     /// Port of the agents on the nodes.
     #[arg(long, env = "FAULTLINE_AGENT_PORT", default_value_t = 8081)]
     pub agent_port: u16,
@@ -109,6 +123,9 @@ pub struct Config {
     pub agent_port: u16,
     pub nudge_rate: f64,
     pub nudge_selector: String,
+    pub remediation: crate::remediate::Mode,
+    pub taint_key: String,
+    pub event_namespace: String,
     pub rules: Option<PathBuf>,
     pub out: PathBuf,
     pub listen: SocketAddr,
@@ -170,6 +187,19 @@ impl Config {
         if !(0.0..=10_000.0).contains(&a.nudge_rate) {
             bail!("--nudge-rate must be between 0 and 10000 per second");
         }
+        use crate::remediate::Mode;
+        let remediation = match (a.remediation.as_deref(), sink) {
+            (None, SinkKind::File) | (Some("off"), _) => Mode::Off,
+            (None, SinkKind::ConfigMap) | (Some("dry-run"), SinkKind::ConfigMap) => Mode::DryRun,
+            (Some("enforce"), SinkKind::ConfigMap) => Mode::Enforce,
+            (Some("dry-run" | "enforce"), SinkKind::File) => {
+                bail!("--remediation needs --sink configmap: only the holder of a node's shard Lease may act")
+            }
+            (Some(m), _) => bail!("--remediation {m:?}: expected off, dry-run or enforce"),
+        };
+        if a.taint_key.is_empty() || a.taint_key.contains(char::is_whitespace) {
+            bail!("--taint-key {:?} is not a taint key", a.taint_key);
+        }
         let lease_duration = duration("lease-duration", &a.lease_duration)?;
         let lease_retry = duration("lease-retry", &a.lease_retry)?;
         if lease_retry * 2 >= lease_duration {
@@ -222,6 +252,9 @@ impl Config {
             agent_port: a.agent_port,
             nudge_rate: a.nudge_rate,
             nudge_selector: a.nudge_selector,
+            remediation,
+            taint_key: a.taint_key,
+            event_namespace: a.event_namespace,
             rules: a.rules,
             out: a.out,
             listen: a.listen,

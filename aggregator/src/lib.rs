@@ -9,6 +9,7 @@ pub mod lease;
 pub mod metrics;
 pub mod nudge;
 pub mod pipeline;
+pub mod remediate;
 pub mod rules_file;
 pub mod sink;
 
@@ -135,7 +136,55 @@ enum Sink {
         held: lease::Held,
         shards: u32,
         nudger: Option<Arc<nudge::Nudger>>,
+        remediator: Option<Arc<remediate::Remediator>>,
     },
+}
+
+/// Start isolating each of `nodes` that has failed devices, in the shard holder only,
+/// one pass per node at a time.
+fn remediate_nodes(
+    sink: &Sink,
+    pipeline: &Pipeline,
+    in_flight: &Arc<Mutex<std::collections::BTreeSet<String>>>,
+    nodes: Vec<String>,
+) {
+    let Sink::ConfigMap {
+        held,
+        shards,
+        remediator: Some(r),
+        ..
+    } = sink
+    else {
+        return;
+    };
+    for node in nodes {
+        let devices = pipeline.failed_devices(&node);
+        let shard = shard_of(&node, *shards);
+        if devices.is_empty() || !held.holds(shard) {
+            continue;
+        }
+        if !in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node.clone())
+        {
+            continue;
+        }
+        let (r, held, in_flight) = (r.clone(), held.clone(), in_flight.clone());
+        tokio::spawn(async move {
+            let fence = move || held.holds(shard);
+            match r.isolate_fenced(&node, devices, &fence).await {
+                Ok(outcome) => tracing::debug!(node = %node, ?outcome, "remediation pass"),
+                Err(e) => {
+                    tracing::warn!(node = %node, error = %e, "remediation pass failed; the next one retries")
+                }
+            }
+            in_flight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&node);
+        });
+    }
 }
 
 /// A Kubernetes client: `--kube-server` (plain, for the test server), else in-cluster
@@ -255,6 +304,15 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                 held,
                 shards: cfg.shards,
                 nudger,
+                remediator: (cfg.remediation != remediate::Mode::Off).then(|| {
+                    Arc::new(remediate::Remediator::new(
+                        kube.clone(),
+                        cfg.remediation,
+                        &cfg.taint_key,
+                        &cfg.event_namespace,
+                        &cfg.replica,
+                    ))
+                }),
             }
         }
     };
@@ -296,6 +354,10 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
             let mut last_held: Vec<u32> = Vec::new();
             // Nodes whose pods are nudged once their shard is written.
             let mut alarming: std::collections::BTreeSet<String> = Default::default();
+            // Nodes being remediated now, and when every failed node was last looked at
+            // (a new holder of a shard finishes what the last one started).
+            let remediating: Arc<Mutex<std::collections::BTreeSet<String>>> = Default::default();
+            let mut last_reconcile = Instant::now();
             loop {
                 // When the next write is due.
                 let due = match last_write {
@@ -326,13 +388,24 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         };
                         dirty |= !c.nodes.is_empty();
                         urgent |= c.urgent;
+                        if c.urgent {
+                            remediate_nodes(&sink, &pipeline, &remediating, c.alarming.clone());
+                        }
                         alarming.extend(c.alarming);
                     }
                     _ = tick.tick() => {
                         let c = pipeline.tick(now_ms());
                         dirty |= !c.nodes.is_empty() || failed.load(std::sync::atomic::Ordering::Acquire);
                         urgent |= c.urgent;
+                        if c.urgent {
+                            remediate_nodes(&sink, &pipeline, &remediating, c.alarming.clone());
+                        }
                         alarming.extend(c.alarming);
+                        if last_reconcile.elapsed() >= Duration::from_secs(10) {
+                            last_reconcile = Instant::now();
+                            let failed: Vec<String> = pipeline.node_names().cloned().collect();
+                            remediate_nodes(&sink, &pipeline, &remediating, failed);
+                        }
                         // A shard just taken is written at once.
                         if let Sink::ConfigMap { held, .. } = &sink {
                             let now_held = held.shards();
@@ -374,7 +447,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                                     }
                                 })
                             }
-                            Sink::ConfigMap { sinks, held, shards, nudger } => {
+                            Sink::ConfigMap { sinks, held, shards, nudger, .. } => {
                                 let mine = held.shards();
                                 for s in (0..*shards).filter(|s| !mine.contains(s)) {
                                     metrics.write_skipped("configmap", s);

@@ -318,6 +318,29 @@ impl Pipeline {
         })
     }
 
+    /// The failed devices of a node, for its quarantine record.
+    pub fn failed_devices(&self, name: &str) -> Vec<crate::remediate::RecordDevice> {
+        let Some(n) = self.nodes.get(name) else {
+            return Vec::new();
+        };
+        n.devices
+            .iter()
+            .filter(|(_, d)| d.state.status == DeviceStatus::Failed)
+            .map(|(id, d)| {
+                let last = n
+                    .doc
+                    .as_ref()
+                    .and_then(|doc| doc.npus.iter().find(|x| x.reading.id == *id));
+                crate::remediate::RecordDevice {
+                    id: id.clone(),
+                    uuid: last.and_then(|l| l.reading.uuid.clone()),
+                    pci_bus_id: last.and_then(|l| l.reading.pci_bus_id.clone()),
+                    reason: d.state.reason.clone().unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+
     /// Counts over every device.
     pub fn summary(&self) -> FaultSummary {
         FaultSummary::of(

@@ -438,3 +438,66 @@ async fn writes_converge_through_conflicts_and_server_errors() {
     );
     agg.cancel_token().cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_nothing() {
+    let (server, kube) = api_server().await;
+    let (a1, a2) = (agent("n1").await, agent("n2").await);
+    for n in ["n1", "n2"] {
+        server
+            .create("nodes", "", json!({"metadata": {"name": n}}))
+            .unwrap();
+    }
+    let agents = format!("http://{},http://{}", a1.addr, a2.addr);
+    let agg = aggregator(
+        &kube,
+        "r1",
+        1,
+        &[
+            "--agents".into(),
+            agents,
+            "--remediation".into(),
+            "enforce".into(),
+        ],
+    )
+    .await;
+    until(Duration::from_secs(10), "healthy", || {
+        (node_entry(&server, 1, "n1").is_some_and(|e| e.summary.healthy == 4)
+            && node_entry(&server, 1, "n2").is_some_and(|e| e.summary.healthy == 4))
+        .then_some(())
+    })
+    .await;
+    let taints = |n: &str| -> Vec<Value> {
+        server.get("nodes", "", n).unwrap()["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        post(
+            a1.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu1","fault":"xid","xid":79}"#
+        )
+        .await,
+        201
+    );
+    until(Duration::from_secs(5), "n1 tainted", || {
+        (!taints("n1").is_empty()).then_some(())
+    })
+    .await;
+    // n2's agent dies: its devices turn unknown, which never isolates anything.
+    a2.shutdown().await;
+    // Repeated samples and reconcile passes (every 10 s) add nothing.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(taints("n1").len(), 1);
+    assert_eq!(taints("n1")[0]["key"], "nvidia.com/gpu-fault");
+    assert!(taints("n2").is_empty(), "unknown alone must not taint");
+    let quarantined = server
+        .list("events", "default")
+        .iter()
+        .filter(|e| e["reason"] == "FaultlineQuarantined")
+        .count();
+    assert_eq!(quarantined, 1);
+    agg.cancel_token().cancel();
+}

@@ -1,0 +1,369 @@
+//! Isolation of a node whose accelerator failed (first part of issue 4): the quarantine
+//! record, a taint, a label, a node condition and an Event, each idempotent against the
+//! live Node.
+//!
+//! The record lives in the Node's own annotation `faultline.io/quarantine` (JSON): it is
+//! readable with `kubectl get node -o yaml`, it goes away with the Node, and a new leader
+//! reads it back instead of starting over. It lists which taint and label faultline
+//! itself added, so a release removes only those and never what someone else put there.
+//! Writes go as a JSON patch that first tests the Node's resourceVersion, so a change
+//! made in between is never overwritten: the patch fails with 409 (or 422 on the test)
+//! and the next pass starts from the live Node again.
+//!
+//! `dry-run` records nothing on the Node: it logs and emits an Event saying what it
+//! would do. `off` does nothing.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde::{Deserialize, Serialize};
+
+/// The annotation holding the record.
+pub const RECORD_ANNOTATION: &str = "faultline.io/quarantine";
+/// The label listing the unhealthy devices (dot separated ids).
+pub const DEVICES_LABEL: &str = "faultline.io/unhealthy-devices";
+/// The node condition type.
+pub const CONDITION: &str = "AcceleratorHealthy";
+
+/// What remediation may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Nothing.
+    Off,
+    /// Log and announce what would be done; change nothing.
+    DryRun,
+    /// Act.
+    Enforce,
+}
+
+/// One failed device in a record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordDevice {
+    /// Device id on the node.
+    pub id: String,
+    /// UUID, where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// PCI bus id, where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    /// Why it failed.
+    pub reason: String,
+}
+
+/// An action taken, for the record's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Action {
+    /// `taint`, `label`, `condition`.
+    pub action: String,
+    /// When (RFC 3339).
+    pub at: String,
+    /// Who (the replica).
+    pub actor: String,
+}
+
+/// The quarantine record of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuarantineRecord {
+    /// Node name.
+    pub node: String,
+    /// The failed devices.
+    pub devices: Vec<RecordDevice>,
+    /// Where the verdict came from (`faultline-aggregator`).
+    pub source: String,
+    /// Stable identity of this fault: node and sorted (device, reason) pairs.
+    pub fingerprint: String,
+    /// First and last time it was seen.
+    pub first_seen: String,
+    /// Last time it was seen.
+    pub last_seen: String,
+    /// Who quarantined (a replica, or a user).
+    pub actor: String,
+    /// When the quarantine ends by itself, if ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expiry: Option<String>,
+    /// The taint faultline added (absent: it was there already, not ours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_taint: Option<String>,
+    /// Whether faultline added the devices label.
+    #[serde(default)]
+    pub owned_label: bool,
+    /// What was done, in order.
+    pub actions: Vec<Action>,
+}
+
+/// The fingerprint of a set of failed devices on a node.
+pub fn fingerprint(node: &str, devices: &[RecordDevice]) -> String {
+    let mut parts: Vec<String> = devices
+        .iter()
+        .map(|d| format!("{}={}", d.id, d.reason))
+        .collect();
+    parts.sort();
+    format!("{node}/{}", parts.join(","))
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Remediation is off.
+    Off,
+    /// Dry run: announced, nothing changed.
+    Announced,
+    /// The node was already isolated for this fault: nothing to do.
+    AlreadyDone,
+    /// Isolated now.
+    Isolated,
+}
+
+/// Why a pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemediateError {
+    /// The API said no (409/422 on a concurrent change: try again from the live Node).
+    #[error("API: {0}")]
+    Api(#[from] kube::Error),
+    /// This replica no longer holds the node's shard.
+    #[error("not the holder of the node's shard")]
+    NotHolder,
+    /// The record on the Node does not parse.
+    #[error("unreadable quarantine record on {0}: {1}")]
+    Record(String, String),
+}
+
+/// Isolates nodes.
+pub struct Remediator {
+    nodes: Api<Node>,
+    events: Api<Event>,
+    mode: Mode,
+    taint: Taint,
+    actor: String,
+}
+
+fn now() -> String {
+    Timestamp::now().to_string()
+}
+
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+impl Remediator {
+    /// `taint_key` e.g. `nvidia.com/gpu-fault` (value `true`, effect NoSchedule); Events
+    /// go to `event_namespace`.
+    pub fn new(
+        client: kube::Client,
+        mode: Mode,
+        taint_key: &str,
+        event_namespace: &str,
+        actor: &str,
+    ) -> Self {
+        Remediator {
+            nodes: Api::all(client.clone()),
+            events: Api::namespaced(client, event_namespace),
+            mode,
+            taint: Taint {
+                key: taint_key.to_string(),
+                value: Some("true".into()),
+                effect: "NoSchedule".into(),
+                time_added: None,
+            },
+            actor: actor.to_string(),
+        }
+    }
+
+    /// The record on a Node, if any.
+    pub fn record_of(node: &Node) -> Result<Option<QuarantineRecord>, RemediateError> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        match node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RECORD_ANNOTATION))
+        {
+            Some(s) => serde_json::from_str(s)
+                .map(Some)
+                .map_err(|e| RemediateError::Record(name, e.to_string())),
+            None => Ok(None),
+        }
+    }
+
+    async fn event(
+        &self,
+        node: &str,
+        reason: &str,
+        message: String,
+        warning: bool,
+    ) -> Result<(), RemediateError> {
+        let t = Time(Timestamp::now());
+        let ev = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{node}.faultline.")),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                kind: Some("Node".into()),
+                name: Some(node.to_string()),
+                api_version: Some("v1".into()),
+                ..Default::default()
+            },
+            reason: Some(reason.to_string()),
+            message: Some(message),
+            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
+            source: Some(EventSource {
+                component: Some("faultline-aggregator".into()),
+                host: None,
+            }),
+            first_timestamp: Some(t.clone()),
+            last_timestamp: Some(t),
+            count: Some(1),
+            reporting_component: Some("faultline-aggregator".into()),
+            reporting_instance: Some(self.actor.clone()),
+            ..Default::default()
+        };
+        self.events.create(&PostParams::default(), &ev).await?;
+        Ok(())
+    }
+
+    /// Isolate `node` for `devices` (all failed). Idempotent: a second pass for the same
+    /// fault changes nothing and announces nothing.
+    pub async fn isolate(
+        &self,
+        node: &str,
+        devices: Vec<RecordDevice>,
+    ) -> Result<Outcome, RemediateError> {
+        self.isolate_fenced(node, devices, &|| true).await
+    }
+
+    /// [`Remediator::isolate`], with `fence` asked before every write: the caller's
+    /// shard Lease. A pass that loses it stops where it is.
+    pub async fn isolate_fenced(
+        &self,
+        node: &str,
+        devices: Vec<RecordDevice>,
+        fence: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Outcome, RemediateError> {
+        if self.mode == Mode::Off || devices.is_empty() {
+            return Ok(Outcome::Off);
+        }
+        let fp = fingerprint(node, &devices);
+        let live = self.nodes.get(node).await?;
+        let existing = Self::record_of(&live)?;
+        let taints = live
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        let has_taint = taints
+            .iter()
+            .any(|t| t.key == self.taint.key && t.effect == self.taint.effect);
+        if existing.as_ref().is_some_and(|r| r.fingerprint == fp) && has_taint {
+            return Ok(Outcome::AlreadyDone);
+        }
+        let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
+        let summary = format!(
+            "{} failed on {node}: {}",
+            ids.join(", "),
+            devices
+                .iter()
+                .map(|d| format!("{}={}", d.id, d.reason))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if !fence() {
+            return Err(RemediateError::NotHolder);
+        }
+        if self.mode == Mode::DryRun {
+            tracing::warn!(node, devices = ?ids, taint = %self.taint.key, "dry-run: would quarantine");
+            self.event(
+                node,
+                "FaultlineWouldQuarantine",
+                format!("dry-run: would taint {} ({summary})", self.taint.key),
+                true,
+            )
+            .await?;
+            return Ok(Outcome::Announced);
+        }
+
+        let now = now();
+        let mut record = existing.unwrap_or_else(|| QuarantineRecord {
+            node: node.to_string(),
+            devices: vec![],
+            source: "faultline-aggregator".into(),
+            fingerprint: String::new(),
+            first_seen: now.clone(),
+            last_seen: now.clone(),
+            actor: self.actor.clone(),
+            expiry: None,
+            owned_taint: None,
+            owned_label: false,
+            actions: vec![],
+        });
+        record.devices = devices;
+        record.fingerprint = fp;
+        record.last_seen = now.clone();
+        let mut ops = vec![serde_json::json!({
+            "op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version
+        })];
+        if !has_taint {
+            let mut t = taints.clone();
+            t.push(self.taint.clone());
+            if live.spec.is_none() {
+                ops.push(serde_json::json!({"op": "add", "path": "/spec", "value": {}}));
+            }
+            ops.push(serde_json::json!({"op": "add", "path": "/spec/taints", "value": t}));
+            record.owned_taint = Some(self.taint.key.clone());
+            record.actions.push(Action {
+                action: "taint".into(),
+                at: now.clone(),
+                actor: self.actor.clone(),
+            });
+        }
+        let labels = live.metadata.labels.clone().unwrap_or_default();
+        let label_value = ids.join(".");
+        let label_ok = labels.get(DEVICES_LABEL).is_some_and(|v| *v == label_value);
+        if !label_ok && (record.owned_label || !labels.contains_key(DEVICES_LABEL)) {
+            if live.metadata.labels.is_none() {
+                ops.push(serde_json::json!({"op": "add", "path": "/metadata/labels", "value": BTreeMap::<String, String>::new()}));
+            }
+            ops.push(serde_json::json!({"op": "add", "path": format!("/metadata/labels/{}", escape(DEVICES_LABEL)), "value": label_value}));
+            record.owned_label = true;
+            record.actions.push(Action {
+                action: "label".into(),
+                at: now.clone(),
+                actor: self.actor.clone(),
+            });
+        }
+        if live.metadata.annotations.is_none() {
+            ops.push(serde_json::json!({"op": "add", "path": "/metadata/annotations", "value": BTreeMap::<String, String>::new()}));
+        }
+        ops.push(serde_json::json!({
+            "op": "add", "path": format!("/metadata/annotations/{}", escape(RECORD_ANNOTATION)),
+            "value": serde_json::to_string(&record).unwrap_or_default()
+        }));
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+            .map_err(|e| RemediateError::Record(node.to_string(), e.to_string()))?;
+        self.nodes
+            .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await?;
+
+        // The condition lives in status; conditions merge by type.
+        let condition = serde_json::json!({"status": {"conditions": [{
+            "type": CONDITION, "status": "False", "reason": "AcceleratorFailed", "message": summary,
+            "lastTransitionTime": now, "lastHeartbeatTime": now,
+        }]}});
+        self.nodes
+            .patch_status(node, &PatchParams::default(), &Patch::Strategic(condition))
+            .await?;
+        tracing::warn!(node, devices = ?ids, taint = %self.taint.key, actor = %self.actor, "quarantined");
+        self.event(
+            node,
+            "FaultlineQuarantined",
+            format!("tainted {} ({summary})", self.taint.key),
+            true,
+        )
+        .await?;
+        Ok(Outcome::Isolated)
+    }
+}
