@@ -68,6 +68,14 @@ pub struct Args {
         default_value = "nvidia.com/gpu-fault"
     )]
     pub taint_key: String,
+    /// Extended resources that are accelerators, comma separated (default: nvidia.com/gpu
+    /// and the Ascend 910/910B/310P resources).
+    #[arg(long, env = "FAULTLINE_RESOURCE_NAMES", default_value = "")]
+    pub resource_names: String,
+    /// How long a PodDisruptionBudget may refuse an eviction before faultline announces it
+    /// and leaves the pod.
+    #[arg(long, env = "FAULTLINE_EVICTION_DEADLINE", default_value = "10m")]
+    pub eviction_deadline: String,
     /// Namespace of the Events about Nodes.
     #[arg(long, env = "FAULTLINE_EVENT_NAMESPACE", default_value = "default")]
     pub event_namespace: String,
@@ -126,6 +134,8 @@ pub struct Config {
     pub remediation: crate::remediate::Mode,
     pub taint_key: String,
     pub event_namespace: String,
+    pub resource_names: Vec<String>,
+    pub eviction_deadline: Duration,
     pub rules: Option<PathBuf>,
     pub out: PathBuf,
     pub listen: SocketAddr,
@@ -255,6 +265,14 @@ impl Config {
             remediation,
             taint_key: a.taint_key,
             event_namespace: a.event_namespace,
+            resource_names: a
+                .resource_names
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+            eviction_deadline: duration("eviction-deadline", &a.eviction_deadline)?,
             rules: a.rules,
             out: a.out,
             listen: a.listen,

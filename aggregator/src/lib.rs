@@ -173,11 +173,18 @@ fn remediate_nodes(
         let (r, held, in_flight) = (r.clone(), held.clone(), in_flight.clone());
         tokio::spawn(async move {
             let fence = move || held.holds(shard);
-            match r.isolate_fenced(&node, devices, &fence).await {
-                Ok(outcome) => tracing::debug!(node = %node, ?outcome, "remediation pass"),
-                Err(e) => {
-                    tracing::warn!(node = %node, error = %e, "remediation pass failed; the next one retries")
+            // Isolate first (no new pods land there), then move the workloads off.
+            let pass = match r.isolate_fenced(&node, devices, &fence).await {
+                Ok(outcome) => {
+                    tracing::debug!(node = %node, ?outcome, "isolation pass");
+                    r.evict_fenced(&node, &fence)
+                        .await
+                        .map(|e| tracing::debug!(node = %node, ?e, "eviction pass"))
                 }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = pass {
+                tracing::warn!(node = %node, error = %e, "remediation pass failed; the next one retries");
             }
             in_flight
                 .lock()
@@ -305,13 +312,16 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                 shards: cfg.shards,
                 nudger,
                 remediator: (cfg.remediation != remediate::Mode::Off).then(|| {
-                    Arc::new(remediate::Remediator::new(
-                        kube.clone(),
-                        cfg.remediation,
-                        &cfg.taint_key,
-                        &cfg.event_namespace,
-                        &cfg.replica,
-                    ))
+                    Arc::new(
+                        remediate::Remediator::new(
+                            kube.clone(),
+                            cfg.remediation,
+                            &cfg.taint_key,
+                            &cfg.event_namespace,
+                            &cfg.replica,
+                        )
+                        .with_resources(cfg.resource_names.clone(), cfg.eviction_deadline),
+                    )
                 }),
             }
         }

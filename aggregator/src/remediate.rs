@@ -15,10 +15,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Taint};
+use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
 
 /// The annotation holding the record.
@@ -93,6 +93,12 @@ pub struct QuarantineRecord {
     pub owned_label: bool,
     /// What was done, in order.
     pub actions: Vec<Action>,
+    /// Pods evicted for this fault (`namespace/name/uid`): each at most once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evicted: Vec<String>,
+    /// Pods whose eviction a PodDisruptionBudget refuses, and since when.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub eviction_blocked: BTreeMap<String, String>,
 }
 
 /// The fingerprint of a set of failed devices on a node.
@@ -132,13 +138,96 @@ pub enum RemediateError {
     Record(String, String),
 }
 
-/// Isolates nodes.
+/// Isolates nodes and evicts the pods on failed devices.
 pub struct Remediator {
+    client: kube::Client,
     nodes: Api<Node>,
     events: Api<Event>,
     mode: Mode,
     taint: Taint,
     actor: String,
+    /// Extended resources that are accelerators (`nvidia.com/gpu`, `huawei.com/Ascend910`).
+    resources: Vec<String>,
+    /// How long a PodDisruptionBudget may hold an eviction back before an alert.
+    eviction_deadline: std::time::Duration,
+}
+
+/// What an eviction pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Evictions {
+    /// Evicted now.
+    pub evicted: Vec<String>,
+    /// Refused by a budget (429), to retry.
+    pub blocked: Vec<String>,
+    /// Refused past the deadline: announced and left alone.
+    pub given_up: Vec<String>,
+}
+
+/// Why a pod is (not) evicted for a fault on `failed` devices.
+fn wants_eviction(pod: &Pod, resources: &[String], failed: &[RecordDevice]) -> bool {
+    let finished = matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    if pod.metadata.deletion_timestamp.is_some() || finished {
+        return false;
+    }
+    if pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
+    {
+        return false;
+    }
+    if pod
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet"))
+    {
+        return false;
+    }
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let uses_accelerator = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .any(|c| {
+            c.resources.as_ref().is_some_and(|r| {
+                [r.limits.as_ref(), r.requests.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .any(|m| m.keys().any(|k| resources.contains(k)))
+            })
+        });
+    if !uses_accelerator {
+        return false;
+    }
+    // KEP-4680: where the kubelet says which devices the pod holds, evict only the pods
+    // that hold a failed one.
+    let held: Vec<String> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .flat_map(|cs| cs.allocated_resources_status.iter().flatten())
+        .filter(|rs| resources.contains(&rs.name))
+        .flat_map(|rs| rs.resources.iter().flatten().map(|r| r.resource_id.clone()))
+        .collect();
+    if held.is_empty() {
+        return true;
+    }
+    held.iter().any(|id| {
+        failed.iter().any(|d| {
+            d.uuid.as_deref() == Some(id.as_str())
+                || d.id == *id
+                || d.pci_bus_id.as_deref() == Some(id.as_str())
+        })
+    })
 }
 
 fn now() -> String {
@@ -161,7 +250,17 @@ impl Remediator {
     ) -> Self {
         Remediator {
             nodes: Api::all(client.clone()),
-            events: Api::namespaced(client, event_namespace),
+            events: Api::namespaced(client.clone(), event_namespace),
+            client,
+            resources: [
+                "nvidia.com/gpu",
+                "huawei.com/Ascend910",
+                "huawei.com/Ascend910B",
+                "huawei.com/Ascend310P",
+            ]
+            .map(String::from)
+            .to_vec(),
+            eviction_deadline: std::time::Duration::from_secs(600),
             mode,
             taint: Taint {
                 key: taint_key.to_string(),
@@ -187,6 +286,134 @@ impl Remediator {
                 .map_err(|e| RemediateError::Record(name, e.to_string())),
             None => Ok(None),
         }
+    }
+
+    /// Accelerator resource names to look for in pods (default: NVIDIA and Ascend).
+    pub fn with_resources(
+        mut self,
+        resources: Vec<String>,
+        eviction_deadline: std::time::Duration,
+    ) -> Self {
+        if !resources.is_empty() {
+            self.resources = resources;
+        }
+        self.eviction_deadline = eviction_deadline;
+        self
+    }
+
+    /// Evict, through the Eviction API, the pods on `node` that use a failed device,
+    /// each at most once per fault (the record on the Node remembers), never DaemonSet,
+    /// mirror, finished or terminating pods. A 429 (a PodDisruptionBudget) is retried by
+    /// later passes until the deadline, then announced and left; a 404 counts as done.
+    pub async fn evict_fenced(
+        &self,
+        node: &str,
+        fence: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Evictions, RemediateError> {
+        let mut out = Evictions::default();
+        if self.mode == Mode::Off {
+            return Ok(out);
+        }
+        let live = self.nodes.get(node).await?;
+        let Some(mut record) = Self::record_of(&live)? else {
+            return Ok(out);
+        };
+        let all: Api<Pod> = Api::all(self.client.clone());
+        let pods = all
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await?;
+        let mut changed = false;
+        for pod in pods
+            .items
+            .iter()
+            .filter(|p| wants_eviction(p, &self.resources, &record.devices))
+        {
+            let (Some(name), Some(ns)) = (
+                pod.metadata.name.as_deref(),
+                pod.metadata.namespace.as_deref(),
+            ) else {
+                continue;
+            };
+            let key = format!("{ns}/{name}/{}", pod.metadata.uid.as_deref().unwrap_or(""));
+            if record.evicted.contains(&key) {
+                continue;
+            }
+            if self.mode == Mode::DryRun {
+                self.event(
+                    node,
+                    "FaultlineWouldEvict",
+                    format!("dry-run: would evict {ns}/{name}"),
+                    true,
+                )
+                .await?;
+                continue;
+            }
+            if !fence() {
+                return Err(RemediateError::NotHolder);
+            }
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+            match api.evict(name, &EvictParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(kube::Error::Api(e)) if e.code == 429 => {
+                    let since = record
+                        .eviction_blocked
+                        .entry(key.clone())
+                        .or_insert_with(now)
+                        .clone();
+                    changed = true;
+                    let waited = since
+                        .parse::<Timestamp>()
+                        .map(|t| Timestamp::now().duration_since(t).as_secs_f64())
+                        .unwrap_or(0.0);
+                    if waited >= self.eviction_deadline.as_secs_f64() {
+                        self.event(node, "FaultlineEvictionBlocked", format!("{ns}/{name}: its disruption budget refused eviction for {}s; left alone", waited as u64), true).await?;
+                        record.evicted.push(key.clone());
+                        out.given_up.push(key);
+                    } else {
+                        out.blocked.push(key);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
+            tracing::warn!(node, pod = %key, "evicted");
+            record.eviction_blocked.remove(&key);
+            record.evicted.push(key.clone());
+            record.actions.push(Action {
+                action: format!("evict {ns}/{name}"),
+                at: now(),
+                actor: self.actor.clone(),
+            });
+            changed = true;
+            self.event(
+                node,
+                "FaultlineEvicted",
+                format!("evicted {ns}/{name} from a failed device"),
+                true,
+            )
+            .await?;
+            out.evicted.push(key);
+        }
+        if changed {
+            // The record first tests the Node's resourceVersion: a pass that raced
+            // another writer fails here and the next pass starts from the live Node
+            // (the evictions it made are then seen as 404s or already gone pods).
+            let ops = serde_json::json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version},
+                {"op": "add", "path": format!("/metadata/annotations/{}", escape(RECORD_ANNOTATION)),
+                 "value": serde_json::to_string(&record).unwrap_or_default()}
+            ]);
+            let patch: json_patch::Patch = serde_json::from_value(ops)
+                .map_err(|e| RemediateError::Record(node.to_string(), e.to_string()))?;
+            if !fence() {
+                return Err(RemediateError::NotHolder);
+            }
+            self.nodes
+                .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await?;
+        }
+        Ok(out)
     }
 
     async fn event(
@@ -299,6 +526,8 @@ impl Remediator {
             owned_taint: None,
             owned_label: false,
             actions: vec![],
+            evicted: vec![],
+            eviction_blocked: BTreeMap::new(),
         });
         record.devices = devices;
         record.fingerprint = fp;

@@ -176,3 +176,117 @@ async fn a_refused_write_changes_nothing_and_the_next_pass_completes() {
     );
     assert_eq!(events(&server, "FaultlineQuarantined"), 1);
 }
+
+fn pod(name: &str, gpu: bool, allocated: Option<&str>) -> Value {
+    let mut p = json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"nodeName": "gpu-1", "containers": [{"name": "c", "image": "x",
+                 "resources": if gpu { json!({"limits": {"nvidia.com/gpu": "1"}}) } else { json!({}) }}]},
+        "status": {"phase": "Running"}
+    });
+    if let Some(uuid) = allocated {
+        p["status"]["containerStatuses"] = json!([{
+            "name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+            "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [{"resourceID": uuid, "health": "Unhealthy"}]}]
+        }]);
+    }
+    p
+}
+
+#[tokio::test]
+async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
+    let (server, client) = setup().await;
+    // On the failed GPU (KEP-4680 says so), on a healthy GPU, no GPU, a DaemonSet pod,
+    // a pod whose GPU is unknown to us (no device status: evicted to be safe), and a
+    // pod on the failed GPU protected by a budget that allows no disruption.
+    server
+        .create("pods", "default", pod("on-failed", true, Some("GPU-1234")))
+        .unwrap();
+    server
+        .create("pods", "default", pod("on-healthy", true, Some("GPU-9999")))
+        .unwrap();
+    server
+        .create("pods", "default", pod("cpu-only", false, None))
+        .unwrap();
+    let mut ds = pod("ds-agent", true, None);
+    ds["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "x", "uid": "u"}]);
+    server.create("pods", "default", ds).unwrap();
+    server
+        .create("pods", "default", pod("no-status", true, None))
+        .unwrap();
+    server
+        .create("pods", "default", pod("guarded", true, Some("GPU-1234")))
+        .unwrap();
+    server
+        .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
+        .unwrap();
+
+    let r = Remediator::new(
+        client,
+        Mode::Enforce,
+        "nvidia.com/gpu-fault",
+        "default",
+        "replica-0",
+    );
+    r.isolate("gpu-1", failed("gpu3")).await.unwrap();
+    let fence = || true;
+    let first = r.evict_fenced("gpu-1", &fence).await.unwrap();
+    let names = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .map(|k| k.split('/').nth(1).unwrap().to_string())
+            .collect()
+    };
+    let mut evicted = names(&first.evicted);
+    evicted.sort();
+    assert_eq!(evicted, vec!["no-status", "on-failed"]);
+    assert_eq!(names(&first.blocked), vec!["guarded"]);
+    for kept in ["on-healthy", "cpu-only", "ds-agent", "guarded"] {
+        assert!(
+            server.get("pods", "default", kept).is_some(),
+            "{kept} must stay"
+        );
+    }
+    // A second pass evicts nothing new and still waits on the budget.
+    let second = r.evict_fenced("gpu-1", &fence).await.unwrap();
+    assert!(second.evicted.is_empty());
+    assert_eq!(names(&second.blocked), vec!["guarded"]);
+    // The budget allows it now.
+    server
+        .update(
+            "poddisruptionbudgets",
+            "default",
+            "guarded",
+            {
+                let mut p = server
+                    .get("poddisruptionbudgets", "default", "guarded")
+                    .unwrap();
+                p["spec"]["minAvailable"] = json!(0);
+                p
+            },
+            None,
+        )
+        .unwrap();
+    let third = r.evict_fenced("gpu-1", &fence).await.unwrap();
+    assert_eq!(names(&third.evicted), vec!["guarded"]);
+    // Each pod was asked to leave once, whatever the passes.
+    let calls = server.calls();
+    for p in ["on-failed", "no-status"] {
+        let n = calls
+            .iter()
+            .filter(|c| c.method == "POST" && c.uri.contains(&format!("/pods/{p}/eviction")))
+            .count();
+        assert_eq!(n, 1, "{p} evicted {n} times");
+    }
+    let node = server.get("nodes", "", "gpu-1").unwrap();
+    let record: Value = serde_json::from_str(
+        node["metadata"]["annotations"][RECORD_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["evicted"].as_array().unwrap().len(), 3);
+    assert!(record["eviction_blocked"]
+        .as_object()
+        .is_none_or(|m| m.is_empty()));
+}
