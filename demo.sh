@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # faultline end to end on an embedded default: no cluster, no GPU.
 #
-# Starts the Kubernetes API test server with three GPU nodes and a training pod on each,
+# Starts the Kubernetes API test server with three GPU nodes and two training pods on each,
 # one agent per node on 8 simulated GPUs, and the aggregator writing shard ConfigMaps
 # under a shard Lease. One agent runs a scenario (a GPU falls off the bus); then the demo
 # injects a fault through another agent's API and times how long it takes to reach the
@@ -28,7 +28,12 @@ AGENTS=()
 for i in 1 2 3; do
   port=$((BASE + i - 1))
   post /api/v1/nodes "{\"metadata\":{\"name\":\"gpu-node-$i\",\"labels\":{\"nvidia.com/gpu.present\":\"true\"}},\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"127.0.0.1\"}],\"capacity\":{\"nvidia.com/gpu\":\"8\"}}}"
-  post /api/v1/namespaces/default/pods "{\"metadata\":{\"name\":\"train-$i\",\"labels\":{\"app\":\"train\"}},\"spec\":{\"nodeName\":\"gpu-node-$i\",\"containers\":[{\"name\":\"trainer\",\"image\":\"trainer\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"8\"}}}]}}"
+  # Two 4-GPU jobs per node; the kubelet reports which GPUs each holds (KEP-4680).
+  for half in a b; do
+    first=$([[ $half == a ]] && echo 0 || echo 4)
+    ids=$(for g in $(seq $first $((first + 3))); do printf '{"resourceID":"GPU-5157e000-0000-4000-8000-%012x","health":"Healthy"},' "$g"; done)
+    post /api/v1/namespaces/default/pods "{\"metadata\":{\"name\":\"train-$i$half\",\"labels\":{\"app\":\"train\"}},\"spec\":{\"nodeName\":\"gpu-node-$i\",\"containers\":[{\"name\":\"trainer\",\"image\":\"trainer\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"4\"}}}]},\"status\":{\"phase\":\"Running\",\"containerStatuses\":[{\"name\":\"trainer\",\"ready\":true,\"restartCount\":0,\"image\":\"trainer\",\"imageID\":\"\",\"allocatedResourcesStatus\":[{\"name\":\"nvidia.com/gpu\",\"resources\":[${ids%,}]}]}]}}"
+  done
   extra=()
   [[ $i == 1 ]] && extra=(--sim-scenario deploy/scenarios/demo.json)
   target/release/faultline-agent --source sim --sim-devices 8 --sim-seed "$i" "${extra[@]}" \
@@ -38,7 +43,7 @@ for i in 1 2 3; do
 done
 AGG="http://127.0.0.1:$((BASE + 10))"
 target/release/faultline-aggregator --sink configmap --kube-server "$KUBE" --namespace faultline \
-  --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
+  --remediation enforce --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
   >"$WORK/aggregator.log" 2>&1 &
 PIDS+=($!)
 # A second aggregator with the file sink: the same documents in a directory laid out the
@@ -63,7 +68,7 @@ for key in sorted(k for k in cm["data"] if k != "fault.json"):
     print("  %-18s %s" % (key, bad if bad else "all %d healthy" % n["summary"]["total"]))'
 }
 
-echo "== test API server $KUBE: 3 GPU nodes, a training pod on each; 3 agents x 8 simulated GPUs; aggregator"
+echo "== test API server $KUBE: 3 GPU nodes, two 4-GPU training pods on each; 3 agents x 8 simulated GPUs; aggregator"
 sleep 2; show
 echo "== scenario on gpu-node-1: gpu3 falls off the bus (Xid 79) at 6 s; gpu6 runs at 91 C for 6 s"
 echo "   (a hard fault fails at once; heat must hold 3 of 5 samples for 60 s before 'degraded')"
@@ -77,18 +82,35 @@ until cm | python3 -c 'import json,sys; n=json.loads(json.load(sys.stdin)["data"
 done
 echo "  in the ConfigMap after $(( ($(date +%s%N) - START) / 1000000 )) ms (the agent samples once a second)"
 for _ in $(seq 200); do
-  curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2" | grep -q 'faultline.io/fault-refresh' && break; sleep 0.01
-done
-for _ in $(seq 200); do
   python3 -c 'import json,sys; n=json.load(open(sys.argv[1])); sys.exit(0 if any(x["id"]=="gpu5" and x["status"]=="failed" for x in n["npus"]) else 1)' "$OUT/gpu-node-2.json" 2>/dev/null && break; sleep 0.01
 done
 echo "  in the file sink $OUT/gpu-node-2.json after $(( ($(date +%s%N) - START) / 1000000 )) ms"
-echo "  pod default/train-2 nudged (annotation faultline.io/fault-refresh) after $(( ($(date +%s%N) - START) / 1000000 )) ms, so kubelet refreshes its mount now, not in 60-90 s"
+for _ in $(seq 300); do
+  curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2a" | grep -q 'faultline.io/fault-refresh' && break; sleep 0.01
+done
+echo "  pod default/train-2a (GPUs 0-3, healthy) nudged (annotation faultline.io/fault-refresh) after $(( ($(date +%s%N) - START) / 1000000 )) ms:"
+echo "  kubelet refreshes its mount now, not in 60-90 s"
 show
+for _ in $(seq 100); do
+  curl -sf "$KUBE/api/v1/nodes/gpu-node-2" | grep -q 'nvidia.com/gpu-fault' && break; sleep 0.1
+done
+curl -sf "$KUBE/api/v1/nodes/gpu-node-2" | python3 -c '
+import json, sys
+n = json.load(sys.stdin)
+print("  node gpu-node-2 taints:", [t["key"] + ":" + t["effect"] for t in n["spec"]["taints"]])
+print("  label faultline.io/unhealthy-devices:", n["metadata"]["labels"].get("faultline.io/unhealthy-devices"))
+print("  condition:", [(c["type"], c["status"], c["reason"]) for c in n["status"]["conditions"]])'
+for _ in $(seq 100); do
+  curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2b" >/dev/null || break; sleep 0.1
+done
+curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2b" >/dev/null && echo "  pod train-2b still there" || echo "  pod default/train-2b (GPUs 4-7, with the failed gpu5) evicted through the Eviction API"
+curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2a" >/dev/null && echo "  pod default/train-2a (GPUs 0-3, healthy) stays"
 cat <<TXT
 == look yourself (./demo.sh --serve keeps all this running):
   kubectl --server $KUBE get nodes,pods -A
   kubectl --server $KUBE get lease,cm -n faultline
+  kubectl --server $KUBE get node gpu-node-2 -o yaml     # taint, label, condition, faultline.io/quarantine
+  kubectl --server $KUBE get events -n default
   kubectl --server $KUBE get cm faultline-shard-0 -n faultline -o jsonpath='{.data.gpu-node-2\.json}'
   ls -la $OUT; cat $OUT/gpu-node-2.json   # the file sink: ..data -> ..<timestamp>/, a key per node
   curl -s ${AGENTS[0]}/v1/health?format=pretty
