@@ -43,7 +43,7 @@ for i in 1 2 3; do
 done
 AGG="http://127.0.0.1:$((BASE + 10))"
 target/release/faultline-aggregator --sink configmap --kube-server "$KUBE" --namespace faultline \
-  --remediation enforce --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
+  --remediation enforce --max-quarantined-percent 100 --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
   >"$WORK/aggregator.log" 2>&1 &
 PIDS+=($!)
 # A second aggregator with the file sink: the same documents in a directory laid out the

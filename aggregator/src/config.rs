@@ -76,6 +76,26 @@ pub struct Args {
     /// and leaves the pod.
     #[arg(long, env = "FAULTLINE_EVICTION_DEADLINE", default_value = "10m")]
     pub eviction_deadline: String,
+    /// Nodes quarantined at most at once, cluster-wide.
+    #[arg(long, env = "FAULTLINE_MAX_QUARANTINED", default_value_t = 5)]
+    pub max_quarantined: usize,
+    /// Share of accelerator nodes quarantined at most, in percent (one node always may be).
+    #[arg(
+        long,
+        env = "FAULTLINE_MAX_QUARANTINED_PERCENT",
+        default_value_t = 10.0
+    )]
+    pub max_quarantined_percent: f64,
+    /// Node label naming the failure domain (rack, zone) for a per-domain budget.
+    #[arg(long, env = "FAULTLINE_FAILURE_DOMAIN_LABEL", default_value = "")]
+    pub failure_domain_label: String,
+    /// Nodes of one failure domain quarantined at most at once.
+    #[arg(
+        long,
+        env = "FAULTLINE_MAX_QUARANTINED_PER_DOMAIN",
+        default_value_t = 2
+    )]
+    pub max_quarantined_per_domain: usize,
     /// Namespace of the Events about Nodes.
     #[arg(long, env = "FAULTLINE_EVENT_NAMESPACE", default_value = "default")]
     pub event_namespace: String,
@@ -136,6 +156,7 @@ pub struct Config {
     pub event_namespace: String,
     pub resource_names: Vec<String>,
     pub eviction_deadline: Duration,
+    pub budget: crate::remediate::Budget,
     pub rules: Option<PathBuf>,
     pub out: PathBuf,
     pub listen: SocketAddr,
@@ -258,7 +279,7 @@ impl Config {
             shards: a.shards,
             lease_duration,
             lease_retry,
-            node_selector: a.node_selector,
+            node_selector: a.node_selector.clone(),
             agent_port: a.agent_port,
             nudge_rate: a.nudge_rate,
             nudge_selector: a.nudge_selector,
@@ -273,6 +294,13 @@ impl Config {
                 .map(String::from)
                 .collect(),
             eviction_deadline: duration("eviction-deadline", &a.eviction_deadline)?,
+            budget: crate::remediate::Budget {
+                max_nodes: a.max_quarantined,
+                max_percent: a.max_quarantined_percent,
+                per_domain: (!a.failure_domain_label.is_empty())
+                    .then(|| (a.failure_domain_label.clone(), a.max_quarantined_per_domain)),
+                node_selector: a.node_selector.clone(),
+            },
             rules: a.rules,
             out: a.out,
             listen: a.listen,

@@ -320,7 +320,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                             &cfg.event_namespace,
                             &cfg.replica,
                         )
-                        .with_resources(cfg.resource_names.clone(), cfg.eviction_deadline),
+                        .with_resources(cfg.resource_names.clone(), cfg.eviction_deadline)
+                        .with_budget(cfg.budget.clone()),
                     )
                 }),
             }

@@ -122,6 +122,33 @@ pub enum Outcome {
     AlreadyDone,
     /// Isolated now.
     Isolated,
+    /// Not isolated: a budget is spent (why).
+    HeldBack(String),
+}
+
+/// How much may be quarantined at once, cluster-wide.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    /// Nodes quarantined at most.
+    pub max_nodes: usize,
+    /// Share of accelerator nodes quarantined at most, in percent.
+    pub max_percent: f64,
+    /// Nodes whose label names the failure domain (rack, zone) and how many of one
+    /// domain may be quarantined at most.
+    pub per_domain: Option<(String, usize)>,
+    /// Label selector of the accelerator nodes (the percentage's base).
+    pub node_selector: String,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            max_nodes: 5,
+            max_percent: 10.0,
+            per_domain: None,
+            node_selector: String::new(),
+        }
+    }
 }
 
 /// Why a pass failed.
@@ -150,6 +177,11 @@ pub struct Remediator {
     resources: Vec<String>,
     /// How long a PodDisruptionBudget may hold an eviction back before an alert.
     eviction_deadline: std::time::Duration,
+    budget: Budget,
+    /// One budget decision at a time.
+    budget_turn: tokio::sync::Mutex<()>,
+    /// Nodes held back by the budget (announced once each).
+    held_back: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// What an eviction pass did.
@@ -261,6 +293,9 @@ impl Remediator {
             .map(String::from)
             .to_vec(),
             eviction_deadline: std::time::Duration::from_secs(600),
+            budget: Budget::default(),
+            budget_turn: tokio::sync::Mutex::new(()),
+            held_back: Default::default(),
             mode,
             taint: Taint {
                 key: taint_key.to_string(),
@@ -299,6 +334,99 @@ impl Remediator {
         }
         self.eviction_deadline = eviction_deadline;
         self
+    }
+
+    /// The quarantine budget.
+    pub fn with_budget(mut self, budget: Budget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// Why quarantining `node` now would exceed a budget, if it would. Counted from the
+    /// Nodes themselves (the devices label), so every replica sees the same count.
+    async fn over_budget(&self, node: &Node) -> Result<Option<String>, RemediateError> {
+        let quarantined = self
+            .nodes
+            .list(&ListParams::default().labels(DEVICES_LABEL))
+            .await?
+            .items;
+        let b = &self.budget;
+        if quarantined.len() >= b.max_nodes {
+            return Ok(Some(format!(
+                "{} nodes quarantined, budget {}",
+                quarantined.len(),
+                b.max_nodes
+            )));
+        }
+        let mut lp = ListParams::default();
+        if !b.node_selector.is_empty() {
+            lp = lp.labels(&b.node_selector);
+        }
+        let total = self.nodes.list(&lp).await?.items.len().max(1);
+        // The share applies from the second node on: one quarantine is always allowed
+        // (within max_nodes), or a small cluster could never isolate anything.
+        let share = (quarantined.len() + 1) as f64 * 100.0 / total as f64;
+        if !quarantined.is_empty() && share > b.max_percent {
+            return Ok(Some(format!(
+                "{} of {total} nodes would be quarantined ({share:.0}%), budget {}%",
+                quarantined.len() + 1,
+                b.max_percent
+            )));
+        }
+        if let Some((label, max)) = &b.per_domain {
+            let domain = node
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(label))
+                .cloned()
+                .unwrap_or_default();
+            let same = quarantined
+                .iter()
+                .filter(|n| n.metadata.labels.as_ref().and_then(|l| l.get(label)) == Some(&domain))
+                .count();
+            if same >= *max {
+                return Ok(Some(format!(
+                    "{same} nodes of {label}={domain} quarantined, budget {max}"
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Record and announce a node held back by the budget: once per node, and one
+    /// alert for the first node held back while others pass.
+    async fn hold_back(&self, node: &str, why: String) -> Result<Outcome, RemediateError> {
+        let (first_for_node, first_overall) = {
+            let mut g = self.held_back.lock().unwrap_or_else(|p| p.into_inner());
+            let overall = g.is_empty();
+            (g.insert(node.to_string()), overall)
+        };
+        if first_for_node {
+            tracing::warn!(node, %why, "quarantine held back by the budget");
+            self.event(
+                node,
+                "FaultlineHeldBack",
+                format!("not quarantined: {why}"),
+                true,
+            )
+            .await?;
+        }
+        if first_overall {
+            tracing::error!(%why, "quarantine budget exhausted: further failed nodes are held back");
+            self.event(node, "FaultlineBudgetExhausted", format!("quarantine budget exhausted ({why}); failed nodes are held back until quarantines are released"), true).await?;
+        }
+        Ok(Outcome::HeldBack(why))
+    }
+
+    /// Nodes held back by the budget now.
+    pub fn held_back(&self) -> Vec<String> {
+        self.held_back
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Evict, through the Eviction API, the pods on `node` that use a failed device,
@@ -485,9 +613,31 @@ impl Remediator {
         let has_taint = taints
             .iter()
             .any(|t| t.key == self.taint.key && t.effect == self.taint.effect);
-        if existing.as_ref().is_some_and(|r| r.fingerprint == fp) && has_taint {
+        let has_condition = live
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == CONDITION && c.status == "False")
+            });
+        let same_fault = existing.as_ref().is_some_and(|r| r.fingerprint == fp);
+        if same_fault && has_taint && has_condition {
             return Ok(Outcome::AlreadyDone);
         }
+        // A node not yet quarantined is quarantined only within the budget. Decisions
+        // are taken one at a time in this replica (check, then write), so concurrent
+        // passes cannot all see room for one more. (Replicas decide for their own shards;
+        // across replicas the count can exceed the budget by at most replicas - 1.)
+        let _budget_turn = if existing.is_none() && !has_taint && self.mode == Mode::Enforce {
+            let turn = self.budget_turn.lock().await;
+            if let Some(why) = self.over_budget(&live).await? {
+                return self.hold_back(node, why).await;
+            }
+            Some(turn)
+        } else {
+            None
+        };
         let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
         let summary = format!(
             "{} failed on {node}: {}",
@@ -573,9 +723,18 @@ impl Remediator {
         }));
         let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
             .map_err(|e| RemediateError::Record(node.to_string(), e.to_string()))?;
-        self.nodes
-            .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
-            .await?;
+        // Taint, label and record in one write, unless only the condition was missing.
+        if !(same_fault && has_taint) {
+            if !fence() {
+                return Err(RemediateError::NotHolder);
+            }
+            self.nodes
+                .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await?;
+        }
+        if !fence() {
+            return Err(RemediateError::NotHolder);
+        }
 
         // The condition lives in status; conditions merge by type.
         let condition = serde_json::json!({"status": {"conditions": [{
@@ -585,6 +744,14 @@ impl Remediator {
         self.nodes
             .patch_status(node, &PatchParams::default(), &Patch::Strategic(condition))
             .await?;
+        if same_fault && has_taint {
+            // Only the condition was missing (a pass cut short): no new announcement.
+            return Ok(Outcome::Isolated);
+        }
+        self.held_back
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(node);
         tracing::warn!(node, devices = ?ids, taint = %self.taint.key, actor = %self.actor, "quarantined");
         self.event(
             node,

@@ -290,3 +290,93 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
         .as_object()
         .is_none_or(|m| m.is_empty()));
 }
+
+#[tokio::test]
+async fn ten_failed_nodes_against_a_budget_of_three() {
+    let (server, client) = setup().await;
+    for i in 0..30 {
+        server.create("nodes", "", json!({"metadata": {"name": format!("n{i:02}"), "labels": {"rack": format!("r{}", i % 3)}}})).unwrap();
+    }
+    let r = Remediator::new(
+        client,
+        Mode::Enforce,
+        "nvidia.com/gpu-fault",
+        "default",
+        "replica-0",
+    )
+    .with_budget(faultline_aggregator::remediate::Budget {
+        max_nodes: 3,
+        max_percent: 50.0,
+        per_domain: None,
+        node_selector: String::new(),
+    });
+    let mut isolated = 0;
+    let mut held = 0;
+    for i in 0..10 {
+        // Passes repeat, as the reconcile loop does.
+        for _ in 0..2 {
+            match r
+                .isolate(&format!("n{i:02}"), failed("gpu0"))
+                .await
+                .unwrap()
+            {
+                Outcome::Isolated => isolated += 1,
+                Outcome::HeldBack(_) => held += 1,
+                Outcome::AlreadyDone => {}
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!(isolated, 3);
+    assert_eq!(r.held_back().len(), 7);
+    assert_eq!(
+        held, 14,
+        "each held-back node stays held back on every pass"
+    );
+    let tainted = server
+        .list("nodes", "")
+        .iter()
+        .filter(|n| {
+            n["spec"]["taints"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["key"] == "nvidia.com/gpu-fault"))
+        })
+        .count();
+    assert_eq!(tainted, 3);
+    assert_eq!(
+        events(&server, "FaultlineHeldBack"),
+        7,
+        "one record per held-back node"
+    );
+    assert_eq!(events(&server, "FaultlineBudgetExhausted"), 1, "one alert");
+
+    // Per failure domain: at most one per rack.
+    let (server, client) = setup().await;
+    for i in 0..6 {
+        server.create("nodes", "", json!({"metadata": {"name": format!("m{i}"), "labels": {"rack": format!("r{}", i % 2)}}})).unwrap();
+    }
+    let r = Remediator::new(
+        client,
+        Mode::Enforce,
+        "nvidia.com/gpu-fault",
+        "default",
+        "replica-0",
+    )
+    .with_budget(faultline_aggregator::remediate::Budget {
+        max_nodes: 10,
+        max_percent: 100.0,
+        per_domain: Some(("rack".into(), 1)),
+        node_selector: String::new(),
+    });
+    let outcomes: Vec<bool> = futures_util::future::join_all((0..4).map(|i| {
+        let r = &r;
+        async move {
+            matches!(
+                r.isolate(&format!("m{i}"), failed("gpu0")).await.unwrap(),
+                Outcome::Isolated
+            )
+        }
+    }))
+    .await;
+    assert_eq!(outcomes.iter().filter(|o| **o).count(), 2, "{outcomes:?}");
+}
