@@ -96,6 +96,20 @@ pub struct Args {
         default_value_t = 2
     )]
     pub max_quarantined_per_domain: usize,
+    /// Circuit breaker: this many nodes failing within --breaker-window stop all
+    /// remediation until a person closes the breaker (0: no breaker).
+    #[arg(long, env = "FAULTLINE_BREAKER_NODES", default_value_t = 10)]
+    pub breaker_nodes: usize,
+    /// The breaker's window.
+    #[arg(long, env = "FAULTLINE_BREAKER_WINDOW", default_value = "5m")]
+    pub breaker_window: String,
+    /// Evictions per minute at most, cluster-wide per replica (0: no limit).
+    #[arg(
+        long,
+        env = "FAULTLINE_MAX_EVICTIONS_PER_MINUTE",
+        default_value_t = 30.0
+    )]
+    pub max_evictions_per_minute: f64,
     /// Namespace of the Events about Nodes.
     #[arg(long, env = "FAULTLINE_EVENT_NAMESPACE", default_value = "default")]
     pub event_namespace: String,
@@ -157,6 +171,9 @@ pub struct Config {
     pub resource_names: Vec<String>,
     pub eviction_deadline: Duration,
     pub budget: crate::remediate::Budget,
+    pub breaker_nodes: usize,
+    pub breaker_window: Duration,
+    pub max_evictions_per_minute: f64,
     pub rules: Option<PathBuf>,
     pub out: PathBuf,
     pub listen: SocketAddr,
@@ -294,6 +311,9 @@ impl Config {
                 .map(String::from)
                 .collect(),
             eviction_deadline: duration("eviction-deadline", &a.eviction_deadline)?,
+            breaker_nodes: a.breaker_nodes,
+            breaker_window: duration("breaker-window", &a.breaker_window)?,
+            max_evictions_per_minute: a.max_evictions_per_minute.max(0.0),
             budget: crate::remediate::Budget {
                 max_nodes: a.max_quarantined,
                 max_percent: a.max_quarantined_percent,

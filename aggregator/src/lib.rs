@@ -147,6 +147,8 @@ fn remediate_nodes(
     pipeline: &Pipeline,
     in_flight: &Arc<Mutex<std::collections::BTreeSet<String>>>,
     nodes: Vec<String>,
+    // Nodes that just turned failed (they feed the circuit breaker), not a reconcile.
+    fresh: bool,
 ) {
     let Sink::ConfigMap {
         held,
@@ -173,6 +175,11 @@ fn remediate_nodes(
         let (r, held, in_flight) = (r.clone(), held.clone(), in_flight.clone());
         tokio::spawn(async move {
             let fence = move || held.holds(shard);
+            if fresh {
+                if let Err(e) = r.note_failure(&node).await {
+                    tracing::warn!(node = %node, error = %e, "cannot update the circuit breaker");
+                }
+            }
             // Isolate first (no new pods land there), then move the workloads off.
             let pass = match r.isolate_fenced(&node, devices, &fence).await {
                 Ok(outcome) => {
@@ -321,7 +328,18 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                             &cfg.replica,
                         )
                         .with_resources(cfg.resource_names.clone(), cfg.eviction_deadline)
-                        .with_budget(cfg.budget.clone()),
+                        .with_budget(cfg.budget.clone())
+                        .with_breaker(
+                            (cfg.breaker_nodes > 0).then(|| {
+                                remediate::Breaker::new(
+                                    Api::namespaced(kube.clone(), &cfg.namespace),
+                                    format!("{}-breaker", cfg.name),
+                                    cfg.breaker_nodes,
+                                    cfg.breaker_window,
+                                )
+                            }),
+                            cfg.max_evictions_per_minute,
+                        ),
                     )
                 }),
             }
@@ -400,7 +418,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         dirty |= !c.nodes.is_empty();
                         urgent |= c.urgent;
                         if c.urgent {
-                            remediate_nodes(&sink, &pipeline, &remediating, c.alarming.clone());
+                            remediate_nodes(&sink, &pipeline, &remediating, c.alarming.clone(), true);
                         }
                         alarming.extend(c.alarming);
                     }
@@ -409,13 +427,13 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         dirty |= !c.nodes.is_empty() || failed.load(std::sync::atomic::Ordering::Acquire);
                         urgent |= c.urgent;
                         if c.urgent {
-                            remediate_nodes(&sink, &pipeline, &remediating, c.alarming.clone());
+                            remediate_nodes(&sink, &pipeline, &remediating, c.alarming.clone(), true);
                         }
                         alarming.extend(c.alarming);
                         if last_reconcile.elapsed() >= Duration::from_secs(10) {
                             last_reconcile = Instant::now();
                             let failed: Vec<String> = pipeline.node_names().cloned().collect();
-                            remediate_nodes(&sink, &pipeline, &remediating, failed);
+                            remediate_nodes(&sink, &pipeline, &remediating, failed, false);
                         }
                         // A shard just taken is written at once.
                         if let Sink::ConfigMap { held, .. } = &sink {

@@ -124,6 +124,98 @@ pub enum Outcome {
     Isolated,
     /// Not isolated: a budget is spent (why).
     HeldBack(String),
+    /// Not isolated: the circuit breaker is open.
+    BreakerOpen,
+}
+
+/// The circuit breaker: when very many nodes fail within a short time it is usually the
+/// monitoring, not the hardware. Once `nodes` distinct nodes failed within `window`,
+/// the breaker opens: a ConfigMap `<name>-breaker` with `state: open`, which every
+/// replica reads before acting. Nothing is isolated or evicted until a person closes it
+/// (`kubectl patch cm <name>-breaker --type merge -p '{"data":{"state":"closed"}}'`).
+pub struct Breaker {
+    api: Api<k8s_openapi::api::core::v1::ConfigMap>,
+    name: String,
+    nodes: usize,
+    window: std::time::Duration,
+    recent: std::sync::Mutex<std::collections::VecDeque<(String, std::time::Instant)>>,
+}
+
+impl Breaker {
+    /// A breaker stored in the ConfigMap `name` through `api`.
+    pub fn new(
+        api: Api<k8s_openapi::api::core::v1::ConfigMap>,
+        name: String,
+        nodes: usize,
+        window: std::time::Duration,
+    ) -> Self {
+        Breaker {
+            api,
+            name,
+            nodes: nodes.max(1),
+            window,
+            recent: Default::default(),
+        }
+    }
+
+    /// Whether it is open now (a person has not closed it).
+    pub async fn is_open(&self) -> Result<bool, RemediateError> {
+        Ok(self
+            .api
+            .get_opt(&self.name)
+            .await?
+            .and_then(|cm| cm.data)
+            .is_some_and(|d| d.get("state").map(String::as_str) == Some("open")))
+    }
+
+    /// Note that `node` failed now; opens the breaker when too many did.
+    pub async fn note_failure(&self, node: &str) -> Result<bool, RemediateError> {
+        let (count, trip) = {
+            let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            let now = std::time::Instant::now();
+            while r
+                .front()
+                .is_some_and(|(_, t)| now.duration_since(*t) > self.window)
+            {
+                r.pop_front();
+            }
+            if !r.iter().any(|(n, _)| n == node) {
+                r.push_back((node.to_string(), now));
+            }
+            (r.len(), r.len() >= self.nodes)
+        };
+        if trip && !self.is_open().await? {
+            let data = BTreeMap::from([
+                ("state".to_string(), "open".to_string()),
+                ("since".to_string(), now()),
+                (
+                    "reason".to_string(),
+                    format!("{count} nodes failed within {}s", self.window.as_secs()),
+                ),
+            ]);
+            let cm = k8s_openapi::api::core::v1::ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..Default::default()
+                },
+                data: Some(data.clone()),
+                ..Default::default()
+            };
+            match self.api.get_opt(&self.name).await? {
+                Some(mut cur) => {
+                    cur.data = Some(data);
+                    self.api
+                        .replace(&self.name, &PostParams::default(), &cur)
+                        .await?;
+                }
+                None => {
+                    self.api.create(&PostParams::default(), &cm).await?;
+                }
+            }
+            tracing::error!(count, window = ?self.window, "circuit breaker opened: remediation stopped until a person closes it");
+        }
+        Ok(trip)
+    }
 }
 
 /// How much may be quarantined at once, cluster-wide.
@@ -180,6 +272,10 @@ pub struct Remediator {
     budget: Budget,
     /// One budget decision at a time.
     budget_turn: tokio::sync::Mutex<()>,
+    breaker: Option<Breaker>,
+    /// Evictions per minute at most (a token bucket; 0: no limit).
+    evictions_per_minute: f64,
+    eviction_tokens: std::sync::Mutex<(f64, std::time::Instant)>,
     /// Nodes held back by the budget (announced once each).
     held_back: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
@@ -295,6 +391,9 @@ impl Remediator {
             eviction_deadline: std::time::Duration::from_secs(600),
             budget: Budget::default(),
             budget_turn: tokio::sync::Mutex::new(()),
+            breaker: None,
+            evictions_per_minute: 0.0,
+            eviction_tokens: std::sync::Mutex::new((0.0, std::time::Instant::now())),
             held_back: Default::default(),
             mode,
             taint: Taint {
@@ -340,6 +439,52 @@ impl Remediator {
     pub fn with_budget(mut self, budget: Budget) -> Self {
         self.budget = budget;
         self
+    }
+
+    /// The circuit breaker and the eviction rate (per minute; 0: no limit).
+    pub fn with_breaker(mut self, breaker: Option<Breaker>, evictions_per_minute: f64) -> Self {
+        self.breaker = breaker;
+        self.evictions_per_minute = evictions_per_minute;
+        *self
+            .eviction_tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = (evictions_per_minute, std::time::Instant::now());
+        self
+    }
+
+    /// Note a node that just failed (feeds the breaker).
+    pub async fn note_failure(&self, node: &str) -> Result<(), RemediateError> {
+        if let Some(b) = &self.breaker {
+            b.note_failure(node).await?;
+        }
+        Ok(())
+    }
+
+    async fn breaker_open(&self) -> Result<bool, RemediateError> {
+        match &self.breaker {
+            Some(b) => b.is_open().await,
+            None => Ok(false),
+        }
+    }
+
+    fn take_eviction_token(&self) -> bool {
+        if self.evictions_per_minute <= 0.0 {
+            return true;
+        }
+        let mut g = self
+            .eviction_tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        let refill = now.duration_since(g.1).as_secs_f64() * self.evictions_per_minute / 60.0;
+        g.0 = (g.0 + refill).min(self.evictions_per_minute);
+        g.1 = now;
+        if g.0 >= 1.0 {
+            g.0 -= 1.0;
+            true
+        } else {
+            false
+        }
     }
 
     /// Why quarantining `node` now would exceed a budget, if it would. Counted from the
@@ -439,7 +584,7 @@ impl Remediator {
         fence: &(dyn Fn() -> bool + Sync),
     ) -> Result<Evictions, RemediateError> {
         let mut out = Evictions::default();
-        if self.mode == Mode::Off {
+        if self.mode == Mode::Off || self.breaker_open().await? {
             return Ok(out);
         }
         let live = self.nodes.get(node).await?;
@@ -478,6 +623,11 @@ impl Remediator {
             }
             if !fence() {
                 return Err(RemediateError::NotHolder);
+            }
+            // Past the eviction rate the pod waits for a later pass.
+            if !self.take_eviction_token() {
+                out.blocked.push(key);
+                continue;
             }
             let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
             match api.evict(name, &EvictParams::default()).await {
@@ -601,6 +751,9 @@ impl Remediator {
     ) -> Result<Outcome, RemediateError> {
         if self.mode == Mode::Off || devices.is_empty() {
             return Ok(Outcome::Off);
+        }
+        if self.breaker_open().await? {
+            return Ok(Outcome::BreakerOpen);
         }
         let fp = fingerprint(node, &devices);
         let live = self.nodes.get(node).await?;

@@ -380,3 +380,91 @@ async fn ten_failed_nodes_against_a_budget_of_three() {
     .await;
     assert_eq!(outcomes.iter().filter(|o| **o).count(), 2, "{outcomes:?}");
 }
+
+#[tokio::test]
+async fn the_breaker_stops_everything_until_a_person_closes_it() {
+    let (server, client) = setup().await;
+    server
+        .create("namespaces", "", json!({"metadata": {"name": "faultline"}}))
+        .unwrap();
+    for i in 0..5 {
+        server
+            .create("nodes", "", json!({"metadata": {"name": format!("b{i}")}}))
+            .unwrap();
+    }
+    let breaker = faultline_aggregator::remediate::Breaker::new(
+        kube::Api::namespaced(client.clone(), "faultline"),
+        "faultline-breaker".into(),
+        3,
+        std::time::Duration::from_secs(300),
+    );
+    let r = Remediator::new(
+        client,
+        Mode::Enforce,
+        "nvidia.com/gpu-fault",
+        "default",
+        "replica-0",
+    )
+    .with_budget(faultline_aggregator::remediate::Budget {
+        max_nodes: 100,
+        max_percent: 100.0,
+        per_domain: None,
+        node_selector: String::new(),
+    })
+    .with_breaker(Some(breaker), 0.0);
+    let mut outcomes = Vec::new();
+    for i in 0..5 {
+        let n = format!("b{i}");
+        r.note_failure(&n).await.unwrap();
+        outcomes.push(r.isolate(&n, failed("gpu0")).await.unwrap());
+    }
+    assert_eq!(outcomes[..2], [Outcome::Isolated, Outcome::Isolated]);
+    assert!(
+        outcomes[2..].iter().all(|o| *o == Outcome::BreakerOpen),
+        "{outcomes:?}"
+    );
+    let cm = server
+        .get("configmaps", "faultline", "faultline-breaker")
+        .unwrap();
+    assert_eq!(cm["data"]["state"], "open");
+    // Nothing moves, even for a node already known, until a person closes it.
+    assert_eq!(
+        r.isolate("b3", failed("gpu0")).await.unwrap(),
+        Outcome::BreakerOpen
+    );
+    let mut cm = cm;
+    cm["data"]["state"] = json!("closed");
+    server
+        .update("configmaps", "faultline", "faultline-breaker", cm, None)
+        .unwrap();
+    assert_eq!(
+        r.isolate("b3", failed("gpu0")).await.unwrap(),
+        Outcome::Isolated
+    );
+}
+
+#[tokio::test]
+async fn evictions_are_rate_limited_and_the_rest_wait() {
+    let (server, client) = setup().await;
+    for i in 0..4 {
+        server
+            .create("pods", "default", pod(&format!("w{i}"), true, None))
+            .unwrap();
+    }
+    let r = Remediator::new(
+        client,
+        Mode::Enforce,
+        "nvidia.com/gpu-fault",
+        "default",
+        "replica-0",
+    )
+    .with_breaker(None, 2.0);
+    r.isolate("gpu-1", failed("gpu3")).await.unwrap();
+    let first = r.evict_fenced("gpu-1", &|| true).await.unwrap();
+    assert_eq!(
+        (first.evicted.len(), first.blocked.len()),
+        (2, 2),
+        "{first:?}"
+    );
+    assert_eq!(server.list("pods", "default").len(), 2);
+}
