@@ -96,6 +96,9 @@ pub struct Args {
         default_value_t = 2
     )]
     pub max_quarantined_per_domain: usize,
+    /// Devices unknown this long may get the node a NoSchedule taint (never an eviction).
+    #[arg(long, env = "FAULTLINE_UNKNOWN_TOLERANCE", default_value = "5m")]
+    pub unknown_tolerance: String,
     /// Circuit breaker: this many nodes failing within --breaker-window stop all
     /// remediation until a person closes the breaker (0: no breaker).
     #[arg(long, env = "FAULTLINE_BREAKER_NODES", default_value_t = 10)]
@@ -173,6 +176,7 @@ pub struct Config {
     pub budget: crate::remediate::Budget,
     pub breaker_nodes: usize,
     pub breaker_window: Duration,
+    pub unknown_tolerance: Duration,
     pub max_evictions_per_minute: f64,
     pub rules: Option<PathBuf>,
     pub out: PathBuf,
@@ -311,6 +315,7 @@ impl Config {
                 .map(String::from)
                 .collect(),
             eviction_deadline: duration("eviction-deadline", &a.eviction_deadline)?,
+            unknown_tolerance: duration("unknown-tolerance", &a.unknown_tolerance)?,
             breaker_nodes: a.breaker_nodes,
             breaker_window: duration("breaker-window", &a.breaker_window)?,
             max_evictions_per_minute: a.max_evictions_per_minute.max(0.0),

@@ -201,6 +201,54 @@ fn remediate_nodes(
     }
 }
 
+/// Nodes whose devices have been unknown past the tolerance may get the NoSchedule taint
+/// (never an eviction), in the shard holder only.
+fn guard_unknown_nodes(
+    sink: &Sink,
+    pipeline: &Pipeline,
+    in_flight: &Arc<Mutex<std::collections::BTreeSet<String>>>,
+    tolerance: Duration,
+) {
+    let Sink::ConfigMap {
+        held,
+        shards,
+        remediator: Some(r),
+        ..
+    } = sink
+    else {
+        return;
+    };
+    let now = now_ms();
+    for node in pipeline.node_names() {
+        let devices = pipeline.unknown_devices(node, tolerance.as_millis() as u64, now);
+        let shard = shard_of(node, *shards);
+        if devices.is_empty() || !held.holds(shard) {
+            continue;
+        }
+        if !in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node.clone())
+        {
+            continue;
+        }
+        let (r, held, in_flight, node) = (r.clone(), held.clone(), in_flight.clone(), node.clone());
+        tokio::spawn(async move {
+            let fence = move || held.holds(shard);
+            match r.guard_unknown_fenced(&node, devices, &fence).await {
+                Ok(outcome) => tracing::debug!(node = %node, ?outcome, "unknown guard pass"),
+                Err(e) => {
+                    tracing::warn!(node = %node, error = %e, "unknown guard pass failed; the next one retries")
+                }
+            }
+            in_flight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&node);
+        });
+    }
+}
+
 /// A Kubernetes client: `--kube-server` (plain, for the test server), else in-cluster
 /// or $KUBECONFIG. kube's own retry of 429/503 is off: callers decide what to retry.
 async fn kube_client(cfg: &Config) -> anyhow::Result<kube::Client> {
@@ -434,6 +482,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                             last_reconcile = Instant::now();
                             let failed: Vec<String> = pipeline.node_names().cloned().collect();
                             remediate_nodes(&sink, &pipeline, &remediating, failed, false);
+                            guard_unknown_nodes(&sink, &pipeline, &remediating, cfg.unknown_tolerance);
                         }
                         // A shard just taken is written at once.
                         if let Sink::ConfigMap { held, .. } = &sink {

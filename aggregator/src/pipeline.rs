@@ -341,6 +341,38 @@ impl Pipeline {
             .collect()
     }
 
+    /// The devices of a node unknown for at least `tolerance_ms` (none failed: a failed
+    /// device is isolation's business).
+    pub fn unknown_devices(
+        &self,
+        name: &str,
+        tolerance_ms: u64,
+        now_ms: u64,
+    ) -> Vec<crate::remediate::RecordDevice> {
+        let Some(n) = self.nodes.get(name) else {
+            return Vec::new();
+        };
+        if n.devices
+            .values()
+            .any(|d| d.state.status == DeviceStatus::Failed)
+        {
+            return Vec::new();
+        }
+        n.devices
+            .iter()
+            .filter(|(_, d)| {
+                d.state.status == DeviceStatus::Unknown
+                    && now_ms.saturating_sub(d.state.since_ms) >= tolerance_ms
+            })
+            .map(|(id, d)| crate::remediate::RecordDevice {
+                id: id.clone(),
+                uuid: None,
+                pci_bus_id: None,
+                reason: d.state.reason.clone().unwrap_or_else(|| "unknown".into()),
+            })
+            .collect()
+    }
+
     /// Counts over every device.
     pub fn summary(&self) -> FaultSummary {
         FaultSummary::of(

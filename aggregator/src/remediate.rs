@@ -99,6 +99,9 @@ pub struct QuarantineRecord {
     /// Pods whose eviction a PodDisruptionBudget refuses, and since when.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub eviction_blocked: BTreeMap<String, String>,
+    /// Tainted only because devices were unknown too long: nothing is evicted for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown_only: bool,
 }
 
 /// The fingerprint of a set of failed devices on a node.
@@ -126,6 +129,8 @@ pub enum Outcome {
     HeldBack(String),
     /// Not isolated: the circuit breaker is open.
     BreakerOpen,
+    /// The node itself is not Ready: Kubernetes' node lifecycle handles it.
+    LeftToKubernetes,
 }
 
 /// The circuit breaker: when very many nodes fail within a short time it is usually the
@@ -574,6 +579,126 @@ impl Remediator {
             .collect()
     }
 
+    /// Devices unknown for longer than the tolerance: the node may get the NoSchedule
+    /// taint (value `unknown`) so no new work lands on devices nobody can see, but
+    /// nothing is ever evicted for it, and a node that is itself NotReady is left to
+    /// Kubernetes' node lifecycle. Within the budget and the breaker, like isolation.
+    pub async fn guard_unknown_fenced(
+        &self,
+        node: &str,
+        devices: Vec<RecordDevice>,
+        fence: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Outcome, RemediateError> {
+        if self.mode == Mode::Off || devices.is_empty() {
+            return Ok(Outcome::Off);
+        }
+        if self.breaker_open().await? {
+            return Ok(Outcome::BreakerOpen);
+        }
+        let live = self.nodes.get(node).await?;
+        let ready = live
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status == "True");
+        // No Ready condition at all (a node object without a kubelet) is not "NotReady".
+        if ready == Some(false) {
+            return Ok(Outcome::LeftToKubernetes);
+        }
+        let taints = live
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        if taints.iter().any(|t| t.key == self.taint.key) || Self::record_of(&live)?.is_some() {
+            return Ok(Outcome::AlreadyDone);
+        }
+        let _turn = self.budget_turn.lock().await;
+        if let Some(why) = self.over_budget(&live).await? {
+            return self.hold_back(node, why).await;
+        }
+        let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
+        if !fence() {
+            return Err(RemediateError::NotHolder);
+        }
+        if self.mode == Mode::DryRun {
+            self.event(
+                node,
+                "FaultlineWouldCordonUnknown",
+                format!(
+                    "dry-run: would taint {}=unknown: {} unknown past the tolerance",
+                    self.taint.key,
+                    ids.join(", ")
+                ),
+                true,
+            )
+            .await?;
+            return Ok(Outcome::Announced);
+        }
+        let now = now();
+        let record = QuarantineRecord {
+            node: node.to_string(),
+            devices: devices.clone(),
+            source: "faultline-aggregator".into(),
+            fingerprint: fingerprint(node, &devices),
+            first_seen: now.clone(),
+            last_seen: now.clone(),
+            actor: self.actor.clone(),
+            expiry: None,
+            owned_taint: Some(self.taint.key.clone()),
+            owned_label: true,
+            actions: vec![Action {
+                action: "taint-unknown".into(),
+                at: now.clone(),
+                actor: self.actor.clone(),
+            }],
+            evicted: vec![],
+            eviction_blocked: BTreeMap::new(),
+            unknown_only: true,
+        };
+        let mut t = taints;
+        t.push(Taint {
+            value: Some("unknown".into()),
+            ..self.taint.clone()
+        });
+        let mut ops = vec![
+            serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version}),
+        ];
+        if live.spec.is_none() {
+            ops.push(serde_json::json!({"op": "add", "path": "/spec", "value": {}}));
+        }
+        ops.push(serde_json::json!({"op": "add", "path": "/spec/taints", "value": t}));
+        if live.metadata.labels.is_none() {
+            ops.push(serde_json::json!({"op": "add", "path": "/metadata/labels", "value": {}}));
+        }
+        ops.push(serde_json::json!({"op": "add", "path": format!("/metadata/labels/{}", escape(DEVICES_LABEL)), "value": "unknown"}));
+        if live.metadata.annotations.is_none() {
+            ops.push(
+                serde_json::json!({"op": "add", "path": "/metadata/annotations", "value": {}}),
+            );
+        }
+        ops.push(serde_json::json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(RECORD_ANNOTATION)), "value": serde_json::to_string(&record).unwrap_or_default()}));
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+            .map_err(|e| RemediateError::Record(node.to_string(), e.to_string()))?;
+        self.nodes
+            .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await?;
+        tracing::warn!(node, devices = ?ids, "devices unknown past the tolerance: tainted NoSchedule, nothing evicted");
+        self.event(
+            node,
+            "FaultlineUnknownCordoned",
+            format!(
+                "tainted {}=unknown:NoSchedule: {} unknown past the tolerance; nothing evicted",
+                self.taint.key,
+                ids.join(", ")
+            ),
+            true,
+        )
+        .await?;
+        Ok(Outcome::Isolated)
+    }
+
     /// Evict, through the Eviction API, the pods on `node` that use a failed device,
     /// each at most once per fault (the record on the Node remembers), never DaemonSet,
     /// mirror, finished or terminating pods. A 429 (a PodDisruptionBudget) is retried by
@@ -588,7 +713,7 @@ impl Remediator {
             return Ok(out);
         }
         let live = self.nodes.get(node).await?;
-        let Some(mut record) = Self::record_of(&live)? else {
+        let Some(mut record) = Self::record_of(&live)?.filter(|r| !r.unknown_only) else {
             return Ok(out);
         };
         let all: Api<Pod> = Api::all(self.client.clone());
@@ -831,7 +956,9 @@ impl Remediator {
             actions: vec![],
             evicted: vec![],
             eviction_blocked: BTreeMap::new(),
+            unknown_only: false,
         });
+        record.unknown_only = false;
         record.devices = devices;
         record.fingerprint = fp;
         record.last_seen = now.clone();

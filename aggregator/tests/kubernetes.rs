@@ -501,3 +501,62 @@ async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_no
     assert_eq!(quarantined, 1);
     agg.cancel_token().cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_eviction() {
+    let (server, kube) = api_server().await;
+    let a = agent("n1").await;
+    server
+        .create("nodes", "", json!({"metadata": {"name": "n1"}}))
+        .unwrap();
+    server
+        .create("pods", "default", json!({"metadata": {"name": "w"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, "state_machine:\n  unknown_after_ms: 1000\n").unwrap();
+    let agg = aggregator(
+        &kube,
+        "r1",
+        1,
+        &[
+            "--agents".into(),
+            format!("http://{}", a.addr),
+            "--remediation".into(),
+            "enforce".into(),
+            "--unknown-tolerance".into(),
+            "1s".into(),
+            "--rules".into(),
+            rules.to_str().unwrap().into(),
+        ],
+    )
+    .await;
+    until(Duration::from_secs(10), "healthy", || {
+        node_entry(&server, 1, "n1").filter(|e| e.summary.healthy == 4)
+    })
+    .await;
+    a.shutdown().await;
+    let (taint, _) = until(Duration::from_secs(20), "n1 tainted for unknown", || {
+        server.get("nodes", "", "n1").unwrap()["spec"]["taints"]
+            .as_array()
+            .and_then(|t| t.first().cloned())
+    })
+    .await;
+    assert_eq!(
+        (taint["key"].as_str(), taint["value"].as_str()),
+        (Some("nvidia.com/gpu-fault"), Some("unknown"))
+    );
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(
+        server.get("pods", "default", "w").is_some(),
+        "unknown never evicts"
+    );
+    assert_eq!(
+        server.get("nodes", "", "n1").unwrap()["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    agg.cancel_token().cancel();
+}

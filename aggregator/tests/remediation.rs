@@ -468,3 +468,63 @@ async fn evictions_are_rate_limited_and_the_rest_wait() {
     );
     assert_eq!(server.list("pods", "default").len(), 2);
 }
+
+#[tokio::test]
+async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alone() {
+    let (server, client) = setup().await;
+    server
+        .create("pods", "default", pod("w0", true, None))
+        .unwrap();
+    server
+        .create("nodes", "", json!({"metadata": {"name": "down"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}))
+        .unwrap();
+    let r = Remediator::new(
+        client,
+        Mode::Enforce,
+        "nvidia.com/gpu-fault",
+        "default",
+        "replica-0",
+    );
+    let unknown = vec![RecordDevice {
+        id: "gpu0".into(),
+        uuid: None,
+        pci_bus_id: None,
+        reason: "no-fresh-data".into(),
+    }];
+    assert_eq!(
+        r.guard_unknown_fenced("down", unknown.clone(), &|| true)
+            .await
+            .unwrap(),
+        Outcome::LeftToKubernetes
+    );
+    assert!(server.get("nodes", "", "down").unwrap()["spec"].is_null());
+    assert_eq!(
+        r.guard_unknown_fenced("gpu-1", unknown.clone(), &|| true)
+            .await
+            .unwrap(),
+        Outcome::Isolated
+    );
+    assert_eq!(
+        r.guard_unknown_fenced("gpu-1", unknown, &|| true)
+            .await
+            .unwrap(),
+        Outcome::AlreadyDone
+    );
+    let node = server.get("nodes", "", "gpu-1").unwrap();
+    let ours: Vec<&Value> = node["spec"]["taints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["key"] == "nvidia.com/gpu-fault")
+        .collect();
+    assert_eq!(ours.len(), 1);
+    assert_eq!(
+        (ours[0]["value"].as_str(), ours[0]["effect"].as_str()),
+        (Some("unknown"), Some("NoSchedule"))
+    );
+    // No eviction for unknown, whatever pass runs.
+    let e = r.evict_fenced("gpu-1", &|| true).await.unwrap();
+    assert!(e.evicted.is_empty() && e.blocked.is_empty(), "{e:?}");
+    assert!(server.get("pods", "default", "w0").is_some());
+    assert_eq!(events(&server, "FaultlineUnknownCordoned"), 1);
+}
