@@ -114,6 +114,17 @@ pub fn fingerprint(node: &str, devices: &[RecordDevice]) -> String {
     format!("{node}/{}", parts.join(","))
 }
 
+/// One structured audit line per action (target `faultline::audit`): the action, the
+/// node, each device with its UUID, bus id and reason, the actor and the object acted on.
+fn audit(action: &str, node: &str, devices: &[RecordDevice], actor: &str, object: &str) {
+    let devices = serde_json::to_string(devices).unwrap_or_default();
+    tracing::warn!(
+        target: "faultline::audit",
+        action, node, devices = %devices, actor, object, source = "faultline-aggregator", at = %now(),
+        "remediation action"
+    );
+}
+
 /// What a pass did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -684,7 +695,13 @@ impl Remediator {
         self.nodes
             .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
             .await?;
-        tracing::warn!(node, devices = ?ids, "devices unknown past the tolerance: tainted NoSchedule, nothing evicted");
+        audit(
+            "taint-unknown",
+            node,
+            &devices,
+            &self.actor,
+            &self.taint.key,
+        );
         self.event(
             node,
             "FaultlineUnknownCordoned",
@@ -780,7 +797,7 @@ impl Remediator {
                 }
                 Err(e) => return Err(e.into()),
             }
-            tracing::warn!(node, pod = %key, "evicted");
+            audit("evict", node, &record.devices, &self.actor, &key);
             record.eviction_blocked.remove(&key);
             record.evicted.push(key.clone());
             record.actions.push(Action {
@@ -1032,7 +1049,13 @@ impl Remediator {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(node);
-        tracing::warn!(node, devices = ?ids, taint = %self.taint.key, actor = %self.actor, "quarantined");
+        audit(
+            "quarantine",
+            node,
+            &record.devices,
+            &self.actor,
+            &self.taint.key,
+        );
         self.event(
             node,
             "FaultlineQuarantined",
