@@ -125,6 +125,61 @@ fn audit(action: &str, node: &str, devices: &[RecordDevice], actor: &str, object
     );
 }
 
+/// A JSON patch of a live Node that first tests its resourceVersion, so a change made
+/// since it was read makes the whole patch fail instead of being overwritten.
+struct NodePatch {
+    ops: Vec<serde_json::Value>,
+    has_spec: bool,
+    has_labels: bool,
+    has_annotations: bool,
+}
+
+impl NodePatch {
+    fn on(live: &Node) -> Self {
+        NodePatch {
+            ops: vec![serde_json::json!({
+                "op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version
+            })],
+            has_spec: live.spec.is_some(),
+            has_labels: live.metadata.labels.is_some(),
+            has_annotations: live.metadata.annotations.is_some(),
+        }
+    }
+
+    fn add(&mut self, path: String, value: serde_json::Value) {
+        self.ops
+            .push(serde_json::json!({"op": "add", "path": path, "value": value}));
+    }
+
+    fn taints(&mut self, taints: &[Taint]) {
+        if !std::mem::replace(&mut self.has_spec, true) {
+            self.add("/spec".into(), serde_json::json!({}));
+        }
+        self.add("/spec/taints".into(), serde_json::json!(taints));
+    }
+
+    fn label(&mut self, key: &str, value: &str) {
+        if !std::mem::replace(&mut self.has_labels, true) {
+            self.add("/metadata/labels".into(), serde_json::json!({}));
+        }
+        self.add(
+            format!("/metadata/labels/{}", escape(key)),
+            serde_json::json!(value),
+        );
+    }
+
+    fn record(&mut self, record: &QuarantineRecord) {
+        if !std::mem::replace(&mut self.has_annotations, true) {
+            self.add("/metadata/annotations".into(), serde_json::json!({}));
+        }
+        let value = serde_json::to_string(record).unwrap_or_default();
+        self.add(
+            format!("/metadata/annotations/{}", escape(RECORD_ANNOTATION)),
+            serde_json::json!(value),
+        );
+    }
+}
+
 /// What a pass did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -673,28 +728,11 @@ impl Remediator {
             value: Some("unknown".into()),
             ..self.taint.clone()
         });
-        let mut ops = vec![
-            serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version}),
-        ];
-        if live.spec.is_none() {
-            ops.push(serde_json::json!({"op": "add", "path": "/spec", "value": {}}));
-        }
-        ops.push(serde_json::json!({"op": "add", "path": "/spec/taints", "value": t}));
-        if live.metadata.labels.is_none() {
-            ops.push(serde_json::json!({"op": "add", "path": "/metadata/labels", "value": {}}));
-        }
-        ops.push(serde_json::json!({"op": "add", "path": format!("/metadata/labels/{}", escape(DEVICES_LABEL)), "value": "unknown"}));
-        if live.metadata.annotations.is_none() {
-            ops.push(
-                serde_json::json!({"op": "add", "path": "/metadata/annotations", "value": {}}),
-            );
-        }
-        ops.push(serde_json::json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(RECORD_ANNOTATION)), "value": serde_json::to_string(&record).unwrap_or_default()}));
-        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
-            .map_err(|e| RemediateError::Record(node.to_string(), e.to_string()))?;
-        self.nodes
-            .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
-            .await?;
+        let mut patch = NodePatch::on(&live);
+        patch.taints(&t);
+        patch.label(DEVICES_LABEL, "unknown");
+        patch.record(&record);
+        self.apply(node, patch, fence).await?;
         audit(
             "taint-unknown",
             node,
@@ -819,21 +857,29 @@ impl Remediator {
             // The record first tests the Node's resourceVersion: a pass that raced
             // another writer fails here and the next pass starts from the live Node
             // (the evictions it made are then seen as 404s or already gone pods).
-            let ops = serde_json::json!([
-                {"op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version},
-                {"op": "add", "path": format!("/metadata/annotations/{}", escape(RECORD_ANNOTATION)),
-                 "value": serde_json::to_string(&record).unwrap_or_default()}
-            ]);
-            let patch: json_patch::Patch = serde_json::from_value(ops)
-                .map_err(|e| RemediateError::Record(node.to_string(), e.to_string()))?;
-            if !fence() {
-                return Err(RemediateError::NotHolder);
-            }
-            self.nodes
-                .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
-                .await?;
+            let mut patch = NodePatch::on(&live);
+            patch.record(&record);
+            self.apply(node, patch, fence).await?;
         }
         Ok(out)
+    }
+
+    /// Send a node patch, the shard Lease checked right before.
+    async fn apply(
+        &self,
+        node: &str,
+        patch: NodePatch,
+        fence: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), RemediateError> {
+        let p: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(patch.ops))
+            .map_err(|e| RemediateError::Record(node.to_string(), e.to_string()))?;
+        if !fence() {
+            return Err(RemediateError::NotHolder);
+        }
+        self.nodes
+            .patch(node, &PatchParams::default(), &Patch::Json::<()>(p))
+            .await?;
+        Ok(())
     }
 
     async fn event(
@@ -979,16 +1025,11 @@ impl Remediator {
         record.devices = devices;
         record.fingerprint = fp;
         record.last_seen = now.clone();
-        let mut ops = vec![serde_json::json!({
-            "op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version
-        })];
+        let mut patch = NodePatch::on(&live);
         if !has_taint {
             let mut t = taints.clone();
             t.push(self.taint.clone());
-            if live.spec.is_none() {
-                ops.push(serde_json::json!({"op": "add", "path": "/spec", "value": {}}));
-            }
-            ops.push(serde_json::json!({"op": "add", "path": "/spec/taints", "value": t}));
+            patch.taints(&t);
             record.owned_taint = Some(self.taint.key.clone());
             record.actions.push(Action {
                 action: "taint".into(),
@@ -1000,10 +1041,7 @@ impl Remediator {
         let label_value = ids.join(".");
         let label_ok = labels.get(DEVICES_LABEL).is_some_and(|v| *v == label_value);
         if !label_ok && (record.owned_label || !labels.contains_key(DEVICES_LABEL)) {
-            if live.metadata.labels.is_none() {
-                ops.push(serde_json::json!({"op": "add", "path": "/metadata/labels", "value": BTreeMap::<String, String>::new()}));
-            }
-            ops.push(serde_json::json!({"op": "add", "path": format!("/metadata/labels/{}", escape(DEVICES_LABEL)), "value": label_value}));
+            patch.label(DEVICES_LABEL, &label_value);
             record.owned_label = true;
             record.actions.push(Action {
                 action: "label".into(),
@@ -1011,23 +1049,10 @@ impl Remediator {
                 actor: self.actor.clone(),
             });
         }
-        if live.metadata.annotations.is_none() {
-            ops.push(serde_json::json!({"op": "add", "path": "/metadata/annotations", "value": BTreeMap::<String, String>::new()}));
-        }
-        ops.push(serde_json::json!({
-            "op": "add", "path": format!("/metadata/annotations/{}", escape(RECORD_ANNOTATION)),
-            "value": serde_json::to_string(&record).unwrap_or_default()
-        }));
-        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
-            .map_err(|e| RemediateError::Record(node.to_string(), e.to_string()))?;
+        patch.record(&record);
         // Taint, label and record in one write, unless only the condition was missing.
         if !(same_fault && has_taint) {
-            if !fence() {
-                return Err(RemediateError::NotHolder);
-            }
-            self.nodes
-                .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
-                .await?;
+            self.apply(node, patch, fence).await?;
         }
         if !fence() {
             return Err(RemediateError::NotHolder);

@@ -3,7 +3,7 @@
 //! dry-run changes nothing; a refused write is an error, not a half-done job.
 
 use faultline_aggregator::remediate::{
-    Mode, Outcome, RecordDevice, Remediator, CONDITION, DEVICES_LABEL, RECORD_ANNOTATION,
+    Budget, Mode, Outcome, RecordDevice, Remediator, CONDITION, DEVICES_LABEL, RECORD_ANNOTATION,
 };
 use faultline_test_apiserver::{ApiServer, Faults};
 use serde_json::{json, Value};
@@ -39,6 +39,19 @@ fn failed(id: &str) -> Vec<RecordDevice> {
     }]
 }
 
+fn remediator(client: kube::Client, mode: Mode) -> Remediator {
+    Remediator::new(client, mode, "nvidia.com/gpu-fault", "default", "replica-0")
+}
+
+fn budget(max_nodes: usize, max_percent: f64, per_domain: Option<(&str, usize)>) -> Budget {
+    Budget {
+        max_nodes,
+        max_percent,
+        per_domain: per_domain.map(|(l, n)| (l.to_string(), n)),
+        node_selector: String::new(),
+    }
+}
+
 fn events(server: &ApiServer, reason: &str) -> usize {
     server
         .list("events", "default")
@@ -50,13 +63,7 @@ fn events(server: &ApiServer, reason: &str) -> usize {
 #[tokio::test]
 async fn isolation_is_idempotent_and_keeps_other_taints() {
     let (server, client) = setup().await;
-    let r = Remediator::new(
-        client,
-        Mode::Enforce,
-        "nvidia.com/gpu-fault",
-        "default",
-        "replica-0",
-    );
+    let r = remediator(client, Mode::Enforce);
     assert_eq!(
         r.isolate("gpu-1", failed("gpu3")).await.unwrap(),
         Outcome::Isolated
@@ -132,13 +139,7 @@ async fn isolation_is_idempotent_and_keeps_other_taints() {
 async fn dry_run_announces_and_changes_nothing() {
     let (server, client) = setup().await;
     let before = server.get("nodes", "", "gpu-1").unwrap();
-    let r = Remediator::new(
-        client,
-        Mode::DryRun,
-        "nvidia.com/gpu-fault",
-        "default",
-        "replica-0",
-    );
+    let r = remediator(client, Mode::DryRun);
     assert_eq!(
         r.isolate("gpu-1", failed("gpu3")).await.unwrap(),
         Outcome::Announced
@@ -150,13 +151,7 @@ async fn dry_run_announces_and_changes_nothing() {
 #[tokio::test]
 async fn a_refused_write_changes_nothing_and_the_next_pass_completes() {
     let (server, client) = setup().await;
-    let r = Remediator::new(
-        client,
-        Mode::Enforce,
-        "nvidia.com/gpu-fault",
-        "default",
-        "replica-0",
-    );
+    let r = remediator(client, Mode::Enforce);
     server.set_faults(Faults {
         conflict_rate: 1.0,
         ..Default::default()
@@ -222,13 +217,7 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
         .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
         .unwrap();
 
-    let r = Remediator::new(
-        client,
-        Mode::Enforce,
-        "nvidia.com/gpu-fault",
-        "default",
-        "replica-0",
-    );
+    let r = remediator(client, Mode::Enforce);
     r.isolate("gpu-1", failed("gpu3")).await.unwrap();
     let fence = || true;
     let first = r.evict_fenced("gpu-1", &fence).await.unwrap();
@@ -297,19 +286,7 @@ async fn ten_failed_nodes_against_a_budget_of_three() {
     for i in 0..30 {
         server.create("nodes", "", json!({"metadata": {"name": format!("n{i:02}"), "labels": {"rack": format!("r{}", i % 3)}}})).unwrap();
     }
-    let r = Remediator::new(
-        client,
-        Mode::Enforce,
-        "nvidia.com/gpu-fault",
-        "default",
-        "replica-0",
-    )
-    .with_budget(faultline_aggregator::remediate::Budget {
-        max_nodes: 3,
-        max_percent: 50.0,
-        per_domain: None,
-        node_selector: String::new(),
-    });
+    let r = remediator(client, Mode::Enforce).with_budget(budget(3, 50.0, None));
     let mut isolated = 0;
     let mut held = 0;
     for i in 0..10 {
@@ -355,19 +332,7 @@ async fn ten_failed_nodes_against_a_budget_of_three() {
     for i in 0..6 {
         server.create("nodes", "", json!({"metadata": {"name": format!("m{i}"), "labels": {"rack": format!("r{}", i % 2)}}})).unwrap();
     }
-    let r = Remediator::new(
-        client,
-        Mode::Enforce,
-        "nvidia.com/gpu-fault",
-        "default",
-        "replica-0",
-    )
-    .with_budget(faultline_aggregator::remediate::Budget {
-        max_nodes: 10,
-        max_percent: 100.0,
-        per_domain: Some(("rack".into(), 1)),
-        node_selector: String::new(),
-    });
+    let r = remediator(client, Mode::Enforce).with_budget(budget(10, 100.0, Some(("rack", 1))));
     let outcomes: Vec<bool> = futures_util::future::join_all((0..4).map(|i| {
         let r = &r;
         async move {
@@ -398,20 +363,9 @@ async fn the_breaker_stops_everything_until_a_person_closes_it() {
         3,
         std::time::Duration::from_secs(300),
     );
-    let r = Remediator::new(
-        client,
-        Mode::Enforce,
-        "nvidia.com/gpu-fault",
-        "default",
-        "replica-0",
-    )
-    .with_budget(faultline_aggregator::remediate::Budget {
-        max_nodes: 100,
-        max_percent: 100.0,
-        per_domain: None,
-        node_selector: String::new(),
-    })
-    .with_breaker(Some(breaker), 0.0);
+    let r = remediator(client, Mode::Enforce)
+        .with_budget(budget(100, 100.0, None))
+        .with_breaker(Some(breaker), 0.0);
     let mut outcomes = Vec::new();
     for i in 0..5 {
         let n = format!("b{i}");
@@ -451,14 +405,7 @@ async fn evictions_are_rate_limited_and_the_rest_wait() {
             .create("pods", "default", pod(&format!("w{i}"), true, None))
             .unwrap();
     }
-    let r = Remediator::new(
-        client,
-        Mode::Enforce,
-        "nvidia.com/gpu-fault",
-        "default",
-        "replica-0",
-    )
-    .with_breaker(None, 2.0);
+    let r = remediator(client, Mode::Enforce).with_breaker(None, 2.0);
     r.isolate("gpu-1", failed("gpu3")).await.unwrap();
     let first = r.evict_fenced("gpu-1", &|| true).await.unwrap();
     assert_eq!(
@@ -478,13 +425,7 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
     server
         .create("nodes", "", json!({"metadata": {"name": "down"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}))
         .unwrap();
-    let r = Remediator::new(
-        client,
-        Mode::Enforce,
-        "nvidia.com/gpu-fault",
-        "default",
-        "replica-0",
-    );
+    let r = remediator(client, Mode::Enforce);
     let unknown = vec![RecordDevice {
         id: "gpu0".into(),
         uuid: None,
