@@ -140,6 +140,60 @@ pub struct Args {
     /// Log format: text or json.
     #[arg(long, env = "FAULTLINE_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    /// How quarantines end: manual (a person runs `faultline release`; the default, as
+    /// seed 000 advises for hardware) or auto (health, cool-down, canary).
+    #[arg(long, env = "FAULTLINE_RELEASE", default_value = "manual")]
+    pub release: String,
+    /// Auto release: clean samples in a row every device needs.
+    #[arg(long, env = "FAULTLINE_RELEASE_HEALTHY_SAMPLES", default_value_t = 30)]
+    pub release_healthy_samples: u32,
+    /// Auto release: how long every device must have been healthy.
+    #[arg(long, env = "FAULTLINE_RELEASE_COOLDOWN", default_value = "10m")]
+    pub release_cooldown: String,
+    /// Auto release: a Job manifest (YAML or JSON) run pinned to the node that must
+    /// succeed before the release.
+    #[arg(long, env = "FAULTLINE_CANARY_JOB")]
+    pub canary_job: Option<PathBuf>,
+    /// Namespace of the canary Jobs (default: --namespace).
+    #[arg(long, env = "FAULTLINE_CANARY_NAMESPACE")]
+    pub canary_namespace: Option<String>,
+    /// A canary not done by then has failed.
+    #[arg(long, env = "FAULTLINE_CANARY_TIMEOUT", default_value = "10m")]
+    pub canary_timeout: String,
+    /// The same (node, device, fault) is not acted on twice within it: the intake's
+    /// dedup, and how long a person's release holds against a still-failed reading.
+    #[arg(long, env = "FAULTLINE_DEDUP_WINDOW", default_value = "15m")]
+    pub dedup_window: String,
+    /// How often every quarantined and failed node is looked at again.
+    #[arg(long, env = "FAULTLINE_RECONCILE_INTERVAL", default_value = "10s")]
+    pub reconcile_interval: String,
+    /// Deadline of one Kubernetes API request.
+    #[arg(long, env = "FAULTLINE_KUBE_TIMEOUT", default_value = "15s")]
+    pub kube_timeout: String,
+    /// Webhooks told of every action: URL (faultline's JSON) or FORMAT=URL with
+    /// FORMAT slack, wecom, dingtalk or feishu; comma separated or repeated.
+    #[arg(long, env = "FAULTLINE_NOTIFY", value_delimiter = ',')]
+    pub notify: Vec<String>,
+    /// Enables POST /v1/alerts: the file with its bearer token (a mounted Secret).
+    #[arg(long, env = "FAULTLINE_INTAKE_TOKEN_FILE")]
+    pub intake_token_file: Option<PathBuf>,
+    /// Largest alert body accepted (bytes).
+    #[arg(long, env = "FAULTLINE_INTAKE_MAX_BYTES", default_value_t = 1 << 20)]
+    pub intake_max_bytes: usize,
+    /// Firing alerts for the same node, device and metric within --intake-window
+    /// before the device is judged failed (seed 000, 9.1).
+    #[arg(long, env = "FAULTLINE_INTAKE_THRESHOLD", default_value_t = 3)]
+    pub intake_threshold: usize,
+    /// The intake's counting window.
+    #[arg(long, env = "FAULTLINE_INTAKE_WINDOW", default_value = "5m")]
+    pub intake_window: String,
+    /// Watch pods' allocatedResourcesStatus (KEP-4680) for Unhealthy devices.
+    #[arg(long, env = "FAULTLINE_WATCH_POD_HEALTH", default_value = "true", action = clap::ArgAction::Set)]
+    pub watch_pod_health: bool,
+    /// On SIGTERM: how long in-flight remediation may take before the Leases are
+    /// released anyway (the next holder finishes from the record).
+    #[arg(long, env = "FAULTLINE_SHUTDOWN_TIMEOUT", default_value = "20s")]
+    pub shutdown_timeout: String,
 }
 
 /// Where documents go.
@@ -186,6 +240,13 @@ pub struct Config {
     pub heartbeat: Duration,
     pub replica: String,
     pub log_json: bool,
+    pub release: crate::remediate::ReleasePolicy,
+    pub reconcile_interval: Duration,
+    pub kube_timeout: Duration,
+    pub notify: Vec<crate::notify::Target>,
+    pub intake: Option<crate::intake::IntakeConfig>,
+    pub watch_pod_health: bool,
+    pub shutdown_timeout: Duration,
 }
 
 fn duration(flag: &str, v: &str) -> anyhow::Result<Duration> {
@@ -295,7 +356,7 @@ impl Config {
                 }
                 v
             },
-            namespace: a.namespace,
+            namespace: a.namespace.clone(),
             name: a.name,
             shards: a.shards,
             lease_duration,
@@ -334,6 +395,57 @@ impl Config {
             heartbeat: duration("heartbeat", &a.heartbeat)?,
             replica,
             log_json,
+            release: crate::remediate::ReleasePolicy {
+                auto: match a.release.as_str() {
+                    "manual" => false,
+                    "auto" => true,
+                    v => bail!("--release {v:?}: expected manual or auto"),
+                },
+                healthy_samples: a.release_healthy_samples.max(1),
+                cooldown: parse_duration(&a.release_cooldown)
+                    .with_context(|| format!("--release-cooldown {:?}", a.release_cooldown))?,
+                canary: match &a.canary_job {
+                    None => None,
+                    Some(p) => {
+                        let text = std::fs::read_to_string(p)
+                            .with_context(|| format!("--canary-job {}", p.display()))?;
+                        let template: k8s_openapi::api::batch::v1::Job =
+                            serde_yaml_ng::from_str(&text).with_context(|| {
+                                format!("--canary-job {}: not a Job manifest", p.display())
+                            })?;
+                        Some(crate::remediate::CanarySpec {
+                            template,
+                            namespace: a
+                                .canary_namespace
+                                .clone()
+                                .unwrap_or_else(|| a.namespace.clone()),
+                            timeout: duration("canary-timeout", &a.canary_timeout)?,
+                        })
+                    }
+                },
+                dedup_window: duration("dedup-window", &a.dedup_window)?,
+            },
+            reconcile_interval: duration("reconcile-interval", &a.reconcile_interval)?,
+            kube_timeout: duration("kube-timeout", &a.kube_timeout)?,
+            notify: a
+                .notify
+                .iter()
+                .map(|s| s.trim())
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse().map_err(|e: String| anyhow::anyhow!(e)))
+                .collect::<anyhow::Result<_>>()?,
+            intake: match a.intake_token_file {
+                None => None,
+                Some(token_file) => Some(crate::intake::IntakeConfig {
+                    token_file,
+                    max_bytes: a.intake_max_bytes.max(1024),
+                    threshold: a.intake_threshold.max(1),
+                    window: duration("intake-window", &a.intake_window)?,
+                    dedup: duration("dedup-window", &a.dedup_window)?,
+                }),
+            },
+            watch_pod_health: a.watch_pod_health,
+            shutdown_timeout: duration("shutdown-timeout", &a.shutdown_timeout)?,
         })
     }
 

@@ -5,10 +5,13 @@
 pub mod collect;
 pub mod config;
 pub mod discover;
+pub mod intake;
 pub mod lease;
 pub mod metrics;
+pub mod notify;
 pub mod nudge;
 pub mod pipeline;
+pub mod podhealth;
 pub mod remediate;
 pub mod rules_file;
 pub mod sink;
@@ -76,6 +79,7 @@ impl Aggregator {
 struct ApiState {
     metrics: Arc<Metrics>,
     latest: Arc<Mutex<Option<Arc<FaultDocument>>>>,
+    intake: Option<Arc<intake::Intake>>,
 }
 
 fn now_ms() -> u64 {
@@ -140,15 +144,21 @@ enum Sink {
     },
 }
 
-/// Start isolating each of `nodes` that has failed devices, in the shard holder only,
-/// one pass per node at a time.
+/// Devices judged failed by the intake or the kubelet, per node, until a pass has
+/// recorded them on the Node (a pass that fails keeps them for the next one).
+type Pending = Arc<Mutex<BTreeMap<String, Vec<remediate::RecordDevice>>>>;
+
+/// Start isolating each of `nodes` that has failed devices (the pipeline's, and those
+/// pending from the intake), in the shard holder only, one pass per node at a time.
 fn remediate_nodes(
     sink: &Sink,
     pipeline: &Pipeline,
     in_flight: &Arc<Mutex<std::collections::BTreeSet<String>>>,
+    pending: &Pending,
     nodes: Vec<String>,
     // Nodes that just turned failed (they feed the circuit breaker), not a reconcile.
     fresh: bool,
+    metrics: &Arc<Metrics>,
 ) {
     let Sink::ConfigMap {
         held,
@@ -160,7 +170,18 @@ fn remediate_nodes(
         return;
     };
     for node in nodes {
-        let devices = pipeline.failed_devices(&node);
+        let mut devices = pipeline.failed_devices(&node);
+        let extra = pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&node)
+            .cloned()
+            .unwrap_or_default();
+        for d in &extra {
+            if !devices.iter().any(|x| x.is(&d.id)) {
+                devices.push(d.clone());
+            }
+        }
         let shard = shard_of(&node, *shards);
         if devices.is_empty() || !held.holds(shard) {
             continue;
@@ -172,9 +193,16 @@ fn remediate_nodes(
         {
             continue;
         }
-        let (r, held, in_flight) = (r.clone(), held.clone(), in_flight.clone());
+        let (r, held, in_flight, pending, metrics) = (
+            r.clone(),
+            held.clone(),
+            in_flight.clone(),
+            pending.clone(),
+            metrics.clone(),
+        );
         tokio::spawn(async move {
             let fence = move || held.holds(shard);
+            let t0 = Instant::now();
             if fresh {
                 if let Err(e) = r.note_failure(&node).await {
                     tracing::warn!(node = %node, error = %e, "cannot update the circuit breaker");
@@ -184,13 +212,31 @@ fn remediate_nodes(
             let pass = match r.isolate_fenced(&node, devices, &fence).await {
                 Ok(outcome) => {
                     tracing::debug!(node = %node, ?outcome, "isolation pass");
-                    r.evict_fenced(&node, &fence)
-                        .await
-                        .map(|e| tracing::debug!(node = %node, ?e, "eviction pass"))
+                    if outcome == remediate::Outcome::Isolated {
+                        metrics.action_time("quarantine", t0.elapsed().as_secs_f64());
+                    }
+                    if !extra.is_empty() {
+                        // On the Node now (or deliberately not acted on): done with them.
+                        let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Some(v) = p.get_mut(&node) {
+                            v.retain(|d| !extra.contains(d));
+                            if v.is_empty() {
+                                p.remove(&node);
+                            }
+                        }
+                    }
+                    let t1 = Instant::now();
+                    r.evict_fenced(&node, &fence).await.map(|e| {
+                        if !e.evicted.is_empty() {
+                            metrics.action_time("evict", t1.elapsed().as_secs_f64());
+                        }
+                        tracing::debug!(node = %node, ?e, "eviction pass")
+                    })
                 }
                 Err(e) => Err(e),
             };
             if let Err(e) = pass {
+                metrics.action("quarantine", "error");
                 tracing::warn!(node = %node, error = %e, "remediation pass failed; the next one retries");
             }
             in_flight
@@ -199,6 +245,72 @@ fn remediate_nodes(
                 .remove(&node);
         });
     }
+}
+
+/// One release pass over the quarantined nodes of held shards: a person's request, the
+/// unknown guard lifting, or `--release auto` (health, cool-down, canary).
+fn release_nodes(
+    sink: &Sink,
+    pipeline: &Pipeline,
+    in_flight: &Arc<Mutex<std::collections::BTreeSet<String>>>,
+) {
+    let Sink::ConfigMap {
+        held,
+        shards,
+        remediator: Some(r),
+        ..
+    } = sink
+    else {
+        return;
+    };
+    // What the pipeline knows of the nodes quarantined at the last listing.
+    let views: BTreeMap<String, Vec<remediate::DeviceView>> = r
+        .known_quarantined()
+        .into_iter()
+        .map(|n| {
+            let v = pipeline.device_views(&n);
+            (n, v)
+        })
+        .collect();
+    let (r, held, in_flight, shards) = (r.clone(), held.clone(), in_flight.clone(), *shards);
+    tokio::spawn(async move {
+        let nodes = match r.list_quarantined().await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list quarantined nodes");
+                return;
+            }
+        };
+        for n in nodes {
+            let Some(node) = n.metadata.name.clone() else {
+                continue;
+            };
+            let shard = shard_of(&node, shards);
+            if !held.holds(shard)
+                || !in_flight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(node.clone())
+            {
+                continue;
+            }
+            let fence = {
+                let held = held.clone();
+                move || held.holds(shard)
+            };
+            let v = views.get(&node).cloned().unwrap_or_default();
+            match r.release_pass_fenced(&node, &v, now_ms(), &fence).await {
+                Ok(outcome) => tracing::debug!(node = %node, ?outcome, "release pass"),
+                Err(e) => {
+                    tracing::warn!(node = %node, error = %e, "release pass failed; the next one retries")
+                }
+            }
+            in_flight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&node);
+        }
+    });
 }
 
 /// Nodes whose devices have been unknown past the tolerance may get the NoSchedule taint
@@ -252,7 +364,13 @@ fn guard_unknown_nodes(
 /// A Kubernetes client: `--kube-server` (plain, for the test server), else in-cluster
 /// or $KUBECONFIG. kube's own retry of 429/503 is off: callers decide what to retry.
 async fn kube_client(cfg: &Config) -> anyhow::Result<kube::Client> {
-    let mut kc = match &cfg.kube_server {
+    connect(cfg.kube_server.as_deref(), cfg.kube_timeout).await
+}
+
+/// A Kubernetes client for `server` (plain HTTP, the test server), else in-cluster or
+/// $KUBECONFIG, with kube's own retries off.
+pub async fn connect(server: Option<&str>, timeout: Duration) -> anyhow::Result<kube::Client> {
+    let mut kc = match server {
         Some(url) => kube::Config::new(
             url.parse()
                 .with_context(|| format!("--kube-server {url}"))?,
@@ -262,7 +380,8 @@ async fn kube_client(cfg: &Config) -> anyhow::Result<kube::Client> {
             .context("no Kubernetes configuration (in-cluster or KUBECONFIG); use --kube-server")?,
     };
     kc.default_retry = false;
-    kc.read_timeout = Some(Duration::from_secs(15));
+    kc.read_timeout = Some(timeout);
+    kc.write_timeout = Some(timeout);
     kube::Client::try_from(kc).context("Kubernetes client")
 }
 
@@ -321,6 +440,21 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
     drop(tx);
 
     let mut lease_task = None;
+    // Leases (and the notifier's queue) outlive the core loop: on a stop, in-flight
+    // remediation finishes first, then the Leases go.
+    let lease_cancel = CancellationToken::new();
+    let notifier = (!cfg.notify.is_empty()).then(|| {
+        Arc::new(notify::Notifier::start(
+            cfg.notify.clone(),
+            metrics.clone(),
+            lease_cancel.clone(),
+        ))
+    });
+    let (verdict_tx, mut verdict_rx) = mpsc::channel::<intake::Verdict>(1024);
+    let intake = cfg
+        .intake
+        .clone()
+        .map(|c| Arc::new(intake::Intake::new(c, metrics.clone(), verdict_tx.clone())));
     let sink = match cfg.sink {
         SinkKind::File => Sink::File(cfg.out.clone()),
         SinkKind::ConfigMap => {
@@ -343,7 +477,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                 held: held.clone(),
                 metrics: metrics.clone(),
             };
-            lease_task = Some(tokio::spawn(leases.run(cancel.clone())));
+            lease_task = Some(tokio::spawn(leases.run(lease_cancel.clone())));
             let nudger = (cfg.nudge_rate > 0.0).then(|| {
                 Arc::new(nudge::Nudger::new(
                     Api::all(kube.clone()),
@@ -387,12 +521,63 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                                 )
                             }),
                             cfg.max_evictions_per_minute,
-                        ),
+                        )
+                        .with_release(cfg.release.clone())
+                        .with_reporting(notifier.clone(), Some(metrics.clone())),
                     )
                 }),
             }
         }
     };
+
+    // The kubelet's device health (KEP-4680): Unhealthy is a verdict, Unknown an alert.
+    if let (
+        Sink::ConfigMap {
+            remediator: Some(r),
+            ..
+        },
+        Some(kube),
+        true,
+    ) = (&sink, kube.clone(), cfg.watch_pod_health)
+    {
+        let (tx, mut rx) = mpsc::channel::<podhealth::PodDevice>(1024);
+        tokio::spawn(podhealth::run(
+            Api::all(kube),
+            r.resources().to_vec(),
+            tx,
+            cancel.clone(),
+        ));
+        let (verdicts, metrics) = (verdict_tx.clone(), metrics.clone());
+        tokio::spawn(async move {
+            while let Some(d) = rx.recv().await {
+                if d.health != "Unhealthy" {
+                    metrics.intake_alert("kubelet-unknown");
+                    tracing::warn!(node = %d.node, device = %d.id, pod = %d.pod, health = %d.health, "the kubelet cannot tell this device's health: alert only, no action");
+                    continue;
+                }
+                metrics.intake_alert("kubelet-unhealthy");
+                tracing::warn!(node = %d.node, device = %d.id, pod = %d.pod, "the kubelet reports the device unhealthy");
+                let device = remediate::RecordDevice {
+                    uuid: d.id.starts_with("GPU-").then(|| d.id.clone()),
+                    source: Some("kubelet".into()),
+                    metric: Some(format!("{} allocatedResourcesStatus", d.resource)),
+                    value: Some(d.health.clone()),
+                    ..remediate::RecordDevice::new(d.id.clone(), "kubelet:Unhealthy")
+                };
+                if verdicts
+                    .send(intake::Verdict {
+                        node: d.node,
+                        device,
+                    })
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+    }
+    drop(verdict_tx);
 
     let latest: Arc<Mutex<Option<Arc<FaultDocument>>>> = Arc::new(Mutex::new(None));
     let listener = tokio::net::TcpListener::bind(cfg.listen)
@@ -402,6 +587,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
     let app = router(ApiState {
         metrics: metrics.clone(),
         latest: latest.clone(),
+        intake,
     });
     {
         let cancel = cancel.clone();
@@ -434,6 +620,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
             // Nodes being remediated now, and when every failed node was last looked at
             // (a new holder of a shard finishes what the last one started).
             let remediating: Arc<Mutex<std::collections::BTreeSet<String>>> = Default::default();
+            let pending: Pending = Default::default();
             let mut last_reconcile = Instant::now();
             loop {
                 // When the next write is due.
@@ -466,7 +653,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         dirty |= !c.nodes.is_empty();
                         urgent |= c.urgent;
                         if c.urgent {
-                            remediate_nodes(&sink, &pipeline, &remediating, c.alarming.clone(), true);
+                            remediate_nodes(&sink, &pipeline, &remediating, &pending, c.alarming.clone(), true, &metrics);
                         }
                         alarming.extend(c.alarming);
                     }
@@ -475,14 +662,20 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         dirty |= !c.nodes.is_empty() || failed.load(std::sync::atomic::Ordering::Acquire);
                         urgent |= c.urgent;
                         if c.urgent {
-                            remediate_nodes(&sink, &pipeline, &remediating, c.alarming.clone(), true);
+                            remediate_nodes(&sink, &pipeline, &remediating, &pending, c.alarming.clone(), true, &metrics);
                         }
                         alarming.extend(c.alarming);
-                        if last_reconcile.elapsed() >= Duration::from_secs(10) {
+                        if last_reconcile.elapsed() >= cfg.reconcile_interval {
                             last_reconcile = Instant::now();
-                            let failed: Vec<String> = pipeline.node_names().cloned().collect();
-                            remediate_nodes(&sink, &pipeline, &remediating, failed, false);
+                            let mut nodes: Vec<String> = pipeline.node_names().cloned().collect();
+                            for n in pending.lock().unwrap_or_else(|p| p.into_inner()).keys() {
+                                if !nodes.contains(n) {
+                                    nodes.push(n.clone());
+                                }
+                            }
+                            remediate_nodes(&sink, &pipeline, &remediating, &pending, nodes, false, &metrics);
                             guard_unknown_nodes(&sink, &pipeline, &remediating, cfg.unknown_tolerance);
+                            release_nodes(&sink, &pipeline, &remediating);
                         }
                         // A shard just taken is written at once.
                         if let Sink::ConfigMap { held, .. } = &sink {
@@ -492,6 +685,21 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                                 last_held = now_held;
                             }
                         }
+                    }
+                    v = verdict_rx.recv(), if !verdict_rx.is_closed() || !verdict_rx.is_empty() => {
+                        let Some(mut v) = v else { continue };
+                        // Name the device as the node's agent does, where it reports it.
+                        if let Some(id) = pipeline.device_id(&v.node, &v.device.id) {
+                            v.device.id = id;
+                        }
+                        {
+                            let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
+                            let list = p.entry(v.node.clone()).or_default();
+                            if !list.iter().any(|d| d.is(&v.device.id)) {
+                                list.push(v.device);
+                            }
+                        }
+                        remediate_nodes(&sink, &pipeline, &remediating, &pending, vec![v.node], true, &metrics);
                     }
                     r = rules_rx.changed() => {
                         if r.is_ok() {
@@ -586,6 +794,25 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
             if let Some(w) = writing {
                 let _ = w.await;
             }
+            // Graceful stop: the intake no longer accepts (the server stopped with the
+            // same token); in-flight remediation gets --shutdown-timeout to finish, then
+            // the Leases are released and the next holder continues from the records.
+            let deadline = Instant::now() + cfg.shutdown_timeout;
+            loop {
+                let left = remediating.lock().unwrap_or_else(|p| p.into_inner()).len();
+                if left == 0 {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    tracing::warn!(
+                        in_flight = left,
+                        "shutdown timeout: handing the rest over to the next holder"
+                    );
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            lease_cancel.cancel();
         })
     };
     Ok(Aggregator {
@@ -602,6 +829,7 @@ fn router(state: ApiState) -> Router {
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics_text))
         .route("/v1/faults", get(faults))
+        .route("/v1/alerts", axum::routing::post(alerts))
         .fallback(|| async {
             (
                 StatusCode::NOT_FOUND,
@@ -632,6 +860,24 @@ async fn metrics_text(State(s): State<ApiState>) -> Response {
         s.metrics.encode(),
     )
         .into_response()
+}
+
+async fn alerts(
+    State(s): State<ApiState>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    match &s.intake {
+        Some(i) => i.handle(&headers, body).await,
+        None => {
+            s.metrics.intake_response(404);
+            (
+                StatusCode::NOT_FOUND,
+                Json(json!({"error": "the alert intake is off (no --intake-token-file)", "status": 404})),
+            )
+                .into_response()
+        }
+    }
 }
 
 async fn faults(State(s): State<ApiState>) -> Response {

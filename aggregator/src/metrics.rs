@@ -49,6 +49,31 @@ pub struct Metrics {
     lease_errors: Counter,
     discovery_errors: Counter,
     nudges: Family<ResultLabel, Counter>,
+    actions: Family<ActionLabels, Counter>,
+    action_seconds: Family<ActionLabel, Histogram>,
+    quarantined_nodes: Gauge,
+    quarantined_devices: Gauge,
+    held_back: Gauge,
+    breaker_open: Gauge,
+    intake_responses: Family<CodeLabel, Counter>,
+    intake_alerts: Family<ResultLabel, Counter>,
+    notifications: Family<ResultLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabel {
+    action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabel {
+    code: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -85,7 +110,63 @@ impl Metrics {
             lease_errors: Counter::default(),
             discovery_errors: Counter::default(),
             nudges: Family::default(),
+            actions: Family::default(),
+            action_seconds: Family::new_with_constructor(|| {
+                Histogram::new([0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+            }),
+            quarantined_nodes: Gauge::default(),
+            quarantined_devices: Gauge::default(),
+            held_back: Gauge::default(),
+            breaker_open: Gauge::default(),
+            intake_responses: Family::default(),
+            intake_alerts: Family::default(),
+            notifications: Family::default(),
         };
+        registry.register(
+            "remediation_actions",
+            "Remediation actions (quarantine, evict, taint-unknown, release, canary) by result",
+            m.actions.clone(),
+        );
+        registry.register(
+            "remediation_action_duration_seconds",
+            "Time one remediation pass of a node took, by action",
+            m.action_seconds.clone(),
+        );
+        registry.register(
+            "quarantined_nodes",
+            "Nodes with a quarantine record, as last listed by this replica",
+            m.quarantined_nodes.clone(),
+        );
+        registry.register(
+            "quarantined_devices",
+            "Devices in quarantine records, as last listed by this replica",
+            m.quarantined_devices.clone(),
+        );
+        registry.register(
+            "held_back_nodes",
+            "Failed nodes not quarantined because a budget is spent",
+            m.held_back.clone(),
+        );
+        registry.register(
+            "breaker_open",
+            "1 while the remediation circuit breaker is open",
+            m.breaker_open.clone(),
+        );
+        registry.register(
+            "intake_responses",
+            "Answers of POST /v1/alerts by HTTP status",
+            m.intake_responses.clone(),
+        );
+        registry.register(
+            "intake_alerts",
+            "Alerts received by outcome (counted, acted, duplicate, resolved, unattributed)",
+            m.intake_alerts.clone(),
+        );
+        registry.register(
+            "notifications",
+            "Webhook notifications by result (sent, retried, failed, dropped)",
+            m.notifications.clone(),
+        );
         registry.register(
             "rules_reloads",
             "Rules file reloads by result",
@@ -246,6 +327,68 @@ impl Metrics {
     /// A pod nudge: `ok`, `error`, `rate-limited`.
     pub fn nudge(&self, result: &str) {
         self.nudges
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// A remediation action ended: `ok`, `error`, `held-back`, `dry-run`, ...
+    pub fn action(&self, action: &str, result: &str) {
+        self.actions
+            .get_or_create(&ActionLabels {
+                action: action.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// How long a remediation pass took.
+    pub fn action_time(&self, action: &str, secs: f64) {
+        self.action_seconds
+            .get_or_create(&ActionLabel {
+                action: action.into(),
+            })
+            .observe(secs);
+    }
+
+    /// Quarantined nodes and devices, as last listed.
+    pub fn set_quarantined(&self, nodes: usize, devices: usize) {
+        self.quarantined_nodes.set(nodes as i64);
+        self.quarantined_devices.set(devices as i64);
+    }
+
+    /// Nodes held back by a budget now.
+    pub fn set_held_back(&self, n: usize) {
+        self.held_back.set(n as i64);
+    }
+
+    /// The breaker's state.
+    pub fn set_breaker(&self, open: bool) {
+        self.breaker_open.set(open as i64);
+    }
+
+    /// An intake answer.
+    pub fn intake_response(&self, code: u16) {
+        self.intake_responses
+            .get_or_create(&CodeLabel {
+                code: code.to_string(),
+            })
+            .inc();
+    }
+
+    /// An alert's outcome.
+    pub fn intake_alert(&self, result: &str) {
+        self.intake_alerts
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// A notification's outcome.
+    pub fn notification(&self, result: &str) {
+        self.notifications
             .get_or_create(&ResultLabel {
                 result: result.into(),
             })

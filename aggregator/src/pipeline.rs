@@ -332,10 +332,13 @@ impl Pipeline {
                     .as_ref()
                     .and_then(|doc| doc.npus.iter().find(|x| x.reading.id == *id));
                 crate::remediate::RecordDevice {
-                    id: id.clone(),
                     uuid: last.and_then(|l| l.reading.uuid.clone()),
                     pci_bus_id: last.and_then(|l| l.reading.pci_bus_id.clone()),
-                    reason: d.state.reason.clone().unwrap_or_default(),
+                    source: Some("agent".into()),
+                    ..crate::remediate::RecordDevice::new(
+                        id.clone(),
+                        d.state.reason.clone().unwrap_or_default(),
+                    )
                 }
             })
             .collect()
@@ -365,12 +368,48 @@ impl Pipeline {
                     && now_ms.saturating_sub(d.state.since_ms) >= tolerance_ms
             })
             .map(|(id, d)| crate::remediate::RecordDevice {
-                id: id.clone(),
-                uuid: None,
-                pci_bus_id: None,
-                reason: d.state.reason.clone().unwrap_or_else(|| "unknown".into()),
+                source: Some("agent".into()),
+                ..crate::remediate::RecordDevice::new(
+                    id.clone(),
+                    d.state.reason.clone().unwrap_or_else(|| "unknown".into()),
+                )
             })
             .collect()
+    }
+
+    /// What a release decision needs to know of a node's devices: state, clean streak
+    /// and since when, with the identities a record may name them by.
+    pub fn device_views(&self, name: &str) -> Vec<crate::remediate::DeviceView> {
+        let Some(n) = self.nodes.get(name) else {
+            return Vec::new();
+        };
+        n.devices
+            .iter()
+            .map(|(id, d)| {
+                let last = n
+                    .doc
+                    .as_ref()
+                    .and_then(|doc| doc.npus.iter().find(|x| x.reading.id == *id));
+                crate::remediate::DeviceView {
+                    device: crate::remediate::RecordDevice {
+                        uuid: last.and_then(|l| l.reading.uuid.clone()),
+                        pci_bus_id: last.and_then(|l| l.reading.pci_bus_id.clone()),
+                        ..crate::remediate::RecordDevice::new(id.clone(), "")
+                    },
+                    status: d.state.status,
+                    clean_streak: d.state.clean_streak,
+                    since_ms: d.state.since_ms,
+                }
+            })
+            .collect()
+    }
+
+    /// The agent-side id of a device known by UUID or bus id, if the node reports it.
+    pub fn device_id(&self, node: &str, key: &str) -> Option<String> {
+        self.device_views(node)
+            .into_iter()
+            .find(|v| v.device.is(key))
+            .map(|v| v.device.id)
     }
 
     /// Counts over every device.

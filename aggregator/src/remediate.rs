@@ -27,6 +27,16 @@ pub const RECORD_ANNOTATION: &str = "faultline.io/quarantine";
 pub const DEVICES_LABEL: &str = "faultline.io/unhealthy-devices";
 /// The node condition type.
 pub const CONDITION: &str = "AcceleratorHealthy";
+/// Released records, newest last (JSON list, the last [`HISTORY_KEEP`]).
+pub const HISTORY_ANNOTATION: &str = "faultline.io/quarantine-history";
+/// How many released records a Node keeps.
+pub const HISTORY_KEEP: usize = 10;
+/// A person asks for a release: `all` (or empty), or device ids/UUIDs, comma separated.
+pub const RELEASE_ANNOTATION: &str = "faultline.io/release";
+/// Who asks for the release (set by `faultline release`).
+pub const RELEASE_BY_ANNOTATION: &str = "faultline.io/release-by";
+/// Why (set by `faultline release --reason`).
+pub const RELEASE_REASON_ANNOTATION: &str = "faultline.io/release-reason";
 
 /// What remediation may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +62,72 @@ pub struct RecordDevice {
     pub pci_bus_id: Option<String>,
     /// Why it failed.
     pub reason: String,
+    /// What said so: `agent` (the aggregator's own verdict), `alert` (the intake) or
+    /// `kubelet` (a pod's allocatedResourcesStatus).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The metric and its value behind the verdict, where there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// The metric's value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+impl RecordDevice {
+    /// A device judged by the aggregator's own pipeline.
+    pub fn new(id: impl Into<String>, reason: impl Into<String>) -> Self {
+        RecordDevice {
+            id: id.into(),
+            uuid: None,
+            pci_bus_id: None,
+            reason: reason.into(),
+            source: None,
+            metric: None,
+            value: None,
+        }
+    }
+
+    /// Whether `key` (an id, a UUID or a bus id) names this device.
+    pub fn is(&self, key: &str) -> bool {
+        self.id == key
+            || self.uuid.as_deref() == Some(key)
+            || self
+                .pci_bus_id
+                .as_deref()
+                .and_then(faultline_common::reading::normalize_bus_id)
+                .is_some_and(|b| {
+                    faultline_common::reading::normalize_bus_id(key).as_deref() == Some(b.as_str())
+                })
+    }
+}
+
+/// How a record ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Released {
+    /// When (RFC 3339).
+    pub at: String,
+    /// Who: a user (`user:NAME`) or a replica (auto release).
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+    /// A person asked for it: the same fault is not acted on again within the dedup
+    /// window, so the release is not undone by a reading that still says failed.
+    pub manual: bool,
+}
+
+/// The canary of an auto release: a probe Job pinned to the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CanaryRun {
+    /// `namespace/name` of the Job.
+    pub job: String,
+    /// When it was created.
+    pub started: String,
+    /// `running`, `succeeded` or `failed`.
+    pub state: String,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished: Option<String>,
 }
 
 /// An action taken, for the record's history.
@@ -102,6 +178,16 @@ pub struct QuarantineRecord {
     /// Tainted only because devices were unknown too long: nothing is evicted for it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unknown_only: bool,
+    /// Devices a person released while the rest stay quarantined, and when: not acted
+    /// on again within the dedup window.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub released_devices: BTreeMap<String, String>,
+    /// The last canary of an auto release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryRun>,
+    /// Set when the record ends (it then moves to the history annotation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<Released>,
 }
 
 /// The fingerprint of a set of failed devices on a node.
@@ -168,6 +254,21 @@ impl NodePatch {
         );
     }
 
+    fn remove(&mut self, path: String) {
+        self.ops
+            .push(serde_json::json!({"op": "remove", "path": path}));
+    }
+
+    fn annotation(&mut self, key: &str, value: String) {
+        if !std::mem::replace(&mut self.has_annotations, true) {
+            self.add("/metadata/annotations".into(), serde_json::json!({}));
+        }
+        self.add(
+            format!("/metadata/annotations/{}", escape(key)),
+            serde_json::json!(value),
+        );
+    }
+
     fn record(&mut self, record: &QuarantineRecord) {
         if !std::mem::replace(&mut self.has_annotations, true) {
             self.add("/metadata/annotations".into(), serde_json::json!({}));
@@ -197,6 +298,104 @@ pub enum Outcome {
     BreakerOpen,
     /// The node itself is not Ready: Kubernetes' node lifecycle handles it.
     LeftToKubernetes,
+    /// A person released these devices within the dedup window: not acted on again.
+    Suppressed,
+    /// Released now (all devices, or the named ones).
+    Released,
+    /// Not released yet: why (health, cool-down, canary).
+    Waiting(String),
+}
+
+/// A node's device as the pipeline sees it, for release decisions.
+#[derive(Debug, Clone)]
+pub struct DeviceView {
+    /// Its identities (id, UUID, bus id).
+    pub device: RecordDevice,
+    /// Smoothed state.
+    pub status: faultline_common::DeviceStatus,
+    /// Clean samples in a row.
+    pub clean_streak: u32,
+    /// Since when it has had this state (ms since the epoch).
+    pub since_ms: u64,
+}
+
+/// When a quarantine ends by itself.
+#[derive(Debug, Clone)]
+pub struct ReleasePolicy {
+    /// `--release auto`: after health, cool-down and (if set) the canary. `manual`
+    /// (false): only when a person asks. Unknown-only taints lift by themselves either
+    /// way once the devices are seen healthy again: they were a guard, not a verdict.
+    pub auto: bool,
+    /// Clean samples in a row every device needs.
+    pub healthy_samples: u32,
+    /// How long every device must have been healthy (and since a failed canary).
+    pub cooldown: std::time::Duration,
+    /// The probe Job (a template) that must succeed on the node first.
+    pub canary: Option<CanarySpec>,
+    /// How long a person's release holds against the same fault (default 15 min); also
+    /// the window of the intake's dedup.
+    pub dedup_window: std::time::Duration,
+}
+
+impl Default for ReleasePolicy {
+    fn default() -> Self {
+        ReleasePolicy {
+            auto: false,
+            healthy_samples: 30,
+            cooldown: std::time::Duration::from_secs(600),
+            canary: None,
+            dedup_window: std::time::Duration::from_secs(900),
+        }
+    }
+}
+
+/// The canary: a Job template, run pinned to the node, tolerating faultline's taint.
+#[derive(Debug, Clone)]
+pub struct CanarySpec {
+    /// The Job as written by the operator (name and nodeName are set by faultline).
+    pub template: k8s_openapi::api::batch::v1::Job,
+    /// Where the Jobs run.
+    pub namespace: String,
+    /// A canary not done by then has failed.
+    pub timeout: std::time::Duration,
+}
+
+/// A release a person asked for.
+#[derive(Debug, Clone, Default)]
+pub struct ReleaseRequest {
+    /// Devices (ids, UUIDs or bus ids) to release; empty: all of them.
+    pub devices: Vec<String>,
+    /// Who (`user:NAME`).
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl ReleaseRequest {
+    /// The request written on a Node (`faultline.io/release` and friends), if any.
+    pub fn of(node: &Node) -> Option<Self> {
+        let a = node.metadata.annotations.as_ref()?;
+        let v = a.get(RELEASE_ANNOTATION)?;
+        let devices = v
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty() && *d != "all" && *d != "true")
+            .map(String::from)
+            .collect();
+        let who = a
+            .get(RELEASE_BY_ANNOTATION)
+            .map(String::as_str)
+            .filter(|w| !w.is_empty())
+            .unwrap_or("unknown");
+        Some(ReleaseRequest {
+            devices,
+            actor: format!("user:{who}"),
+            reason: a
+                .get(RELEASE_REASON_ANNOTATION)
+                .cloned()
+                .unwrap_or_else(|| "released by a person".into()),
+        })
+    }
 }
 
 /// The circuit breaker: when very many nodes fail within a short time it is usually the
@@ -210,6 +409,8 @@ pub struct Breaker {
     nodes: usize,
     window: std::time::Duration,
     recent: std::sync::Mutex<std::collections::VecDeque<(String, std::time::Instant)>>,
+    /// Open when last read: a person closing it also clears the failures counted.
+    was_open: std::sync::atomic::AtomicBool,
 }
 
 impl Breaker {
@@ -226,21 +427,35 @@ impl Breaker {
             nodes: nodes.max(1),
             window,
             recent: Default::default(),
+            was_open: Default::default(),
         }
     }
 
     /// Whether it is open now (a person has not closed it).
     pub async fn is_open(&self) -> Result<bool, RemediateError> {
-        Ok(self
+        let open = self
             .api
             .get_opt(&self.name)
             .await?
             .and_then(|cm| cm.data)
-            .is_some_and(|d| d.get("state").map(String::as_str) == Some("open")))
+            .is_some_and(|d| d.get("state").map(String::as_str) == Some("open"));
+        if self
+            .was_open
+            .swap(open, std::sync::atomic::Ordering::AcqRel)
+            && !open
+        {
+            // Closed by a person: count afresh, or the next failure reopens it.
+            self.recent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+        }
+        Ok(open)
     }
 
     /// Note that `node` failed now; opens the breaker when too many did.
     pub async fn note_failure(&self, node: &str) -> Result<bool, RemediateError> {
+        self.is_open().await?;
         let (count, trip) = {
             let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
             let now = std::time::Instant::now();
@@ -349,6 +564,11 @@ pub struct Remediator {
     eviction_tokens: std::sync::Mutex<(f64, std::time::Instant)>,
     /// Nodes held back by the budget (announced once each).
     held_back: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    release: ReleasePolicy,
+    notifier: Option<std::sync::Arc<crate::notify::Notifier>>,
+    metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
+    /// Nodes with a record, as last listed (the release pass's work list).
+    quarantined: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// What an eviction pass did.
@@ -429,6 +649,78 @@ fn wants_eviction(pod: &Pod, resources: &[String], failed: &[RecordDevice]) -> b
     })
 }
 
+/// The released records kept on a Node, oldest first.
+pub fn history_of(node: &Node) -> Vec<QuarantineRecord> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(HISTORY_ANNOTATION))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default()
+}
+
+fn named_or_all(named: &[RecordDevice], all: &[RecordDevice]) -> Vec<RecordDevice> {
+    if named.is_empty() {
+        all.to_vec()
+    } else {
+        named.to_vec()
+    }
+}
+
+/// Remove a person's release request from the Node (it has been acted on).
+fn clear_request(patch: &mut NodePatch, live: &Node) {
+    let a = live.metadata.annotations.clone().unwrap_or_default();
+    for key in [
+        RELEASE_ANNOTATION,
+        RELEASE_BY_ANNOTATION,
+        RELEASE_REASON_ANNOTATION,
+    ] {
+        if a.contains_key(key) {
+            patch.remove(format!("/metadata/annotations/{}", escape(key)));
+        }
+    }
+}
+
+/// The canary Job: the template, named, pinned to the node, tolerating faultline's
+/// taint, never restarted in place, cleaned up an hour after it ends.
+fn canary_job(
+    template: &k8s_openapi::api::batch::v1::Job,
+    name: &str,
+    node: &str,
+    taint_key: &str,
+) -> k8s_openapi::api::batch::v1::Job {
+    let mut job = template.clone();
+    job.metadata.name = Some(name.to_string());
+    job.metadata.generate_name = None;
+    job.metadata.namespace = None;
+    job.metadata.resource_version = None;
+    job.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("app.kubernetes.io/managed-by".into(), "faultline".into());
+    job.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("faultline.io/canary-node".into(), node.to_string());
+    let spec = job.spec.get_or_insert_with(Default::default);
+    spec.backoff_limit.get_or_insert(0);
+    spec.ttl_seconds_after_finished.get_or_insert(3600);
+    let pod = spec.template.spec.get_or_insert_with(Default::default);
+    pod.node_name = Some(node.to_string());
+    if pod.restart_policy.is_none() {
+        pod.restart_policy = Some("Never".into());
+    }
+    pod.tolerations.get_or_insert_with(Default::default).push(
+        k8s_openapi::api::core::v1::Toleration {
+            key: Some(taint_key.to_string()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        },
+    );
+    job
+}
+
 fn now() -> String {
     Timestamp::now().to_string()
 }
@@ -466,6 +758,10 @@ impl Remediator {
             evictions_per_minute: 0.0,
             eviction_tokens: std::sync::Mutex::new((0.0, std::time::Instant::now())),
             held_back: Default::default(),
+            release: ReleasePolicy::default(),
+            notifier: None,
+            metrics: None,
+            quarantined: Default::default(),
             mode,
             taint: Taint {
                 key: taint_key.to_string(),
@@ -521,6 +817,523 @@ impl Remediator {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = (evictions_per_minute, std::time::Instant::now());
         self
+    }
+
+    /// The accelerator resource names looked for in pods.
+    pub fn resources(&self) -> &[String] {
+        &self.resources
+    }
+
+    /// How quarantines end.
+    pub fn with_release(mut self, release: ReleasePolicy) -> Self {
+        self.release = release;
+        self
+    }
+
+    /// Where announcements go besides Events, and where actions are counted.
+    pub fn with_reporting(
+        mut self,
+        notifier: Option<std::sync::Arc<crate::notify::Notifier>>,
+        metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
+    ) -> Self {
+        self.notifier = notifier;
+        self.metrics = metrics;
+        self
+    }
+
+    /// The dedup window (a person's release holds this long; the intake's dedup).
+    pub fn dedup_window(&self) -> std::time::Duration {
+        self.release.dedup_window
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Nodes with a record as last listed by [`Remediator::list_quarantined`].
+    pub fn known_quarantined(&self) -> Vec<String> {
+        self.quarantined
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// The devices of `devices` a person has not released within the dedup window.
+    fn not_suppressed(
+        &self,
+        live: &Node,
+        record: Option<&QuarantineRecord>,
+        devices: Vec<RecordDevice>,
+    ) -> Vec<RecordDevice> {
+        let window = self.release.dedup_window.as_secs_f64();
+        let recent = |at: &str| {
+            at.parse::<Timestamp>()
+                .is_ok_and(|t| Timestamp::now().duration_since(t).as_secs_f64() < window)
+        };
+        let mut released: Vec<&RecordDevice> = Vec::new();
+        let history = history_of(live);
+        if let Some(last) = history.last() {
+            if last
+                .released
+                .as_ref()
+                .is_some_and(|r| r.manual && recent(&r.at))
+            {
+                released.extend(last.devices.iter());
+            }
+        }
+        let partly: Vec<&String> = record
+            .map(|r| {
+                r.released_devices
+                    .iter()
+                    .filter(|(_, at)| recent(at))
+                    .map(|(id, _)| id)
+                    .collect()
+            })
+            .unwrap_or_default();
+        devices
+            .into_iter()
+            .filter(|d| {
+                let gone = released.iter().any(|r| {
+                    r.reason == d.reason && (d.is(&r.id) || r.uuid.as_deref().is_some_and(|u| d.is(u)))
+                }) || partly.iter().any(|id| d.is(id));
+                if gone {
+                    tracing::debug!(device = %d.id, "released by a person within the dedup window: not acted on");
+                }
+                !gone
+            })
+            .collect()
+    }
+
+    /// List the nodes with a record (they carry the devices label), remember them and
+    /// update the quarantine gauges.
+    pub async fn list_quarantined(&self) -> Result<Vec<Node>, RemediateError> {
+        let nodes = self
+            .nodes
+            .list(&ListParams::default().labels(DEVICES_LABEL))
+            .await?
+            .items;
+        let with_record: Vec<Node> = nodes
+            .into_iter()
+            .filter(|n| {
+                Self::record_of(n).ok().flatten().is_some() || ReleaseRequest::of(n).is_some()
+            })
+            .collect();
+        let devices: usize = with_record
+            .iter()
+            .filter_map(|n| Self::record_of(n).ok().flatten())
+            .map(|r| r.devices.len())
+            .sum();
+        *self.quarantined.lock().unwrap_or_else(|p| p.into_inner()) = with_record
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect();
+        if let Some(m) = &self.metrics {
+            m.set_quarantined(with_record.len(), devices);
+            m.set_breaker(self.breaker_open().await.unwrap_or(false));
+            m.set_held_back(self.held_back().len());
+        }
+        Ok(with_record)
+    }
+
+    /// One release pass over a quarantined node: a person's request first; else, for
+    /// unknown-only records or with `--release auto`, a release once `views` (the
+    /// pipeline's devices of the node) prove health, after the cool-down and the canary.
+    pub async fn release_pass_fenced(
+        &self,
+        node: &str,
+        views: &[DeviceView],
+        now_ms: u64,
+        fence: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Outcome, RemediateError> {
+        if self.mode == Mode::Off {
+            return Ok(Outcome::Off);
+        }
+        let live = self.nodes.get(node).await?;
+        if let Some(req) = ReleaseRequest::of(&live) {
+            return self.release_fenced(&live, req, true, fence).await;
+        }
+        let Some(mut record) = Self::record_of(&live)? else {
+            return Ok(Outcome::AlreadyDone);
+        };
+        if !record.unknown_only && !self.release.auto {
+            return Ok(Outcome::Waiting(
+                "manual release (faultline release)".into(),
+            ));
+        }
+        // Every device of the record seen, healthy, clean long enough.
+        for d in &record.devices {
+            let Some(v) = views
+                .iter()
+                .find(|v| d.is(&v.device.id) || d.uuid.as_deref().is_some_and(|u| v.device.is(u)))
+            else {
+                return Ok(Outcome::Waiting(format!(
+                    "{} not reported by the agent",
+                    d.id
+                )));
+            };
+            if v.status != faultline_common::DeviceStatus::Healthy
+                || v.clean_streak < self.release.healthy_samples
+            {
+                return Ok(Outcome::Waiting(format!(
+                    "{} {} with {} clean samples of {}",
+                    d.id,
+                    v.status.as_str(),
+                    v.clean_streak,
+                    self.release.healthy_samples
+                )));
+            }
+            let healthy_for = std::time::Duration::from_millis(now_ms.saturating_sub(v.since_ms));
+            if !record.unknown_only && healthy_for < self.release.cooldown {
+                return Ok(Outcome::Waiting(format!(
+                    "{} healthy for {}s of the {}s cool-down",
+                    d.id,
+                    healthy_for.as_secs(),
+                    self.release.cooldown.as_secs()
+                )));
+            }
+        }
+        let auto = ReleaseRequest {
+            devices: vec![],
+            actor: self.actor.clone(),
+            reason: if record.unknown_only {
+                "devices seen healthy again".into()
+            } else {
+                format!(
+                    "{} clean samples and {}s cool-down",
+                    self.release.healthy_samples,
+                    self.release.cooldown.as_secs()
+                )
+            },
+        };
+        let Some(canary) = self.release.canary.clone().filter(|_| !record.unknown_only) else {
+            return self.release_fenced(&live, auto, false, fence).await;
+        };
+        // The canary: start one, or read the one running.
+        let jobs: Api<k8s_openapi::api::batch::v1::Job> =
+            Api::namespaced(self.client.clone(), &canary.namespace);
+        let since = |at: &str| {
+            at.parse::<Timestamp>()
+                .map(|t| Timestamp::now().duration_since(t).as_secs_f64())
+                .unwrap_or(f64::MAX)
+        };
+        match record.canary.clone() {
+            Some(c) if c.state == "running" => {
+                let name = c.job.rsplit('/').next().unwrap_or_default().to_string();
+                let job = jobs.get_opt(&name).await?;
+                let status = job
+                    .as_ref()
+                    .and_then(|j| j.status.clone())
+                    .unwrap_or_default();
+                let (ok, failed) = (
+                    status.succeeded.unwrap_or(0) > 0,
+                    status.failed.unwrap_or(0) > 0
+                        || since(&c.started) > canary.timeout.as_secs_f64(),
+                );
+                if ok {
+                    let mut r = auto;
+                    r.reason = format!("{}; canary {} succeeded", r.reason, c.job);
+                    record.canary = Some(CanaryRun {
+                        state: "succeeded".into(),
+                        finished: Some(now()),
+                        ..c
+                    });
+                    return self.release_record(&live, record, r, false, fence).await;
+                }
+                if job.is_none() || failed {
+                    // Gone (deleted by someone) counts as failed too: start over after
+                    // the cool-down.
+                    record.canary = Some(CanaryRun {
+                        state: "failed".into(),
+                        finished: Some(now()),
+                        ..c.clone()
+                    });
+                    record.actions.push(Action {
+                        action: format!("canary {} failed", c.job),
+                        at: now(),
+                        actor: self.actor.clone(),
+                    });
+                    let mut patch = NodePatch::on(&live);
+                    patch.record(&record);
+                    self.apply(node, patch, fence).await?;
+                    if job.is_some() {
+                        let _ = jobs
+                            .delete(&name, &kube::api::DeleteParams::background())
+                            .await;
+                    }
+                    self.metric("canary", "failed");
+                    self.event(node, "FaultlineCanaryFailed", &c.job, format!("canary {} failed: the node stays quarantined; another try after the cool-down", c.job), true, &record.devices).await;
+                    return Ok(Outcome::Waiting(format!("canary {} failed", c.job)));
+                }
+                Ok(Outcome::Waiting(format!("canary {} running", c.job)))
+            }
+            last => {
+                if let Some(c) = last.as_ref().filter(|c| c.state == "failed") {
+                    let waited = c.finished.as_deref().map(since).unwrap_or(f64::MAX);
+                    if waited < self.release.cooldown.as_secs_f64() {
+                        return Ok(Outcome::Waiting(format!(
+                            "canary {} failed {}s ago; cool-down {}s",
+                            c.job,
+                            waited as u64,
+                            self.release.cooldown.as_secs()
+                        )));
+                    }
+                }
+                if !fence() {
+                    return Err(RemediateError::NotHolder);
+                }
+                if self.mode == Mode::DryRun {
+                    self.metric("canary", "dry-run");
+                    self.event(
+                        node,
+                        "FaultlineWouldRunCanary",
+                        &record.first_seen,
+                        "dry-run: would run the canary Job, then release".into(),
+                        false,
+                        &record.devices,
+                    )
+                    .await;
+                    return Ok(Outcome::Announced);
+                }
+                let attempt = record
+                    .actions
+                    .iter()
+                    .filter(|a| a.action.starts_with("canary"))
+                    .count();
+                let name = format!(
+                    "faultline-canary-{:012x}",
+                    faultline_common::fault::fnv1a64(
+                        format!("{node}/{}/{attempt}", record.first_seen).as_bytes()
+                    ) & 0xffff_ffff_ffff
+                );
+                let job = canary_job(&canary.template, &name, node, &self.taint.key);
+                match jobs.create(&PostParams::default(), &job).await {
+                    Ok(_) => {}
+                    // Created by a pass whose answer was lost: it is ours.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let job_ref = format!("{}/{name}", canary.namespace);
+                record.canary = Some(CanaryRun {
+                    job: job_ref.clone(),
+                    started: now(),
+                    state: "running".into(),
+                    finished: None,
+                });
+                record.actions.push(Action {
+                    action: format!("canary {job_ref}"),
+                    at: now(),
+                    actor: self.actor.clone(),
+                });
+                let mut patch = NodePatch::on(&live);
+                patch.record(&record);
+                self.apply(node, patch, fence).await?;
+                self.metric("canary", "started");
+                audit("canary", node, &record.devices, &self.actor, &job_ref);
+                self.event(node, "FaultlineCanaryStarted", &job_ref, format!("devices healthy past the cool-down: canary Job {job_ref} must succeed before the release"), false, &record.devices).await;
+                Ok(Outcome::Waiting(format!("canary {job_ref} started")))
+            }
+        }
+    }
+
+    /// Release a node as a person asked (`faultline release`, or the annotation).
+    pub async fn release(
+        &self,
+        node: &str,
+        req: ReleaseRequest,
+    ) -> Result<Outcome, RemediateError> {
+        let live = self.nodes.get(node).await?;
+        self.release_fenced(&live, req, true, &|| true).await
+    }
+
+    /// Release `live` (all devices, or those `req` names), removing only the taint and
+    /// label faultline added, and keeping the record as history.
+    async fn release_fenced(
+        &self,
+        live: &Node,
+        req: ReleaseRequest,
+        manual: bool,
+        fence: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Outcome, RemediateError> {
+        let node = live.metadata.name.clone().unwrap_or_default();
+        let Some(record) = Self::record_of(live)? else {
+            // Nothing to release: clear the request so it does not linger.
+            if ReleaseRequest::of(live).is_some() && self.mode == Mode::Enforce {
+                let mut patch = NodePatch::on(live);
+                clear_request(&mut patch, live);
+                self.apply(&node, patch, fence).await?;
+                tracing::info!(node = %node, "release asked for a node without a quarantine record; request cleared");
+            }
+            return Ok(Outcome::AlreadyDone);
+        };
+        self.release_record(live, record, req, manual, fence).await
+    }
+
+    async fn release_record(
+        &self,
+        live: &Node,
+        mut record: QuarantineRecord,
+        req: ReleaseRequest,
+        manual: bool,
+        fence: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Outcome, RemediateError> {
+        let node = live.metadata.name.clone().unwrap_or_default();
+        let t0 = std::time::Instant::now();
+        if !fence() {
+            return Err(RemediateError::NotHolder);
+        }
+        let named: Vec<RecordDevice> = record
+            .devices
+            .iter()
+            .filter(|d| req.devices.iter().any(|k| d.is(k)))
+            .cloned()
+            .collect();
+        let partial = !req.devices.is_empty() && named.len() < record.devices.len();
+        if !req.devices.is_empty() && named.is_empty() {
+            tracing::warn!(node = %node, asked = ?req.devices, "release names no quarantined device; request cleared");
+            if self.mode == Mode::Enforce {
+                let mut patch = NodePatch::on(live);
+                clear_request(&mut patch, live);
+                self.apply(&node, patch, fence).await?;
+            }
+            self.event(
+                &node,
+                "FaultlineReleaseIgnored",
+                &format!("{}/{}", record.first_seen, req.devices.join(",")),
+                format!(
+                    "release of {} ignored: not quarantined here",
+                    req.devices.join(", ")
+                ),
+                true,
+                &record.devices,
+            )
+            .await;
+            return Ok(Outcome::AlreadyDone);
+        }
+        let what = if partial {
+            named
+                .iter()
+                .map(|d| d.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        } else {
+            "all devices".to_string()
+        };
+        if self.mode == Mode::DryRun {
+            self.metric("release", "dry-run");
+            self.event(
+                &node,
+                "FaultlineWouldRelease",
+                &format!("{}/{}", record.first_seen, what),
+                format!("dry-run: would release {what} ({})", req.reason),
+                false,
+                &record.devices,
+            )
+            .await;
+            return Ok(Outcome::Announced);
+        }
+        let at = now();
+        let mut patch = NodePatch::on(live);
+        clear_request(&mut patch, live);
+        record.actions.push(Action {
+            action: format!("release {what}: {}", req.reason),
+            at: at.clone(),
+            actor: req.actor.clone(),
+        });
+        if partial {
+            record.devices.retain(|d| !named.contains(d));
+            for d in &named {
+                record.released_devices.insert(d.id.clone(), at.clone());
+            }
+            record.fingerprint = fingerprint(&node, &record.devices);
+            if record.owned_label {
+                let ids: Vec<&str> = record.devices.iter().map(|d| d.id.as_str()).collect();
+                patch.label(DEVICES_LABEL, &ids.join("."));
+            }
+            patch.record(&record);
+        } else {
+            // Only what faultline added: its own taint (key and NoSchedule), its label.
+            if let Some(key) = &record.owned_taint {
+                let taints: Vec<Taint> = live
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.clone())
+                    .unwrap_or_default();
+                let kept: Vec<Taint> = taints
+                    .iter()
+                    .filter(|t| !(t.key == *key && t.effect == "NoSchedule"))
+                    .cloned()
+                    .collect();
+                if kept.len() != taints.len() {
+                    patch.taints(&kept);
+                }
+            }
+            let has_label = live
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(DEVICES_LABEL));
+            if record.owned_label && has_label {
+                patch.remove(format!("/metadata/labels/{}", escape(DEVICES_LABEL)));
+            }
+            patch.remove(format!(
+                "/metadata/annotations/{}",
+                escape(RECORD_ANNOTATION)
+            ));
+            record.released = Some(Released {
+                at: at.clone(),
+                actor: req.actor.clone(),
+                reason: req.reason.clone(),
+                manual,
+            });
+            let mut history = history_of(live);
+            history.push(record.clone());
+            let skip = history.len().saturating_sub(HISTORY_KEEP);
+            patch.annotation(
+                HISTORY_ANNOTATION,
+                serde_json::to_string(&history[skip..]).unwrap_or_default(),
+            );
+        }
+        self.apply(&node, patch, fence).await?;
+        if !partial {
+            let condition = serde_json::json!({"status": {"conditions": [{
+                "type": CONDITION, "status": "True", "reason": "Released",
+                "message": format!("released by {}: {}", req.actor, req.reason),
+                "lastTransitionTime": at, "lastHeartbeatTime": at,
+            }]}});
+            // The record is gone already: a failure here leaves only a stale condition,
+            // which the next quarantine overwrites.
+            if let Err(e) = self
+                .nodes
+                .patch_status(&node, &PatchParams::default(), &Patch::Strategic(condition))
+                .await
+            {
+                tracing::warn!(node = %node, error = %e, "released, but the condition was not updated");
+            }
+        }
+        self.metric("release", "ok");
+        if let Some(m) = &self.metrics {
+            m.action_time("release", t0.elapsed().as_secs_f64());
+        }
+        audit(
+            "release",
+            &node,
+            &named_or_all(&named, &record.devices),
+            &req.actor,
+            &what,
+        );
+        self.event(
+            &node,
+            "FaultlineReleased",
+            &format!("{}/{}/{at}", record.first_seen, what),
+            format!("released {what} by {}: {}", req.actor, req.reason),
+            false,
+            &named_or_all(&named, &record.devices),
+        )
+        .await;
+        Ok(Outcome::Released)
     }
 
     /// Note a node that just failed (feeds the breaker).
@@ -612,25 +1425,38 @@ impl Remediator {
 
     /// Record and announce a node held back by the budget: once per node, and one
     /// alert for the first node held back while others pass.
-    async fn hold_back(&self, node: &str, why: String) -> Result<Outcome, RemediateError> {
-        let (first_for_node, first_overall) = {
+    async fn hold_back(
+        &self,
+        node: &str,
+        why: String,
+        devices: &[RecordDevice],
+    ) -> Result<Outcome, RemediateError> {
+        let (first_for_node, first_overall, count) = {
             let mut g = self.held_back.lock().unwrap_or_else(|p| p.into_inner());
             let overall = g.is_empty();
-            (g.insert(node.to_string()), overall)
+            (g.insert(node.to_string()), overall, g.len())
         };
+        if let Some(m) = &self.metrics {
+            m.set_held_back(count);
+        }
+        self.metric("quarantine", "held-back");
+        // One Event per node and hour at most, across replicas and restarts.
+        let hour = now().get(..13).unwrap_or_default().to_string();
         if first_for_node {
             tracing::warn!(node, %why, "quarantine held back by the budget");
             self.event(
                 node,
                 "FaultlineHeldBack",
+                &format!("{}/{hour}", fingerprint(node, devices)),
                 format!("not quarantined: {why}"),
                 true,
+                devices,
             )
-            .await?;
+            .await;
         }
         if first_overall {
             tracing::error!(%why, "quarantine budget exhausted: further failed nodes are held back");
-            self.event(node, "FaultlineBudgetExhausted", format!("quarantine budget exhausted ({why}); failed nodes are held back until quarantines are released"), true).await?;
+            self.event(node, "FaultlineBudgetExhausted", &hour, format!("quarantine budget exhausted ({why}); failed nodes are held back until quarantines are released"), true, devices).await;
         }
         Ok(Outcome::HeldBack(why))
     }
@@ -662,6 +1488,10 @@ impl Remediator {
             return Ok(Outcome::BreakerOpen);
         }
         let live = self.nodes.get(node).await?;
+        let devices = self.not_suppressed(&live, Self::record_of(&live)?.as_ref(), devices);
+        if devices.is_empty() {
+            return Ok(Outcome::Suppressed);
+        }
         let ready = live
             .status
             .as_ref()
@@ -682,24 +1512,27 @@ impl Remediator {
         }
         let _turn = self.budget_turn.lock().await;
         if let Some(why) = self.over_budget(&live).await? {
-            return self.hold_back(node, why).await;
+            return self.hold_back(node, why, &devices).await;
         }
         let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
         if !fence() {
             return Err(RemediateError::NotHolder);
         }
         if self.mode == Mode::DryRun {
+            self.metric("taint-unknown", "dry-run");
             self.event(
                 node,
                 "FaultlineWouldCordonUnknown",
+                &fingerprint(node, &devices),
                 format!(
                     "dry-run: would taint {}=unknown: {} unknown past the tolerance",
                     self.taint.key,
                     ids.join(", ")
                 ),
                 true,
+                &devices,
             )
-            .await?;
+            .await;
             return Ok(Outcome::Announced);
         }
         let now = now();
@@ -722,6 +1555,9 @@ impl Remediator {
             evicted: vec![],
             eviction_blocked: BTreeMap::new(),
             unknown_only: true,
+            released_devices: BTreeMap::new(),
+            canary: None,
+            released: None,
         };
         let mut t = taints;
         t.push(Taint {
@@ -740,17 +1576,20 @@ impl Remediator {
             &self.actor,
             &self.taint.key,
         );
+        self.metric("taint-unknown", "ok");
         self.event(
             node,
             "FaultlineUnknownCordoned",
+            &format!("{}/{}", record.fingerprint, record.first_seen),
             format!(
                 "tainted {}=unknown:NoSchedule: {} unknown past the tolerance; nothing evicted",
                 self.taint.key,
                 ids.join(", ")
             ),
             true,
+            &devices,
         )
-        .await?;
+        .await;
         Ok(Outcome::Isolated)
     }
 
@@ -792,13 +1631,16 @@ impl Remediator {
                 continue;
             }
             if self.mode == Mode::DryRun {
+                self.metric("evict", "dry-run");
                 self.event(
                     node,
                     "FaultlineWouldEvict",
+                    &key,
                     format!("dry-run: would evict {ns}/{name}"),
                     true,
+                    &record.devices,
                 )
-                .await?;
+                .await;
                 continue;
             }
             if !fence() {
@@ -825,7 +1667,8 @@ impl Remediator {
                         .map(|t| Timestamp::now().duration_since(t).as_secs_f64())
                         .unwrap_or(0.0);
                     if waited >= self.eviction_deadline.as_secs_f64() {
-                        self.event(node, "FaultlineEvictionBlocked", format!("{ns}/{name}: its disruption budget refused eviction for {}s; left alone", waited as u64), true).await?;
+                        self.metric("evict", "given-up");
+                        self.event(node, "FaultlineEvictionBlocked", &key, format!("{ns}/{name}: its disruption budget refused eviction for {}s; left alone", waited as u64), true, &record.devices).await;
                         record.evicted.push(key.clone());
                         out.given_up.push(key);
                     } else {
@@ -844,13 +1687,16 @@ impl Remediator {
                 actor: self.actor.clone(),
             });
             changed = true;
+            self.metric("evict", "ok");
             self.event(
                 node,
                 "FaultlineEvicted",
+                &key,
                 format!("evicted {ns}/{name} from a failed device"),
                 true,
+                &record.devices,
             )
-            .await?;
+            .await;
             out.evicted.push(key);
         }
         if changed {
@@ -882,17 +1728,27 @@ impl Remediator {
         Ok(())
     }
 
+    /// Announce on the Node: one Event (and one notification) per `key`. The Event's
+    /// name is derived from the node, reason and key, so a pass that repeats (after an
+    /// error, a timeout or a leader change) meets a 409 and announces nothing twice.
+    /// Best effort: a failing Events API is logged and counted, never stops a pass.
     async fn event(
         &self,
         node: &str,
         reason: &str,
+        key: &str,
         message: String,
         warning: bool,
-    ) -> Result<(), RemediateError> {
+        devices: &[RecordDevice],
+    ) -> bool {
+        let name = format!(
+            "{node}.faultline.{:016x}",
+            faultline_common::fault::fnv1a64(format!("{reason}\0{key}").as_bytes())
+        );
         let t = Time(Timestamp::now());
         let ev = Event {
             metadata: ObjectMeta {
-                generate_name: Some(format!("{node}.faultline.")),
+                name: Some(name),
                 ..Default::default()
             },
             involved_object: ObjectReference {
@@ -902,7 +1758,7 @@ impl Remediator {
                 ..Default::default()
             },
             reason: Some(reason.to_string()),
-            message: Some(message),
+            message: Some(message.clone()),
             type_: Some(if warning { "Warning" } else { "Normal" }.into()),
             source: Some(EventSource {
                 component: Some("faultline-aggregator".into()),
@@ -915,8 +1771,46 @@ impl Remediator {
             reporting_instance: Some(self.actor.clone()),
             ..Default::default()
         };
-        self.events.create(&PostParams::default(), &ev).await?;
-        Ok(())
+        let mut created = false;
+        for attempt in 0..3u32 {
+            match self.events.create(&PostParams::default(), &ev).await {
+                Ok(_) => {
+                    created = true;
+                    break;
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => break,
+                Err(e) => {
+                    if attempt == 2 {
+                        self.metric("event", "error");
+                        tracing::warn!(node, reason, error = %e, "cannot record the Event");
+                        // Not recorded, yet the action happened: people still hear of it.
+                        created = true;
+                    } else {
+                        tokio::time::sleep(std::time::Duration::from_millis(200 << attempt)).await;
+                    }
+                }
+            }
+        }
+        if created {
+            if let Some(n) = &self.notifier {
+                n.send(crate::notify::Notification {
+                    kind: reason.to_string(),
+                    severity: if warning { "warning" } else { "info" }.into(),
+                    node: node.to_string(),
+                    devices: devices.to_vec(),
+                    message,
+                    actor: self.actor.clone(),
+                    at: now(),
+                });
+            }
+        }
+        created
+    }
+
+    fn metric(&self, action: &str, result: &str) {
+        if let Some(m) = &self.metrics {
+            m.action(action, result);
+        }
     }
 
     /// Isolate `node` for `devices` (all failed). Idempotent: a second pass for the same
@@ -943,9 +1837,29 @@ impl Remediator {
         if self.breaker_open().await? {
             return Ok(Outcome::BreakerOpen);
         }
-        let fp = fingerprint(node, &devices);
         let live = self.nodes.get(node).await?;
         let existing = Self::record_of(&live)?;
+        let fresh = self.not_suppressed(&live, existing.as_ref(), devices);
+        if fresh.is_empty() {
+            return Ok(Outcome::Suppressed);
+        }
+        // Devices join a record and leave it only by a release: a device that is no
+        // longer failed in this pass (or came from an alert the agents do not see)
+        // stays until someone, or the auto release, proves it healthy.
+        let mut devices: Vec<RecordDevice> = existing
+            .as_ref()
+            .filter(|r| !r.unknown_only)
+            .map(|r| r.devices.clone())
+            .unwrap_or_default();
+        for d in fresh {
+            if !devices
+                .iter()
+                .any(|x| x.is(&d.id) || d.uuid.as_deref().is_some_and(|u| x.is(u)))
+            {
+                devices.push(d);
+            }
+        }
+        let fp = fingerprint(node, &devices);
         let taints = live
             .spec
             .as_ref()
@@ -973,7 +1887,7 @@ impl Remediator {
         let _budget_turn = if existing.is_none() && !has_taint && self.mode == Mode::Enforce {
             let turn = self.budget_turn.lock().await;
             if let Some(why) = self.over_budget(&live).await? {
-                return self.hold_back(node, why).await;
+                return self.hold_back(node, why, &devices).await;
             }
             Some(turn)
         } else {
@@ -994,13 +1908,16 @@ impl Remediator {
         }
         if self.mode == Mode::DryRun {
             tracing::warn!(node, devices = ?ids, taint = %self.taint.key, "dry-run: would quarantine");
+            self.metric("quarantine", "dry-run");
             self.event(
                 node,
                 "FaultlineWouldQuarantine",
+                &fp,
                 format!("dry-run: would taint {} ({summary})", self.taint.key),
                 true,
+                &devices,
             )
-            .await?;
+            .await;
             return Ok(Outcome::Announced);
         }
 
@@ -1020,6 +1937,9 @@ impl Remediator {
             evicted: vec![],
             eviction_blocked: BTreeMap::new(),
             unknown_only: false,
+            released_devices: BTreeMap::new(),
+            canary: None,
+            released: None,
         });
         record.unknown_only = false;
         record.devices = devices;
@@ -1066,28 +1986,31 @@ impl Remediator {
         self.nodes
             .patch_status(node, &PatchParams::default(), &Patch::Strategic(condition))
             .await?;
-        if same_fault && has_taint {
-            // Only the condition was missing (a pass cut short): no new announcement.
-            return Ok(Outcome::Isolated);
-        }
         self.held_back
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(node);
-        audit(
-            "quarantine",
-            node,
-            &record.devices,
-            &self.actor,
-            &self.taint.key,
-        );
+        if !(same_fault && has_taint) {
+            self.metric("quarantine", "ok");
+            audit(
+                "quarantine",
+                node,
+                &record.devices,
+                &self.actor,
+                &self.taint.key,
+            );
+        }
+        // Also when only the condition was missing: a pass cut short before its Event
+        // announces now, and one that did meets the Event's name and stays quiet.
         self.event(
             node,
             "FaultlineQuarantined",
+            &format!("{}/{}", record.fingerprint, record.first_seen),
             format!("tainted {} ({summary})", self.taint.key),
             true,
+            &record.devices,
         )
-        .await?;
+        .await;
         Ok(Outcome::Isolated)
     }
 }

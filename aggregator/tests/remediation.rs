@@ -32,10 +32,14 @@ async fn setup() -> (ApiServer, kube::Client) {
 
 fn failed(id: &str) -> Vec<RecordDevice> {
     vec![RecordDevice {
-        id: id.into(),
-        uuid: Some("GPU-1234".into()),
-        pci_bus_id: Some("0000:3b:00.0".into()),
-        reason: "xid-79".into(),
+        // Each device its own UUID; gpu3's is the one the pods below hold.
+        uuid: Some(if id == "gpu3" {
+            "GPU-1234".to_string()
+        } else {
+            format!("GPU-{id}")
+        }),
+        pci_bus_id: None,
+        ..RecordDevice::new(id, "xid-79")
     }]
 }
 
@@ -426,12 +430,7 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
         .create("nodes", "", json!({"metadata": {"name": "down"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}))
         .unwrap();
     let r = remediator(client, Mode::Enforce);
-    let unknown = vec![RecordDevice {
-        id: "gpu0".into(),
-        uuid: None,
-        pci_bus_id: None,
-        reason: "no-fresh-data".into(),
-    }];
+    let unknown = vec![RecordDevice::new("gpu0", "no-fresh-data")];
     assert_eq!(
         r.guard_unknown_fenced("down", unknown.clone(), &|| true)
             .await

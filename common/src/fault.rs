@@ -191,12 +191,17 @@ impl FaultSummary {
 /// The shard of a node: FNV-1a of its name modulo the shard count. Stable across
 /// replicas, restarts and versions.
 pub fn shard_of(node: &str, shards: u32) -> u32 {
+    (fnv1a64(node.as_bytes()) % u64::from(shards.max(1))) as u32
+}
+
+/// FNV-1a, 64 bits: a stable hash for names derived from content.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in node.as_bytes() {
+    for b in bytes {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    (h % u64::from(shards.max(1))) as u32
+    h
 }
 
 /// The JSON Schemas, as committed in `schema/`: the whole document (the file sink's

@@ -104,6 +104,14 @@ pub const KINDS: &[Kind] = &[
         short: &[],
     },
     Kind {
+        group: "batch",
+        version: "v1",
+        plural: "jobs",
+        kind: "Job",
+        namespaced: true,
+        short: &[],
+    },
+    Kind {
         group: "policy",
         version: "v1",
         plural: "poddisruptionbudgets",
@@ -139,6 +147,11 @@ pub struct Faults {
     pub conflict_rate: f64,
     /// Share of calls answered 429 TooManyRequests.
     pub throttle_rate: f64,
+    /// Share of writes (POST/PUT/PATCH/DELETE) that are carried out but answered only
+    /// after `late_answer_ms`: the client times out on a change that did happen.
+    pub late_answer_rate: f64,
+    /// How late such an answer comes (default 3 s).
+    pub late_answer_ms: u64,
     /// Watches end after this many seconds (0: only at their timeout).
     pub drop_watch_after_s: u64,
     /// Seed of the fault dice.
@@ -761,11 +774,21 @@ async fn dispatch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let late = {
+        let mut g = s.lock();
+        let (rate, ms) = (g.faults.late_answer_rate, g.faults.late_answer_ms);
+        let write = !matches!(method, Method::GET | Method::HEAD);
+        (write && rate > 0.0 && uri.path() != "/_faults" && g.rng.random_bool(rate.min(1.0)))
+            .then(|| Duration::from_millis(if ms == 0 { 3000 } else { ms }))
+    };
     let resp = handle(&s, &method, &uri, &headers, body).await;
     let resp = match resp {
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
+    if let Some(d) = late {
+        tokio::time::sleep(d).await;
+    }
     s.lock().calls.push(Call {
         method: method.to_string(),
         uri: uri.to_string(),

@@ -1,0 +1,394 @@
+//! Alert intake: `POST /v1/alerts` takes seed 000's GPUAlert JSON (one object or a
+//! list) and the Alertmanager webhook format, behind a bearer token read from a file
+//! (a mounted Secret, re-read on every request so a rotated Secret takes effect).
+//!
+//! One alert is a hint, not a verdict (seed 000, 9.1): a device is acted on only after
+//! `threshold` firing alerts for the same (node, device, metric) within `window`, and
+//! once acted on, the same key is a duplicate for the dedup window (default 15 min), so
+//! a burst of repeats is one action. Answers are JSON; every answer is counted by code.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+use crate::remediate::RecordDevice;
+
+/// A device the intake judged failed, for the core loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The node.
+    pub node: String,
+    /// The device (`id` is the UUID or bus id the alert named; the core loop maps it to
+    /// the agent's id where the node reports the device).
+    pub device: RecordDevice,
+}
+
+/// How the intake decides.
+#[derive(Debug, Clone)]
+pub struct IntakeConfig {
+    /// The file holding the bearer token.
+    pub token_file: PathBuf,
+    /// Largest body accepted.
+    pub max_bytes: usize,
+    /// Firing alerts for a key within `window` before it acts.
+    pub threshold: usize,
+    /// The counting window.
+    pub window: Duration,
+    /// After acting, repeats of the key are duplicates this long.
+    pub dedup: Duration,
+}
+
+/// Seed 000's alert.
+#[derive(Debug, Deserialize)]
+struct GpuAlert {
+    #[serde(default)]
+    cluster: Option<String>,
+    node_name: String,
+    #[serde(default)]
+    gpu_uuid: Option<String>,
+    #[serde(default)]
+    bus_id: Option<String>,
+    metric: String,
+    #[serde(default)]
+    value: Option<Value>,
+    #[serde(default)]
+    time: Option<i64>,
+}
+
+/// One alert, whatever format it came in.
+#[derive(Debug, Clone)]
+struct Alert {
+    node: String,
+    uuid: Option<String>,
+    bus_id: Option<String>,
+    metric: String,
+    value: Option<String>,
+    firing: bool,
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The alerts of a body, or why it is not one.
+fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("malformed JSON: {e}"))?;
+    let gpu = |v: Value| -> Result<Alert, String> {
+        let a: GpuAlert = serde_json::from_value(v).map_err(|e| format!("not a GPUAlert: {e}"))?;
+        let _ = (&a.cluster, a.time);
+        if a.node_name.trim().is_empty() {
+            return Err("node_name is empty".into());
+        }
+        Ok(Alert {
+            node: a.node_name,
+            uuid: a.gpu_uuid.filter(|s| !s.is_empty()),
+            bus_id: a.bus_id.filter(|s| !s.is_empty()),
+            metric: a.metric,
+            value: a.value.as_ref().map(text),
+            firing: true,
+        })
+    };
+    match v {
+        // Alertmanager's webhook (version 4).
+        Value::Object(ref o) if o.get("alerts").is_some_and(Value::is_array) => {
+            let mut out = Vec::new();
+            for a in o["alerts"].as_array().into_iter().flatten() {
+                let labels = &a["labels"];
+                let label = |keys: &[&str]| {
+                    keys.iter()
+                        .find_map(|k| labels.get(*k).and_then(Value::as_str))
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                };
+                // DCGM exporter's labels first (Hostname, UUID, pci_bus_id), then
+                // common relabelings.
+                let node = label(&[
+                    "node",
+                    "node_name",
+                    "kubernetes_node",
+                    "Hostname",
+                    "instance",
+                ])
+                .map(|n| n.split(':').next().unwrap_or_default().to_string())
+                .unwrap_or_default();
+                out.push(Alert {
+                    node,
+                    uuid: label(&["UUID", "gpu_uuid", "uuid"]),
+                    bus_id: label(&["pci_bus_id", "bus_id"]),
+                    metric: label(&["alertname"]).unwrap_or_else(|| "alert".into()),
+                    value: a["annotations"]
+                        .get("value")
+                        .map(text)
+                        .or_else(|| a.get("value").map(text)),
+                    firing: a["status"].as_str() != Some("resolved"),
+                });
+            }
+            Ok(out)
+        }
+        Value::Array(items) => items.into_iter().map(gpu).collect(),
+        obj @ Value::Object(_) => Ok(vec![gpu(obj)?]),
+        _ => Err("expected a GPUAlert object, a list of them, or an Alertmanager webhook".into()),
+    }
+}
+
+type Key = (String, String, String);
+
+/// The intake's state: counts per key and the keys recently acted on.
+pub struct Intake {
+    cfg: IntakeConfig,
+    metrics: Arc<Metrics>,
+    tx: mpsc::Sender<Verdict>,
+    counts: Mutex<HashMap<Key, VecDeque<Instant>>>,
+    acted: Mutex<HashMap<Key, Instant>>,
+}
+
+fn error(code: StatusCode, msg: impl Into<String>) -> Response {
+    (
+        code,
+        Json(json!({"error": msg.into(), "status": code.as_u16()})),
+    )
+        .into_response()
+}
+
+/// Equal in constant time for equal lengths.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Intake {
+    /// An intake sending its verdicts to `tx`.
+    pub fn new(cfg: IntakeConfig, metrics: Arc<Metrics>, tx: mpsc::Sender<Verdict>) -> Self {
+        Intake {
+            cfg,
+            metrics,
+            tx,
+            counts: Default::default(),
+            acted: Default::default(),
+        }
+    }
+
+    /// Handle one request.
+    pub async fn handle(&self, headers: &HeaderMap, body: Body) -> Response {
+        let r = self.answer(headers, body).await;
+        self.metrics.intake_response(r.status().as_u16());
+        r
+    }
+
+    async fn answer(&self, headers: &HeaderMap, body: Body) -> Response {
+        let token = match std::fs::read_to_string(&self.cfg.token_file) {
+            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+            Ok(_) | Err(_) => {
+                tracing::error!(file = %self.cfg.token_file.display(), "intake token file missing or empty: every alert is refused");
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the intake's token is not configured",
+                );
+            }
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match given {
+            None => return error(StatusCode::UNAUTHORIZED, "missing bearer token"),
+            Some(t) if !same(t.as_bytes(), token.as_bytes()) => {
+                return error(StatusCode::UNAUTHORIZED, "invalid bearer token")
+            }
+            Some(_) => {}
+        }
+        let too_big = || {
+            error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body larger than {} bytes", self.cfg.max_bytes),
+            )
+        };
+        if headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .is_some_and(|n| n > self.cfg.max_bytes)
+        {
+            return too_big();
+        }
+        let bytes = match axum::body::to_bytes(body, self.cfg.max_bytes).await {
+            Ok(b) => b,
+            Err(_) => return too_big(),
+        };
+        let alerts = match parse(&bytes) {
+            Ok(a) => a,
+            Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        };
+        let mut out = json!({"received": alerts.len(), "counted": 0, "acted": [], "duplicates": 0, "resolved": 0, "unattributed": 0});
+        for a in alerts {
+            let result = self.one(a.clone()).await;
+            self.metrics.intake_alert(result);
+            match result {
+                "acted" => out["acted"]
+                    .as_array_mut()
+                    .into_iter()
+                    .for_each(|v| v.push(json!({"node": a.node, "device": a.uuid.clone().or(a.bus_id.clone()), "metric": a.metric}))),
+                other => {
+                    let n = out[other].as_u64().unwrap_or(0) + 1;
+                    out[other] = json!(n);
+                }
+            }
+        }
+        (StatusCode::ACCEPTED, Json(out)).into_response()
+    }
+
+    /// Count one alert: `counted`, `acted`, `duplicates`, `resolved` or `unattributed`.
+    async fn one(&self, a: Alert) -> &'static str {
+        let Some(device) = a.uuid.clone().or_else(|| a.bus_id.clone()) else {
+            // A node-level alert names no device: nothing to isolate on a guess.
+            tracing::info!(node = %a.node, metric = %a.metric, "alert without a device: not acted on");
+            return "unattributed";
+        };
+        if a.node.is_empty() {
+            return "unattributed";
+        }
+        if !a.firing {
+            return "resolved";
+        }
+        let key: Key = (a.node.clone(), device.clone(), a.metric.clone());
+        let now = Instant::now();
+        {
+            let mut acted = self.acted.lock().unwrap_or_else(|p| p.into_inner());
+            acted.retain(|_, t| now.duration_since(*t) < self.cfg.dedup);
+            if acted.contains_key(&key) {
+                return "duplicates";
+            }
+        }
+        let due = {
+            let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+            // Forget keys whose window passed, so the map does not grow forever.
+            if counts.len() > 10_000 {
+                counts.retain(|_, q| {
+                    q.back()
+                        .is_some_and(|t| now.duration_since(*t) < self.cfg.window)
+                });
+            }
+            let q = counts.entry(key.clone()).or_default();
+            while q
+                .front()
+                .is_some_and(|t| now.duration_since(*t) >= self.cfg.window)
+            {
+                q.pop_front();
+            }
+            q.push_back(now);
+            let due = q.len() >= self.cfg.threshold.max(1);
+            if due {
+                counts.remove(&key);
+            }
+            due
+        };
+        if !due {
+            return "counted";
+        }
+        self.acted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, now);
+        let verdict = Verdict {
+            node: a.node.clone(),
+            device: RecordDevice {
+                uuid: a.uuid.clone(),
+                pci_bus_id: a.bus_id.clone(),
+                source: Some("alert".into()),
+                metric: Some(a.metric.clone()),
+                value: a.value.clone(),
+                ..RecordDevice::new(device, format!("alert:{}", a.metric))
+            },
+        };
+        tracing::warn!(node = %a.node, metric = %a.metric, value = ?a.value, threshold = self.cfg.threshold, "alerts reached the threshold: device judged failed");
+        if self.tx.send(verdict).await.is_err() {
+            tracing::error!("the core loop is gone: verdict dropped");
+        }
+        "acted"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_example_and_alertmanager_parse() {
+        let seed = br#"{"cluster":"prod","node_name":"gpu-node-01","gpu_uuid":"GPU-123456","bus_id":"00000000:3B:00.0","metric":"xid_error","value":"Xid 79","time":1699999999}"#;
+        let a = parse(seed).unwrap();
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0].node, "gpu-node-01");
+        assert_eq!(a[0].uuid.as_deref(), Some("GPU-123456"));
+        assert_eq!(a[0].value.as_deref(), Some("Xid 79"));
+        let am = br#"{"version":"4","status":"firing","receiver":"faultline","groupKey":"{}:{}","alerts":[
+            {"status":"firing","labels":{"alertname":"GpuXid","Hostname":"gpu-node-02","UUID":"GPU-abc","pci_bus_id":"00000000:18:00.0","gpu":"3"},"annotations":{"value":"79"},"startsAt":"2026-11-29T12:00:00Z","endsAt":"0001-01-01T00:00:00Z","fingerprint":"f1"},
+            {"status":"resolved","labels":{"alertname":"GpuXid","node":"gpu-node-03","UUID":"GPU-def"},"annotations":{}}]}"#;
+        let a = parse(am).unwrap();
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0].node, "gpu-node-02");
+        assert_eq!(a[0].metric, "GpuXid");
+        assert_eq!(a[0].value.as_deref(), Some("79"));
+        assert!(a[0].firing && !a[1].firing);
+        assert!(parse(b"{not json").unwrap_err().contains("malformed JSON"));
+        assert!(parse(br#"{"node_name":"x"}"#)
+            .unwrap_err()
+            .contains("GPUAlert"));
+        assert!(parse(b"42").is_err());
+    }
+
+    #[tokio::test]
+    async fn n_within_w_then_duplicates() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let dir = tempfile::tempdir().unwrap();
+        let intake = Intake::new(
+            IntakeConfig {
+                token_file: dir.path().join("token"),
+                max_bytes: 1 << 20,
+                threshold: 3,
+                window: Duration::from_secs(60),
+                dedup: Duration::from_secs(900),
+            },
+            Arc::new(Metrics::new()),
+            tx,
+        );
+        let alert = || Alert {
+            node: "n1".into(),
+            uuid: Some("GPU-1".into()),
+            bus_id: None,
+            metric: "xid".into(),
+            value: Some("79".into()),
+            firing: true,
+        };
+        assert_eq!(intake.one(alert()).await, "counted");
+        assert_eq!(intake.one(alert()).await, "counted");
+        assert_eq!(intake.one(alert()).await, "acted");
+        for _ in 0..20 {
+            assert_eq!(intake.one(alert()).await, "duplicates");
+        }
+        let v = rx.try_recv().unwrap();
+        assert_eq!(v.node, "n1");
+        assert_eq!(v.device.uuid.as_deref(), Some("GPU-1"));
+        assert_eq!(v.device.reason, "alert:xid");
+        assert!(rx.try_recv().is_err(), "one verdict for the burst");
+        // Another device on the node counts on its own.
+        let mut other = alert();
+        other.uuid = Some("GPU-2".into());
+        assert_eq!(intake.one(other).await, "counted");
+        let mut none = alert();
+        none.uuid = None;
+        assert_eq!(intake.one(none).await, "unattributed");
+    }
+}
