@@ -58,9 +58,11 @@ impl std::str::FromStr for Target {
                     "wecom" => Format::Wecom,
                     "dingtalk" => Format::Dingtalk,
                     "feishu" | "lark" => Format::Feishu,
-                    other => return Err(format!(
+                    other => {
+                        return Err(format!(
                         "--notify {other}=...: expected generic, slack, wecom, dingtalk or feishu"
-                    )),
+                    ))
+                    }
                 };
                 (format, u)
             }

@@ -569,6 +569,8 @@ pub struct Remediator {
     metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
     /// Nodes with a record, as last listed (the release pass's work list).
     quarantined: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Events known to be recorded (by name): not sent again.
+    announced: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// What an eviction pass did.
@@ -762,6 +764,7 @@ impl Remediator {
             notifier: None,
             metrics: None,
             quarantined: Default::default(),
+            announced: Default::default(),
             mode,
             taint: Taint {
                 key: taint_key.to_string(),
@@ -1745,10 +1748,18 @@ impl Remediator {
             "{node}.faultline.{:016x}",
             faultline_common::fault::fnv1a64(format!("{reason}\0{key}").as_bytes())
         );
+        if self
+            .announced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&name)
+        {
+            return false;
+        }
         let t = Time(Timestamp::now());
         let ev = Event {
             metadata: ObjectMeta {
-                name: Some(name),
+                name: Some(name.clone()),
                 ..Default::default()
             },
             involved_object: ObjectReference {
@@ -1781,15 +1792,22 @@ impl Remediator {
                 Err(kube::Error::Api(e)) if e.code == 409 => break,
                 Err(e) => {
                     if attempt == 2 {
+                        // Not known to be recorded: the next pass that reaches this
+                        // point tries again (the name keeps it to one).
                         self.metric("event", "error");
-                        tracing::warn!(node, reason, error = %e, "cannot record the Event");
-                        // Not recorded, yet the action happened: people still hear of it.
-                        created = true;
-                    } else {
-                        tokio::time::sleep(std::time::Duration::from_millis(200 << attempt)).await;
+                        tracing::warn!(node, reason, error = %e, "cannot record the Event; the next pass retries");
+                        return false;
                     }
+                    tokio::time::sleep(std::time::Duration::from_millis(200 << attempt)).await;
                 }
             }
+        }
+        {
+            let mut a = self.announced.lock().unwrap_or_else(|p| p.into_inner());
+            if a.len() > 10_000 {
+                a.clear();
+            }
+            a.insert(name);
         }
         if created {
             if let Some(n) = &self.notifier {
@@ -1878,6 +1896,28 @@ impl Remediator {
             });
         let same_fault = existing.as_ref().is_some_and(|r| r.fingerprint == fp);
         if same_fault && has_taint && has_condition {
+            // A pass cut short after the condition (an answer lost) has not announced
+            // yet: do it now. Known Events cost nothing; one this replica has not seen
+            // costs one create answered 409.
+            if let Some(r) = existing.as_ref().filter(|r| !r.unknown_only) {
+                self.event(
+                    node,
+                    "FaultlineQuarantined",
+                    &format!("{}/{}", r.fingerprint, r.first_seen),
+                    format!(
+                        "tainted {} ({} failed)",
+                        self.taint.key,
+                        r.devices
+                            .iter()
+                            .map(|d| format!("{}={}", d.id, d.reason))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    true,
+                    &r.devices,
+                )
+                .await;
+            }
             return Ok(Outcome::AlreadyDone);
         }
         // A node not yet quarantined is quarantined only within the budget. Decisions

@@ -1,0 +1,719 @@
+//! Issue 4's end-to-end cases over HTTP, against the Kubernetes API test server: the
+//! alert intake (401/400/413, a burst of duplicates one action), the kubelet's device
+//! health, manual release through the `faultline` CLI keeping someone else's taint,
+//! auto release waiting for health, cool-down and the canary, a leader killed between
+//! taint and evictions, and remediation converging through injected 5xx, 409 and lost
+//! answers with nothing done twice.
+
+mod support;
+
+use std::time::Duration;
+
+use faultline_test_apiserver::{ApiServer, Faults};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+use support::*;
+
+const NS: &str = "faultline";
+const TAINT: &str = "nvidia.com/gpu-fault";
+
+async fn api_server() -> (ApiServer, String) {
+    let server = ApiServer::new();
+    server
+        .create("namespaces", "", json!({"metadata": {"name": NS}}))
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(faultline_test_apiserver::serve(
+        listener,
+        server.clone(),
+        tokio_util::sync::CancellationToken::new(),
+    ));
+    (server, url)
+}
+
+async fn aggregator(kube: &str, replica: &str, extra: &[&str]) -> faultline_aggregator::Aggregator {
+    let mut args: Vec<String> = [
+        "faultline-aggregator",
+        "--sink",
+        "configmap",
+        "--kube-server",
+        kube,
+        "--namespace",
+        NS,
+        "--replica",
+        replica,
+        "--listen",
+        "127.0.0.1:0",
+        "--lease-duration",
+        "3s",
+        "--lease-retry",
+        "500ms",
+        "--remediation",
+        "enforce",
+        "--max-quarantined-percent",
+        "100",
+        "--reconcile-interval",
+        "500ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let cfg = faultline_aggregator::config::Config::parse_from(args).unwrap();
+    faultline_aggregator::start(cfg).await.unwrap()
+}
+
+fn node(name: &str) -> Value {
+    json!({"metadata": {"name": name, "labels": {"team": "a"}},
+           "spec": {"taints": [{"key": "other.example/maintenance", "value": "x", "effect": "NoSchedule"}]},
+           "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+}
+
+/// A pod on `node`; with `gpu`, it asks for one; `holds`: the device the kubelet says
+/// it holds and how healthy (KEP-4680).
+fn pod(name: &str, node: &str, gpu: bool, holds: Option<(&str, &str)>) -> Value {
+    let resources = if gpu {
+        json!({"limits": {"nvidia.com/gpu": "1"}})
+    } else {
+        json!({})
+    };
+    let mut p = json!({
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x", "resources": resources}]},
+        "status": {"phase": "Running"}
+    });
+    if let Some((id, health)) = holds {
+        p["status"]["containerStatuses"] = json!([{"name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+            "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [{"resourceID": id, "health": health}]}]}]);
+    }
+    p
+}
+
+fn our_taints(server: &ApiServer, n: &str) -> usize {
+    server.get("nodes", "", n).unwrap()["spec"]["taints"]
+        .as_array()
+        .map(|t| t.iter().filter(|t| t["key"] == TAINT).count())
+        .unwrap_or(0)
+}
+
+fn taint_keys(server: &ApiServer, n: &str) -> Vec<String> {
+    server.get("nodes", "", n).unwrap()["spec"]["taints"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| t["key"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn events(server: &ApiServer, node: &str, reason: &str) -> usize {
+    server
+        .list("events", "default")
+        .iter()
+        .filter(|e| e["reason"] == reason && e["involvedObject"]["name"] == node)
+        .count()
+}
+
+/// Successful eviction requests for a pod.
+fn evictions(server: &ApiServer, pod: &str) -> usize {
+    server
+        .calls()
+        .iter()
+        .filter(|c| {
+            c.method == "POST"
+                && c.uri.contains(&format!("/pods/{pod}/eviction"))
+                && c.status == 201
+        })
+        .count()
+}
+
+fn record(server: &ApiServer, n: &str) -> Option<Value> {
+    server.get("nodes", "", n).unwrap()["metadata"]["annotations"]["faultline.io/quarantine"]
+        .as_str()
+        .map(|s| serde_json::from_str(s).unwrap())
+}
+
+fn history(server: &ApiServer, n: &str) -> Vec<Value> {
+    server.get("nodes", "", n).unwrap()["metadata"]["annotations"]
+        ["faultline.io/quarantine-history"]
+        .as_str()
+        .map(|s| serde_json::from_str(s).unwrap())
+        .unwrap_or_default()
+}
+
+/// One request: status and JSON body.
+async fn call(method: &str, url: &str, token: Option<&str>, body: String) -> (u16, Value) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = client
+        .request(req.body(Full::new(Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action() {
+    let (server, kube) = api_server().await;
+    server.create("nodes", "", node("n1")).unwrap();
+    for p in [
+        pod("on-bad", "n1", true, Some(("GPU-abc", "Healthy"))),
+        pod("on-good", "n1", true, Some(("GPU-def", "Healthy"))),
+        pod("cpu-only", "n1", false, None),
+    ] {
+        server.create("pods", "default", p).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret\n").unwrap();
+    let agg = aggregator(
+        &kube,
+        "r1",
+        &[
+            "--agents",
+            "http://127.0.0.1:9",
+            "--intake-token-file",
+            token_file.to_str().unwrap(),
+            "--intake-max-bytes",
+            "2048",
+            "--intake-threshold",
+            "3",
+        ],
+    )
+    .await;
+    let url = format!("http://{}/v1/alerts", agg.addr);
+    let alert = r#"{"cluster":"prod","node_name":"n1","gpu_uuid":"GPU-abc","bus_id":"00000000:3B:00.0","metric":"xid_error","value":"Xid 79","time":1699999999}"#;
+
+    let (code, body) = call("POST", &url, None, alert.into()).await;
+    assert_eq!(code, 401);
+    assert_eq!(body["error"], "missing bearer token");
+    let (code, body) = call("POST", &url, Some("wrong"), alert.into()).await;
+    assert_eq!(code, 401);
+    assert_eq!(body["status"], 401);
+    let (code, body) = call("POST", &url, Some("s3cret"), "{\"node_name\": ".into()).await;
+    assert_eq!(code, 400);
+    assert!(
+        body["error"].as_str().unwrap().contains("malformed JSON"),
+        "{body}"
+    );
+    let big = format!("[{}]", vec![alert; 20].join(","));
+    assert!(big.len() > 2048);
+    let (code, body) = call("POST", &url, Some("s3cret"), big).await;
+    assert_eq!(code, 413);
+    assert!(body["error"].as_str().unwrap().contains("2048"));
+    assert_eq!(our_taints(&server, "n1"), 0, "nothing acted on yet");
+
+    // A burst: 12 copies of the same alert, 4 requests at once, 3 alerts each.
+    let batch = format!("[{alert},{alert},{alert}]");
+    let mut answers = Vec::new();
+    let burst: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, batch) = (url.clone(), batch.clone());
+            tokio::spawn(async move { call("POST", &url, Some("s3cret"), batch).await })
+        })
+        .collect();
+    for b in burst {
+        answers.push(b.await.unwrap());
+    }
+    assert!(answers.iter().all(|(c, _)| *c == 202), "{answers:?}");
+    let acted: usize = answers
+        .iter()
+        .map(|(_, b)| b["acted"].as_array().unwrap().len())
+        .sum();
+    let dups: u64 = answers
+        .iter()
+        .map(|(_, b)| b["duplicates"].as_u64().unwrap())
+        .sum();
+    assert_eq!(acted, 1, "{answers:?}");
+    assert_eq!(dups, 12 - 3, "{answers:?}");
+
+    until(Duration::from_secs(10), "on-bad evicted", || {
+        server
+            .get("pods", "default", "on-bad")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // More duplicates and several reconcile passes later: still one of everything.
+    for _ in 0..3 {
+        let (code, body) = call("POST", &url, Some("s3cret"), batch.clone()).await;
+        assert_eq!(code, 202);
+        assert_eq!(body["duplicates"], 3);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(our_taints(&server, "n1"), 1);
+    assert!(taint_keys(&server, "n1").contains(&"other.example/maintenance".to_string()));
+    assert_eq!(events(&server, "n1", "FaultlineQuarantined"), 1);
+    assert_eq!(evictions(&server, "on-bad"), 1);
+    assert!(
+        server.get("pods", "default", "on-good").is_some(),
+        "pod on a healthy GPU stays"
+    );
+    assert!(
+        server.get("pods", "default", "cpu-only").is_some(),
+        "pod without accelerators stays"
+    );
+    let r = record(&server, "n1").unwrap();
+    assert_eq!(r["devices"][0]["uuid"], "GPU-abc");
+    assert_eq!(r["devices"][0]["source"], "alert");
+    assert_eq!(r["devices"][0]["metric"], "xid_error");
+    assert_eq!(r["devices"][0]["value"], "Xid 79");
+
+    let m = get_text(&format!("http://{}/metrics", agg.addr)).await;
+    for line in [
+        "faultline_aggregator_intake_responses_total{code=\"401\"} 2",
+        "faultline_aggregator_intake_responses_total{code=\"400\"} 1",
+        "faultline_aggregator_intake_responses_total{code=\"413\"} 1",
+        "faultline_aggregator_intake_alerts_total{result=\"acted\"} 1",
+        "faultline_aggregator_remediation_actions_total{action=\"quarantine\",result=\"ok\"} 1",
+        "faultline_aggregator_remediation_actions_total{action=\"evict\",result=\"ok\"} 1",
+    ] {
+        assert!(m.contains(line), "missing {line}");
+    }
+    agg.cancel_token().cancel();
+    agg.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
+    let (server, kube) = api_server().await;
+    for n in ["n1", "n2"] {
+        server.create("nodes", "", node(n)).unwrap();
+    }
+    server
+        .create(
+            "pods",
+            "default",
+            pod("train", "n1", true, Some(("GPU-abc", "Unhealthy"))),
+        )
+        .unwrap();
+    server
+        .create(
+            "pods",
+            "default",
+            pod("infer", "n2", true, Some(("GPU-xyz", "Unknown"))),
+        )
+        .unwrap();
+    let agg = aggregator(&kube, "r1", &["--agents", "http://127.0.0.1:9"]).await;
+    until(
+        Duration::from_secs(10),
+        "n1 quarantined and train evicted",
+        || {
+            (our_taints(&server, "n1") == 1 && server.get("pods", "default", "train").is_none())
+                .then_some(())
+        },
+    )
+    .await;
+    let r = record(&server, "n1").unwrap();
+    assert_eq!(r["devices"][0]["source"], "kubelet");
+    assert_eq!(r["devices"][0]["uuid"], "GPU-abc");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(our_taints(&server, "n2"), 0, "Unknown never acts");
+    assert!(server.get("pods", "default", "infer").is_some());
+    let m = get_text(&format!("http://{}/metrics", agg.addr)).await;
+    assert!(m.contains("faultline_aggregator_intake_alerts_total{result=\"kubelet-unknown\"} 1"));
+    agg.cancel_token().cancel();
+    agg.wait().await;
+}
+
+/// Manual release through the CLI: our taint, label and record go, someone else's
+/// taint stays, the record is kept as history, and the still-failed device is not
+/// quarantined again within the dedup window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
+    let (server, kube) = api_server().await;
+    server.create("nodes", "", node("n1")).unwrap();
+    let a1 = agent("n1").await;
+    let agents = format!("http://{}", a1.addr);
+    let agg = aggregator(&kube, "r1", &["--agents", &agents]).await;
+    assert_eq!(
+        post(
+            a1.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
+        )
+        .await,
+        201
+    );
+    until(Duration::from_secs(10), "n1 quarantined", || {
+        (our_taints(&server, "n1") == 1).then_some(())
+    })
+    .await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
+        .args([
+            "release",
+            "--node",
+            "n1",
+            "--by",
+            "alice",
+            "--reason",
+            "card reseated",
+            "--wait",
+            "20s",
+            "--kube-server",
+            &kube,
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("released: n1"), "{stdout}");
+    let n = server.get("nodes", "", "n1").unwrap();
+    assert_eq!(taint_keys(&server, "n1"), vec!["other.example/maintenance"]);
+    assert!(n["metadata"]["labels"]
+        .get("faultline.io/unhealthy-devices")
+        .is_none());
+    assert_eq!(n["metadata"]["labels"]["team"], "a");
+    assert!(record(&server, "n1").is_none());
+    assert!(n["metadata"]["annotations"]
+        .get("faultline.io/release")
+        .is_none());
+    let h = history(&server, "n1");
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0]["released"]["actor"], "user:alice");
+    assert_eq!(h[0]["released"]["reason"], "card reseated");
+    assert_eq!(h[0]["released"]["manual"], true);
+    let cond = n["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "AcceleratorHealthy")
+        .cloned()
+        .unwrap();
+    assert_eq!(cond["status"], "True");
+    assert_eq!(events(&server, "n1", "FaultlineReleased"), 1);
+    // The agent still says failed; reconcile passes run every 500 ms: no re-quarantine.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(our_taints(&server, "n1"), 0, "a person's release holds");
+    // `faultline status` lists nothing now.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
+        .args(["status", "--kube-server", &kube])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("breaker: closed"), "{stdout}");
+    assert!(!stdout.contains("n1 "), "{stdout}");
+    agg.cancel_token().cancel();
+    agg.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_release_waits_for_health_cooldown_and_the_canary() {
+    let (server, kube) = api_server().await;
+    server.create("nodes", "", node("n1")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let canary = dir.path().join("canary.yaml");
+    std::fs::write(
+        &canary,
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: ignored\nspec:\n  template:\n    spec:\n      containers:\n      - name: probe\n        image: nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04\n        command: [nvidia-smi]\n        resources:\n          limits:\n            nvidia.com/gpu: \"8\"\n",
+    )
+    .unwrap();
+    let a1 = agent("n1").await;
+    let agents = format!("http://{}", a1.addr);
+    let agg = aggregator(
+        &kube,
+        "r1",
+        &[
+            "--agents",
+            &agents,
+            "--release",
+            "auto",
+            "--release-healthy-samples",
+            "5",
+            "--release-cooldown",
+            "2s",
+            "--canary-job",
+            canary.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        post(
+            a1.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
+        )
+        .await,
+        201
+    );
+    until(Duration::from_secs(10), "n1 quarantined", || {
+        (our_taints(&server, "n1") == 1).then_some(())
+    })
+    .await;
+    // Still failed: nothing moves.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(our_taints(&server, "n1"), 1);
+    assert!(server.list("jobs", NS).is_empty(), "no canary while failed");
+    // Healthy again: after the clean samples and the cool-down, a canary Job.
+    let (code, _) = call(
+        "DELETE",
+        &format!("http://{}/v1/sim/faults", a1.addr),
+        None,
+        String::new(),
+    )
+    .await;
+    assert!(code < 300);
+    let cleared = std::time::Instant::now();
+    let (job, _) = until(Duration::from_secs(15), "canary job", || {
+        server.list("jobs", NS).into_iter().next()
+    })
+    .await;
+    assert!(
+        cleared.elapsed() >= Duration::from_secs(2),
+        "cool-down respected"
+    );
+    assert_eq!(
+        our_taints(&server, "n1"),
+        1,
+        "not released before the canary"
+    );
+    assert_eq!(job["spec"]["template"]["spec"]["nodeName"], "n1");
+    assert!(job["spec"]["template"]["spec"]["tolerations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["key"] == TAINT && t["operator"] == "Exists"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(our_taints(&server, "n1"), 1, "the canary is still running");
+    // The Job controller's part: the Job succeeds.
+    let name = job["metadata"]["name"].as_str().unwrap().to_string();
+    let mut done = server.get("jobs", NS, &name).unwrap();
+    done["status"] = json!({"succeeded": 1});
+    server
+        .update("jobs", NS, &name, done, Some("status"))
+        .unwrap();
+    until(Duration::from_secs(10), "released", || {
+        (our_taints(&server, "n1") == 0).then_some(())
+    })
+    .await;
+    assert_eq!(taint_keys(&server, "n1"), vec!["other.example/maintenance"]);
+    let h = history(&server, "n1");
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0]["released"]["manual"], false);
+    assert!(h[0]["released"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("canary"));
+    assert_eq!(h[0]["canary"]["state"], "succeeded");
+    agg.cancel_token().cancel();
+    agg.wait().await;
+}
+
+/// The leader taints, a PodDisruptionBudget holds the eviction back, the leader dies;
+/// the next one finishes the eviction without a second taint or announcement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_between_taint_and_evictions_is_finished_by_the_next() {
+    let (server, kube) = api_server().await;
+    server.create("nodes", "", node("n1")).unwrap();
+    server
+        .create("pods", "default", pod("train", "n1", true, None))
+        .unwrap();
+    server
+        .create(
+            "poddisruptionbudgets",
+            "default",
+            json!({"metadata": {"name": "train"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train"}}}}),
+        )
+        .unwrap();
+    let a1 = agent("n1").await;
+    let agents = format!("http://{}", a1.addr);
+    let r1 = aggregator(&kube, "r1", &["--agents", &agents]).await;
+    until(Duration::from_secs(10), "r1 holds the shard", || {
+        server
+            .get("leases", NS, "faultline-shard-0")
+            .filter(|l| l["spec"]["holderIdentity"] == "r1")
+    })
+    .await;
+    let r2 = aggregator(&kube, "r2", &["--agents", &agents]).await;
+    assert_eq!(
+        post(
+            a1.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
+        )
+        .await,
+        201
+    );
+    until(Duration::from_secs(10), "tainted, eviction refused", || {
+        (our_taints(&server, "n1") == 1
+            && record(&server, "n1").is_some_and(|r| {
+                r["eviction_blocked"]
+                    .as_object()
+                    .is_some_and(|b| !b.is_empty())
+            }))
+        .then_some(())
+    })
+    .await;
+    assert!(server.get("pods", "default", "train").is_some());
+    r1.abort();
+    // The budget now allows it; r2 takes the Lease when r1's runs out.
+    server
+        .delete("poddisruptionbudgets", "default", "train")
+        .unwrap();
+    until(
+        Duration::from_secs(15),
+        "evicted by the next leader",
+        || {
+            server
+                .get("pods", "default", "train")
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(our_taints(&server, "n1"), 1);
+    assert_eq!(events(&server, "n1", "FaultlineQuarantined"), 1);
+    assert_eq!(evictions(&server, "train"), 1);
+    let r = record(&server, "n1").unwrap();
+    let actions: Vec<(String, String)> = r["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["action"].as_str().unwrap().to_string(),
+                a["actor"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions.iter().filter(|(a, _)| a == "taint").count(),
+        1,
+        "{actions:?}"
+    );
+    assert!(
+        actions.contains(&("taint".into(), "r1".into())),
+        "{actions:?}"
+    );
+    assert!(
+        actions.contains(&("evict default/train".into(), "r2".into())),
+        "{actions:?}"
+    );
+    r2.cancel_token().cancel();
+    r2.wait().await;
+}
+
+/// 15% 500s, 15% 409s on writes and 10% of writes done but answered too late for the
+/// client: three nodes still end with one taint each, each GPU pod evicted exactly
+/// once, the CPU pods untouched, one announcement per node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remediation_converges_through_injected_faults_with_nothing_done_twice() {
+    let (server, kube) = api_server().await;
+    let nodes = ["n1", "n2", "n3"];
+    let mut agents = Vec::new();
+    for n in nodes {
+        server.create("nodes", "", node(n)).unwrap();
+        server
+            .create("pods", "default", pod(&format!("gpu-{n}"), n, true, None))
+            .unwrap();
+        server
+            .create("pods", "default", pod(&format!("cpu-{n}"), n, false, None))
+            .unwrap();
+        agents.push(agent(n).await);
+    }
+    let urls: Vec<String> = agents
+        .iter()
+        .map(|a| format!("http://{}", a.addr))
+        .collect();
+    let urls = urls.join(",");
+    let agg = aggregator(&kube, "r1", &["--agents", &urls, "--kube-timeout", "1s"]).await;
+    until(Duration::from_secs(10), "r1 holds the shard", || {
+        server.get("leases", NS, "faultline-shard-0")
+    })
+    .await;
+    server.set_faults(Faults {
+        error_rate: 0.15,
+        conflict_rate: 0.15,
+        late_answer_rate: 0.10,
+        late_answer_ms: 1500,
+        seed: 7,
+        ..Default::default()
+    });
+    for a in &agents {
+        assert_eq!(
+            post(
+                a.addr,
+                "/v1/sim/faults",
+                r#"{"device":"gpu2","fault":"row-remap-failure"}"#
+            )
+            .await,
+            201
+        );
+    }
+    let healed = |n: &str| {
+        our_taints(&server, n) >= 1
+            && server.get("pods", "default", &format!("gpu-{n}")).is_none()
+            && events(&server, n, "FaultlineQuarantined") >= 1
+    };
+    let start = std::time::Instant::now();
+    while !nodes.iter().all(|n| healed(n)) {
+        if start.elapsed() > Duration::from_secs(60) {
+            for n in nodes {
+                eprintln!(
+                    "{n}: taints {} pod {} events {} record {:?}",
+                    our_taints(&server, n),
+                    server.get("pods", "default", &format!("gpu-{n}")).is_some(),
+                    events(&server, n, "FaultlineQuarantined"),
+                    record(&server, n)
+                );
+            }
+            eprintln!("lease {:?}", server.get("leases", NS, "faultline-shard-0"));
+            panic!("not healed within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.set_faults(Faults::default());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for n in nodes {
+        assert_eq!(our_taints(&server, n), 1, "{n}: one taint");
+        assert_eq!(
+            events(&server, n, "FaultlineQuarantined"),
+            1,
+            "{n}: one announcement"
+        );
+        assert!(
+            evictions(&server, &format!("gpu-{n}")) <= 1,
+            "{n}: evicted at most once"
+        );
+        assert!(server.get("pods", "default", &format!("cpu-{n}")).is_some());
+        let cond = server.get("nodes", "", n).unwrap()["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "AcceleratorHealthy" && c["status"] == "False");
+        assert!(cond, "{n}: condition set");
+    }
+    let injected = server
+        .calls()
+        .iter()
+        .filter(|c| c.status == 500 || c.status == 409)
+        .count();
+    assert!(injected > 0, "faults were injected");
+    eprintln!("converged through {injected} injected 500/409 answers");
+    agg.cancel_token().cancel();
+    agg.wait().await;
+}
