@@ -164,6 +164,10 @@ pub struct Args {
     /// dedup, and how long a person's release holds against a still-failed reading.
     #[arg(long, env = "FAULTLINE_DEDUP_WINDOW", default_value = "15m")]
     pub dedup_window: String,
+    /// A quarantine's expiry: when it is due for review. One that cannot be released
+    /// then (still failed, or --release manual) is extended by as much and announced.
+    #[arg(long, env = "FAULTLINE_QUARANTINE_EXPIRY", default_value = "24h")]
+    pub quarantine_expiry: String,
     /// How often every quarantined and failed node is looked at again.
     #[arg(long, env = "FAULTLINE_RECONCILE_INTERVAL", default_value = "10s")]
     pub reconcile_interval: String,
@@ -424,6 +428,7 @@ impl Config {
                     }
                 },
                 dedup_window: duration("dedup-window", &a.dedup_window)?,
+                expiry: duration("quarantine-expiry", &a.quarantine_expiry)?,
             },
             reconcile_interval: duration("reconcile-interval", &a.reconcile_interval)?,
             kube_timeout: duration("kube-timeout", &a.kube_timeout)?,

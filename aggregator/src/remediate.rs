@@ -335,6 +335,9 @@ pub struct ReleasePolicy {
     /// How long a person's release holds against the same fault (default 15 min); also
     /// the window of the intake's dedup.
     pub dedup_window: std::time::Duration,
+    /// A record's expiry: when it is due for review; one that cannot be released then
+    /// is extended by as much again and announced.
+    pub expiry: std::time::Duration,
 }
 
 impl Default for ReleasePolicy {
@@ -345,6 +348,7 @@ impl Default for ReleasePolicy {
             cooldown: std::time::Duration::from_secs(600),
             canary: None,
             dedup_window: std::time::Duration::from_secs(900),
+            expiry: std::time::Duration::from_secs(86_400),
         }
     }
 }
@@ -661,6 +665,32 @@ pub fn history_of(node: &Node) -> Vec<QuarantineRecord> {
         .unwrap_or_default()
 }
 
+/// Devices for a message: id, UUID, bus id, reason, source and metric=value.
+pub fn describe(devices: &[RecordDevice]) -> String {
+    devices
+        .iter()
+        .map(|d| {
+            let ids: Vec<&str> = [d.uuid.as_deref(), d.pci_bus_id.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect();
+            let mut s = d.id.clone();
+            if !ids.is_empty() {
+                s.push_str(&format!(" ({})", ids.join(", ")));
+            }
+            s.push_str(&format!(" {}", d.reason));
+            if let Some(src) = &d.source {
+                s.push_str(&format!(" via {src}"));
+            }
+            if let (Some(m), Some(v)) = (&d.metric, &d.value) {
+                s.push_str(&format!(" [{m}={v}]"));
+            }
+            s
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn named_or_all(named: &[RecordDevice], all: &[RecordDevice]) -> Vec<RecordDevice> {
     if named.is_empty() {
         all.to_vec()
@@ -944,6 +974,10 @@ impl Remediator {
     /// One release pass over a quarantined node: a person's request first; else, for
     /// unknown-only records or with `--release auto`, a release once `views` (the
     /// pipeline's devices of the node) prove health, after the cool-down and the canary.
+    ///
+    /// A record past its expiry that cannot be released is extended by another
+    /// `--quarantine-expiry` and announced (seed 004: a failed check extends the
+    /// quarantine; nothing is released without proof).
     pub async fn release_pass_fenced(
         &self,
         node: &str,
@@ -958,9 +992,65 @@ impl Remediator {
         if let Some(req) = ReleaseRequest::of(&live) {
             return self.release_fenced(&live, req, true, fence).await;
         }
-        let Some(mut record) = Self::record_of(&live)? else {
+        let Some(record) = Self::record_of(&live)? else {
             return Ok(Outcome::AlreadyDone);
         };
+        let outcome = self
+            .release_check(&live, record.clone(), views, now_ms, fence)
+            .await?;
+        let expired = record
+            .expiry
+            .as_deref()
+            .is_some_and(|e| e.parse::<Timestamp>().is_ok_and(|t| Timestamp::now() >= t));
+        if let (Outcome::Waiting(why), true, Mode::Enforce) = (&outcome, expired, self.mode) {
+            // Read again: the check may have written the record (a canary).
+            let live = self.nodes.get(node).await?;
+            if let Some(mut r) = Self::record_of(&live)? {
+                let old = r.expiry.clone().unwrap_or_default();
+                r.expiry = Some(self.expiry_from_now());
+                r.actions.push(Action {
+                    action: format!("extend: {why}"),
+                    at: now(),
+                    actor: self.actor.clone(),
+                });
+                let mut patch = NodePatch::on(&live);
+                patch.record(&r);
+                self.apply(node, patch, fence).await?;
+                self.metric("extend", "ok");
+                self.event(
+                    node,
+                    "FaultlineQuarantineExtended",
+                    &old,
+                    format!(
+                        "quarantine expired and extended to {}: {why}",
+                        r.expiry.as_deref().unwrap_or("")
+                    ),
+                    true,
+                    &r.devices,
+                )
+                .await;
+            }
+        }
+        Ok(outcome)
+    }
+
+    fn expiry_from_now(&self) -> String {
+        let secs = self.release.expiry.as_secs().min(100 * 365 * 86_400) as i64;
+        Timestamp::now()
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
+            .unwrap_or(Timestamp::MAX)
+            .to_string()
+    }
+
+    async fn release_check(
+        &self,
+        live: &Node,
+        mut record: QuarantineRecord,
+        views: &[DeviceView],
+        now_ms: u64,
+        fence: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Outcome, RemediateError> {
+        let node = live.metadata.name.as_deref().unwrap_or_default();
         if !record.unknown_only && !self.release.auto {
             return Ok(Outcome::Waiting(
                 "manual release (faultline release)".into(),
@@ -1012,7 +1102,7 @@ impl Remediator {
             },
         };
         let Some(canary) = self.release.canary.clone().filter(|_| !record.unknown_only) else {
-            return self.release_fenced(&live, auto, false, fence).await;
+            return self.release_fenced(live, auto, false, fence).await;
         };
         // The canary: start one, or read the one running.
         let jobs: Api<k8s_openapi::api::batch::v1::Job> =
@@ -1043,7 +1133,7 @@ impl Remediator {
                         finished: Some(now()),
                         ..c
                     });
-                    return self.release_record(&live, record, r, false, fence).await;
+                    return self.release_record(live, record, r, false, fence).await;
                 }
                 if job.is_none() || failed {
                     // Gone (deleted by someone) counts as failed too: start over after
@@ -1058,7 +1148,7 @@ impl Remediator {
                         at: now(),
                         actor: self.actor.clone(),
                     });
-                    let mut patch = NodePatch::on(&live);
+                    let mut patch = NodePatch::on(live);
                     patch.record(&record);
                     self.apply(node, patch, fence).await?;
                     if job.is_some() {
@@ -1130,7 +1220,7 @@ impl Remediator {
                     at: now(),
                     actor: self.actor.clone(),
                 });
-                let mut patch = NodePatch::on(&live);
+                let mut patch = NodePatch::on(live);
                 patch.record(&record);
                 self.apply(node, patch, fence).await?;
                 self.metric("canary", "started");
@@ -1547,7 +1637,7 @@ impl Remediator {
             first_seen: now.clone(),
             last_seen: now.clone(),
             actor: self.actor.clone(),
-            expiry: None,
+            expiry: Some(self.expiry_from_now()),
             owned_taint: Some(self.taint.key.clone()),
             owned_label: true,
             actions: vec![Action {
@@ -1695,11 +1785,15 @@ impl Remediator {
                 node,
                 "FaultlineEvicted",
                 &key,
-                format!("evicted {ns}/{name} from a failed device"),
+                format!(
+                    "evicted {ns}/{name} from a failed device: {}",
+                    describe(&record.devices)
+                ),
                 true,
                 &record.devices,
             )
             .await;
+            self.pod_event(pod, &record.devices).await;
             out.evicted.push(key);
         }
         if changed {
@@ -1825,6 +1919,62 @@ impl Remediator {
         created
     }
 
+    /// The Event on the evicted Pod itself (its owners see it with `kubectl describe`).
+    /// Best effort and named by the pod's UID, like the Node's Events.
+    async fn pod_event(&self, pod: &Pod, devices: &[RecordDevice]) {
+        let (Some(name), Some(ns)) = (
+            pod.metadata.name.as_deref(),
+            pod.metadata.namespace.as_deref(),
+        ) else {
+            return;
+        };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let t = Time(Timestamp::now());
+        let ev = Event {
+            metadata: ObjectMeta {
+                name: Some(format!(
+                    "{name}.faultline.{:016x}",
+                    faultline_common::fault::fnv1a64(format!("evicted\0{uid}").as_bytes())
+                )),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                kind: Some("Pod".into()),
+                name: Some(name.to_string()),
+                namespace: Some(ns.to_string()),
+                uid: Some(uid),
+                api_version: Some("v1".into()),
+                ..Default::default()
+            },
+            reason: Some("FaultlineEvicted".into()),
+            message: Some(format!(
+                "evicted from {}: {}",
+                pod.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .unwrap_or(""),
+                describe(devices)
+            )),
+            type_: Some("Warning".into()),
+            source: Some(EventSource {
+                component: Some("faultline-aggregator".into()),
+                host: None,
+            }),
+            first_timestamp: Some(t.clone()),
+            last_timestamp: Some(t),
+            count: Some(1),
+            reporting_component: Some("faultline-aggregator".into()),
+            reporting_instance: Some(self.actor.clone()),
+            ..Default::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
+        match api.create(&PostParams::default(), &ev).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => tracing::debug!(pod = name, error = %e, "cannot record the Pod's Event"),
+        }
+    }
+
     fn metric(&self, action: &str, result: &str) {
         if let Some(m) = &self.metrics {
             m.action(action, result);
@@ -1937,11 +2087,7 @@ impl Remediator {
         let summary = format!(
             "{} failed on {node}: {}",
             ids.join(", "),
-            devices
-                .iter()
-                .map(|d| format!("{}={}", d.id, d.reason))
-                .collect::<Vec<_>>()
-                .join(", ")
+            describe(&devices)
         );
         if !fence() {
             return Err(RemediateError::NotHolder);
@@ -1970,7 +2116,7 @@ impl Remediator {
             first_seen: now.clone(),
             last_seen: now.clone(),
             actor: self.actor.clone(),
-            expiry: None,
+            expiry: Some(self.expiry_from_now()),
             owned_taint: None,
             owned_label: false,
             actions: vec![],

@@ -274,6 +274,17 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     assert_eq!(r["devices"][0]["source"], "alert");
     assert_eq!(r["devices"][0]["metric"], "xid_error");
     assert_eq!(r["devices"][0]["value"], "Xid 79");
+    let pod_events: Vec<Value> = server
+        .list("events", "default")
+        .into_iter()
+        .filter(|e| e["involvedObject"]["kind"] == "Pod" && e["involvedObject"]["name"] == "on-bad")
+        .collect();
+    assert_eq!(pod_events.len(), 1, "one Event on the evicted Pod");
+    let msg = pod_events[0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("GPU-abc") && msg.contains("xid_error=Xid 79"),
+        "{msg}"
+    );
 
     let m = get_text(&format!("http://{}/metrics", agg.addr)).await;
     for line in [
@@ -286,6 +297,33 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     ] {
         assert!(m.contains(line), "missing {line}");
     }
+    agg.cancel_token().cancel();
+    agg.wait().await;
+
+    // A restart forgets the intake's counts, not what was done: the same burst again
+    // is acted on by the new process and changes nothing on the cluster.
+    let agg = aggregator(
+        &kube,
+        "r1",
+        &[
+            "--agents",
+            "http://127.0.0.1:9",
+            "--intake-token-file",
+            token_file.to_str().unwrap(),
+            "--intake-threshold",
+            "3",
+        ],
+    )
+    .await;
+    let url = format!("http://{}/v1/alerts", agg.addr);
+    let (code, body) = call("POST", &url, Some("s3cret"), batch.clone()).await;
+    assert_eq!(code, 202);
+    assert_eq!(body["acted"].as_array().unwrap().len(), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(our_taints(&server, "n1"), 1);
+    assert_eq!(events(&server, "n1", "FaultlineQuarantined"), 1);
+    assert_eq!(evictions(&server, "on-bad"), 1);
+    assert!(server.get("pods", "default", "on-good").is_some());
     agg.cancel_token().cancel();
     agg.wait().await;
 }

@@ -468,3 +468,79 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
     assert!(server.get("pods", "default", "w0").is_some());
     assert_eq!(events(&server, "FaultlineUnknownCordoned"), 1);
 }
+
+/// A quarantine past its expiry that cannot be released (manual mode, or the device
+/// still failed) is extended by another period and announced once per expiry; a
+/// partial release keeps the rest quarantined and holds the released device back.
+#[tokio::test]
+async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest() {
+    use faultline_aggregator::remediate::{ReleasePolicy, ReleaseRequest};
+    let (server, client) = setup().await;
+    let r = remediator(client, Mode::Enforce).with_release(ReleasePolicy {
+        expiry: std::time::Duration::from_secs(1),
+        ..ReleasePolicy::default()
+    });
+    let mut two = failed("gpu3");
+    two.extend(failed("gpu5"));
+    assert_eq!(
+        r.isolate("gpu-1", two.clone()).await.unwrap(),
+        Outcome::Isolated
+    );
+    let record = |server: &ApiServer| -> Value {
+        serde_json::from_str(
+            server.get("nodes", "", "gpu-1").unwrap()["metadata"]["annotations"][RECORD_ANNOTATION]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    let first = record(&server)["expiry"].as_str().unwrap().to_string();
+    // Not expired yet: waiting for a person, nothing written.
+    assert!(matches!(
+        r.release_pass_fenced("gpu-1", &[], 0, &|| true)
+            .await
+            .unwrap(),
+        Outcome::Waiting(_)
+    ));
+    assert_eq!(record(&server)["expiry"], first);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert!(matches!(
+        r.release_pass_fenced("gpu-1", &[], 0, &|| true)
+            .await
+            .unwrap(),
+        Outcome::Waiting(_)
+    ));
+    let second = record(&server)["expiry"].as_str().unwrap().to_string();
+    assert!(second > first, "extended: {first} -> {second}");
+    assert_eq!(events(&server, "FaultlineQuarantineExtended"), 1);
+    // Again before the new expiry: nothing more.
+    r.release_pass_fenced("gpu-1", &[], 0, &|| true)
+        .await
+        .unwrap();
+    assert_eq!(events(&server, "FaultlineQuarantineExtended"), 1);
+
+    // A person releases gpu5 only: gpu3 stays, the label follows.
+    let req = ReleaseRequest {
+        devices: vec!["GPU-gpu5".into()],
+        actor: "user:bob".into(),
+        reason: "swapped".into(),
+    };
+    assert_eq!(r.release("gpu-1", req).await.unwrap(), Outcome::Released);
+    let node = server.get("nodes", "", "gpu-1").unwrap();
+    assert_eq!(node["metadata"]["labels"][DEVICES_LABEL], "gpu3");
+    let rec = record(&server);
+    assert_eq!(rec["devices"].as_array().unwrap().len(), 1);
+    assert!(rec["released_devices"]["gpu5"].is_string());
+    // The pipeline still says gpu5 failed: within the dedup window it is not taken back.
+    assert_eq!(r.isolate("gpu-1", two).await.unwrap(), Outcome::AlreadyDone);
+    assert_eq!(record(&server)["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        node["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["key"] == "nvidia.com/gpu-fault")
+            .count(),
+        1
+    );
+}
