@@ -168,6 +168,11 @@ pub struct Args {
     /// then (still failed, or --release manual) is extended by as much and announced.
     #[arg(long, env = "FAULTLINE_QUARANTINE_EXPIRY", default_value = "24h")]
     pub quarantine_expiry: String,
+    /// This replica's API as other replicas reach it (annotated on the shard Leases it
+    /// holds, for alert hand-over); default http://$POD_IP:<listen port>, or the listen
+    /// address when it is not 0.0.0.0.
+    #[arg(long, env = "FAULTLINE_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
     /// How often every quarantined and failed node is looked at again.
     #[arg(long, env = "FAULTLINE_RECONCILE_INTERVAL", default_value = "10s")]
     pub reconcile_interval: String,
@@ -246,6 +251,7 @@ pub struct Config {
     pub log_json: bool,
     pub release: crate::remediate::ReleasePolicy,
     pub reconcile_interval: Duration,
+    pub advertise_url: Option<String>,
     pub kube_timeout: Duration,
     pub notify: Vec<crate::notify::Target>,
     pub intake: Option<crate::intake::IntakeConfig>,
@@ -314,6 +320,9 @@ impl Config {
             }
             (Some(m), _) => bail!("--remediation {m:?}: expected off, dry-run or enforce"),
         };
+        if a.intake_token_file.is_some() && remediation == Mode::Off {
+            bail!("--intake-token-file needs --sink configmap and --remediation dry-run or enforce: alerts are acted on by remediation");
+        }
         if a.taint_key.is_empty() || a.taint_key.contains(char::is_whitespace) {
             bail!("--taint-key {:?} is not a taint key", a.taint_key);
         }
@@ -431,6 +440,7 @@ impl Config {
                 expiry: duration("quarantine-expiry", &a.quarantine_expiry)?,
             },
             reconcile_interval: duration("reconcile-interval", &a.reconcile_interval)?,
+            advertise_url: a.advertise_url.clone().filter(|u| !u.is_empty()),
             kube_timeout: duration("kube-timeout", &a.kube_timeout)?,
             notify: a
                 .notify

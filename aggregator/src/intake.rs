@@ -146,6 +146,26 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
 
 type Key = (String, String, String);
 
+/// Where alerts of shards this replica does not hold go: the holder named by the
+/// shard's Lease (its `faultline.io/url` annotation). Counting then happens in one
+/// place per node, so N-within-W and the dedup hold with several replicas behind one
+/// Service.
+pub struct Route {
+    /// The shards held here.
+    pub held: crate::lease::Held,
+    /// How many shards.
+    pub shards: u32,
+    /// The shard Leases.
+    pub leases: kube::Api<k8s_openapi::api::coordination::v1::Lease>,
+    /// The Leases' base name.
+    pub name: String,
+    /// This replica.
+    pub me: String,
+}
+
+/// Marks a request handed over by another replica: counted here, never passed on.
+pub const FORWARDED_HEADER: &str = "x-faultline-forwarded";
+
 /// The intake's state: counts per key and the keys recently acted on.
 pub struct Intake {
     cfg: IntakeConfig,
@@ -153,6 +173,11 @@ pub struct Intake {
     tx: mpsc::Sender<Verdict>,
     counts: Mutex<HashMap<Key, VecDeque<Instant>>>,
     acted: Mutex<HashMap<Key, Instant>>,
+    route: Option<Route>,
+    client: hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        http_body_util::Full<hyper::body::Bytes>,
+    >,
 }
 
 fn error(code: StatusCode, msg: impl Into<String>) -> Response {
@@ -177,7 +202,74 @@ impl Intake {
             tx,
             counts: Default::default(),
             acted: Default::default(),
+            route: None,
+            client: hyper_util::client::legacy::Client::builder(
+                hyper_util::rt::TokioExecutor::new(),
+            )
+            .build_http(),
         }
+    }
+
+    /// Hand alerts of shards held elsewhere to their holder.
+    pub fn with_route(mut self, route: Route) -> Self {
+        self.route = Some(route);
+        self
+    }
+
+    /// Send `alerts` (all of `shard`) to the shard's holder; its answer.
+    async fn forward(
+        &self,
+        route: &Route,
+        shard: u32,
+        alerts: &[Alert],
+        token: &str,
+    ) -> Result<Value, String> {
+        let lname = crate::lease::lease_name(&route.name, shard);
+        let lease = route
+            .leases
+            .get_opt(&lname)
+            .await
+            .map_err(|e| format!("cannot read Lease {lname}: {e}"))?
+            .ok_or_else(|| format!("shard {shard} has no holder yet"))?;
+        let holder = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .unwrap_or_default();
+        if holder.is_empty() || holder == route.me {
+            return Err(format!("shard {shard} has no live holder"));
+        }
+        let url = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::lease::URL_ANNOTATION))
+            .ok_or_else(|| format!("the holder of shard {shard} ({holder}) advertises no URL"))?;
+        let body: Vec<Value> = alerts
+            .iter()
+            .map(|a| json!({"node_name": a.node, "gpu_uuid": a.uuid, "bus_id": a.bus_id, "metric": a.metric, "value": a.value}))
+            .collect();
+        let req = hyper::Request::post(format!("{}/v1/alerts", url.trim_end_matches('/')))
+            .header("content-type", "application/json")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(FORWARDED_HEADER, "1")
+            .body(http_body_util::Full::new(hyper::body::Bytes::from(
+                Value::Array(body).to_string(),
+            )))
+            .map_err(|e| e.to_string())?;
+        let resp = tokio::time::timeout(Duration::from_secs(5), self.client.request(req))
+            .await
+            .map_err(|_| format!("{holder} at {url} did not answer within 5s"))?
+            .map_err(|e| format!("{holder} at {url}: {e}"))?;
+        let status = resp.status();
+        let bytes = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        if status != StatusCode::ACCEPTED {
+            return Err(format!("{holder} at {url} answered {status}"));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| e.to_string())
     }
 
     /// Handle one request.
@@ -232,7 +324,59 @@ impl Intake {
             Ok(a) => a,
             Err(e) => return error(StatusCode::BAD_REQUEST, e),
         };
-        let mut out = json!({"received": alerts.len(), "counted": 0, "acted": [], "duplicates": 0, "resolved": 0, "unattributed": 0});
+        let mut out = json!({"received": alerts.len(), "counted": 0, "acted": [], "duplicates": 0, "resolved": 0, "unattributed": 0, "forwarded": 0});
+        // Firing alerts of shards held elsewhere go to their holder first; if that
+        // fails nothing here is counted either, and the sender's retry of the whole
+        // body counts each alert once.
+        let forwarded = headers.contains_key(FORWARDED_HEADER);
+        let (alerts, elsewhere): (Vec<Alert>, Vec<Alert>) = match &self.route {
+            Some(r) if !forwarded => alerts.into_iter().partition(|a| {
+                !a.firing
+                    || a.node.is_empty()
+                    || r.held
+                        .holds(faultline_common::fault::shard_of(&a.node, r.shards))
+            }),
+            _ => (alerts, Vec::new()),
+        };
+        if let Some(route) = self.route.as_ref().filter(|_| !elsewhere.is_empty()) {
+            let mut by_shard: std::collections::BTreeMap<u32, Vec<Alert>> = Default::default();
+            for a in elsewhere {
+                by_shard
+                    .entry(faultline_common::fault::shard_of(&a.node, route.shards))
+                    .or_default()
+                    .push(a);
+            }
+            for (shard, group) in by_shard {
+                match self.forward(route, shard, &group, &token).await {
+                    Ok(answer) => {
+                        out["forwarded"] =
+                            json!(out["forwarded"].as_u64().unwrap_or(0) + group.len() as u64);
+                        for k in ["counted", "duplicates", "resolved", "unattributed"] {
+                            out[k] = json!(
+                                out[k].as_u64().unwrap_or(0) + answer[k].as_u64().unwrap_or(0)
+                            );
+                        }
+                        if let Some(acted) = answer["acted"].as_array() {
+                            if let Some(a) = out["acted"].as_array_mut() {
+                                a.extend(acted.iter().cloned());
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(shard, error = %e, "cannot hand alerts over to the shard's holder");
+                        let mut r = error(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("alerts for shard {shard} must go to its holder: {e}; retry"),
+                        );
+                        r.headers_mut().insert(
+                            header::RETRY_AFTER,
+                            axum::http::HeaderValue::from_static("5"),
+                        );
+                        return r;
+                    }
+                }
+            }
+        }
         for a in alerts {
             let result = self.one(a.clone()).await;
             self.metrics.intake_alert(result);

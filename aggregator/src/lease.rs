@@ -121,7 +121,13 @@ pub struct ShardLeases {
     pub held: Held,
     /// Metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Where this replica's API is reached (annotated on the Leases it holds, so the
+    /// alert intake of another replica can hand alerts of this shard over).
+    pub url: Option<String>,
 }
+
+/// The annotation on a shard Lease naming its holder's API.
+pub const URL_ANNOTATION: &str = "faultline.io/url";
 
 impl ShardLeases {
     /// One pass over every shard: renew what we hold, take what has expired.
@@ -142,6 +148,10 @@ impl ShardLeases {
                     let lease = Lease {
                         metadata: ObjectMeta {
                             name: Some(lname.clone()),
+                            annotations: self
+                                .url
+                                .as_ref()
+                                .map(|u| [(URL_ANNOTATION.to_string(), u.clone())].into()),
                             ..Default::default()
                         },
                         spec: Some(LeaseSpec {
@@ -168,6 +178,13 @@ impl ShardLeases {
                         }
                         spec.renew_time = Some(now_micro());
                         spec.lease_duration_seconds = Some(cfg.duration.as_secs() as i32);
+                        if let Some(u) = &self.url {
+                            lease
+                                .metadata
+                                .annotations
+                                .get_or_insert_with(Default::default)
+                                .insert(URL_ANNOTATION.to_string(), u.clone());
+                        }
                         // The resourceVersion we read makes this a compare-and-swap.
                         api.replace(&lname, &PostParams::default(), &lease)
                             .await

@@ -439,6 +439,18 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
     }
     drop(tx);
 
+    // Bound first: the shard Leases advertise where this replica's API is.
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let advertise = cfg.advertise_url.clone().or_else(|| {
+        std::env::var("POD_IP")
+            .ok()
+            .filter(|ip| !ip.is_empty())
+            .map(|ip| format!("http://{ip}:{}", addr.port()))
+            .or_else(|| (!addr.ip().is_unspecified()).then(|| format!("http://{addr}")))
+    });
     let mut lease_task = None;
     // Leases (and the notifier's queue) outlive the core loop: on a stop, in-flight
     // remediation finishes first, then the Leases go.
@@ -451,10 +463,10 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
         ))
     });
     let (verdict_tx, mut verdict_rx) = mpsc::channel::<intake::Verdict>(1024);
-    let intake = cfg
+    let mut intake = cfg
         .intake
         .clone()
-        .map(|c| Arc::new(intake::Intake::new(c, metrics.clone(), verdict_tx.clone())));
+        .map(|c| intake::Intake::new(c, metrics.clone(), verdict_tx.clone()));
     let sink = match cfg.sink {
         SinkKind::File => Sink::File(cfg.out.clone()),
         SinkKind::ConfigMap => {
@@ -476,7 +488,17 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                 cfg: lcfg,
                 held: held.clone(),
                 metrics: metrics.clone(),
+                url: advertise.clone(),
             };
+            intake = intake.map(|i| {
+                i.with_route(intake::Route {
+                    held: held.clone(),
+                    shards: cfg.shards,
+                    leases: Api::namespaced(kube.clone(), &cfg.namespace),
+                    name: cfg.name.clone(),
+                    me: cfg.replica.clone(),
+                })
+            });
             lease_task = Some(tokio::spawn(leases.run(lease_cancel.clone())));
             let nudger = (cfg.nudge_rate > 0.0).then(|| {
                 Arc::new(nudge::Nudger::new(
@@ -580,14 +602,10 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
     drop(verdict_tx);
 
     let latest: Arc<Mutex<Option<Arc<FaultDocument>>>> = Arc::new(Mutex::new(None));
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-    let addr = listener.local_addr()?;
     let app = router(ApiState {
         metrics: metrics.clone(),
         latest: latest.clone(),
-        intake,
+        intake: intake.map(Arc::new),
     });
     {
         let cancel = cancel.clone();

@@ -755,3 +755,68 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
     agg.cancel_token().cancel();
     agg.wait().await;
 }
+
+/// Alerts sent to a replica that does not hold the node's shard are handed to the
+/// holder (named by the shard's Lease), which counts and acts: one place per node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
+    let (server, kube) = api_server().await;
+    server.create("nodes", "", node("n1")).unwrap();
+    server
+        .create(
+            "pods",
+            "default",
+            pod("train", "n1", true, Some(("GPU-abc", "Healthy"))),
+        )
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret").unwrap();
+    let args = [
+        "--agents",
+        "http://127.0.0.1:9",
+        "--intake-token-file",
+        token_file.to_str().unwrap(),
+    ];
+    let r1 = aggregator(&kube, "r1", &args).await;
+    let (lease, _) = until(Duration::from_secs(10), "r1 holds the shard", || {
+        server
+            .get("leases", NS, "faultline-shard-0")
+            .filter(|l| l["spec"]["holderIdentity"] == "r1")
+    })
+    .await;
+    assert_eq!(
+        lease["metadata"]["annotations"]["faultline.io/url"],
+        format!("http://{}", r1.addr)
+    );
+    let r2 = aggregator(&kube, "r2", &args).await;
+    let alert = r#"{"node_name":"n1","gpu_uuid":"GPU-abc","metric":"xid_error","value":"79"}"#;
+    let url = format!("http://{}/v1/alerts", r2.addr);
+    let mut acted = 0;
+    for _ in 0..3 {
+        let (code, body) = call("POST", &url, Some("s3cret"), alert.into()).await;
+        assert_eq!(code, 202, "{body}");
+        assert_eq!(body["forwarded"], 1, "{body}");
+        acted += body["acted"].as_array().unwrap().len();
+    }
+    assert_eq!(acted, 1, "the third alert, counted at the holder");
+    until(Duration::from_secs(10), "quarantined by r1", || {
+        (our_taints(&server, "n1") == 1 && server.get("pods", "default", "train").is_none())
+            .then_some(())
+    })
+    .await;
+    assert_eq!(record(&server, "n1").unwrap()["actor"], "r1");
+    // The holder gone (no Lease renewal, no answer): the sender is told to retry.
+    r1.abort();
+    let (code, body) = call(
+        "POST",
+        &url,
+        Some("s3cret"),
+        alert.replace("GPU-abc", "GPU-def"),
+    )
+    .await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("retry"), "{body}");
+    r2.cancel_token().cancel();
+    r2.wait().await;
+}
