@@ -820,3 +820,83 @@ async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
     r2.cancel_token().cancel();
     r2.wait().await;
 }
+
+/// A stop in the middle of a pass: the intake stops answering, the pass finishes (the
+/// pod is evicted), then the Lease is released for the next replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
+    let (server, kube) = api_server().await;
+    server.create("nodes", "", node("n1")).unwrap();
+    server
+        .create("pods", "default", pod("train", "n1", true, None))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret").unwrap();
+    let a1 = agent("n1").await;
+    let agents = format!("http://{}", a1.addr);
+    let agg = aggregator(
+        &kube,
+        "r1",
+        &[
+            "--agents",
+            &agents,
+            "--intake-token-file",
+            token_file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    until(Duration::from_secs(10), "r1 holds the shard", || {
+        server
+            .get("leases", NS, "faultline-shard-0")
+            .filter(|l| l["spec"]["holderIdentity"] == "r1")
+    })
+    .await;
+    // Every API call now takes 300 ms: a pass takes seconds.
+    server.set_faults(Faults {
+        latency_ms: 300,
+        ..Default::default()
+    });
+    assert_eq!(
+        post(
+            a1.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
+        )
+        .await,
+        201
+    );
+    until(Duration::from_secs(15), "tainted", || {
+        (our_taints(&server, "n1") == 1).then_some(())
+    })
+    .await;
+    assert!(
+        server.get("pods", "default", "train").is_some(),
+        "stop before the eviction"
+    );
+    let addr = agg.addr;
+    agg.cancel_token().cancel();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let refused = client
+        .request(
+            hyper::Request::post(format!("http://{addr}/v1/alerts"))
+                .body(Full::new(Bytes::from("{}")))
+                .unwrap(),
+        )
+        .await;
+    assert!(refused.is_err(), "the intake stopped first");
+    tokio::time::timeout(Duration::from_secs(30), agg.wait())
+        .await
+        .expect("stopped within the shutdown timeout");
+    assert!(
+        server.get("pods", "default", "train").is_none(),
+        "the pass in flight finished"
+    );
+    let lease = server.get("leases", NS, "faultline-shard-0").unwrap();
+    assert!(
+        lease["spec"]["holderIdentity"].is_null(),
+        "released: {lease}"
+    );
+    assert_eq!(evictions(&server, "train"), 1);
+}
