@@ -5,7 +5,8 @@
 # one agent per node on 8 simulated GPUs, and the aggregator writing shard ConfigMaps
 # under a shard Lease. One agent runs a scenario (a GPU falls off the bus); then the demo
 # injects a fault through another agent's API and times how long it takes to reach the
-# ConfigMap and to nudge the pod on that node.
+# ConfigMap and to nudge the pod on that node, and heals it: quarantine, eviction of the
+# pod on the failed GPU, alerts through the intake, `faultline status`, and a release.
 #   ./demo.sh            run the demo and exit
 #   ./demo.sh --serve    leave everything running afterwards (Ctrl-C to stop)
 set -euo pipefail
@@ -42,8 +43,11 @@ for i in 1 2 3; do
   AGENTS+=("http://127.0.0.1:$port")
 done
 AGG="http://127.0.0.1:$((BASE + 10))"
+TOKEN=demo-token-$RANDOM
+echo "$TOKEN" >"$WORK/intake-token"
 target/release/faultline-aggregator --sink configmap --kube-server "$KUBE" --namespace faultline \
   --remediation enforce --max-quarantined-percent 100 --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
+  --intake-token-file "$WORK/intake-token" --reconcile-interval 2s \
   >"$WORK/aggregator.log" 2>&1 &
 PIDS+=($!)
 # A second aggregator with the file sink: the same documents in a directory laid out the
@@ -105,16 +109,42 @@ for _ in $(seq 100); do
 done
 curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2b" >/dev/null && echo "  pod train-2b still there" || echo "  pod default/train-2b (GPUs 4-7, with the failed gpu5) evicted through the Eviction API"
 curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2a" >/dev/null && echo "  pod default/train-2a (GPUs 0-3, healthy) stays"
+
+echo "== alert intake: seed 000's GPUAlert for gpu-node-3's GPU 2 (held by train-3a), sent 3 times (the threshold)"
+alert='{"cluster":"demo","node_name":"gpu-node-3","gpu_uuid":"GPU-5157e000-0000-4000-8000-000000000002","bus_id":"00000000:3B:00.0","metric":"xid_error","value":"Xid 79","time":1699999999}'
+intake() { curl -s -X POST "$AGG/v1/alerts" -H "authorization: Bearer $1" -H 'content-type: application/json' -d "$2"; }
+echo "  without the token: $(intake wrong "$alert")"
+for n in 1 2 3; do echo "  alert $n: $(intake "$TOKEN" "$alert")"; done
+echo "  20 duplicates at once: $(intake "$TOKEN" "[$(printf "$alert,%.0s" $(seq 19))$alert]")"
+for _ in $(seq 100); do
+  curl -sf "$KUBE/api/v1/namespaces/default/pods/train-3a" >/dev/null || break; sleep 0.1
+done
+curl -sf "$KUBE/api/v1/namespaces/default/pods/train-3a" >/dev/null && echo "  pod train-3a still there" || echo "  pod default/train-3a (holds GPU 2) evicted; train-3b stays: $(curl -sf "$KUBE/api/v1/namespaces/default/pods/train-3b" >/dev/null && echo yes || echo no)"
+echo "== faultline status (what an SRE sees)"
+target/release/faultline status --kube-server "$KUBE" | sed 's/^/  /'
+echo "== the PCIe link of gpu-node-2/gpu5 is repaired; an SRE releases the node"
+curl -sf -X DELETE "${AGENTS[1]}/v1/sim/faults" >/dev/null
+target/release/faultline release --node gpu-node-2 --by sre-demo --reason "PCIe link reseated" --kube-server "$KUBE" | sed 's/^/  /'
+curl -sf "$KUBE/api/v1/nodes/gpu-node-2" | python3 -c '
+import json, sys
+n = json.load(sys.stdin)
+a = n["metadata"].get("annotations", {})
+h = json.loads(a.get("faultline.io/quarantine-history", "[]"))
+print("  node gpu-node-2 taints:", [t["key"] for t in n["spec"].get("taints") or []] or "none")
+print("  condition:", [(c["type"], c["status"], c["reason"]) for c in n["status"]["conditions"] if c["type"] == "AcceleratorHealthy"])
+print("  history: %d record(s); last released by %s: %s" % (len(h), h[-1]["released"]["actor"], h[-1]["released"]["reason"]))'
 cat <<TXT
 == look yourself (./demo.sh --serve keeps all this running):
   kubectl --server $KUBE get nodes,pods -A
   kubectl --server $KUBE get lease,cm -n faultline
   kubectl --server $KUBE get node gpu-node-2 -o yaml     # taint, label, condition, faultline.io/quarantine
   kubectl --server $KUBE get events -n default
+  target/release/faultline status --kube-server $KUBE
+  target/release/faultline release --node gpu-node-3 --by me --kube-server $KUBE
   kubectl --server $KUBE get cm faultline-shard-0 -n faultline -o jsonpath='{.data.gpu-node-2\.json}'
   ls -la $OUT; cat $OUT/gpu-node-2.json   # the file sink: ..data -> ..<timestamp>/, a key per node
   curl -s ${AGENTS[0]}/v1/health?format=pretty
-  curl -s $AGG/metrics | grep -E 'faultline_aggregator_(devices|lease_held|pod_nudges)'
+  curl -s $AGG/metrics | grep -E 'faultline_aggregator_(devices|lease_held|pod_nudges|remediation|quarantined|intake)'
   curl -s -X POST ${AGENTS[2]}/v1/sim/faults -H 'content-type: application/json' -d '{"device":"gpu0","fault":"xid","xid":48}'
 TXT
 if [[ "${1:-}" == "--serve" ]]; then
