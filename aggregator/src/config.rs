@@ -140,6 +140,10 @@ pub struct Args {
     /// Log format: text or json.
     #[arg(long, env = "FAULTLINE_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    /// Past --eviction-deadline, delete a pod whose disruption budget still refuses its
+    /// eviction (default: announce it and leave it).
+    #[arg(long, env = "FAULTLINE_FORCE_DELETE_AFTER_DEADLINE", default_value = "false", action = clap::ArgAction::Set)]
+    pub force_delete_after_deadline: bool,
     /// How quarantines end: manual (a person runs `faultline release`; the default, as
     /// seed 000 advises for hardware) or auto (health, cool-down, canary).
     #[arg(long, env = "FAULTLINE_RELEASE", default_value = "manual")]
@@ -257,6 +261,7 @@ pub struct Config {
     pub intake: Option<crate::intake::IntakeConfig>,
     pub watch_pod_health: bool,
     pub shutdown_timeout: Duration,
+    pub force_delete_after_deadline: bool,
 }
 
 fn duration(flag: &str, v: &str) -> anyhow::Result<Duration> {
@@ -460,6 +465,7 @@ impl Config {
                 }),
             },
             watch_pod_health: a.watch_pod_health,
+            force_delete_after_deadline: a.force_delete_after_deadline,
             shutdown_timeout: duration("shutdown-timeout", &a.shutdown_timeout)?,
         })
     }

@@ -545,6 +545,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                             cfg.max_evictions_per_minute,
                         )
                         .with_release(cfg.release.clone())
+                        .with_force_delete(cfg.force_delete_after_deadline)
                         .with_reporting(notifier.clone(), Some(metrics.clone())),
                     )
                 }),

@@ -575,6 +575,8 @@ pub struct Remediator {
     quarantined: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// Events known to be recorded (by name): not sent again.
     announced: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Delete a pod whose budget refused eviction past the deadline (off by default).
+    force_delete: bool,
 }
 
 /// What an eviction pass did.
@@ -795,6 +797,7 @@ impl Remediator {
             metrics: None,
             quarantined: Default::default(),
             announced: Default::default(),
+            force_delete: false,
             mode,
             taint: Taint {
                 key: taint_key.to_string(),
@@ -832,6 +835,13 @@ impl Remediator {
             self.resources = resources;
         }
         self.eviction_deadline = eviction_deadline;
+        self
+    }
+
+    /// Past the eviction deadline, delete a pod its disruption budget still protects
+    /// (off by default: then it is announced and left).
+    pub fn with_force_delete(mut self, force: bool) -> Self {
+        self.force_delete = force;
         self
     }
 
@@ -1421,7 +1431,12 @@ impl Remediator {
             &node,
             "FaultlineReleased",
             &format!("{}/{}/{at}", record.first_seen, what),
-            format!("released {what} by {}: {}", req.actor, req.reason),
+            format!(
+                "released {what} by {}: {} ({})",
+                req.actor,
+                req.reason,
+                describe(&named_or_all(&named, &record.devices))
+            ),
             false,
             &named_or_all(&named, &record.devices),
         )
@@ -1759,7 +1774,29 @@ impl Remediator {
                         .parse::<Timestamp>()
                         .map(|t| Timestamp::now().duration_since(t).as_secs_f64())
                         .unwrap_or(0.0);
-                    if waited >= self.eviction_deadline.as_secs_f64() {
+                    if waited >= self.eviction_deadline.as_secs_f64() && self.force_delete {
+                        // Explicitly configured: past the deadline the pod is deleted
+                        // (with its grace period), its budget notwithstanding.
+                        match api.delete(name, &kube::api::DeleteParams::default()).await {
+                            Ok(_) => {}
+                            Err(kube::Error::Api(e)) if e.code == 404 => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                        audit("delete", node, &record.devices, &self.actor, &key);
+                        self.metric("evict", "deleted");
+                        record.eviction_blocked.remove(&key);
+                        record.evicted.push(key.clone());
+                        record.actions.push(Action {
+                            action: format!(
+                                "delete {ns}/{name} (budget refused past the deadline)"
+                            ),
+                            at: now(),
+                            actor: self.actor.clone(),
+                        });
+                        self.event(node, "FaultlinePodDeleted", &key, format!("{ns}/{name}: its disruption budget refused eviction for {}s; deleted (--force-delete-after-deadline)", waited as u64), true, &record.devices).await;
+                        self.pod_event(pod, &record.devices).await;
+                        out.evicted.push(key);
+                    } else if waited >= self.eviction_deadline.as_secs_f64() {
                         self.metric("evict", "given-up");
                         self.event(node, "FaultlineEvictionBlocked", &key, format!("{ns}/{name}: its disruption budget refused eviction for {}s; left alone", waited as u64), true, &record.devices).await;
                         record.evicted.push(key.clone());

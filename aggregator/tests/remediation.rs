@@ -544,3 +544,64 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
         1
     );
 }
+
+/// Past the eviction deadline a pod its budget protects is announced and left; with
+/// force deletion configured, it is deleted instead, once.
+#[tokio::test]
+async fn force_deletion_past_the_deadline_only_when_configured() {
+    let (server, client) = setup().await;
+    server
+        .create("pods", "default", pod("guarded", true, Some("GPU-1234")))
+        .unwrap();
+    server
+        .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
+        .unwrap();
+    let fence = || true;
+    let deadline = std::time::Duration::from_millis(50);
+    // Not configured: left alone after the deadline.
+    let r = remediator(client.clone(), Mode::Enforce).with_resources(vec![], deadline);
+    r.isolate("gpu-1", failed("gpu3")).await.unwrap();
+    assert_eq!(
+        r.evict_fenced("gpu-1", &fence).await.unwrap().blocked.len(),
+        1
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(
+        r.evict_fenced("gpu-1", &fence)
+            .await
+            .unwrap()
+            .given_up
+            .len(),
+        1
+    );
+    assert!(server.get("pods", "default", "guarded").is_some());
+    assert_eq!(events(&server, "FaultlineEvictionBlocked"), 1);
+
+    // Configured: a new pod on a new fault is deleted past the deadline.
+    server
+        .create("pods", "default", pod("guarded-2", true, Some("GPU-gpu5")))
+        .unwrap();
+    let r = remediator(client, Mode::Enforce)
+        .with_resources(vec![], deadline)
+        .with_force_delete(true);
+    r.isolate("gpu-1", failed("gpu5")).await.unwrap();
+    let mut pdb = server
+        .get("poddisruptionbudgets", "default", "guarded")
+        .unwrap();
+    pdb["spec"]["selector"]["matchLabels"]["app"] = json!("guarded-2");
+    server
+        .update("poddisruptionbudgets", "default", "guarded", pdb, None)
+        .unwrap();
+    assert_eq!(
+        r.evict_fenced("gpu-1", &fence).await.unwrap().blocked.len(),
+        1
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let out = r.evict_fenced("gpu-1", &fence).await.unwrap();
+    assert_eq!(out.evicted.len(), 1, "{out:?}");
+    assert!(server.get("pods", "default", "guarded-2").is_none());
+    assert_eq!(events(&server, "FaultlinePodDeleted"), 1);
+    // Nothing more on later passes.
+    let out = r.evict_fenced("gpu-1", &fence).await.unwrap();
+    assert!(out.evicted.is_empty() && out.blocked.is_empty(), "{out:?}");
+}
