@@ -110,11 +110,11 @@ done
 curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2b" >/dev/null && echo "  pod train-2b still there" || echo "  pod default/train-2b (GPUs 4-7, with the failed gpu5) evicted through the Eviction API"
 curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2a" >/dev/null && echo "  pod default/train-2a (GPUs 0-3, healthy) stays"
 
-echo "== alert intake: seed 000's GPUAlert for gpu-node-3's GPU 2 (held by train-3a), sent 3 times (the threshold)"
+echo "== alert intake: seed 000's GPUAlert for gpu-node-3's GPU 2 (held by train-3a), 3 samples (the threshold)"
 alert='{"cluster":"demo","node_name":"gpu-node-3","gpu_uuid":"GPU-5157e000-0000-4000-8000-000000000002","bus_id":"00000000:3B:00.0","metric":"xid_error","value":"Xid 79","time":1699999999}'
 intake() { curl -s -X POST "$AGG/v1/alerts" -H "authorization: Bearer $1" -H 'content-type: application/json' -d "$2"; }
 echo "  without the token: $(intake wrong "$alert")"
-for n in 1 2 3; do echo "  alert $n: $(intake "$TOKEN" "$alert")"; done
+for n in 1 2 3; do echo "  alert $n: $(intake "$TOKEN" "${alert/1699999999/$((1699999999 + n * 10))}")"; done
 echo "  20 duplicates at once: $(intake "$TOKEN" "[$(printf "$alert,%.0s" $(seq 19))$alert]")"
 for _ in $(seq 100); do
   curl -sf "$KUBE/api/v1/namespaces/default/pods/train-3a" >/dev/null || break; sleep 0.1

@@ -63,6 +63,9 @@ struct GpuAlert {
     value: Option<Value>,
     #[serde(default)]
     time: Option<i64>,
+    /// Set by a replica handing the alert over: its occurrence id.
+    #[serde(default)]
+    occurrence: Option<String>,
 }
 
 /// One alert, whatever format it came in.
@@ -74,6 +77,9 @@ struct Alert {
     metric: String,
     value: Option<String>,
     firing: bool,
+    /// What makes a re-sent copy the same occurrence (GPUAlert's `time`; Alertmanager's
+    /// fingerprint and start within a 30 s slot): counted once within the window.
+    occurrence: Option<String>,
 }
 
 fn text(v: &Value) -> String {
@@ -88,7 +94,7 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("malformed JSON: {e}"))?;
     let gpu = |v: Value| -> Result<Alert, String> {
         let a: GpuAlert = serde_json::from_value(v).map_err(|e| format!("not a GPUAlert: {e}"))?;
-        let _ = (&a.cluster, a.time);
+        let _ = &a.cluster;
         if a.node_name.trim().is_empty() {
             return Err("node_name is empty".into());
         }
@@ -99,6 +105,7 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
             metric: a.metric,
             value: a.value.as_ref().map(text),
             firing: true,
+            occurrence: a.occurrence.or_else(|| a.time.map(|t| t.to_string())),
         })
     };
     match v {
@@ -134,6 +141,18 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
                         .map(text)
                         .or_else(|| a.get("value").map(text)),
                     firing: a["status"].as_str() != Some("resolved"),
+                    // A webhook retry repeats the alert at once; Alertmanager's own
+                    // re-sends (group_interval, repeat_interval) come later and say
+                    // "still firing": those count.
+                    occurrence: Some(format!(
+                        "{}@{}@{}",
+                        a["fingerprint"].as_str().unwrap_or_default(),
+                        a["startsAt"].as_str().unwrap_or_default(),
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_secs() / 30)
+                            .unwrap_or(0)
+                    )),
                 });
             }
             Ok(out)
@@ -145,6 +164,7 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
 }
 
 type Key = (String, String, String);
+type Seen = VecDeque<(Instant, Option<String>)>;
 
 /// Where alerts of shards this replica does not hold go: the holder named by the
 /// shard's Lease (its `faultline.io/url` annotation). Counting then happens in one
@@ -171,7 +191,7 @@ pub struct Intake {
     cfg: IntakeConfig,
     metrics: Arc<Metrics>,
     tx: mpsc::Sender<Verdict>,
-    counts: Mutex<HashMap<Key, VecDeque<Instant>>>,
+    counts: Mutex<HashMap<Key, Seen>>,
     acted: Mutex<HashMap<Key, Instant>>,
     route: Option<Route>,
     client: hyper_util::client::legacy::Client<
@@ -247,7 +267,7 @@ impl Intake {
             .ok_or_else(|| format!("the holder of shard {shard} ({holder}) advertises no URL"))?;
         let body: Vec<Value> = alerts
             .iter()
-            .map(|a| json!({"node_name": a.node, "gpu_uuid": a.uuid, "bus_id": a.bus_id, "metric": a.metric, "value": a.value}))
+            .map(|a| json!({"node_name": a.node, "gpu_uuid": a.uuid, "bus_id": a.bus_id, "metric": a.metric, "value": a.value, "occurrence": a.occurrence}))
             .collect();
         let req = hyper::Request::post(format!("{}/v1/alerts", url.trim_end_matches('/')))
             .header("content-type", "application/json")
@@ -410,42 +430,39 @@ impl Intake {
         let key: Key = (a.node.clone(), device.clone(), a.metric.clone());
         let now = Instant::now();
         {
+            // Both maps under their locks at once (counts, then acted): the alert that
+            // reaches the threshold and the one right after it cannot both count.
+            let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
             let mut acted = self.acted.lock().unwrap_or_else(|p| p.into_inner());
             acted.retain(|_, t| now.duration_since(*t) < self.cfg.dedup);
             if acted.contains_key(&key) {
                 return "duplicates";
             }
-        }
-        let due = {
-            let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
             // Forget keys whose window passed, so the map does not grow forever.
             if counts.len() > 10_000 {
                 counts.retain(|_, q| {
                     q.back()
-                        .is_some_and(|t| now.duration_since(*t) < self.cfg.window)
+                        .is_some_and(|(t, _)| now.duration_since(*t) < self.cfg.window)
                 });
             }
             let q = counts.entry(key.clone()).or_default();
             while q
                 .front()
-                .is_some_and(|t| now.duration_since(*t) >= self.cfg.window)
+                .is_some_and(|(t, _)| now.duration_since(*t) >= self.cfg.window)
             {
                 q.pop_front();
             }
-            q.push_back(now);
-            let due = q.len() >= self.cfg.threshold.max(1);
-            if due {
-                counts.remove(&key);
+            // The same occurrence again (a sender's retry): not a new observation.
+            if a.occurrence.is_some() && q.iter().any(|(_, o)| *o == a.occurrence) {
+                return "duplicates";
             }
-            due
-        };
-        if !due {
-            return "counted";
+            q.push_back((now, a.occurrence.clone()));
+            if q.len() < self.cfg.threshold.max(1) {
+                return "counted";
+            }
+            counts.remove(&key);
+            acted.insert(key, now);
         }
-        self.acted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, now);
         let verdict = Verdict {
             node: a.node.clone(),
             device: RecordDevice {
@@ -515,6 +532,7 @@ mod tests {
             metric: "xid".into(),
             value: Some("79".into()),
             firing: true,
+            occurrence: None,
         };
         assert_eq!(intake.one(alert()).await, "counted");
         assert_eq!(intake.one(alert()).await, "counted");
@@ -534,5 +552,12 @@ mod tests {
         let mut none = alert();
         none.uuid = None;
         assert_eq!(intake.one(none).await, "unattributed");
+        // A retried copy of the same occurrence counts once.
+        let mut third = alert();
+        third.uuid = Some("GPU-3".into());
+        third.occurrence = Some("1699999999".into());
+        assert_eq!(intake.one(third.clone()).await, "counted");
+        assert_eq!(intake.one(third.clone()).await, "duplicates");
+        assert_eq!(intake.one(third).await, "duplicates");
     }
 }

@@ -144,9 +144,12 @@ enum Sink {
     },
 }
 
-/// Devices judged failed by the intake or the kubelet, per node, until a pass has
-/// recorded them on the Node (a pass that fails keeps them for the next one).
-type Pending = Arc<Mutex<BTreeMap<String, Vec<remediate::RecordDevice>>>>;
+/// Devices judged failed by the intake or the kubelet, per node (with the time of the
+/// last verdict), until a pass has recorded them on the Node; a pass that fails keeps
+/// them for the next one. A verdict older than the dedup window is dropped: one for a
+/// shard this replica does not hold must not be acted on much later, when it takes the
+/// shard over (the kubelet's verdicts are sent again on every re-list while they hold).
+type Pending = Arc<Mutex<BTreeMap<String, (Instant, Vec<remediate::RecordDevice>)>>>;
 
 /// Start isolating each of `nodes` that has failed devices (the pipeline's, and those
 /// pending from the intake), in the shard holder only, one pass per node at a time.
@@ -156,8 +159,6 @@ fn remediate_nodes(
     in_flight: &Arc<Mutex<std::collections::BTreeSet<String>>>,
     pending: &Pending,
     nodes: Vec<String>,
-    // Nodes that just turned failed (they feed the circuit breaker), not a reconcile.
-    fresh: bool,
     metrics: &Arc<Metrics>,
 ) {
     let Sink::ConfigMap {
@@ -169,13 +170,17 @@ fn remediate_nodes(
     else {
         return;
     };
+    // Quarantined nodes get eviction passes even when nothing says failed now (an
+    // alert's verdict, a budget still holding a pod back).
+    let quarantined: std::collections::BTreeSet<String> =
+        r.known_quarantined().into_iter().collect();
     for node in nodes {
         let mut devices = pipeline.failed_devices(&node);
         let extra = pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&node)
-            .cloned()
+            .map(|(_, v)| v.clone())
             .unwrap_or_default();
         for d in &extra {
             if !devices.iter().any(|x| x.is(&d.id)) {
@@ -183,7 +188,7 @@ fn remediate_nodes(
             }
         }
         let shard = shard_of(&node, *shards);
-        if devices.is_empty() || !held.holds(shard) {
+        if (devices.is_empty() && !quarantined.contains(&node)) || !held.holds(shard) {
             continue;
         }
         if !in_flight
@@ -203,22 +208,31 @@ fn remediate_nodes(
         tokio::spawn(async move {
             let fence = move || held.holds(shard);
             let t0 = Instant::now();
-            if fresh {
-                if let Err(e) = r.note_failure(&node).await {
-                    tracing::warn!(node = %node, error = %e, "cannot update the circuit breaker");
-                }
-            }
             // Isolate first (no new pods land there), then move the workloads off.
-            let pass = match r.isolate_fenced(&node, devices, &fence).await {
+            let isolated = if devices.is_empty() {
+                Ok(remediate::Outcome::AlreadyDone)
+            } else {
+                r.isolate_fenced(&node, devices, &fence).await
+            };
+            let pass = match isolated {
                 Ok(outcome) => {
                     tracing::debug!(node = %node, ?outcome, "isolation pass");
                     if outcome == remediate::Outcome::Isolated {
                         metrics.action_time("quarantine", t0.elapsed().as_secs_f64());
                     }
-                    if !extra.is_empty() {
+                    let settled = matches!(
+                        outcome,
+                        remediate::Outcome::Isolated
+                            | remediate::Outcome::AlreadyDone
+                            | remediate::Outcome::Suppressed
+                            | remediate::Outcome::Announced
+                            | remediate::Outcome::Off
+                    );
+                    if !extra.is_empty() && settled {
                         // On the Node now (or deliberately not acted on): done with them.
+                        // Held back by a budget or the breaker: kept for a later pass.
                         let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
-                        if let Some(v) = p.get_mut(&node) {
+                        if let Some((_, v)) = p.get_mut(&node) {
                             v.retain(|d| !extra.contains(d));
                             if v.is_empty() {
                                 p.remove(&node);
@@ -672,7 +686,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         dirty |= !c.nodes.is_empty();
                         urgent |= c.urgent;
                         if c.urgent {
-                            remediate_nodes(&sink, &pipeline, &remediating, &pending, c.alarming.clone(), true, &metrics);
+                            remediate_nodes(&sink, &pipeline, &remediating, &pending, c.alarming.clone(), &metrics);
                         }
                         alarming.extend(c.alarming);
                     }
@@ -681,18 +695,28 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         dirty |= !c.nodes.is_empty() || failed.load(std::sync::atomic::Ordering::Acquire);
                         urgent |= c.urgent;
                         if c.urgent {
-                            remediate_nodes(&sink, &pipeline, &remediating, &pending, c.alarming.clone(), true, &metrics);
+                            remediate_nodes(&sink, &pipeline, &remediating, &pending, c.alarming.clone(), &metrics);
                         }
                         alarming.extend(c.alarming);
                         if last_reconcile.elapsed() >= cfg.reconcile_interval {
                             last_reconcile = Instant::now();
                             let mut nodes: Vec<String> = pipeline.node_names().cloned().collect();
-                            for n in pending.lock().unwrap_or_else(|p| p.into_inner()).keys() {
+                            let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
+                            p.retain(|_, (t, _)| t.elapsed() < cfg.release.dedup_window);
+                            for n in p.keys() {
                                 if !nodes.contains(n) {
                                     nodes.push(n.clone());
                                 }
                             }
-                            remediate_nodes(&sink, &pipeline, &remediating, &pending, nodes, false, &metrics);
+                            drop(p);
+                            if let Sink::ConfigMap { remediator: Some(r), .. } = &sink {
+                                for n in r.known_quarantined() {
+                                    if !nodes.contains(&n) {
+                                        nodes.push(n);
+                                    }
+                                }
+                            }
+                            remediate_nodes(&sink, &pipeline, &remediating, &pending, nodes, &metrics);
                             guard_unknown_nodes(&sink, &pipeline, &remediating, cfg.unknown_tolerance);
                             release_nodes(&sink, &pipeline, &remediating);
                         }
@@ -713,12 +737,15 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         }
                         {
                             let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
-                            let list = p.entry(v.node.clone()).or_default();
+                            let (at, list) = p
+                                .entry(v.node.clone())
+                                .or_insert_with(|| (Instant::now(), Vec::new()));
+                            *at = Instant::now();
                             if !list.iter().any(|d| d.is(&v.device.id)) {
                                 list.push(v.device);
                             }
                         }
-                        remediate_nodes(&sink, &pipeline, &remediating, &pending, vec![v.node], true, &metrics);
+                        remediate_nodes(&sink, &pipeline, &remediating, &pending, vec![v.node], &metrics);
                     }
                     r = rules_rx.changed() => {
                         if r.is_ok() {

@@ -4,7 +4,7 @@
 //! (the same path as the intake's); an `Unknown` one is an alert only, never an action.
 //!
 //! Pods are listed, then watched from the list's resourceVersion; each (node, device,
-//! health) is reported once until its health changes.
+//! health) is reported once until its health changes, and again on every re-list.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -30,8 +30,17 @@ pub struct PodDevice {
     pub pod: String,
 }
 
-/// The devices of `pod` that are not healthy, among `resources`.
+/// The devices of `pod` that are not healthy, among `resources` (none for a pod that
+/// finished or is going away).
 pub fn unhealthy_devices(pod: &Pod, resources: &[String]) -> Vec<PodDevice> {
+    // A finished or terminating pod's status is frozen: its word is history, not now.
+    let finished = matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    if finished || pod.metadata.deletion_timestamp.is_some() {
+        return Vec::new();
+    }
     let node = pod
         .spec
         .as_ref()
@@ -110,6 +119,10 @@ pub async fn run(
             }
         };
         backoff = Duration::from_secs(1);
+        // Level, not edge: every re-list (at least every watch timeout) sends what is
+        // unhealthy now again, so a replica that took a shard over since hears it, and
+        // what turned healthy or went away is forgotten.
+        seen.clear();
         for p in &list.items {
             for d in report(p, &mut seen) {
                 if tx.send(d).await.is_err() {
@@ -117,14 +130,6 @@ pub async fn run(
                 }
             }
         }
-        // Healthy again (or gone): forget, so a new failure is reported again.
-        seen.retain(|(node, id), _| {
-            list.items.iter().any(|p| {
-                unhealthy_devices(p, &resources)
-                    .iter()
-                    .any(|d| d.node == *node && d.id == *id)
-            })
-        });
         let rv = list.metadata.resource_version.unwrap_or_default();
         let wp = WatchParams::default().timeout(290);
         let stream = match api.watch(&wp, &rv).await {
@@ -152,5 +157,43 @@ pub async fn run(
                 Some(Ok(WatchEvent::Error(_))) | Some(Err(_)) | None => break,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(phase: &str, health: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+            "status": {"phase": phase, "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+                "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [
+                    {"resourceID": "GPU-a", "health": health}, {"resourceID": "GPU-b", "health": "Healthy"}]}]}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_running_pods_speak_for_their_devices() {
+        let res = vec!["nvidia.com/gpu".to_string()];
+        let d = unhealthy_devices(&pod("Running", "Unhealthy"), &res);
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].node.as_str(), d[0].id.as_str()), ("n1", "GPU-a"));
+        assert_eq!(d[0].pod, "ns/p");
+        assert_eq!(
+            unhealthy_devices(&pod("Running", "Unknown"), &res)[0].health,
+            "Unknown"
+        );
+        // A finished pod's status is frozen: not evidence of now.
+        assert!(unhealthy_devices(&pod("Failed", "Unhealthy"), &res).is_empty());
+        assert!(unhealthy_devices(&pod("Succeeded", "Unhealthy"), &res).is_empty());
+        // Other resources are not ours.
+        assert!(unhealthy_devices(
+            &pod("Running", "Unhealthy"),
+            &["huawei.com/Ascend910".into()]
+        )
+        .is_empty());
     }
 }

@@ -27,6 +27,14 @@ pub const RECORD_ANNOTATION: &str = "faultline.io/quarantine";
 pub const DEVICES_LABEL: &str = "faultline.io/unhealthy-devices";
 /// The node condition type.
 pub const CONDITION: &str = "AcceleratorHealthy";
+/// How long after a quarantine a missing announcement is still made up for.
+const ANNOUNCE_RETRY_SECS: f64 = 1800.0;
+/// Actions a record keeps: the first few and the latest.
+const ACTIONS_KEEP: (usize, usize) = (8, 56);
+/// Bytes of history a Node keeps at most (annotations share 256 KiB per object).
+const HISTORY_MAX_BYTES: usize = 64 * 1024;
+/// The label of canary pods (never evicted by faultline).
+pub const CANARY_LABEL: &str = "faultline.io/canary";
 /// Released records, newest last (JSON list, the last [`HISTORY_KEEP`]).
 pub const HISTORY_ANNOTATION: &str = "faultline.io/quarantine-history";
 /// How many released records a Node keeps.
@@ -185,9 +193,16 @@ pub struct QuarantineRecord {
     /// The last canary of an auto release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<CanaryRun>,
+    /// Canaries started for this record (names each Job apart).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub canary_attempts: u32,
     /// Set when the record ends (it then moves to the history annotation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<Released>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The fingerprint of a set of failed devices on a node.
@@ -273,7 +288,13 @@ impl NodePatch {
         if !std::mem::replace(&mut self.has_annotations, true) {
             self.add("/metadata/annotations".into(), serde_json::json!({}));
         }
-        let value = serde_json::to_string(record).unwrap_or_default();
+        let mut record = record.clone();
+        let (head, tail) = ACTIONS_KEEP;
+        if record.actions.len() > head + tail {
+            let cut = record.actions.len() - tail;
+            record.actions.drain(head..cut);
+        }
+        let value = serde_json::to_string(&record).unwrap_or_default();
         self.add(
             format!("/metadata/annotations/{}", escape(RECORD_ANNOTATION)),
             serde_json::json!(value),
@@ -615,6 +636,15 @@ fn wants_eviction(pod: &Pod, resources: &[String], failed: &[RecordDevice]) -> b
     {
         return false;
     }
+    // faultline's own canary runs on the quarantined node on purpose.
+    if pod
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(CANARY_LABEL))
+    {
+        return false;
+    }
     let Some(spec) = pod.spec.as_ref() else {
         return false;
     };
@@ -665,6 +695,29 @@ pub fn history_of(node: &Node) -> Vec<QuarantineRecord> {
         .and_then(|a| a.get(HISTORY_ANNOTATION))
         .and_then(|s| serde_json::from_str(s).ok())
         .unwrap_or_default()
+}
+
+/// The devices label's value: the ids joined by dots when that is a valid label value
+/// (63 characters of `[A-Za-z0-9._-]`, alphanumeric at both ends), else the count and
+/// a hash (a bus id has colons, two UUIDs are too long); the record has the details.
+pub fn label_value<S: AsRef<str>>(ids: &[S]) -> String {
+    let joined = ids.iter().map(|s| s.as_ref()).collect::<Vec<_>>().join(".");
+    let valid = !joined.is_empty()
+        && joined.len() <= 63
+        && joined
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && joined.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && joined.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        joined
+    } else {
+        format!(
+            "{}-devices-{:08x}",
+            ids.len(),
+            faultline_common::fault::fnv1a64(joined.as_bytes()) & 0xffff_ffff
+        )
+    }
 }
 
 /// Devices for a message: id, UUID, bus id, reason, source and metric=value.
@@ -737,6 +790,12 @@ fn canary_job(
         .get_or_insert_with(Default::default)
         .insert("faultline.io/canary-node".into(), node.to_string());
     let spec = job.spec.get_or_insert_with(Default::default);
+    spec.template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(CANARY_LABEL.into(), "true".into());
     spec.backoff_limit.get_or_insert(0);
     spec.ttl_seconds_after_finished.get_or_insert(3600);
     let pod = spec.template.spec.get_or_insert_with(Default::default);
@@ -1200,11 +1259,8 @@ impl Remediator {
                     .await;
                     return Ok(Outcome::Announced);
                 }
-                let attempt = record
-                    .actions
-                    .iter()
-                    .filter(|a| a.action.starts_with("canary"))
-                    .count();
+                let attempt = record.canary_attempts;
+                record.canary_attempts += 1;
                 let name = format!(
                     "faultline-canary-{:012x}",
                     faultline_common::fault::fnv1a64(
@@ -1353,7 +1409,7 @@ impl Remediator {
             record.fingerprint = fingerprint(&node, &record.devices);
             if record.owned_label {
                 let ids: Vec<&str> = record.devices.iter().map(|d| d.id.as_str()).collect();
-                patch.label(DEVICES_LABEL, &ids.join("."));
+                patch.label(DEVICES_LABEL, &label_value(&ids));
             }
             patch.record(&record);
         } else {
@@ -1393,11 +1449,13 @@ impl Remediator {
             });
             let mut history = history_of(live);
             history.push(record.clone());
-            let skip = history.len().saturating_sub(HISTORY_KEEP);
-            patch.annotation(
-                HISTORY_ANNOTATION,
-                serde_json::to_string(&history[skip..]).unwrap_or_default(),
-            );
+            let mut skip = history.len().saturating_sub(HISTORY_KEEP);
+            let mut text = serde_json::to_string(&history[skip..]).unwrap_or_default();
+            while text.len() > HISTORY_MAX_BYTES && skip + 1 < history.len() {
+                skip += 1;
+                text = serde_json::to_string(&history[skip..]).unwrap_or_default();
+            }
+            patch.annotation(HISTORY_ANNOTATION, text);
         }
         self.apply(&node, patch, fence).await?;
         if !partial {
@@ -1469,7 +1527,8 @@ impl Remediator {
             .unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();
         let refill = now.duration_since(g.1).as_secs_f64() * self.evictions_per_minute / 60.0;
-        g.0 = (g.0 + refill).min(self.evictions_per_minute);
+        // At least one token fits, or a rate under 1 per minute would never evict.
+        g.0 = (g.0 + refill).min(self.evictions_per_minute.max(1.0));
         g.1 = now;
         if g.0 >= 1.0 {
             g.0 -= 1.0;
@@ -1644,6 +1703,12 @@ impl Remediator {
             return Ok(Outcome::Announced);
         }
         let now = now();
+        // The label only if nobody else set it: what faultline did not add it never removes.
+        let label_free = !live
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(DEVICES_LABEL));
         let record = QuarantineRecord {
             node: node.to_string(),
             devices: devices.clone(),
@@ -1654,7 +1719,7 @@ impl Remediator {
             actor: self.actor.clone(),
             expiry: Some(self.expiry_from_now()),
             owned_taint: Some(self.taint.key.clone()),
-            owned_label: true,
+            owned_label: label_free,
             actions: vec![Action {
                 action: "taint-unknown".into(),
                 at: now.clone(),
@@ -1665,6 +1730,7 @@ impl Remediator {
             unknown_only: true,
             released_devices: BTreeMap::new(),
             canary: None,
+            canary_attempts: 0,
             released: None,
         };
         let mut t = taints;
@@ -1674,7 +1740,9 @@ impl Remediator {
         });
         let mut patch = NodePatch::on(&live);
         patch.taints(&t);
-        patch.label(DEVICES_LABEL, "unknown");
+        if label_free {
+            patch.label(DEVICES_LABEL, "unknown");
+        }
         patch.record(&record);
         self.apply(node, patch, fence).await?;
         audit(
@@ -2086,7 +2154,14 @@ impl Remediator {
             // A pass cut short after the condition (an answer lost) has not announced
             // yet: do it now. Known Events cost nothing; one this replica has not seen
             // costs one create answered 409.
-            if let Some(r) = existing.as_ref().filter(|r| !r.unknown_only) {
+            // Only while the record is young: Events expire (1 h by default), and an old
+            // quarantine was announced long ago.
+            let young = existing.as_ref().is_some_and(|r| {
+                r.first_seen.parse::<Timestamp>().is_ok_and(|t| {
+                    Timestamp::now().duration_since(t).as_secs_f64() < ANNOUNCE_RETRY_SECS
+                })
+            });
+            if let Some(r) = existing.as_ref().filter(|r| !r.unknown_only && young) {
                 self.event(
                     node,
                     "FaultlineQuarantined",
@@ -2111,6 +2186,14 @@ impl Remediator {
         // are taken one at a time in this replica (check, then write), so concurrent
         // passes cannot all see room for one more. (Replicas decide for their own shards;
         // across replicas the count can exceed the budget by at most replicas - 1.)
+        // A node not quarantined yet is a new failure for the breaker (one that is, or
+        // a repeated verdict, is not), and the breaker may open on it.
+        if existing.is_none() && !has_taint {
+            self.note_failure(node).await?;
+            if self.breaker_open().await? {
+                return Ok(Outcome::BreakerOpen);
+            }
+        }
         let _budget_turn = if existing.is_none() && !has_taint && self.mode == Mode::Enforce {
             let turn = self.budget_turn.lock().await;
             if let Some(why) = self.over_budget(&live).await? {
@@ -2162,6 +2245,7 @@ impl Remediator {
             unknown_only: false,
             released_devices: BTreeMap::new(),
             canary: None,
+            canary_attempts: 0,
             released: None,
         });
         record.unknown_only = false;
@@ -2181,7 +2265,7 @@ impl Remediator {
             });
         }
         let labels = live.metadata.labels.clone().unwrap_or_default();
-        let label_value = ids.join(".");
+        let label_value = label_value(&ids);
         let label_ok = labels.get(DEVICES_LABEL).is_some_and(|v| *v == label_value);
         if !label_ok && (record.owned_label || !labels.contains_key(DEVICES_LABEL)) {
             patch.label(DEVICES_LABEL, &label_value);

@@ -605,3 +605,27 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
     let out = r.evict_fenced("gpu-1", &fence).await.unwrap();
     assert!(out.evicted.is_empty() && out.blocked.is_empty(), "{out:?}");
 }
+
+/// Devices known only by a bus id or a UUID (an alert's) still quarantine: the label
+/// value stays valid (count and hash when the ids are not a label value).
+#[tokio::test]
+async fn devices_named_by_bus_id_or_uuid_give_a_valid_label() {
+    use faultline_aggregator::remediate::label_value;
+    assert_eq!(label_value(&["gpu3", "gpu5"]), "gpu3.gpu5");
+    let odd = label_value(&["00000000:3B:00.0"]);
+    assert!(odd.starts_with("1-devices-"), "{odd}");
+    let long = label_value(&[
+        "GPU-5157e000-0000-4000-8000-000000000001",
+        "GPU-5157e000-0000-4000-8000-000000000002",
+    ]);
+    assert!(long.len() <= 63 && long.starts_with("2-devices-"), "{long}");
+    let (server, client) = setup().await;
+    let r = remediator(client, Mode::Enforce);
+    let by_bus = vec![RecordDevice {
+        pci_bus_id: Some("00000000:3B:00.0".into()),
+        ..RecordDevice::new("00000000:3B:00.0", "alert:xid_error")
+    }];
+    assert_eq!(r.isolate("gpu-1", by_bus).await.unwrap(), Outcome::Isolated);
+    let node = server.get("nodes", "", "gpu-1").unwrap();
+    assert_eq!(node["metadata"]["labels"][DEVICES_LABEL], odd);
+}
