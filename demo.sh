@@ -95,18 +95,20 @@ done
 echo "  pod default/train-2a (GPUs 0-3, healthy) nudged (annotation faultline.io/fault-refresh) after $(( ($(date +%s%N) - START) / 1000000 )) ms:"
 echo "  kubelet refreshes its mount now, not in 60-90 s"
 show
-for _ in $(seq 100); do
-  curl -sf "$KUBE/api/v1/nodes/gpu-node-2" | grep -q 'nvidia.com/gpu-fault' && break; sleep 0.1
+for _ in $(seq 500); do
+  curl -sf "$KUBE/api/v1/nodes/gpu-node-2" | grep -q 'nvidia.com/gpu-fault' && break; sleep 0.02
 done
+echo "  node gpu-node-2 tainted $(( ($(date +%s%N) - START) / 1000000 )) ms after the fault was injected"
 curl -sf "$KUBE/api/v1/nodes/gpu-node-2" | python3 -c '
 import json, sys
 n = json.load(sys.stdin)
 print("  node gpu-node-2 taints:", [t["key"] + ":" + t["effect"] for t in n["spec"]["taints"]])
 print("  label faultline.io/unhealthy-devices:", n["metadata"]["labels"].get("faultline.io/unhealthy-devices"))
 print("  condition:", [(c["type"], c["status"], c["reason"]) for c in n["status"]["conditions"]])'
-for _ in $(seq 100); do
-  curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2b" >/dev/null || break; sleep 0.1
+for _ in $(seq 500); do
+  curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2b" >/dev/null || break; sleep 0.02
 done
+echo "  pod train-2b gone $(( ($(date +%s%N) - START) / 1000000 )) ms after the fault was injected"
 curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2b" >/dev/null && echo "  pod train-2b still there" || echo "  pod default/train-2b (GPUs 4-7, with the failed gpu5) evicted through the Eviction API"
 curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2a" >/dev/null && echo "  pod default/train-2a (GPUs 0-3, healthy) stays"
 
