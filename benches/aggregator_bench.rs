@@ -7,7 +7,10 @@
 //!
 //! 1. Latency, 1,000 nodes x 8 devices: a hard fault is injected on a node's document;
 //!    the time until the node's entry in its shard ConfigMap shows the device failed.
-//! 2. Footprint, 5,000 nodes x 8 devices: the aggregator's CPU (share of one core) and
+//! 2. Remediation, 1,000 nodes x 8 devices, each with a Node and a GPU pod: a hard
+//!    fault is injected; the time until the Node carries the taint and until the pod on
+//!    it is evicted (`--remediation enforce`, budgets wide open).
+//! 3. Footprint, 5,000 nodes x 8 devices: the aggregator's CPU (share of one core) and
 //!    resident memory at steady state, and ConfigMap writes per second.
 
 use std::collections::BTreeMap;
@@ -165,6 +168,7 @@ async fn start(
     fleet: SocketAddr,
     kube: &str,
     shards: u32,
+    extra: &[&str],
 ) -> Result<Proc> {
     let agents: Vec<String> = (0..nodes)
         .map(|i| format!("http://{fleet}/n/{i}"))
@@ -192,6 +196,7 @@ async fn start(
         ])
         .arg("--agents-file")
         .arg(&list)
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -284,7 +289,7 @@ async fn latency(agg: &str, nodes: usize, injections: usize) -> Result<()> {
     let addr = serve_fleet(fleet.clone()).await;
     noise(fleet.clone(), Duration::from_secs(5));
     let (server, kube) = api_server().await;
-    let _p = start(agg, nodes, addr, &kube, shards).await?;
+    let _p = start(agg, nodes, addr, &kube, shards, &[]).await?;
     let ready = until_all_present(&server, nodes, shards, Duration::from_secs(120)).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -338,7 +343,7 @@ async fn footprint(agg: &str, nodes: usize, shards: u32, secs: u64) -> Result<()
     let addr = serve_fleet(fleet.clone()).await;
     noise(fleet.clone(), Duration::from_secs(5));
     let (server, kube) = api_server().await;
-    let p = start(agg, nodes, addr, &kube, shards).await?;
+    let p = start(agg, nodes, addr, &kube, shards, &[]).await?;
     let pid = p.0.id();
     let ready = until_all_present(&server, nodes, shards, Duration::from_secs(300)).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -377,6 +382,103 @@ async fn footprint(agg: &str, nodes: usize, shards: u32, secs: u64) -> Result<()
     Ok(())
 }
 
+/// Fault to taint and fault to eviction, with every node a Node and one GPU pod each.
+async fn remediation(agg: &str, nodes: usize, injections: usize) -> Result<()> {
+    let shards = 3;
+    let fleet = Fleet::new(nodes);
+    let addr = serve_fleet(fleet.clone()).await;
+    noise(fleet.clone(), Duration::from_secs(5));
+    let (server, kube) = api_server().await;
+    for i in 0..nodes {
+        let name = node_name(i);
+        server
+            .create("nodes", "", serde_json::json!({"metadata": {"name": name}}))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        server
+            .create(
+                "pods",
+                "default",
+                serde_json::json!({"metadata": {"name": format!("train-{i}"), "namespace": "default"},
+                    "spec": {"nodeName": name, "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}),
+            )
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    }
+    let _p = start(
+        agg,
+        nodes,
+        addr,
+        &kube,
+        shards,
+        &[
+            "--remediation",
+            "enforce",
+            "--max-quarantined",
+            "100000",
+            "--max-quarantined-percent",
+            "100",
+            "--breaker-nodes",
+            "0",
+            "--max-evictions-per-minute",
+            "0",
+            "--watch-pod-health",
+            "false",
+        ],
+    )
+    .await?;
+    until_all_present(&server, nodes, shards, Duration::from_secs(120)).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut picked: Vec<usize> = (0..nodes).collect();
+    let (mut taint, mut evict) = (Vec::new(), Vec::new());
+    for k in 0..injections {
+        let i = picked.swap_remove(rng.random_range(0..picked.len()));
+        let name = node_name(i);
+        let t0 = Instant::now();
+        fleet.change(i, |doc| {
+            let d = &mut doc.npus[k % 8];
+            d.status = DeviceStatus::Failed;
+            d.reason = Some("xid-79".into());
+            d.findings = vec![Finding {
+                code: "xid-79".into(),
+                status: DeviceStatus::Failed,
+                detail: String::new(),
+            }];
+        });
+        let mut tainted = None;
+        loop {
+            if tainted.is_none()
+                && server
+                    .get("nodes", "", &name)
+                    .is_some_and(|n| n["spec"]["taints"].as_array().is_some_and(|t| !t.is_empty()))
+            {
+                tainted = Some(t0.elapsed());
+            }
+            if server.get("pods", "default", &format!("train-{i}")).is_none() {
+                taint.push(tainted.unwrap_or_else(|| t0.elapsed()));
+                evict.push(t0.elapsed());
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(15) {
+                bail!("{name} not remediated within 15 s");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..600))).await;
+    }
+    taint.sort();
+    evict.sort();
+    for (what, v) in [("taint", &taint), ("eviction of the GPU pod", &evict)] {
+        println!(
+            "| fault to {what}, {nodes} nodes x 8 devices, {injections} hard faults (up to {injections} nodes quarantined) | p50 {:.0} ms, p95 {:.0} ms, p99 {:.0} ms, max {:.0} ms |",
+            pct(v, 0.5),
+            pct(v, 0.95),
+            pct(v, 0.99),
+            v.last().unwrap().as_secs_f64() * 1e3,
+        );
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -392,8 +494,15 @@ async fn main() -> Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(5000);
     println!("| measure | result |\n|---|---|");
+    let n_rem: usize = std::env::var("BENCH_REMEDIATION_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
     if n_lat > 0 {
         latency(agg, n_lat, 100.min(n_lat)).await?;
+    }
+    if n_rem > 0 {
+        remediation(agg, n_rem, 100.min(n_rem)).await?;
     }
     footprint(agg, n_big, 16, 30).await?;
     Ok(())
