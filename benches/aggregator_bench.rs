@@ -447,13 +447,18 @@ async fn remediation(agg: &str, nodes: usize, injections: usize) -> Result<()> {
         let mut tainted = None;
         loop {
             if tainted.is_none()
-                && server
-                    .get("nodes", "", &name)
-                    .is_some_and(|n| n["spec"]["taints"].as_array().is_some_and(|t| !t.is_empty()))
+                && server.get("nodes", "", &name).is_some_and(|n| {
+                    n["spec"]["taints"]
+                        .as_array()
+                        .is_some_and(|t| !t.is_empty())
+                })
             {
                 tainted = Some(t0.elapsed());
             }
-            if server.get("pods", "default", &format!("train-{i}")).is_none() {
+            if server
+                .get("pods", "default", &format!("train-{i}"))
+                .is_none()
+            {
                 taint.push(tainted.unwrap_or_else(|| t0.elapsed()));
                 evict.push(t0.elapsed());
                 break;

@@ -143,15 +143,11 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
                     firing: a["status"].as_str() != Some("resolved"),
                     // A webhook retry repeats the alert at once; Alertmanager's own
                     // re-sends (group_interval, repeat_interval) come later and say
-                    // "still firing": those count.
+                    // "still firing": those count (see REPLAY).
                     occurrence: Some(format!(
-                        "{}@{}@{}",
+                        "{AM_PREFIX}{}@{}",
                         a["fingerprint"].as_str().unwrap_or_default(),
                         a["startsAt"].as_str().unwrap_or_default(),
-                        std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map(|d| d.as_secs() / 30)
-                            .unwrap_or(0)
                     )),
                 });
             }
@@ -164,6 +160,12 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
 }
 
 type Key = (String, String, String);
+
+/// Occurrence ids of Alertmanager alerts start with this.
+const AM_PREFIX: &str = "am:";
+/// An Alertmanager alert seen again within this is a retry of the same send; later it
+/// is a re-send of a still-firing alert, another observation.
+const REPLAY: Duration = Duration::from_secs(30);
 type Seen = VecDeque<(Instant, Option<String>)>;
 
 /// Where alerts of shards this replica does not hold go: the holder named by the
@@ -322,21 +324,28 @@ impl Intake {
             }
             Some(_) => {}
         }
+        // A replica handing alerts over adds a few fields: its body may be larger.
+        let forwarded = headers.contains_key(FORWARDED_HEADER);
+        let limit = if forwarded {
+            self.cfg.max_bytes.saturating_mul(4)
+        } else {
+            self.cfg.max_bytes
+        };
         let too_big = || {
             error(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("body larger than {} bytes", self.cfg.max_bytes),
+                format!("body larger than {limit} bytes"),
             )
         };
         if headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok())
-            .is_some_and(|n| n > self.cfg.max_bytes)
+            .is_some_and(|n| n > limit)
         {
             return too_big();
         }
-        let bytes = match axum::body::to_bytes(body, self.cfg.max_bytes).await {
+        let bytes = match axum::body::to_bytes(body, limit).await {
             Ok(b) => b,
             Err(_) => return too_big(),
         };
@@ -348,7 +357,6 @@ impl Intake {
         // Firing alerts of shards held elsewhere go to their holder first; if that
         // fails nothing here is counted either, and the sender's retry of the whole
         // body counts each alert once.
-        let forwarded = headers.contains_key(FORWARDED_HEADER);
         let (alerts, elsewhere): (Vec<Alert>, Vec<Alert>) = match &self.route {
             Some(r) if !forwarded => alerts.into_iter().partition(|a| {
                 !a.firing
@@ -358,6 +366,22 @@ impl Intake {
             }),
             _ => (alerts, Vec::new()),
         };
+        // Handed over to a replica that has lost the shard since: the sender retries
+        // (and reads the Lease again).
+        if let (Some(r), true) = (&self.route, forwarded) {
+            if let Some(a) = alerts.iter().find(|a| {
+                a.firing
+                    && !a.node.is_empty()
+                    && !r
+                        .held
+                        .holds(faultline_common::fault::shard_of(&a.node, r.shards))
+            }) {
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("no longer the holder of {}'s shard; retry", a.node),
+                );
+            }
+        }
         if let Some(route) = self.route.as_ref().filter(|_| !elsewhere.is_empty()) {
             let mut by_shard: std::collections::BTreeMap<u32, Vec<Alert>> = Default::default();
             for a in elsewhere {
@@ -452,9 +476,17 @@ impl Intake {
             {
                 q.pop_front();
             }
-            // The same occurrence again (a sender's retry): not a new observation.
-            if a.occurrence.is_some() && q.iter().any(|(_, o)| *o == a.occurrence) {
-                return "duplicates";
+            // The same occurrence again (a sender's retry): not a new observation. A
+            // GPUAlert's `time` names its sample for good; an Alertmanager alert is the
+            // same send only within REPLAY of when it was last seen.
+            if let Some(occ) = &a.occurrence {
+                let horizon = occ.starts_with(AM_PREFIX).then_some(REPLAY);
+                if q.iter().any(|(t, o)| {
+                    o.as_deref() == Some(occ.as_str())
+                        && horizon.is_none_or(|h| now.duration_since(*t) < h)
+                }) {
+                    return "duplicates";
+                }
             }
             q.push_back((now, a.occurrence.clone()));
             if q.len() < self.cfg.threshold.max(1) {
@@ -503,6 +535,10 @@ mod tests {
         assert_eq!(a[0].metric, "GpuXid");
         assert_eq!(a[0].value.as_deref(), Some("79"));
         assert!(a[0].firing && !a[1].firing);
+        // The same Alertmanager alert parsed again is the same occurrence.
+        let again = parse(am).unwrap();
+        assert_eq!(a[0].occurrence, again[0].occurrence);
+        assert!(a[0].occurrence.as_deref().unwrap().starts_with(AM_PREFIX));
         assert!(parse(b"{not json").unwrap_err().contains("malformed JSON"));
         assert!(parse(br#"{"node_name":"x"}"#)
             .unwrap_err()

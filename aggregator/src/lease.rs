@@ -178,12 +178,20 @@ impl ShardLeases {
                         }
                         spec.renew_time = Some(now_micro());
                         spec.lease_duration_seconds = Some(cfg.duration.as_secs() as i32);
-                        if let Some(u) = &self.url {
-                            lease
-                                .metadata
-                                .annotations
-                                .get_or_insert_with(Default::default)
-                                .insert(URL_ANNOTATION.to_string(), u.clone());
+                        // The holder's URL, or none: never the previous holder's.
+                        match &self.url {
+                            Some(u) => {
+                                lease
+                                    .metadata
+                                    .annotations
+                                    .get_or_insert_with(Default::default)
+                                    .insert(URL_ANNOTATION.to_string(), u.clone());
+                            }
+                            None => {
+                                if let Some(a) = lease.metadata.annotations.as_mut() {
+                                    a.remove(URL_ANNOTATION);
+                                }
+                            }
                         }
                         // The resourceVersion we read makes this a compare-and-swap.
                         api.replace(&lname, &PostParams::default(), &lease)

@@ -151,14 +151,20 @@ enum Sink {
 /// shard over (the kubelet's verdicts are sent again on every re-list while they hold).
 type Pending = Arc<Mutex<BTreeMap<String, (Instant, Vec<remediate::RecordDevice>)>>>;
 
-/// Start isolating each of `nodes` that has failed devices (the pipeline's, and those
-/// pending from the intake), in the shard holder only, one pass per node at a time.
+/// One pass per node of `nodes`, in the shard holder only, one at a time per node:
+/// for a quarantined node first the release check (a person's request, the unknown
+/// guard lifting, `--release auto`); then, for failed devices (the pipeline's and those
+/// pending from the intake), isolation; then evictions (also for quarantined nodes that
+/// nothing says failed now: a budget may still hold a pod back). One task per node, so
+/// a release is never skipped because an isolation pass of the same node is running.
 fn remediate_nodes(
     sink: &Sink,
     pipeline: &Pipeline,
     in_flight: &Arc<Mutex<std::collections::BTreeSet<String>>>,
     pending: &Pending,
     nodes: Vec<String>,
+    // Nodes that just turned failed (they may feed the circuit breaker).
+    fresh: bool,
     metrics: &Arc<Metrics>,
 ) {
     let Sink::ConfigMap {
@@ -170,8 +176,6 @@ fn remediate_nodes(
     else {
         return;
     };
-    // Quarantined nodes get eviction passes even when nothing says failed now (an
-    // alert's verdict, a budget still holding a pod back).
     let quarantined: std::collections::BTreeSet<String> =
         r.known_quarantined().into_iter().collect();
     for node in nodes {
@@ -198,6 +202,11 @@ fn remediate_nodes(
         {
             continue;
         }
+        let views = if quarantined.contains(&node) {
+            Some(pipeline.device_views(&node))
+        } else {
+            None
+        };
         let (r, held, in_flight, pending, metrics) = (
             r.clone(),
             held.clone(),
@@ -208,6 +217,27 @@ fn remediate_nodes(
         tokio::spawn(async move {
             let fence = move || held.holds(shard);
             let t0 = Instant::now();
+            if let Some(views) = views {
+                match r.release_pass_fenced(&node, &views, now_ms(), &fence).await {
+                    Ok(remediate::Outcome::Released) => {
+                        tracing::debug!(node = %node, "released");
+                        in_flight
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .remove(&node);
+                        return;
+                    }
+                    Ok(outcome) => tracing::debug!(node = %node, ?outcome, "release pass"),
+                    Err(e) => {
+                        tracing::warn!(node = %node, error = %e, "release pass failed; the next one retries")
+                    }
+                }
+            }
+            if fresh && !devices.is_empty() {
+                if let Err(e) = r.note_new_failure(&node).await {
+                    tracing::warn!(node = %node, error = %e, "cannot update the circuit breaker");
+                }
+            }
             // Isolate first (no new pods land there), then move the workloads off.
             let isolated = if devices.is_empty() {
                 Ok(remediate::Outcome::AlreadyDone)
@@ -261,68 +291,20 @@ fn remediate_nodes(
     }
 }
 
-/// One release pass over the quarantined nodes of held shards: a person's request, the
-/// unknown guard lifting, or `--release auto` (health, cool-down, canary).
-fn release_nodes(
-    sink: &Sink,
-    pipeline: &Pipeline,
-    in_flight: &Arc<Mutex<std::collections::BTreeSet<String>>>,
-) {
+/// List the quarantined nodes (the next reconcile's release checks and eviction passes
+/// work from this list; the gauges are updated).
+fn refresh_quarantined(sink: &Sink) {
     let Sink::ConfigMap {
-        held,
-        shards,
         remediator: Some(r),
         ..
     } = sink
     else {
         return;
     };
-    // What the pipeline knows of the nodes quarantined at the last listing.
-    let views: BTreeMap<String, Vec<remediate::DeviceView>> = r
-        .known_quarantined()
-        .into_iter()
-        .map(|n| {
-            let v = pipeline.device_views(&n);
-            (n, v)
-        })
-        .collect();
-    let (r, held, in_flight, shards) = (r.clone(), held.clone(), in_flight.clone(), *shards);
+    let r = r.clone();
     tokio::spawn(async move {
-        let nodes = match r.list_quarantined().await {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list quarantined nodes");
-                return;
-            }
-        };
-        for n in nodes {
-            let Some(node) = n.metadata.name.clone() else {
-                continue;
-            };
-            let shard = shard_of(&node, shards);
-            if !held.holds(shard)
-                || !in_flight
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(node.clone())
-            {
-                continue;
-            }
-            let fence = {
-                let held = held.clone();
-                move || held.holds(shard)
-            };
-            let v = views.get(&node).cloned().unwrap_or_default();
-            match r.release_pass_fenced(&node, &v, now_ms(), &fence).await {
-                Ok(outcome) => tracing::debug!(node = %node, ?outcome, "release pass"),
-                Err(e) => {
-                    tracing::warn!(node = %node, error = %e, "release pass failed; the next one retries")
-                }
-            }
-            in_flight
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&node);
+        if let Err(e) = r.list_quarantined().await {
+            tracing::warn!(error = %e, "cannot list quarantined nodes");
         }
     });
 }
@@ -686,7 +668,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         dirty |= !c.nodes.is_empty();
                         urgent |= c.urgent;
                         if c.urgent {
-                            remediate_nodes(&sink, &pipeline, &remediating, &pending, c.alarming.clone(), &metrics);
+                            remediate_nodes(&sink, &pipeline, &remediating, &pending, c.alarming.clone(), true, &metrics);
                         }
                         alarming.extend(c.alarming);
                     }
@@ -695,7 +677,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         dirty |= !c.nodes.is_empty() || failed.load(std::sync::atomic::Ordering::Acquire);
                         urgent |= c.urgent;
                         if c.urgent {
-                            remediate_nodes(&sink, &pipeline, &remediating, &pending, c.alarming.clone(), &metrics);
+                            remediate_nodes(&sink, &pipeline, &remediating, &pending, c.alarming.clone(), true, &metrics);
                         }
                         alarming.extend(c.alarming);
                         if last_reconcile.elapsed() >= cfg.reconcile_interval {
@@ -716,9 +698,9 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                                     }
                                 }
                             }
-                            remediate_nodes(&sink, &pipeline, &remediating, &pending, nodes, &metrics);
+                            remediate_nodes(&sink, &pipeline, &remediating, &pending, nodes, false, &metrics);
                             guard_unknown_nodes(&sink, &pipeline, &remediating, cfg.unknown_tolerance);
-                            release_nodes(&sink, &pipeline, &remediating);
+                            refresh_quarantined(&sink);
                         }
                         // A shard just taken is written at once.
                         if let Sink::ConfigMap { held, .. } = &sink {
@@ -745,7 +727,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                                 list.push(v.device);
                             }
                         }
-                        remediate_nodes(&sink, &pipeline, &remediating, &pending, vec![v.node], &metrics);
+                        remediate_nodes(&sink, &pipeline, &remediating, &pending, vec![v.node], true, &metrics);
                     }
                     r = rules_rx.changed() => {
                         if r.is_ok() {

@@ -216,6 +216,16 @@ impl Metrics {
             m.lease_errors.clone(),
         );
         registry.register(
+            "pod_nudges",
+            "Pod annotation nudges by result (ok, error, rate-limited)",
+            m.nudges.clone(),
+        );
+        registry.register(
+            "write_conflicts",
+            "Shard ConfigMap writes answered 409 (retried from the live object)",
+            m.write_conflicts.clone(),
+        );
+        registry.register(
             "discovery_errors",
             "Node list requests that failed",
             m.discovery_errors.clone(),

@@ -1502,6 +1502,20 @@ impl Remediator {
         Ok(Outcome::Released)
     }
 
+    /// Note a node whose device just turned failed, if it is not quarantined for a
+    /// failure already (an unknown-only guard does not count): a repeated verdict or a
+    /// second device of a quarantined node is not a new failed node for the breaker.
+    pub async fn note_new_failure(&self, node: &str) -> Result<(), RemediateError> {
+        if self.breaker.is_none() {
+            return Ok(());
+        }
+        let live = self.nodes.get(node).await?;
+        if Self::record_of(&live)?.is_some_and(|r| !r.unknown_only) {
+            return Ok(());
+        }
+        self.note_failure(node).await
+    }
+
     /// Note a node that just failed (feeds the breaker).
     pub async fn note_failure(&self, node: &str) -> Result<(), RemediateError> {
         if let Some(b) = &self.breaker {
@@ -2186,14 +2200,6 @@ impl Remediator {
         // are taken one at a time in this replica (check, then write), so concurrent
         // passes cannot all see room for one more. (Replicas decide for their own shards;
         // across replicas the count can exceed the budget by at most replicas - 1.)
-        // A node not quarantined yet is a new failure for the breaker (one that is, or
-        // a repeated verdict, is not), and the breaker may open on it.
-        if existing.is_none() && !has_taint {
-            self.note_failure(node).await?;
-            if self.breaker_open().await? {
-                return Ok(Outcome::BreakerOpen);
-            }
-        }
         let _budget_turn = if existing.is_none() && !has_taint && self.mode == Mode::Enforce {
             let turn = self.budget_turn.lock().await;
             if let Some(why) = self.over_budget(&live).await? {
