@@ -78,7 +78,12 @@ impl Aggregator {
 #[derive(Clone)]
 struct ApiState {
     metrics: Arc<Metrics>,
+    /// The file sink's last document (it is built for the files anyway).
     latest: Arc<Mutex<Option<Arc<FaultDocument>>>>,
+    /// The ConfigMap sink builds the whole document only when someone asks.
+    asks: mpsc::Sender<tokio::sync::oneshot::Sender<Arc<FaultDocument>>>,
+    /// A first document was written.
+    ready: Arc<std::sync::atomic::AtomicBool>,
     intake: Option<Arc<intake::Intake>>,
 }
 
@@ -599,9 +604,13 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
     drop(verdict_tx);
 
     let latest: Arc<Mutex<Option<Arc<FaultDocument>>>> = Arc::new(Mutex::new(None));
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (asks, mut asked) = mpsc::channel::<tokio::sync::oneshot::Sender<Arc<FaultDocument>>>(64);
     let app = router(ApiState {
         metrics: metrics.clone(),
         latest: latest.clone(),
+        asks,
+        ready: ready.clone(),
         intake: intake.map(Arc::new),
     });
     {
@@ -729,6 +738,10 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                         }
                         remediate_nodes(&sink, &pipeline, &remediating, &pending, vec![v.node], true, &metrics);
                     }
+                    // GET /v1/faults with the ConfigMap sink: the whole document, now.
+                    Some(reply) = asked.recv() => {
+                        let _ = reply.send(Arc::new(document(&pipeline, sequence, &cfg.replica, 0, 1)));
+                    }
                     r = rules_rx.changed() => {
                         if r.is_ok() {
                             pipeline.set_rules(rules_rx.borrow_and_update().clone());
@@ -739,10 +752,11 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                             tracing::debug!("the last write failed; this one retries it");
                         }
                         sequence += 1;
-                        let whole = Arc::new(document(&pipeline, sequence, &cfg.replica, 0, 1));
-                        *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(whole.clone());
+                        ready.store(true, std::sync::atomic::Ordering::Release);
                         writing = Some(match &sink {
                             Sink::File(out) => {
+                                let whole = Arc::new(document(&pipeline, sequence, &cfg.replica, 0, 1));
+                                *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(whole.clone());
                                 let (out, metrics, failed) = (out.clone(), metrics.clone(), failed.clone());
                                 tokio::task::spawn_blocking(move || {
                                     let t = Instant::now();
@@ -868,7 +882,7 @@ fn router(state: ApiState) -> Router {
 }
 
 async fn ready(State(s): State<ApiState>) -> Response {
-    if s.latest.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+    if s.ready.load(std::sync::atomic::Ordering::Acquire) {
         Json(json!({"ready": true})).into_response()
     } else {
         (
@@ -909,13 +923,27 @@ async fn alerts(
 }
 
 async fn faults(State(s): State<ApiState>) -> Response {
-    match s.latest.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-        Some(d) => Json(d.as_ref().clone()).into_response(),
-        None => (
+    let not_yet = || {
+        (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"error": "no document yet", "status": 503})),
         )
-            .into_response(),
+            .into_response()
+    };
+    if !s.ready.load(std::sync::atomic::Ordering::Acquire) {
+        return not_yet();
+    }
+    let cached = s.latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if let Some(d) = cached {
+        return Json(d.as_ref().clone()).into_response();
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if s.asks.send(tx).await.is_err() {
+        return not_yet();
+    }
+    match tokio::time::timeout(Duration::from_secs(10), rx).await {
+        Ok(Ok(d)) => Json(d.as_ref().clone()).into_response(),
+        _ => not_yet(),
     }
 }
 

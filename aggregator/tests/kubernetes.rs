@@ -167,6 +167,20 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
     })
     .await;
     assert!(!annotated("done") && !annotated("other"));
+
+    // The whole document over the API, built when asked (all shards this replica holds).
+    assert!(get_text(&format!("http://{}/readyz", agg.addr))
+        .await
+        .contains("\"ready\":true"));
+    let whole: Value =
+        serde_json::from_str(&get_text(&format!("http://{}/v1/faults", agg.addr)).await).unwrap();
+    assert_eq!(whole["summary"]["total"], 12);
+    assert_eq!(whole["summary"]["failed"], 1);
+    assert!(whole["nodes"]["n2"]["npus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["id"] == "gpu1" && d["status"] == "failed"));
     agg.cancel_token().cancel();
 }
 
