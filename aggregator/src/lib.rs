@@ -149,6 +149,38 @@ enum Sink {
     },
 }
 
+/// The nodes with a pass running: one pass per node at a time.
+#[derive(Clone, Default)]
+struct InFlight(Arc<Mutex<std::collections::BTreeSet<String>>>);
+
+/// A node's turn, given back when dropped (however the pass ends).
+struct Slot(InFlight, String);
+
+impl InFlight {
+    /// The node's turn, unless a pass of it is running.
+    fn take(&self, node: &str) -> Option<Slot> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node.to_string())
+            .then(|| Slot(self.clone(), node.to_string()))
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        (self.0)
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.1);
+    }
+}
+
 /// Devices judged failed by the intake or the kubelet, per node (with the time of the
 /// last verdict), until a pass has recorded them on the Node; a pass that fails keeps
 /// them for the next one. A verdict older than the dedup window is dropped: one for a
@@ -165,7 +197,7 @@ type Pending = Arc<Mutex<BTreeMap<String, (Instant, Vec<remediate::RecordDevice>
 fn remediate_nodes(
     sink: &Sink,
     pipeline: &Pipeline,
-    in_flight: &Arc<Mutex<std::collections::BTreeSet<String>>>,
+    in_flight: &InFlight,
     pending: &Pending,
     nodes: Vec<String>,
     // Nodes that just turned failed (they may feed the circuit breaker).
@@ -200,36 +232,24 @@ fn remediate_nodes(
         if (devices.is_empty() && !quarantined.contains(&node)) || !held.holds(shard) {
             continue;
         }
-        if !in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(node.clone())
-        {
+        let Some(slot) = in_flight.take(&node) else {
             continue;
-        }
+        };
         let views = if quarantined.contains(&node) {
             Some(pipeline.device_views(&node))
         } else {
             None
         };
-        let (r, held, in_flight, pending, metrics) = (
-            r.clone(),
-            held.clone(),
-            in_flight.clone(),
-            pending.clone(),
-            metrics.clone(),
-        );
+        let (r, held, pending, metrics) =
+            (r.clone(), held.clone(), pending.clone(), metrics.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             let fence = move || held.holds(shard);
             let t0 = Instant::now();
             if let Some(views) = views {
                 match r.release_pass_fenced(&node, &views, now_ms(), &fence).await {
                     Ok(remediate::Outcome::Released) => {
                         tracing::debug!(node = %node, "released");
-                        in_flight
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .remove(&node);
                         return;
                     }
                     Ok(outcome) => tracing::debug!(node = %node, ?outcome, "release pass"),
@@ -288,10 +308,6 @@ fn remediate_nodes(
                 metrics.action("quarantine", "error");
                 tracing::warn!(node = %node, error = %e, "remediation pass failed; the next one retries");
             }
-            in_flight
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&node);
         });
     }
 }
@@ -319,7 +335,7 @@ fn refresh_quarantined(sink: &Sink) {
 fn guard_unknown_nodes(
     sink: &Sink,
     pipeline: &Pipeline,
-    in_flight: &Arc<Mutex<std::collections::BTreeSet<String>>>,
+    in_flight: &InFlight,
     tolerance: Duration,
 ) {
     let Sink::ConfigMap {
@@ -338,15 +354,12 @@ fn guard_unknown_nodes(
         if devices.is_empty() || !held.holds(shard) {
             continue;
         }
-        if !in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(node.clone())
-        {
+        let Some(slot) = in_flight.take(node) else {
             continue;
-        }
-        let (r, held, in_flight, node) = (r.clone(), held.clone(), in_flight.clone(), node.clone());
+        };
+        let (r, held, node) = (r.clone(), held.clone(), node.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             let fence = move || held.holds(shard);
             match r.guard_unknown_fenced(&node, devices, &fence).await {
                 Ok(outcome) => tracing::debug!(node = %node, ?outcome, "unknown guard pass"),
@@ -354,10 +367,6 @@ fn guard_unknown_nodes(
                     tracing::warn!(node = %node, error = %e, "unknown guard pass failed; the next one retries")
                 }
             }
-            in_flight
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&node);
         });
     }
 }
@@ -643,7 +652,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
             let mut alarming: std::collections::BTreeSet<String> = Default::default();
             // Nodes being remediated now, and when every failed node was last looked at
             // (a new holder of a shard finishes what the last one started).
-            let remediating: Arc<Mutex<std::collections::BTreeSet<String>>> = Default::default();
+            let remediating = InFlight::default();
             let pending: Pending = Default::default();
             let mut last_reconcile = Instant::now();
             loop {
@@ -841,7 +850,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
             // the Leases are released and the next holder continues from the records.
             let deadline = Instant::now() + cfg.shutdown_timeout;
             loop {
-                let left = remediating.lock().unwrap_or_else(|p| p.into_inner()).len();
+                let left = remediating.len();
                 if left == 0 {
                     break;
                 }

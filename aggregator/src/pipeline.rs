@@ -63,6 +63,21 @@ pub struct Pipeline {
     metrics: Arc<Metrics>,
 }
 
+/// A device of `n` for a quarantine record, with the UUID and bus id of its last
+/// reading; the verdict is the agent's (through this pipeline).
+fn record_device(n: &Node, id: &str, reason: String) -> crate::remediate::RecordDevice {
+    let last = n
+        .doc
+        .as_ref()
+        .and_then(|doc| doc.npus.iter().find(|x| x.reading.id == id));
+    crate::remediate::RecordDevice {
+        uuid: last.and_then(|l| l.reading.uuid.clone()),
+        pci_bus_id: last.and_then(|l| l.reading.pci_bus_id.clone()),
+        source: Some("agent".into()),
+        ..crate::remediate::RecordDevice::new(id, reason)
+    }
+}
+
 fn rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
         .to_string()
@@ -326,21 +341,7 @@ impl Pipeline {
         n.devices
             .iter()
             .filter(|(_, d)| d.state.status == DeviceStatus::Failed)
-            .map(|(id, d)| {
-                let last = n
-                    .doc
-                    .as_ref()
-                    .and_then(|doc| doc.npus.iter().find(|x| x.reading.id == *id));
-                crate::remediate::RecordDevice {
-                    uuid: last.and_then(|l| l.reading.uuid.clone()),
-                    pci_bus_id: last.and_then(|l| l.reading.pci_bus_id.clone()),
-                    source: Some("agent".into()),
-                    ..crate::remediate::RecordDevice::new(
-                        id.clone(),
-                        d.state.reason.clone().unwrap_or_default(),
-                    )
-                }
-            })
+            .map(|(id, d)| record_device(n, id, d.state.reason.clone().unwrap_or_default()))
             .collect()
     }
 
@@ -367,10 +368,10 @@ impl Pipeline {
                 d.state.status == DeviceStatus::Unknown
                     && now_ms.saturating_sub(d.state.since_ms) >= tolerance_ms
             })
-            .map(|(id, d)| crate::remediate::RecordDevice {
-                source: Some("agent".into()),
-                ..crate::remediate::RecordDevice::new(
-                    id.clone(),
+            .map(|(id, d)| {
+                record_device(
+                    n,
+                    id,
                     d.state.reason.clone().unwrap_or_else(|| "unknown".into()),
                 )
             })
@@ -385,21 +386,11 @@ impl Pipeline {
         };
         n.devices
             .iter()
-            .map(|(id, d)| {
-                let last = n
-                    .doc
-                    .as_ref()
-                    .and_then(|doc| doc.npus.iter().find(|x| x.reading.id == *id));
-                crate::remediate::DeviceView {
-                    device: crate::remediate::RecordDevice {
-                        uuid: last.and_then(|l| l.reading.uuid.clone()),
-                        pci_bus_id: last.and_then(|l| l.reading.pci_bus_id.clone()),
-                        ..crate::remediate::RecordDevice::new(id.clone(), "")
-                    },
-                    status: d.state.status,
-                    clean_streak: d.state.clean_streak,
-                    since_ms: d.state.since_ms,
-                }
+            .map(|(id, d)| crate::remediate::DeviceView {
+                device: record_device(n, id, d.state.reason.clone().unwrap_or_default()),
+                status: d.state.status,
+                clean_streak: d.state.clean_streak,
+                since_ms: d.state.since_ms,
             })
             .collect()
     }

@@ -814,6 +814,13 @@ fn canary_job(
     job
 }
 
+/// Seconds since an RFC 3339 time (negative when it is in the future).
+fn age_secs(at: &str) -> Option<f64> {
+    at.parse::<Timestamp>()
+        .ok()
+        .map(|t| Timestamp::now().duration_since(t).as_secs_f64())
+}
+
 fn now() -> String {
     Timestamp::now().to_string()
 }
@@ -971,10 +978,7 @@ impl Remediator {
         devices: Vec<RecordDevice>,
     ) -> Vec<RecordDevice> {
         let window = self.release.dedup_window.as_secs_f64();
-        let recent = |at: &str| {
-            at.parse::<Timestamp>()
-                .is_ok_and(|t| Timestamp::now().duration_since(t).as_secs_f64() < window)
-        };
+        let recent = |at: &str| age_secs(at).is_some_and(|a| a < window);
         let mut released: Vec<&RecordDevice> = Vec::new();
         let history = history_of(live);
         if let Some(last) = history.last() {
@@ -1070,7 +1074,7 @@ impl Remediator {
         let expired = record
             .expiry
             .as_deref()
-            .is_some_and(|e| e.parse::<Timestamp>().is_ok_and(|t| Timestamp::now() >= t));
+            .is_some_and(|e| age_secs(e).is_some_and(|a| a >= 0.0));
         if let (Outcome::Waiting(why), true, Mode::Enforce) = (&outcome, expired, self.mode) {
             // Read again: the check may have written the record (a canary).
             let live = self.nodes.get(node).await?;
@@ -1101,6 +1105,31 @@ impl Remediator {
             }
         }
         Ok(outcome)
+    }
+
+    /// A new record of `devices` on `node`, first seen `now`, by this replica: nothing
+    /// owned or done yet.
+    fn new_record(&self, node: &str, devices: Vec<RecordDevice>, now: &str) -> QuarantineRecord {
+        QuarantineRecord {
+            node: node.to_string(),
+            fingerprint: fingerprint(node, &devices),
+            devices,
+            source: "faultline-aggregator".into(),
+            first_seen: now.to_string(),
+            last_seen: now.to_string(),
+            actor: self.actor.clone(),
+            expiry: Some(self.expiry_from_now()),
+            owned_taint: None,
+            owned_label: false,
+            actions: vec![],
+            evicted: vec![],
+            eviction_blocked: BTreeMap::new(),
+            unknown_only: false,
+            released_devices: BTreeMap::new(),
+            canary: None,
+            canary_attempts: 0,
+            released: None,
+        }
     }
 
     fn expiry_from_now(&self) -> String {
@@ -1176,11 +1205,7 @@ impl Remediator {
         // The canary: start one, or read the one running.
         let jobs: Api<k8s_openapi::api::batch::v1::Job> =
             Api::namespaced(self.client.clone(), &canary.namespace);
-        let since = |at: &str| {
-            at.parse::<Timestamp>()
-                .map(|t| Timestamp::now().duration_since(t).as_secs_f64())
-                .unwrap_or(f64::MAX)
-        };
+        let since = |at: &str| age_secs(at).unwrap_or(f64::MAX);
         match record.canary.clone() {
             Some(c) if c.state == "running" => {
                 let name = c.job.rsplit('/').next().unwrap_or_default().to_string();
@@ -1724,14 +1749,6 @@ impl Remediator {
             .as_ref()
             .is_some_and(|l| l.contains_key(DEVICES_LABEL));
         let record = QuarantineRecord {
-            node: node.to_string(),
-            devices: devices.clone(),
-            source: "faultline-aggregator".into(),
-            fingerprint: fingerprint(node, &devices),
-            first_seen: now.clone(),
-            last_seen: now.clone(),
-            actor: self.actor.clone(),
-            expiry: Some(self.expiry_from_now()),
             owned_taint: Some(self.taint.key.clone()),
             owned_label: label_free,
             actions: vec![Action {
@@ -1739,13 +1756,8 @@ impl Remediator {
                 at: now.clone(),
                 actor: self.actor.clone(),
             }],
-            evicted: vec![],
-            eviction_blocked: BTreeMap::new(),
             unknown_only: true,
-            released_devices: BTreeMap::new(),
-            canary: None,
-            canary_attempts: 0,
-            released: None,
+            ..self.new_record(node, devices.clone(), &now)
         };
         let mut t = taints;
         t.push(Taint {
@@ -1852,10 +1864,7 @@ impl Remediator {
                         .or_insert_with(now)
                         .clone();
                     changed = true;
-                    let waited = since
-                        .parse::<Timestamp>()
-                        .map(|t| Timestamp::now().duration_since(t).as_secs_f64())
-                        .unwrap_or(0.0);
+                    let waited = age_secs(&since).unwrap_or(0.0);
                     if waited >= self.eviction_deadline.as_secs_f64() && self.force_delete {
                         // Explicitly configured: past the deadline the pod is deleted
                         // (with its grace period), its budget notwithstanding.
@@ -1969,32 +1978,18 @@ impl Remediator {
         {
             return false;
         }
-        let t = Time(Timestamp::now());
-        let ev = Event {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..Default::default()
-            },
-            involved_object: ObjectReference {
+        let ev = self.event_object(
+            name.clone(),
+            ObjectReference {
                 kind: Some("Node".into()),
                 name: Some(node.to_string()),
                 api_version: Some("v1".into()),
                 ..Default::default()
             },
-            reason: Some(reason.to_string()),
-            message: Some(message.clone()),
-            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
-            source: Some(EventSource {
-                component: Some("faultline-aggregator".into()),
-                host: None,
-            }),
-            first_timestamp: Some(t.clone()),
-            last_timestamp: Some(t),
-            count: Some(1),
-            reporting_component: Some("faultline-aggregator".into()),
-            reporting_instance: Some(self.actor.clone()),
-            ..Default::default()
-        };
+            reason,
+            message.clone(),
+            warning,
+        );
         let mut created = false;
         for attempt in 0..3u32 {
             match self.events.create(&PostParams::default(), &ev).await {
@@ -2038,43 +2033,25 @@ impl Remediator {
         created
     }
 
-    /// The Event on the evicted Pod itself (its owners see it with `kubectl describe`).
-    /// Best effort and named by the pod's UID, like the Node's Events.
-    async fn pod_event(&self, pod: &Pod, devices: &[RecordDevice]) {
-        let (Some(name), Some(ns)) = (
-            pod.metadata.name.as_deref(),
-            pod.metadata.namespace.as_deref(),
-        ) else {
-            return;
-        };
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+    /// An Event named `name` about `object`, reported by this replica.
+    fn event_object(
+        &self,
+        name: String,
+        object: ObjectReference,
+        reason: &str,
+        message: String,
+        warning: bool,
+    ) -> Event {
         let t = Time(Timestamp::now());
-        let ev = Event {
+        Event {
             metadata: ObjectMeta {
-                name: Some(format!(
-                    "{name}.faultline.{:016x}",
-                    faultline_common::fault::fnv1a64(format!("evicted\0{uid}").as_bytes())
-                )),
+                name: Some(name),
                 ..Default::default()
             },
-            involved_object: ObjectReference {
-                kind: Some("Pod".into()),
-                name: Some(name.to_string()),
-                namespace: Some(ns.to_string()),
-                uid: Some(uid),
-                api_version: Some("v1".into()),
-                ..Default::default()
-            },
-            reason: Some("FaultlineEvicted".into()),
-            message: Some(format!(
-                "evicted from {}: {}",
-                pod.spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_deref())
-                    .unwrap_or(""),
-                describe(devices)
-            )),
-            type_: Some("Warning".into()),
+            involved_object: object,
+            reason: Some(reason.to_string()),
+            message: Some(message),
+            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
             source: Some(EventSource {
                 component: Some("faultline-aggregator".into()),
                 host: None,
@@ -2085,7 +2062,43 @@ impl Remediator {
             reporting_component: Some("faultline-aggregator".into()),
             reporting_instance: Some(self.actor.clone()),
             ..Default::default()
+        }
+    }
+
+    /// The Event on the evicted Pod itself (its owners see it with `kubectl describe`).
+    /// Best effort and named by the pod's UID, like the Node's Events.
+    async fn pod_event(&self, pod: &Pod, devices: &[RecordDevice]) {
+        let (Some(name), Some(ns)) = (
+            pod.metadata.name.as_deref(),
+            pod.metadata.namespace.as_deref(),
+        ) else {
+            return;
         };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let ev = self.event_object(
+            format!(
+                "{name}.faultline.{:016x}",
+                faultline_common::fault::fnv1a64(format!("evicted\0{uid}").as_bytes())
+            ),
+            ObjectReference {
+                kind: Some("Pod".into()),
+                name: Some(name.to_string()),
+                namespace: Some(ns.to_string()),
+                uid: Some(uid),
+                api_version: Some("v1".into()),
+                ..Default::default()
+            },
+            "FaultlineEvicted",
+            format!(
+                "evicted from {}: {}",
+                pod.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .unwrap_or(""),
+                describe(devices)
+            ),
+            true,
+        );
         let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
         match api.create(&PostParams::default(), &ev).await {
             Ok(_) => {}
@@ -2170,11 +2183,9 @@ impl Remediator {
             // costs one create answered 409.
             // Only while the record is young: Events expire (1 h by default), and an old
             // quarantine was announced long ago.
-            let young = existing.as_ref().is_some_and(|r| {
-                r.first_seen.parse::<Timestamp>().is_ok_and(|t| {
-                    Timestamp::now().duration_since(t).as_secs_f64() < ANNOUNCE_RETRY_SECS
-                })
-            });
+            let young = existing
+                .as_ref()
+                .is_some_and(|r| age_secs(&r.first_seen).is_some_and(|a| a < ANNOUNCE_RETRY_SECS));
             if let Some(r) = existing.as_ref().filter(|r| !r.unknown_only && young) {
                 self.event(
                     node,
@@ -2234,26 +2245,7 @@ impl Remediator {
         }
 
         let now = now();
-        let mut record = existing.unwrap_or_else(|| QuarantineRecord {
-            node: node.to_string(),
-            devices: vec![],
-            source: "faultline-aggregator".into(),
-            fingerprint: String::new(),
-            first_seen: now.clone(),
-            last_seen: now.clone(),
-            actor: self.actor.clone(),
-            expiry: Some(self.expiry_from_now()),
-            owned_taint: None,
-            owned_label: false,
-            actions: vec![],
-            evicted: vec![],
-            eviction_blocked: BTreeMap::new(),
-            unknown_only: false,
-            released_devices: BTreeMap::new(),
-            canary: None,
-            canary_attempts: 0,
-            released: None,
-        });
+        let mut record = existing.unwrap_or_else(|| self.new_record(node, vec![], &now));
         record.unknown_only = false;
         record.devices = devices;
         record.fingerprint = fp;

@@ -20,21 +20,6 @@ use support::*;
 const NS: &str = "faultline";
 const TAINT: &str = "nvidia.com/gpu-fault";
 
-async fn api_server() -> (ApiServer, String) {
-    let server = ApiServer::new();
-    server
-        .create("namespaces", "", json!({"metadata": {"name": NS}}))
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(faultline_test_apiserver::serve(
-        listener,
-        server.clone(),
-        tokio_util::sync::CancellationToken::new(),
-    ));
-    (server, url)
-}
-
 async fn aggregator(kube: &str, replica: &str, extra: &[&str]) -> faultline_aggregator::Aggregator {
     let mut args: Vec<String> = [
         "faultline-aggregator",
@@ -93,6 +78,35 @@ fn pod(name: &str, node: &str, gpu: bool, holds: Option<(&str, &str)>) -> Value 
     p
 }
 
+/// The intake's token in a file (a mounted Secret); keep the directory alive.
+fn token_file() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    (dir, file)
+}
+
+/// `device` on the agent's node fails for good (a row remap failure).
+async fn fail(agent: &faultline_agent::Agent, device: &str) {
+    let body = format!(r#"{{"device":"{device}","fault":"row-remap-failure"}}"#);
+    assert_eq!(post(agent.addr, "/v1/sim/faults", &body).await, 201);
+}
+
+/// Wait until `replica` holds the shard's Lease; the Lease.
+async fn holds(server: &ApiServer, replica: &str) -> Value {
+    until(
+        Duration::from_secs(10),
+        "the replica holds the shard",
+        || {
+            server
+                .get("leases", NS, "faultline-shard-0")
+                .filter(|l| l["spec"]["holderIdentity"] == replica)
+        },
+    )
+    .await
+    .0
+}
+
 fn our_taints(server: &ApiServer, n: &str) -> usize {
     server.get("nodes", "", n).unwrap()["spec"]["taints"]
         .as_array()
@@ -119,17 +133,28 @@ fn events(server: &ApiServer, node: &str, reason: &str) -> usize {
         .count()
 }
 
-/// Successful eviction requests for a pod.
-fn evictions(server: &ApiServer, pod: &str) -> usize {
+/// Eviction requests for a pod answered `status`.
+fn eviction_calls(server: &ApiServer, pod: &str, status: u16) -> usize {
     server
         .calls()
         .iter()
         .filter(|c| {
             c.method == "POST"
                 && c.uri.contains(&format!("/pods/{pod}/eviction"))
-                && c.status == 201
+                && c.status == status
         })
         .count()
+}
+
+/// Successful eviction requests for a pod. (The test server deletes an evicted pod at
+/// once, so a second request would be answered 404: see `evicted_once`.)
+fn evictions(server: &ApiServer, pod: &str) -> usize {
+    eviction_calls(server, pod, 201)
+}
+
+/// The pod was evicted, and never asked to leave again once gone.
+fn evicted_once(server: &ApiServer, pod: &str) -> bool {
+    evictions(server, pod) == 1 && eviction_calls(server, pod, 404) == 0
 }
 
 fn record(server: &ApiServer, n: &str) -> Option<Value> {
@@ -179,9 +204,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     ] {
         server.create("pods", "default", p).unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "s3cret\n").unwrap();
+    let (_dir, token_file) = token_file();
     let agg = aggregator(
         &kube,
         "r1",
@@ -264,6 +287,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     assert!(taint_keys(&server, "n1").contains(&"other.example/maintenance".to_string()));
     assert_eq!(events(&server, "n1", "FaultlineQuarantined"), 1);
     assert_eq!(evictions(&server, "on-bad"), 1);
+    assert!(evicted_once(&server, "on-bad"));
     assert!(
         server.get("pods", "default", "on-good").is_some(),
         "pod on a healthy GPU stays"
@@ -320,12 +344,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     .await;
     let url = format!("http://{}/v1/alerts", agg.addr);
     // Until it holds the shard the intake answers 503 (retry): no holder to count.
-    until(Duration::from_secs(10), "r1 holds the shard again", || {
-        server
-            .get("leases", NS, "faultline-shard-0")
-            .filter(|l| l["spec"]["holderIdentity"] == "r1")
-    })
-    .await;
+    holds(&server, "r1").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (code, body) = call("POST", &url, Some("s3cret"), batch.clone()).await;
     assert_eq!(code, 202, "{body}");
@@ -334,6 +353,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     assert_eq!(our_taints(&server, "n1"), 1);
     assert_eq!(events(&server, "n1", "FaultlineQuarantined"), 1);
     assert_eq!(evictions(&server, "on-bad"), 1);
+    assert!(evicted_once(&server, "on-bad"));
     assert!(server.get("pods", "default", "on-good").is_some());
     agg.cancel_token().cancel();
     agg.wait().await;
@@ -391,15 +411,7 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
     let a1 = agent("n1").await;
     let agents = format!("http://{}", a1.addr);
     let agg = aggregator(&kube, "r1", &["--agents", &agents]).await;
-    assert_eq!(
-        post(
-            a1.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
-        )
-        .await,
-        201
-    );
+    fail(&a1, "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
         (our_taints(&server, "n1") == 1).then_some(())
     })
@@ -498,15 +510,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         ],
     )
     .await;
-    assert_eq!(
-        post(
-            a1.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
-        )
-        .await,
-        201
-    );
+    fail(&a1, "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
         (our_taints(&server, "n1") == 1).then_some(())
     })
@@ -590,22 +594,9 @@ async fn a_leader_killed_between_taint_and_evictions_is_finished_by_the_next() {
     let a1 = agent("n1").await;
     let agents = format!("http://{}", a1.addr);
     let r1 = aggregator(&kube, "r1", &["--agents", &agents]).await;
-    until(Duration::from_secs(10), "r1 holds the shard", || {
-        server
-            .get("leases", NS, "faultline-shard-0")
-            .filter(|l| l["spec"]["holderIdentity"] == "r1")
-    })
-    .await;
+    holds(&server, "r1").await;
     let r2 = aggregator(&kube, "r2", &["--agents", &agents]).await;
-    assert_eq!(
-        post(
-            a1.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
-        )
-        .await,
-        201
-    );
+    fail(&a1, "gpu1").await;
     until(Duration::from_secs(10), "tainted, eviction refused", || {
         (our_taints(&server, "n1") == 1
             && record(&server, "n1").is_some_and(|r| {
@@ -637,6 +628,7 @@ async fn a_leader_killed_between_taint_and_evictions_is_finished_by_the_next() {
     assert_eq!(our_taints(&server, "n1"), 1);
     assert_eq!(events(&server, "n1", "FaultlineQuarantined"), 1);
     assert_eq!(evictions(&server, "train"), 1);
+    assert!(evicted_once(&server, "train"));
     let r = record(&server, "n1").unwrap();
     let actions: Vec<(String, String)> = r["actions"]
         .as_array()
@@ -703,15 +695,7 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
         ..Default::default()
     });
     for a in &agents {
-        assert_eq!(
-            post(
-                a.addr,
-                "/v1/sim/faults",
-                r#"{"device":"gpu2","fault":"row-remap-failure"}"#
-            )
-            .await,
-            201
-        );
+        fail(a, "gpu2").await;
     }
     let healed = |n: &str| {
         our_taints(&server, n) >= 1
@@ -745,7 +729,8 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
             "{n}: one announcement"
         );
         assert!(
-            evictions(&server, &format!("gpu-{n}")) <= 1,
+            evictions(&server, &format!("gpu-{n}")) <= 1
+                && eviction_calls(&server, &format!("gpu-{n}"), 404) == 0,
             "{n}: evicted at most once"
         );
         assert!(server.get("pods", "default", &format!("cpu-{n}")).is_some());
@@ -780,9 +765,7 @@ async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
             pod("train", "n1", true, Some(("GPU-abc", "Healthy"))),
         )
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "s3cret").unwrap();
+    let (_dir, token_file) = token_file();
     let args = [
         "--agents",
         "http://127.0.0.1:9",
@@ -790,12 +773,7 @@ async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
         token_file.to_str().unwrap(),
     ];
     let r1 = aggregator(&kube, "r1", &args).await;
-    let (lease, _) = until(Duration::from_secs(10), "r1 holds the shard", || {
-        server
-            .get("leases", NS, "faultline-shard-0")
-            .filter(|l| l["spec"]["holderIdentity"] == "r1")
-    })
-    .await;
+    let lease = holds(&server, "r1").await;
     assert_eq!(
         lease["metadata"]["annotations"]["faultline.io/url"],
         format!("http://{}", r1.addr)
@@ -841,9 +819,7 @@ async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
     server
         .create("pods", "default", pod("train", "n1", true, None))
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "s3cret").unwrap();
+    let (_dir, token_file) = token_file();
     let a1 = agent("n1").await;
     let agents = format!("http://{}", a1.addr);
     let agg = aggregator(
@@ -857,27 +833,14 @@ async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
         ],
     )
     .await;
-    until(Duration::from_secs(10), "r1 holds the shard", || {
-        server
-            .get("leases", NS, "faultline-shard-0")
-            .filter(|l| l["spec"]["holderIdentity"] == "r1")
-    })
-    .await;
+    holds(&server, "r1").await;
     // Every API call now takes 150 ms: a pass takes seconds (and the 3 s Lease is
     // still renewed in time).
     server.set_faults(Faults {
         latency_ms: 150,
         ..Default::default()
     });
-    assert_eq!(
-        post(
-            a1.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
-        )
-        .await,
-        201
-    );
+    fail(&a1, "gpu1").await;
     until(Duration::from_secs(15), "tainted", || {
         (our_taints(&server, "n1") == 1).then_some(())
     })
@@ -911,4 +874,5 @@ async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
         "released: {lease}"
     );
     assert_eq!(evictions(&server, "train"), 1);
+    assert!(evicted_once(&server, "train"));
 }

@@ -14,21 +14,6 @@ use support::*;
 
 const NS: &str = "faultline";
 
-async fn api_server() -> (ApiServer, String) {
-    let server = ApiServer::new();
-    server
-        .create("namespaces", "", json!({"metadata": {"name": NS}}))
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(faultline_test_apiserver::serve(
-        listener,
-        server.clone(),
-        tokio_util::sync::CancellationToken::new(),
-    ));
-    (server, url)
-}
-
 async fn aggregator(
     kube: &str,
     replica: &str,

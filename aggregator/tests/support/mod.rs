@@ -10,6 +10,26 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+/// The Kubernetes API test server on loopback, with the namespace `faultline`; its URL.
+pub async fn api_server() -> (faultline_test_apiserver::ApiServer, String) {
+    let server = faultline_test_apiserver::ApiServer::new();
+    server
+        .create(
+            "namespaces",
+            "",
+            serde_json::json!({"metadata": {"name": "faultline"}}),
+        )
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(faultline_test_apiserver::serve(
+        listener,
+        server.clone(),
+        tokio_util::sync::CancellationToken::new(),
+    ));
+    (server, url)
+}
+
 /// A simulated agent with 4 GPUs sampling every 100 ms, serving `node`.
 pub async fn agent(node: &str) -> faultline_agent::Agent {
     let cfg = faultline_agent::config::Config::parse_from([
