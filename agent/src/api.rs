@@ -1,5 +1,7 @@
 //! The HTTP API: `/v1/health` (with long-poll on the generation), probes, metrics, and
-//! fault injection when the simulator runs. Read-only apart from the simulator.
+//! fault injection when the simulator runs. Read-only apart from the simulator (and the
+//! per-device gauges `/metrics` refreshes from the document before encoding). Every
+//! error answer is an [`ApiError`], sent as the shared [`ErrorBody`] JSON.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +13,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use faultline_common::api::ErrorBody;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -31,14 +34,40 @@ pub struct ApiState {
     pub sim: Option<Arc<SimControl>>,
 }
 
-/// An error answered as JSON: `{"error": "...", "status": N}`.
-#[derive(Debug)]
-pub struct ApiError(pub StatusCode, pub String);
+/// An error answer: its HTTP status and message, sent as [`ErrorBody`] JSON
+/// (`{"error": "...", "status": N}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The answer's status.
+    pub status: StatusCode,
+    /// What went wrong, for a person.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error answered with `status`.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// 400: the request itself is wrong.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// 404: no such thing here.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": self.1, "status": self.0.as_u16()});
-        (self.0, Json(body)).into_response()
+        let body = ErrorBody::new(self.status.as_u16(), self.message);
+        (self.status, Json(body)).into_response()
     }
 }
 
@@ -65,9 +94,9 @@ pub fn router(state: ApiState) -> Router {
         .route("/healthz", get(|| async { Json(json!({"ok": true})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such endpoint".into()) })
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
-            ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed".into())
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
         })
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -103,7 +132,7 @@ fn json_response<T: serde::Serialize>(v: &T, pretty: bool) -> Response {
     };
     match body {
         Ok(b) => ([(header::CONTENT_TYPE, "application/json")], b).into_response(),
-        Err(e) => ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 
@@ -111,10 +140,9 @@ fn pretty(format: &Option<String>) -> Result<bool, ApiError> {
     match format.as_deref() {
         None | Some("json") => Ok(false),
         Some("pretty") => Ok(true),
-        Some(f) => Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("format {f:?}: expected json or pretty"),
-        )),
+        Some(f) => Err(ApiError::bad_request(format!(
+            "format {f:?}: expected json or pretty"
+        ))),
     }
 }
 
@@ -122,7 +150,7 @@ async fn health(
     State(s): State<ApiState>,
     q: Result<Query<HealthQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let pretty = pretty(&q.format)?;
     if let Some(seen) = q.wait_generation {
         let wait = Duration::from_millis(q.timeout_ms.unwrap_or(30_000)).min(MAX_WAIT);
@@ -131,9 +159,8 @@ async fn health(
         // higher or lower (the agent restarted and counts from 1 again), answers at once.
         let _ = tokio::time::timeout(wait, rx.wait_for(|g| *g != seen)).await;
     } else if q.timeout_ms.is_some() {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            "timeout_ms only makes sense with wait_generation".into(),
+        return Err(ApiError::bad_request(
+            "timeout_ms only makes sense with wait_generation",
         ));
     }
     Ok(json_response(&s.store.render(), pretty))
@@ -143,18 +170,13 @@ async fn device(
     State(s): State<ApiState>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let Path(id) = id.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Path(id) = id.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let doc = s.store.render();
     let d = doc
         .npus
         .iter()
         .find(|d| d.reading.id == id || d.reading.uuid.as_deref() == Some(id.as_str()))
-        .ok_or_else(|| {
-            ApiError(
-                StatusCode::NOT_FOUND,
-                format!("no device {id:?} on this node"),
-            )
-        })?;
+        .ok_or_else(|| ApiError::not_found(format!("no device {id:?} on this node")))?;
     Ok(json_response(d, false))
 }
 
@@ -162,17 +184,15 @@ async fn readyz(State(s): State<ApiState>) -> Response {
     if s.store.ready() {
         Json(json!({"ready": true})).into_response()
     } else {
-        ApiError(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "first sample not done yet".into(),
-        )
-        .into_response()
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "first sample not done yet").into_response()
     }
 }
 
 async fn metrics(State(s): State<ApiState>) -> Response {
-    // Rendering refreshes the per-device gauges, for scrapers that read nothing else.
-    let _ = s.store.render();
+    // Refresh the per-device gauges from the document as of now, for scrapers that
+    // read nothing else; rendering itself writes nothing.
+    let doc = s.store.render();
+    s.metrics.observe_devices(&doc.npus);
     (
         [(
             header::CONTENT_TYPE,
@@ -185,10 +205,7 @@ async fn metrics(State(s): State<ApiState>) -> Response {
 
 fn sim(s: &ApiState) -> Result<&Arc<SimControl>, ApiError> {
     s.sim.as_ref().ok_or_else(|| {
-        ApiError(
-            StatusCode::NOT_FOUND,
-            "fault injection is only available when the sim source runs".into(),
-        )
+        ApiError::not_found("fault injection is only available when the sim source runs")
     })
 }
 
@@ -202,9 +219,9 @@ async fn inject_fault(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let sim = sim(&s)?;
-    let body = body.map_err(|e| ApiError(e.status(), e.body_text()))?;
+    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
     if body.len() > MAX_BODY {
-        return Err(ApiError(
+        return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("body over {MAX_BODY} bytes"),
         ));
@@ -214,20 +231,40 @@ async fn inject_fault(
         .and_then(|v| v.to_str().ok())
         .is_none_or(|v| v.starts_with("application/json"));
     if !is_json {
-        return Err(ApiError(
+        return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "expected Content-Type: application/json".into(),
+            "expected Content-Type: application/json",
         ));
     }
     let req: FaultRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid fault: {e}")))?;
+        .map_err(|e| ApiError::bad_request(format!("invalid fault: {e}")))?;
     let applied = sim
         .inject(req)
-        .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e))?;
     Ok((StatusCode::CREATED, Json(applied)).into_response())
 }
 
 async fn clear_faults(State(s): State<ApiState>) -> Result<Response, ApiError> {
     let n = sim(&s)?.clear();
     Ok(Json(json!({"cleared": n})).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_error_is_the_shared_body_with_its_status() {
+        let resp = ApiError::not_found("no such endpoint").into_response();
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            resp.headers()[header::CONTENT_TYPE],
+            "application/json",
+            "{resp:?}"
+        );
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 10)
+            .await
+            .unwrap();
+        assert_eq!(&body[..], br#"{"error":"no such endpoint","status":404}"#);
+    }
 }

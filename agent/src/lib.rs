@@ -1,5 +1,9 @@
 //! faultline node agent: reads accelerator health from vendor libraries, tools and the
 //! kernel log, and serves it at `/v1/health` without ever waiting on a source.
+//!
+//! [`start`] wires it up: polled sources run under the sampler, streaming sources (NVML's
+//! event thread, kmsg) report through the store's [`EventSink`](sources::EventSink), an
+//! upkeep tick ages devices and events, and the API and the node file render the store.
 #![deny(unsafe_code)]
 
 pub mod api;
@@ -71,10 +75,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
         retries: cfg.retries,
         max_abandoned: cfg.max_abandoned,
     };
-    let sink: EventSink = {
-        let store = store.clone();
-        Arc::new(move |e| store.add_event(e))
-    };
+    // Streaming sources see the store only as where their events and status go.
+    let sink: Arc<dyn EventSink> = store.clone();
 
     let mut sim_control = None;
     let mut polled: Vec<Arc<dyn Source>> = Vec::new();
@@ -103,7 +105,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
                     Some(p) => sources::sim::SimSource::load_scenario(p)?,
                     None => Vec::new(),
                 };
-                let seed = cfg.sim_seed.unwrap_or_else(sources::now_ms);
+                let seed = cfg.sim_seed.unwrap_or_else(faultline_common::time::now_ms);
                 let sim =
                     sources::sim::SimSource::new(cfg.sim_devices, cfg.sim_vendor, seed, scenario);
                 sim_control = Some(sim.control());
@@ -111,7 +113,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
             }
             SourceKind::Kmsg => sources::kmsg::spawn(
                 cfg.kmsg.clone(),
-                store.clone(),
+                sink.clone(),
                 metrics.clone(),
                 cancel.clone(),
             ),

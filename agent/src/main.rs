@@ -1,32 +1,19 @@
-//! `faultline-agent`: see the library for everything; this only wires up logging and
-//! signals.
+//! `faultline-agent`: see the library for everything; this only parses the flags and
+//! uses the shared process wiring (`faultline_common::runtime`): logging, and stopping
+//! on SIGTERM or ctrl-c.
 
 use clap::Parser;
 use faultline_agent::config::{Args, Config};
-use tracing_subscriber::EnvFilter;
+use faultline_common::runtime::{init_tracing, shutdown_signal};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let cfg = Config::from_args(Args::parse())?;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if cfg.log_json {
-        fmt.json().init();
-    } else {
-        fmt.init();
-    }
+    init_tracing(cfg.log_json);
     let agent = faultline_agent::start(cfg).await?;
     let cancel = agent.cancel_token();
     tokio::spawn(async move {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {},
-        }
-        tracing::info!("shutting down");
+        shutdown_signal().await;
         cancel.cancel();
     });
     agent.wait().await;

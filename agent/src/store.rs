@@ -1,13 +1,16 @@
 //! The agent's state: the last good reading of every device, each source's status and
-//! the recent Xid events. Samplers write into it; the API renders it. Nothing here
-//! waits on a source, so a hung source can never block a reader, and nothing slow
-//! (logging included) happens while the lock is held.
+//! the recent Xid events. Samplers write into it, streaming sources (NVML events, kmsg)
+//! reach it through its [`EventSink`] implementation; the API and the node file render
+//! it. Rendering only reads: whoever renders for the metrics refreshes the per-device
+//! gauges from the document. Nothing here waits on a source, so a hung source can never
+//! block a reader, and nothing slow (logging included) happens while the lock is held.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use faultline_common::classify::Finding;
+use faultline_common::time::{now_ms, rfc3339_ms};
 use faultline_common::xid::XidVerdict;
 use faultline_common::{
     classify, Classification, DeviceHealth, DeviceReading, DeviceStatus, NodeHealth, SourceStatus,
@@ -16,7 +19,7 @@ use faultline_common::{
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
-use crate::sources::{now_ms, ProbeError, SourceSample};
+use crate::sources::{EventSink, ProbeError, SourceSample};
 
 /// Most Xid events kept in memory, whatever the retention says.
 const MAX_EVENTS: usize = 4096;
@@ -349,7 +352,9 @@ impl Store {
         }
     }
 
-    /// Render the node document as of now.
+    /// Render the node document as of now. Reads only, metrics included: to refresh the
+    /// per-device gauges, pass the document's devices to
+    /// [`Metrics::observe_devices`](crate::metrics::Metrics::observe_devices).
     pub fn render(&self) -> NodeHealth {
         let now = Instant::now();
         let now_ms = now_ms();
@@ -453,7 +458,6 @@ impl Store {
             .collect();
         let generation = inner.generation;
         drop(inner);
-        self.metrics.observe_devices(&npus);
         NodeHealth {
             schema_version: SCHEMA_VERSION.to_string(),
             generation,
@@ -474,10 +478,25 @@ fn log_events(events: &[XidEvent]) {
     }
 }
 
-/// RFC 3339 UTC with milliseconds.
-pub fn rfc3339_ms(ms: u64) -> String {
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
-    humantime::format_rfc3339_millis(t).to_string()
+/// Streaming sources report here: events go through [`Store::add_event`] (dedup and
+/// ignore rules included), a stream is a source that does not gate readiness, up is an
+/// empty successful sample and down a failure with no hung calls.
+impl EventSink for Store {
+    fn register_stream(&self, source: &'static str) {
+        self.register_source(source, false);
+    }
+
+    fn event(&self, event: XidEvent) {
+        self.add_event(event);
+    }
+
+    fn stream_up(&self, source: &'static str) {
+        self.apply_sample(source, SourceSample::default());
+    }
+
+    fn stream_down(&self, source: &'static str, err: &ProbeError) {
+        self.record_failure(source, err, 0);
+    }
 }
 
 #[cfg(test)]
@@ -612,6 +631,57 @@ mod tests {
             ]),
         );
         assert_ne!(status(&s, "gpu1").1.as_deref(), Some("missing"));
+    }
+
+    #[test]
+    fn a_stream_reports_its_status_through_the_sink() {
+        let s = store(60_000, XidPolicy::default());
+        let sink: Arc<dyn EventSink> = s.clone();
+        sink.register_stream("kmsg");
+        assert!(s.ready(), "a stream does not gate readiness");
+        let src = |s: &Store| s.render().sources.into_iter().find(|x| x.name == "kmsg");
+        let kmsg = src(&s).unwrap();
+        assert!(kmsg.up && kmsg.last_success.is_none() && kmsg.last_error.is_none());
+        let g = s.generation();
+        sink.stream_down("kmsg", &ProbeError::Init("/dev/kmsg: gone".into()));
+        let kmsg = src(&s).unwrap();
+        assert!(!kmsg.up);
+        assert_eq!(kmsg.consecutive_failures, 1);
+        assert_eq!(
+            kmsg.last_error.as_deref(),
+            Some("source cannot start: /dev/kmsg: gone")
+        );
+        assert!(s.generation() > g);
+        sink.stream_up("kmsg");
+        let kmsg = src(&s).unwrap();
+        assert!(kmsg.up && kmsg.last_success.is_some() && kmsg.last_error.is_none());
+        assert_eq!(kmsg.consecutive_failures, 0);
+        // Events go through the same dedup as add_event.
+        let t = now_ms();
+        sink.event(xid(79, "0000:18:00.0", "kmsg", t));
+        sink.event(xid(79, "0000:18:00.0", "kmsg", t + 10));
+        assert_eq!(s.render().unattributed_xids.len(), 1);
+    }
+
+    #[test]
+    fn rendering_leaves_the_metrics_alone() {
+        let metrics = Arc::new(Metrics::new());
+        let s = Store::new(
+            StoreConfig {
+                node: "n".into(),
+                cache_ttl: Duration::from_secs(60),
+                thresholds: Thresholds::default(),
+                xid_policy: XidPolicy::default(),
+            },
+            metrics.clone(),
+        );
+        s.apply_sample("nvml", sample(vec![reading("gpu0", "0000:18:00.0")]));
+        let before = metrics.encode();
+        let doc = s.render();
+        assert_eq!(metrics.encode(), before);
+        assert!(!before.contains("device=\"gpu0\""), "{before}");
+        metrics.observe_devices(&doc.npus);
+        assert!(metrics.encode().contains("device=\"gpu0\""));
     }
 
     #[test]

@@ -1,17 +1,92 @@
-//! Flags (each also read from `FAULTLINE_<FLAG>`), checked into one [`Config`].
+//! Flags (each also read from `FAULTLINE_<FLAG>`), in groups (agents, publishing,
+//! shards, remediation, intake), checked into one [`Config`] in one place. Durations and
+//! choices are parsed by clap (`ValueEnum`, [`positive_duration`]), so a bad flag fails
+//! at start with a clear message.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::Parser;
+use clap::{Args as ClapArgs, Parser, ValueEnum};
 use faultline_common::xid::parse_duration;
+
+use crate::ingest::IntakeConfig;
+use crate::notify::Target;
+use crate::remediate::{Budget, CanarySpec, Mode, ReleasePolicy};
+
+/// A duration such as `200ms`, `15s`, `5m`, `24h`; zero is refused (every duration
+/// flag here is a period, a deadline or a window, where zero means nothing).
+pub fn positive_duration(v: &str) -> Result<Duration, String> {
+    match parse_duration(v) {
+        Some(d) if !d.is_zero() => Ok(d),
+        Some(_) => Err(format!("{v:?}: must be more than zero")),
+        None => Err(format!(
+            "{v:?}: expected a duration such as 200ms, 15s, 5m, 24h"
+        )),
+    }
+}
+
+/// Where documents go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SinkKind {
+    /// A directory laid out like a ConfigMap volume.
+    File,
+    /// One ConfigMap per shard, written by the shard's Lease holder.
+    #[value(name = "configmap")]
+    ConfigMap,
+}
+
+/// How quarantines end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReleaseMode {
+    /// A person runs `faultline release` (the default, as seed 000 advises for hardware).
+    Manual,
+    /// Health, cool-down and the canary.
+    Auto,
+}
+
+/// Log format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// faultline aggregator: denoises agents' readings and publishes fault.json.
 #[derive(Debug, Parser)]
 #[command(name = "faultline-aggregator", version, about)]
 pub struct Args {
+    #[command(flatten)]
+    pub agents: AgentArgs,
+    #[command(flatten)]
+    pub publish: PublishArgs,
+    #[command(flatten)]
+    pub shards: ShardArgs,
+    #[command(flatten)]
+    pub remediation: RemediationArgs,
+    #[command(flatten)]
+    pub intake: IntakeArgs,
+    /// Kubernetes API server URL (default: in-cluster config, then $KUBECONFIG).
+    #[arg(long, env = "FAULTLINE_KUBE_SERVER")]
+    pub kube_server: Option<String>,
+    /// Deadline of one Kubernetes API request.
+    #[arg(long, env = "FAULTLINE_KUBE_TIMEOUT", default_value = "15s", value_parser = positive_duration)]
+    pub kube_timeout: Duration,
+    /// Address of the API (health, metrics, /v1/faults).
+    #[arg(long, env = "FAULTLINE_LISTEN", default_value = "0.0.0.0:8082")]
+    pub listen: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "FAULTLINE_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Which agents are followed, and the rules their readings are judged by.
+#[derive(Debug, ClapArgs)]
+#[command(next_help_heading = "Agents")]
+pub struct AgentArgs {
     /// Agents to follow, comma separated base URLs (http://10.0.0.7:8081).
     #[arg(long, env = "FAULTLINE_AGENTS", default_value = "")]
     pub agents: String,
@@ -19,15 +94,27 @@ pub struct Args {
     /// for a flag.
     #[arg(long, env = "FAULTLINE_AGENTS_FILE")]
     pub agents_file: Option<PathBuf>,
+    /// Nodes to follow when no --agents are given (seed: node-role.kubernetes.io/atlas=true).
+    #[arg(long, env = "FAULTLINE_NODE_SELECTOR", default_value = "")]
+    pub node_selector: String,
+    /// Port of the agents on the nodes.
+    #[arg(long, env = "FAULTLINE_AGENT_PORT", default_value_t = 8081)]
+    pub agent_port: u16,
     /// Rules file (YAML, TOML or JSON), reloaded on change. Default: the seed's rules.
     #[arg(long, env = "FAULTLINE_RULES")]
     pub rules: Option<PathBuf>,
+}
+
+/// Where fault.json goes and how often.
+#[derive(Debug, ClapArgs)]
+#[command(next_help_heading = "Publishing")]
+pub struct PublishArgs {
     /// Where fault.json goes: `file` (a directory) or `configmap` (one per shard).
-    #[arg(long, env = "FAULTLINE_SINK", default_value = "file")]
-    pub sink: String,
-    /// Kubernetes API server URL (default: in-cluster config, then $KUBECONFIG).
-    #[arg(long, env = "FAULTLINE_KUBE_SERVER")]
-    pub kube_server: Option<String>,
+    #[arg(long, env = "FAULTLINE_SINK", value_enum, default_value = "file")]
+    pub sink: SinkKind,
+    /// Directory of the file sink, laid out like a ConfigMap volume.
+    #[arg(long, env = "FAULTLINE_OUT", default_value = "./fault-out")]
+    pub out: PathBuf,
     /// Namespace of the shard Leases and ConfigMaps.
     #[arg(long, env = "FAULTLINE_NAMESPACE", default_value = "faultline")]
     pub namespace: String,
@@ -38,18 +125,15 @@ pub struct Args {
     /// Base name of Leases and ConfigMaps: `<name>-shard-<i>`.
     #[arg(long, env = "FAULTLINE_NAME", default_value = "faultline")]
     pub name: String,
-    /// Number of shards (Leases and ConfigMaps); nodes map to shards by a stable hash.
-    #[arg(long, env = "FAULTLINE_SHARDS", default_value_t = 1)]
-    pub shards: u32,
-    /// How long a shard Lease lasts without renewal.
-    #[arg(long, env = "FAULTLINE_LEASE_DURATION", default_value = "15s")]
-    pub lease_duration: String,
-    /// How often Leases are renewed or tried.
-    #[arg(long, env = "FAULTLINE_LEASE_RETRY", default_value = "2s")]
-    pub lease_retry: String,
-    /// Nodes to follow when no --agents are given (seed: node-role.kubernetes.io/atlas=true).
-    #[arg(long, env = "FAULTLINE_NODE_SELECTOR", default_value = "")]
-    pub node_selector: String,
+    /// Least time between two writes of a document (jittered up to +20%).
+    #[arg(long, env = "FAULTLINE_WRITE_INTERVAL", default_value = "1s", value_parser = positive_duration)]
+    pub write_interval: Duration,
+    /// A transition to failed is written this soon after the previous write.
+    #[arg(long, env = "FAULTLINE_URGENT_SPACING", default_value = "200ms", value_parser = positive_duration)]
+    pub urgent_spacing: Duration,
+    /// Rewrite an unchanged document this often, so readers can tell it is alive.
+    #[arg(long, env = "FAULTLINE_HEARTBEAT", default_value = "30s", value_parser = positive_duration)]
+    pub heartbeat: Duration,
     /// Pods nudged per second after a device on their node turns degraded or failed, so
     /// kubelet refreshes their mounted fault.json at once (0: off).
     #[arg(long, env = "FAULTLINE_NUDGE_RATE", default_value_t = 20.0)]
@@ -57,10 +141,39 @@ pub struct Args {
     /// Only nudge pods matching this label selector (default: every running pod).
     #[arg(long, env = "FAULTLINE_NUDGE_SELECTOR", default_value = "")]
     pub nudge_selector: String,
+}
+
+/// Shard ownership.
+#[derive(Debug, ClapArgs)]
+#[command(next_help_heading = "Shards")]
+pub struct ShardArgs {
+    /// Number of shards (Leases and ConfigMaps); nodes map to shards by a stable hash.
+    #[arg(long, env = "FAULTLINE_SHARDS", default_value_t = 1)]
+    pub shards: u32,
+    /// How long a shard Lease lasts without renewal.
+    #[arg(long, env = "FAULTLINE_LEASE_DURATION", default_value = "15s", value_parser = positive_duration)]
+    pub lease_duration: Duration,
+    /// How often Leases are renewed or tried.
+    #[arg(long, env = "FAULTLINE_LEASE_RETRY", default_value = "2s", value_parser = positive_duration)]
+    pub lease_retry: Duration,
+    /// This replica's name (default: $POD_NAME, then the hostname).
+    #[arg(long, env = "FAULTLINE_REPLICA")]
+    pub replica: Option<String>,
+    /// This replica's API as other replicas reach it (annotated on the shard Leases it
+    /// holds, for alert hand-over); default http://$POD_IP:<listen port>, or the listen
+    /// address when it is not 0.0.0.0.
+    #[arg(long, env = "FAULTLINE_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+}
+
+/// What remediation may do, within which limits, and how it ends.
+#[derive(Debug, ClapArgs)]
+#[command(next_help_heading = "Remediation")]
+pub struct RemediationArgs {
     /// Remediation: off, dry-run (announce what would be done) or enforce. Default:
     /// dry-run with --sink configmap (it needs the shard Leases), off with the file sink.
-    #[arg(long, env = "FAULTLINE_REMEDIATION")]
-    pub remediation: Option<String>,
+    #[arg(long, env = "FAULTLINE_REMEDIATION", value_enum)]
+    pub remediation: Option<Mode>,
     /// The taint put on a node with a failed accelerator (NoSchedule).
     #[arg(
         long,
@@ -74,8 +187,12 @@ pub struct Args {
     pub resource_names: String,
     /// How long a PodDisruptionBudget may refuse an eviction before faultline announces it
     /// and leaves the pod.
-    #[arg(long, env = "FAULTLINE_EVICTION_DEADLINE", default_value = "10m")]
-    pub eviction_deadline: String,
+    #[arg(long, env = "FAULTLINE_EVICTION_DEADLINE", default_value = "10m", value_parser = positive_duration)]
+    pub eviction_deadline: Duration,
+    /// Past --eviction-deadline, delete a pod whose disruption budget still refuses its
+    /// eviction (default: announce it and leave it).
+    #[arg(long, env = "FAULTLINE_FORCE_DELETE_AFTER_DEADLINE", default_value = "false", action = clap::ArgAction::Set)]
+    pub force_delete_after_deadline: bool,
     /// Nodes quarantined at most at once, cluster-wide.
     #[arg(long, env = "FAULTLINE_MAX_QUARANTINED", default_value_t = 5)]
     pub max_quarantined: usize,
@@ -97,15 +214,15 @@ pub struct Args {
     )]
     pub max_quarantined_per_domain: usize,
     /// Devices unknown this long may get the node a NoSchedule taint (never an eviction).
-    #[arg(long, env = "FAULTLINE_UNKNOWN_TOLERANCE", default_value = "5m")]
-    pub unknown_tolerance: String,
+    #[arg(long, env = "FAULTLINE_UNKNOWN_TOLERANCE", default_value = "5m", value_parser = positive_duration)]
+    pub unknown_tolerance: Duration,
     /// Circuit breaker: this many nodes failing within --breaker-window stop all
     /// remediation until a person closes the breaker (0: no breaker).
     #[arg(long, env = "FAULTLINE_BREAKER_NODES", default_value_t = 10)]
     pub breaker_nodes: usize,
     /// The breaker's window.
-    #[arg(long, env = "FAULTLINE_BREAKER_WINDOW", default_value = "5m")]
-    pub breaker_window: String,
+    #[arg(long, env = "FAULTLINE_BREAKER_WINDOW", default_value = "5m", value_parser = positive_duration)]
+    pub breaker_window: Duration,
     /// Evictions per minute at most, cluster-wide per replica (0: no limit).
     #[arg(
         long,
@@ -116,44 +233,16 @@ pub struct Args {
     /// Namespace of the Events about Nodes.
     #[arg(long, env = "FAULTLINE_EVENT_NAMESPACE", default_value = "default")]
     pub event_namespace: String,
-    /// Port of the agents on the nodes.
-    #[arg(long, env = "FAULTLINE_AGENT_PORT", default_value_t = 8081)]
-    pub agent_port: u16,
-    /// Directory of the file sink, laid out like a ConfigMap volume.
-    #[arg(long, env = "FAULTLINE_OUT", default_value = "./fault-out")]
-    pub out: PathBuf,
-    /// Address of the API (health, metrics, /v1/faults).
-    #[arg(long, env = "FAULTLINE_LISTEN", default_value = "0.0.0.0:8082")]
-    pub listen: SocketAddr,
-    /// Least time between two writes of a document (jittered up to +20%).
-    #[arg(long, env = "FAULTLINE_WRITE_INTERVAL", default_value = "1s")]
-    pub write_interval: String,
-    /// A transition to failed is written this soon after the previous write.
-    #[arg(long, env = "FAULTLINE_URGENT_SPACING", default_value = "200ms")]
-    pub urgent_spacing: String,
-    /// Rewrite an unchanged document this often, so readers can tell it is alive.
-    #[arg(long, env = "FAULTLINE_HEARTBEAT", default_value = "30s")]
-    pub heartbeat: String,
-    /// This replica's name (default: $POD_NAME, then the hostname).
-    #[arg(long, env = "FAULTLINE_REPLICA")]
-    pub replica: Option<String>,
-    /// Log format: text or json.
-    #[arg(long, env = "FAULTLINE_LOG_FORMAT", default_value = "text")]
-    pub log_format: String,
-    /// Past --eviction-deadline, delete a pod whose disruption budget still refuses its
-    /// eviction (default: announce it and leave it).
-    #[arg(long, env = "FAULTLINE_FORCE_DELETE_AFTER_DEADLINE", default_value = "false", action = clap::ArgAction::Set)]
-    pub force_delete_after_deadline: bool,
     /// How quarantines end: manual (a person runs `faultline release`; the default, as
     /// seed 000 advises for hardware) or auto (health, cool-down, canary).
-    #[arg(long, env = "FAULTLINE_RELEASE", default_value = "manual")]
-    pub release: String,
+    #[arg(long, env = "FAULTLINE_RELEASE", value_enum, default_value = "manual")]
+    pub release: ReleaseMode,
     /// Auto release: clean samples in a row every device needs.
     #[arg(long, env = "FAULTLINE_RELEASE_HEALTHY_SAMPLES", default_value_t = 30)]
     pub release_healthy_samples: u32,
     /// Auto release: how long every device must have been healthy.
-    #[arg(long, env = "FAULTLINE_RELEASE_COOLDOWN", default_value = "10m")]
-    pub release_cooldown: String,
+    #[arg(long, env = "FAULTLINE_RELEASE_COOLDOWN", default_value = "10m", value_parser = positive_duration)]
+    pub release_cooldown: Duration,
     /// Auto release: a Job manifest (YAML or JSON) run pinned to the node that must
     /// succeed before the release.
     #[arg(long, env = "FAULTLINE_CANARY_JOB")]
@@ -162,31 +251,36 @@ pub struct Args {
     #[arg(long, env = "FAULTLINE_CANARY_NAMESPACE")]
     pub canary_namespace: Option<String>,
     /// A canary not done by then has failed.
-    #[arg(long, env = "FAULTLINE_CANARY_TIMEOUT", default_value = "10m")]
-    pub canary_timeout: String,
+    #[arg(long, env = "FAULTLINE_CANARY_TIMEOUT", default_value = "10m", value_parser = positive_duration)]
+    pub canary_timeout: Duration,
     /// The same (node, device, fault) is not acted on twice within it: the intake's
     /// dedup, and how long a person's release holds against a still-failed reading.
-    #[arg(long, env = "FAULTLINE_DEDUP_WINDOW", default_value = "15m")]
-    pub dedup_window: String,
+    #[arg(long, env = "FAULTLINE_DEDUP_WINDOW", default_value = "15m", value_parser = positive_duration)]
+    pub dedup_window: Duration,
     /// A quarantine's expiry: when it is due for review. One that cannot be released
     /// then (still failed, or --release manual) is extended by as much and announced.
-    #[arg(long, env = "FAULTLINE_QUARANTINE_EXPIRY", default_value = "24h")]
-    pub quarantine_expiry: String,
-    /// This replica's API as other replicas reach it (annotated on the shard Leases it
-    /// holds, for alert hand-over); default http://$POD_IP:<listen port>, or the listen
-    /// address when it is not 0.0.0.0.
-    #[arg(long, env = "FAULTLINE_ADVERTISE_URL")]
-    pub advertise_url: Option<String>,
+    #[arg(long, env = "FAULTLINE_QUARANTINE_EXPIRY", default_value = "24h", value_parser = positive_duration)]
+    pub quarantine_expiry: Duration,
     /// How often every quarantined and failed node is looked at again.
-    #[arg(long, env = "FAULTLINE_RECONCILE_INTERVAL", default_value = "10s")]
-    pub reconcile_interval: String,
-    /// Deadline of one Kubernetes API request.
-    #[arg(long, env = "FAULTLINE_KUBE_TIMEOUT", default_value = "15s")]
-    pub kube_timeout: String,
+    #[arg(long, env = "FAULTLINE_RECONCILE_INTERVAL", default_value = "10s", value_parser = positive_duration)]
+    pub reconcile_interval: Duration,
     /// Webhooks told of every action: URL (faultline's JSON) or FORMAT=URL with
     /// FORMAT slack, wecom, dingtalk or feishu; comma separated or repeated.
     #[arg(long, env = "FAULTLINE_NOTIFY", value_delimiter = ',')]
     pub notify: Vec<String>,
+    /// Watch pods' allocatedResourcesStatus (KEP-4680) for Unhealthy devices.
+    #[arg(long, env = "FAULTLINE_WATCH_POD_HEALTH", default_value = "true", action = clap::ArgAction::Set)]
+    pub watch_pod_health: bool,
+    /// On SIGTERM: how long in-flight remediation may take before the Leases are
+    /// released anyway (the next holder finishes from the record).
+    #[arg(long, env = "FAULTLINE_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = positive_duration)]
+    pub shutdown_timeout: Duration,
+}
+
+/// The alert intake (`POST /v1/alerts`).
+#[derive(Debug, ClapArgs)]
+#[command(next_help_heading = "Alert intake")]
+pub struct IntakeArgs {
     /// Enables POST /v1/alerts: the file with its bearer token (a mounted Secret).
     #[arg(long, env = "FAULTLINE_INTAKE_TOKEN_FILE")]
     pub intake_token_file: Option<PathBuf>,
@@ -198,24 +292,8 @@ pub struct Args {
     #[arg(long, env = "FAULTLINE_INTAKE_THRESHOLD", default_value_t = 3)]
     pub intake_threshold: usize,
     /// The intake's counting window.
-    #[arg(long, env = "FAULTLINE_INTAKE_WINDOW", default_value = "5m")]
-    pub intake_window: String,
-    /// Watch pods' allocatedResourcesStatus (KEP-4680) for Unhealthy devices.
-    #[arg(long, env = "FAULTLINE_WATCH_POD_HEALTH", default_value = "true", action = clap::ArgAction::Set)]
-    pub watch_pod_health: bool,
-    /// On SIGTERM: how long in-flight remediation may take before the Leases are
-    /// released anyway (the next holder finishes from the record).
-    #[arg(long, env = "FAULTLINE_SHUTDOWN_TIMEOUT", default_value = "20s")]
-    pub shutdown_timeout: String,
-}
-
-/// Where documents go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SinkKind {
-    /// A directory laid out like a ConfigMap volume.
-    File,
-    /// One ConfigMap per shard, written by the shard's Lease holder.
-    ConfigMap,
+    #[arg(long, env = "FAULTLINE_INTAKE_WINDOW", default_value = "5m", value_parser = positive_duration)]
+    pub intake_window: Duration,
 }
 
 /// The checked configuration.
@@ -235,12 +313,12 @@ pub struct Config {
     pub agent_port: u16,
     pub nudge_rate: f64,
     pub nudge_selector: String,
-    pub remediation: crate::remediate::Mode,
+    pub remediation: Mode,
     pub taint_key: String,
     pub event_namespace: String,
     pub resource_names: Vec<String>,
     pub eviction_deadline: Duration,
-    pub budget: crate::remediate::Budget,
+    pub budget: Budget,
     pub breaker_nodes: usize,
     pub breaker_window: Duration,
     pub unknown_tolerance: Duration,
@@ -253,220 +331,189 @@ pub struct Config {
     pub heartbeat: Duration,
     pub replica: String,
     pub log_json: bool,
-    pub release: crate::remediate::ReleasePolicy,
+    pub release: ReleasePolicy,
     pub reconcile_interval: Duration,
     pub advertise_url: Option<String>,
     pub kube_timeout: Duration,
-    pub notify: Vec<crate::notify::Target>,
-    pub intake: Option<crate::intake::IntakeConfig>,
+    pub notify: Vec<Target>,
+    pub intake: Option<IntakeConfig>,
     pub watch_pod_health: bool,
     pub shutdown_timeout: Duration,
     pub force_delete_after_deadline: bool,
 }
 
-fn duration(flag: &str, v: &str) -> anyhow::Result<Duration> {
-    match parse_duration(v) {
-        Some(d) if !d.is_zero() => Ok(d),
-        _ => bail!("--{flag} {v:?}: expected a positive duration such as 200ms, 1s"),
+fn comma_list(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// The agents of `--agents` and `--agents-file`, checked.
+fn agents(a: &AgentArgs) -> anyhow::Result<Vec<String>> {
+    let listed = match &a.agents_file {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("--agents-file {}", p.display()))?
+        }
+        None => String::new(),
+    };
+    let from_file = listed
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut agents = Vec::new();
+    for raw in comma_list(&a.agents).chain(comma_list(&from_file)) {
+        let url = raw.trim_end_matches('/').to_string();
+        let uri: hyper::Uri = url
+            .parse()
+            .with_context(|| format!("--agents: {raw:?} is not a URL"))?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            bail!("--agents: {raw:?} must be http://HOST:PORT");
+        }
+        agents.push(url);
     }
+    Ok(agents)
+}
+
+/// The mode: the default follows the sink; acting needs the shard Leases.
+fn mode(asked: Option<Mode>, sink: SinkKind) -> anyhow::Result<Mode> {
+    Ok(match (asked, sink) {
+        (None, SinkKind::File) | (Some(Mode::Off), _) => Mode::Off,
+        (None, SinkKind::ConfigMap) => Mode::DryRun,
+        (Some(m), SinkKind::ConfigMap) => m,
+        (Some(_), SinkKind::File) => {
+            bail!("--remediation needs --sink configmap: only the holder of a node's shard Lease may act")
+        }
+    })
+}
+
+/// The canary of `--canary-job`, if any.
+fn canary(r: &RemediationArgs, namespace: &str) -> anyhow::Result<Option<CanarySpec>> {
+    let Some(p) = &r.canary_job else {
+        return Ok(None);
+    };
+    let text =
+        std::fs::read_to_string(p).with_context(|| format!("--canary-job {}", p.display()))?;
+    let template: k8s_openapi::api::batch::v1::Job = serde_yaml_ng::from_str(&text)
+        .with_context(|| format!("--canary-job {}: not a Job manifest", p.display()))?;
+    Ok(Some(CanarySpec {
+        template,
+        namespace: r
+            .canary_namespace
+            .clone()
+            .unwrap_or_else(|| namespace.to_string()),
+        timeout: r.canary_timeout,
+    }))
+}
+
+fn replica(asked: Option<String>) -> String {
+    asked
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "aggregator".into())
 }
 
 impl Config {
     /// Check the flags.
     pub fn from_args(a: Args) -> anyhow::Result<Self> {
-        let mut agents = Vec::new();
-        let listed = match &a.agents_file {
-            Some(p) => std::fs::read_to_string(p)
-                .with_context(|| format!("--agents-file {}", p.display()))?,
-            None => String::new(),
-        };
-        let from_file = listed
-            .lines()
-            .map(|l| l.split('#').next().unwrap_or(""))
-            .collect::<Vec<_>>()
-            .join(",");
-        for raw in a
-            .agents
-            .split(',')
-            .chain(from_file.split(','))
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-        {
-            let url = raw.trim_end_matches('/').to_string();
-            let uri: hyper::Uri = url
-                .parse()
-                .with_context(|| format!("--agents: {raw:?} is not a URL"))?;
-            if uri.scheme_str() != Some("http") || uri.host().is_none() {
-                bail!("--agents: {raw:?} must be http://HOST:PORT");
-            }
-            agents.push(url);
-        }
-        let sink = match a.sink.as_str() {
-            "file" => SinkKind::File,
-            "configmap" => SinkKind::ConfigMap,
-            s => bail!("--sink {s:?}: expected file or configmap"),
-        };
-        if a.shards == 0 || a.shards > 1024 {
+        let (p, s, r, i) = (a.publish, a.shards, a.remediation, a.intake);
+        if s.shards == 0 || s.shards > 1024 {
             bail!("--shards must be between 1 and 1024");
         }
-        if sink == SinkKind::File && a.shards != 1 {
+        if p.sink == SinkKind::File && s.shards != 1 {
             bail!("--shards applies to --sink configmap; the file sink is one directory");
         }
-        if !(0.0..=10_000.0).contains(&a.nudge_rate) {
+        if !(0.0..=10_000.0).contains(&p.nudge_rate) {
             bail!("--nudge-rate must be between 0 and 10000 per second");
         }
-        use crate::remediate::Mode;
-        let remediation = match (a.remediation.as_deref(), sink) {
-            (None, SinkKind::File) | (Some("off"), _) => Mode::Off,
-            (None, SinkKind::ConfigMap) | (Some("dry-run"), SinkKind::ConfigMap) => Mode::DryRun,
-            (Some("enforce"), SinkKind::ConfigMap) => Mode::Enforce,
-            (Some("dry-run" | "enforce"), SinkKind::File) => {
-                bail!("--remediation needs --sink configmap: only the holder of a node's shard Lease may act")
-            }
-            (Some(m), _) => bail!("--remediation {m:?}: expected off, dry-run or enforce"),
-        };
-        if a.intake_token_file.is_some() && remediation == Mode::Off {
+        let remediation = mode(r.remediation, p.sink)?;
+        if i.intake_token_file.is_some() && remediation == Mode::Off {
             bail!("--intake-token-file needs --sink configmap and --remediation dry-run or enforce: alerts are acted on by remediation");
         }
-        if a.taint_key.is_empty() || a.taint_key.contains(char::is_whitespace) {
-            bail!("--taint-key {:?} is not a taint key", a.taint_key);
+        if r.taint_key.is_empty() || r.taint_key.contains(char::is_whitespace) {
+            bail!("--taint-key {:?} is not a taint key", r.taint_key);
         }
-        let lease_duration = duration("lease-duration", &a.lease_duration)?;
-        let lease_retry = duration("lease-retry", &a.lease_retry)?;
-        if lease_retry * 2 >= lease_duration {
+        if s.lease_retry * 2 >= s.lease_duration {
             bail!("--lease-retry must be well under half of --lease-duration");
         }
-        let write_interval = duration("write-interval", &a.write_interval)?;
-        let urgent_spacing = duration("urgent-spacing", &a.urgent_spacing)?;
-        if urgent_spacing > write_interval {
+        if p.urgent_spacing > p.write_interval {
             bail!("--urgent-spacing must not exceed --write-interval");
         }
-        let log_json = match a.log_format.as_str() {
-            "text" => false,
-            "json" => true,
-            v => bail!("--log-format {v:?}: expected text or json"),
-        };
-        let replica = a
-            .replica
-            .filter(|s| !s.is_empty())
-            .or_else(|| std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()))
-            .or_else(|| {
-                std::fs::read_to_string("/proc/sys/kernel/hostname")
-                    .ok()
-                    .map(|s| s.trim().to_string())
-            })
-            .unwrap_or_else(|| "aggregator".into());
+        let mut publish_namespaces = vec![p.namespace.clone()];
+        for ns in comma_list(&p.publish_namespaces) {
+            if !publish_namespaces.iter().any(|x| x == ns) {
+                publish_namespaces.push(ns.to_string());
+            }
+        }
         Ok(Config {
-            agents,
-            sink,
+            agents: agents(&a.agents)?,
+            sink: p.sink,
             kube_server: a.kube_server,
-            publish_namespaces: {
-                let mut v = vec![a.namespace.clone()];
-                for ns in a
-                    .publish_namespaces
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                {
-                    if !v.iter().any(|x| x == ns) {
-                        v.push(ns.to_string());
-                    }
-                }
-                v
-            },
-            namespace: a.namespace.clone(),
-            name: a.name,
-            shards: a.shards,
-            lease_duration,
-            lease_retry,
-            node_selector: a.node_selector.clone(),
-            agent_port: a.agent_port,
-            nudge_rate: a.nudge_rate,
-            nudge_selector: a.nudge_selector,
+            publish_namespaces,
+            name: p.name,
+            shards: s.shards,
+            lease_duration: s.lease_duration,
+            lease_retry: s.lease_retry,
+            node_selector: a.agents.node_selector.clone(),
+            agent_port: a.agents.agent_port,
+            nudge_rate: p.nudge_rate,
+            nudge_selector: p.nudge_selector,
             remediation,
-            taint_key: a.taint_key,
-            event_namespace: a.event_namespace,
-            resource_names: a
-                .resource_names
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(String::from)
-                .collect(),
-            eviction_deadline: duration("eviction-deadline", &a.eviction_deadline)?,
-            unknown_tolerance: duration("unknown-tolerance", &a.unknown_tolerance)?,
-            breaker_nodes: a.breaker_nodes,
-            breaker_window: duration("breaker-window", &a.breaker_window)?,
-            max_evictions_per_minute: a.max_evictions_per_minute.max(0.0),
-            budget: crate::remediate::Budget {
-                max_nodes: a.max_quarantined,
-                max_percent: a.max_quarantined_percent,
-                per_domain: (!a.failure_domain_label.is_empty())
-                    .then(|| (a.failure_domain_label.clone(), a.max_quarantined_per_domain)),
-                node_selector: a.node_selector.clone(),
+            resource_names: comma_list(&r.resource_names).map(String::from).collect(),
+            eviction_deadline: r.eviction_deadline,
+            unknown_tolerance: r.unknown_tolerance,
+            breaker_nodes: r.breaker_nodes,
+            breaker_window: r.breaker_window,
+            max_evictions_per_minute: r.max_evictions_per_minute.max(0.0),
+            budget: Budget {
+                max_nodes: r.max_quarantined,
+                max_percent: r.max_quarantined_percent,
+                per_domain: (!r.failure_domain_label.is_empty())
+                    .then(|| (r.failure_domain_label.clone(), r.max_quarantined_per_domain)),
+                node_selector: a.agents.node_selector.clone(),
             },
-            rules: a.rules,
-            out: a.out,
+            rules: a.agents.rules,
+            out: p.out,
             listen: a.listen,
-            write_interval,
-            urgent_spacing,
-            heartbeat: duration("heartbeat", &a.heartbeat)?,
-            replica,
-            log_json,
-            release: crate::remediate::ReleasePolicy {
-                auto: match a.release.as_str() {
-                    "manual" => false,
-                    "auto" => true,
-                    v => bail!("--release {v:?}: expected manual or auto"),
-                },
-                healthy_samples: a.release_healthy_samples.max(1),
-                cooldown: parse_duration(&a.release_cooldown)
-                    .with_context(|| format!("--release-cooldown {:?}", a.release_cooldown))?,
-                canary: match &a.canary_job {
-                    None => None,
-                    Some(p) => {
-                        let text = std::fs::read_to_string(p)
-                            .with_context(|| format!("--canary-job {}", p.display()))?;
-                        let template: k8s_openapi::api::batch::v1::Job =
-                            serde_yaml_ng::from_str(&text).with_context(|| {
-                                format!("--canary-job {}: not a Job manifest", p.display())
-                            })?;
-                        Some(crate::remediate::CanarySpec {
-                            template,
-                            namespace: a
-                                .canary_namespace
-                                .clone()
-                                .unwrap_or_else(|| a.namespace.clone()),
-                            timeout: duration("canary-timeout", &a.canary_timeout)?,
-                        })
-                    }
-                },
-                dedup_window: duration("dedup-window", &a.dedup_window)?,
-                expiry: duration("quarantine-expiry", &a.quarantine_expiry)?,
+            write_interval: p.write_interval,
+            urgent_spacing: p.urgent_spacing,
+            heartbeat: p.heartbeat,
+            replica: replica(s.replica),
+            log_json: a.log_format == LogFormat::Json,
+            release: ReleasePolicy {
+                auto: r.release == ReleaseMode::Auto,
+                healthy_samples: r.release_healthy_samples.max(1),
+                cooldown: r.release_cooldown,
+                canary: canary(&r, &p.namespace)?,
+                dedup_window: r.dedup_window,
+                expiry: r.quarantine_expiry,
             },
-            reconcile_interval: duration("reconcile-interval", &a.reconcile_interval)?,
-            advertise_url: a.advertise_url.clone().filter(|u| !u.is_empty()),
-            kube_timeout: duration("kube-timeout", &a.kube_timeout)?,
-            notify: a
+            reconcile_interval: r.reconcile_interval,
+            advertise_url: s.advertise_url.filter(|u| !u.is_empty()),
+            kube_timeout: a.kube_timeout,
+            notify: r
                 .notify
                 .iter()
                 .map(|s| s.trim())
                 .filter(|s| !s.is_empty())
                 .map(|s| s.parse().map_err(|e: String| anyhow::anyhow!(e)))
                 .collect::<anyhow::Result<_>>()?,
-            intake: match a.intake_token_file {
-                None => None,
-                Some(token_file) => Some(crate::intake::IntakeConfig {
-                    token_file,
-                    max_bytes: a.intake_max_bytes.max(1024),
-                    threshold: a.intake_threshold.max(1),
-                    window: duration("intake-window", &a.intake_window)?,
-                    dedup: duration("dedup-window", &a.dedup_window)?,
-                }),
-            },
-            watch_pod_health: a.watch_pod_health,
-            force_delete_after_deadline: a.force_delete_after_deadline,
-            shutdown_timeout: duration("shutdown-timeout", &a.shutdown_timeout)?,
+            intake: i.intake_token_file.map(|token_file| IntakeConfig {
+                token_file,
+                max_bytes: i.intake_max_bytes.max(1024),
+                threshold: i.intake_threshold.max(1),
+                window: i.intake_window,
+                dedup: r.dedup_window,
+            }),
+            watch_pod_health: r.watch_pod_health,
+            force_delete_after_deadline: r.force_delete_after_deadline,
+            shutdown_timeout: r.shutdown_timeout,
+            taint_key: r.taint_key,
+            event_namespace: r.event_namespace,
+            namespace: p.namespace,
         })
     }
 
@@ -511,6 +558,56 @@ mod tests {
             );
             n += 1;
         }
-        assert!(n >= 8, "only {n} flags seen");
+        assert!(n >= 40, "only {n} flags seen");
+    }
+
+    #[test]
+    fn durations_and_choices_are_checked_at_start() {
+        for (flag, bad) in [
+            ("--release-cooldown", "0s"),
+            ("--lease-duration", "0"),
+            ("--write-interval", "soon"),
+            ("--sink", "s3"),
+            ("--remediation", "maybe"),
+            ("--release", "sometimes"),
+            ("--log-format", "xml"),
+        ] {
+            let e = Config::parse_from(["a", flag, bad])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(bad), "{flag} {bad}: {e}");
+        }
+        let c = Config::parse_from([
+            "a",
+            "--sink",
+            "configmap",
+            "--release",
+            "auto",
+            "--release-cooldown",
+            "90s",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.remediation,
+            Mode::DryRun,
+            "dry-run by default with the ConfigMap sink"
+        );
+        assert!(c.release.auto);
+        assert_eq!(c.release.cooldown, Duration::from_secs(90));
+        assert_eq!(Config::parse_from(["a"]).unwrap().remediation, Mode::Off);
+        assert!(
+            Config::parse_from(["a", "--remediation", "enforce"]).is_err(),
+            "acting needs the Leases"
+        );
+        assert!(Config::parse_from([
+            "a",
+            "--sink",
+            "configmap",
+            "--lease-duration",
+            "4s",
+            "--lease-retry",
+            "2s"
+        ])
+        .is_err());
     }
 }

@@ -36,6 +36,8 @@ pub struct Metrics {
     registry: Registry,
     rules_reloads: Family<ResultLabel, Counter>,
     agent_polls: Family<ResultLabel, Counter>,
+    agent_poll_errors: Family<KindLabel, Counter>,
+    remediation_errors: Family<KindLabel, Counter>,
     agents_reachable: Gauge,
     agents_total: Gauge,
     devices: Family<StateLabel, Gauge>,
@@ -77,6 +79,11 @@ struct CodeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ShardLabel {
     shard: String,
 }
@@ -95,6 +102,8 @@ impl Metrics {
             registry: Registry::default(),
             rules_reloads: Family::default(),
             agent_polls: Family::default(),
+            agent_poll_errors: Family::default(),
+            remediation_errors: Family::default(),
             agents_reachable: Gauge::default(),
             agents_total: Gauge::default(),
             devices: Family::default(),
@@ -178,6 +187,16 @@ impl Metrics {
             m.agent_polls.clone(),
         );
         registry.register(
+            "agent_poll_errors",
+            "Failed requests to agents by kind (timeout, connect, status, body, parse, url)",
+            m.agent_poll_errors.clone(),
+        );
+        registry.register(
+            "remediation_errors",
+            "Remediation passes that failed, by kind (conflict, api, not-holder, record)",
+            m.remediation_errors.clone(),
+        );
+        registry.register(
             "agents_reachable",
             "Agents whose last request succeeded",
             m.agents_reachable.clone(),
@@ -249,6 +268,20 @@ impl Metrics {
             .get_or_create(&ResultLabel {
                 result: result.into(),
             })
+            .inc();
+    }
+
+    /// A request to an agent failed, by kind.
+    pub fn agent_poll_error(&self, kind: &str) {
+        self.agent_poll_errors
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .inc();
+    }
+
+    /// A remediation pass failed, by kind.
+    pub fn remediation_error(&self, kind: &str) {
+        self.remediation_errors
+            .get_or_create(&KindLabel { kind: kind.into() })
             .inc();
     }
 

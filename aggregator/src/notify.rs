@@ -18,8 +18,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
-use crate::remediate::RecordDevice;
+use crate::model::RecordDevice;
 
 /// The body shape a receiver expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,13 +82,61 @@ impl std::str::FromStr for Target {
     }
 }
 
+/// How serious a notification is.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Something was done to a node, or could not be.
+    Warning,
+    /// For the record (a dry run, a release).
+    Info,
+}
+
+impl Severity {
+    /// `warning` or `info`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Warning => "warning",
+            Severity::Info => "info",
+        }
+    }
+}
+
+/// What became of one notification for one receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Accepted at the first attempt.
+    Sent,
+    /// Accepted after a failure.
+    Retried,
+    /// Refused or unreachable on every attempt.
+    Failed,
+    /// Not queued: the queue was full.
+    Dropped,
+}
+
+impl Delivery {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivery::Sent => "sent",
+            Delivery::Retried => "retried",
+            Delivery::Failed => "failed",
+            Delivery::Dropped => "dropped",
+        }
+    }
+}
+
+/// Told of every delivery's outcome (the metrics).
+pub type OnDelivery = Arc<dyn Fn(Delivery) + Send + Sync>;
+
 /// What happened, as sent to a generic receiver.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Notification {
     /// The Event reason: `FaultlineQuarantined`, `FaultlineEvicted`, ...
     pub kind: String,
     /// `warning` or `info`.
-    pub severity: String,
+    pub severity: Severity,
     /// The node.
     pub node: String,
     /// The devices concerned, with UUID, bus id, source, metric and value.
@@ -106,7 +153,7 @@ impl Notification {
     fn line(&self) -> String {
         format!(
             "[faultline] {} {} on {}: {}",
-            self.severity.to_uppercase(),
+            self.severity.as_str().to_uppercase(),
             self.kind,
             self.node,
             self.message
@@ -130,7 +177,7 @@ pub fn render(format: Format, n: &Notification) -> serde_json::Value {
 /// Sends notifications in the background.
 pub struct Notifier {
     tx: mpsc::Sender<Notification>,
-    metrics: Arc<Metrics>,
+    on_delivery: OnDelivery,
 }
 
 /// Attempts per notification and receiver.
@@ -141,9 +188,9 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 impl Notifier {
     /// Start the sender; it stops with `cancel` (after the queue is drained, within
     /// one attempt's deadline per receiver).
-    pub fn start(targets: Vec<Target>, metrics: Arc<Metrics>, cancel: CancellationToken) -> Self {
+    pub fn start(targets: Vec<Target>, on_delivery: OnDelivery, cancel: CancellationToken) -> Self {
         let (tx, mut rx) = mpsc::channel::<Notification>(1024);
-        let m = metrics.clone();
+        let m = on_delivery.clone();
         tokio::spawn(async move {
             let client: Client<HttpConnector, Full<Bytes>> =
                 Client::builder(TokioExecutor::new()).build(HttpConnector::new());
@@ -156,44 +203,49 @@ impl Notifier {
                 for t in &targets {
                     let body = render(t.format, &n).to_string();
                     let result = send(&client, &t.url, body, &cancel).await;
-                    m.notification(result);
-                    if result == "failed" {
+                    m(result);
+                    if result == Delivery::Failed {
                         tracing::warn!(url = %t.url, kind = %n.kind, node = %n.node, "notification not delivered");
                     }
                 }
             }
         });
-        Notifier { tx, metrics }
+        Notifier { tx, on_delivery }
     }
 
     /// Queue a notification (dropped, and counted, when the queue is full).
     pub fn send(&self, n: Notification) {
         if self.tx.try_send(n).is_err() {
-            self.metrics.notification("dropped");
+            (self.on_delivery)(Delivery::Dropped);
         }
     }
 }
 
-/// POST `body`, retried with backoff on errors and non-2xx answers: `sent`, `retried`
-/// (sent after a failure) or `failed`.
+/// POST `body`, retried with backoff on errors and non-2xx answers.
 async fn send(
     client: &Client<HttpConnector, Full<Bytes>>,
     url: &str,
     body: String,
     cancel: &CancellationToken,
-) -> &'static str {
+) -> Delivery {
     let mut backoff = Duration::from_millis(500);
     for attempt in 0..ATTEMPTS {
         let req = hyper::Request::post(url)
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(body.clone())));
-        let Ok(req) = req else { return "failed" };
+        let Ok(req) = req else {
+            return Delivery::Failed;
+        };
         let ok = matches!(
             tokio::time::timeout(TIMEOUT, client.request(req)).await,
             Ok(Ok(r)) if r.status().is_success()
         );
         if ok {
-            return if attempt == 0 { "sent" } else { "retried" };
+            return if attempt == 0 {
+                Delivery::Sent
+            } else {
+                Delivery::Retried
+            };
         }
         if attempt + 1 < ATTEMPTS {
             tokio::select! {
@@ -204,7 +256,7 @@ async fn send(
             backoff *= 2;
         }
     }
-    "failed"
+    Delivery::Failed
 }
 
 #[cfg(test)]
@@ -214,7 +266,7 @@ mod tests {
     fn sample() -> Notification {
         Notification {
             kind: "FaultlineQuarantined".into(),
-            severity: "warning".into(),
+            severity: Severity::Warning,
             node: "gpu-node-01".into(),
             devices: vec![RecordDevice {
                 uuid: Some("GPU-123456".into()),
@@ -295,10 +347,11 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let metrics = Arc::new(Metrics::new());
+        let outcomes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = outcomes.clone();
         let n = Notifier::start(
             vec![format!("slack=http://{addr}/hook").parse().unwrap()],
-            metrics.clone(),
+            Arc::new(move |d| seen.lock().unwrap().push(d)),
             CancellationToken::new(),
         );
         n.send(sample());
@@ -312,10 +365,11 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("gpu-node-01"));
-        // The metric is counted after the answer: give it a moment.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(metrics
-            .encode()
-            .contains("faultline_aggregator_notifications_total{result=\"retried\"} 1"));
+        // The outcome is told after the answer: give it a moment.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while outcomes.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(*outcomes.lock().unwrap(), vec![Delivery::Retried]);
     }
 }

@@ -12,9 +12,11 @@ use std::sync::Arc;
 use faultline_common::fault::{AgentReach, FaultSummary, NodeFaults, NpuFault, FAULT_VERSION};
 use faultline_common::rules::{DeviceWindows, Rules};
 use faultline_common::state::{step, DeviceState};
+use faultline_common::time::rfc3339_ms as rfc3339;
 use faultline_common::{DeviceStatus, NodeHealth};
 
 use crate::metrics::Metrics;
+use crate::model::{DeviceView, RecordDevice};
 
 /// Evaluations closer together than this are merged into the next tick.
 pub const MIN_EVAL_SPACING_MS: u64 = 900;
@@ -65,22 +67,17 @@ pub struct Pipeline {
 
 /// A device of `n` for a quarantine record, with the UUID and bus id of its last
 /// reading; the verdict is the agent's (through this pipeline).
-fn record_device(n: &Node, id: &str, reason: String) -> crate::remediate::RecordDevice {
+fn record_device(n: &Node, id: &str, reason: String) -> RecordDevice {
     let last = n
         .doc
         .as_ref()
         .and_then(|doc| doc.npus.iter().find(|x| x.reading.id == id));
-    crate::remediate::RecordDevice {
+    RecordDevice {
         uuid: last.and_then(|l| l.reading.uuid.clone()),
         pci_bus_id: last.and_then(|l| l.reading.pci_bus_id.clone()),
         source: Some("agent".into()),
-        ..crate::remediate::RecordDevice::new(id, reason)
+        ..RecordDevice::new(id, reason)
     }
-}
-
-fn rfc3339(ms: u64) -> String {
-    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
-        .to_string()
 }
 
 impl Pipeline {
@@ -334,7 +331,7 @@ impl Pipeline {
     }
 
     /// The failed devices of a node, for its quarantine record.
-    pub fn failed_devices(&self, name: &str) -> Vec<crate::remediate::RecordDevice> {
+    pub fn failed_devices(&self, name: &str) -> Vec<RecordDevice> {
         let Some(n) = self.nodes.get(name) else {
             return Vec::new();
         };
@@ -347,12 +344,7 @@ impl Pipeline {
 
     /// The devices of a node unknown for at least `tolerance_ms` (none failed: a failed
     /// device is isolation's business).
-    pub fn unknown_devices(
-        &self,
-        name: &str,
-        tolerance_ms: u64,
-        now_ms: u64,
-    ) -> Vec<crate::remediate::RecordDevice> {
+    pub fn unknown_devices(&self, name: &str, tolerance_ms: u64, now_ms: u64) -> Vec<RecordDevice> {
         let Some(n) = self.nodes.get(name) else {
             return Vec::new();
         };
@@ -380,13 +372,13 @@ impl Pipeline {
 
     /// What a release decision needs to know of a node's devices: state, clean streak
     /// and since when, with the identities a record may name them by.
-    pub fn device_views(&self, name: &str) -> Vec<crate::remediate::DeviceView> {
+    pub fn device_views(&self, name: &str) -> Vec<DeviceView> {
         let Some(n) = self.nodes.get(name) else {
             return Vec::new();
         };
         n.devices
             .iter()
-            .map(|(id, d)| crate::remediate::DeviceView {
+            .map(|(id, d)| DeviceView {
                 device: record_device(n, id, d.state.reason.clone().unwrap_or_default()),
                 status: d.state.status,
                 clean_streak: d.state.clean_streak,

@@ -2,9 +2,11 @@
 //! others' taints kept, a record readable on the Node, a condition and one Event;
 //! dry-run changes nothing; a refused write is an error, not a half-done job.
 
+use faultline_aggregator::model::RecordDevice;
 use faultline_aggregator::remediate::{
-    Budget, Mode, Outcome, RecordDevice, Remediator, CONDITION, DEVICES_LABEL, RECORD_ANNOTATION,
+    Budget, Mode, Outcome, Remediator, CONDITION, DEVICES_LABEL, RECORD_ANNOTATION,
 };
+use faultline_aggregator::shard::Fence;
 use faultline_test_apiserver::{ApiServer, Faults};
 use serde_json::{json, Value};
 
@@ -69,15 +71,21 @@ async fn isolation_is_idempotent_and_keeps_other_taints() {
     let (server, client) = setup().await;
     let r = remediator(client, Mode::Enforce);
     assert_eq!(
-        r.isolate("gpu-1", failed("gpu3")).await.unwrap(),
+        r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+            .await
+            .unwrap(),
         Outcome::Isolated
     );
     assert_eq!(
-        r.isolate("gpu-1", failed("gpu3")).await.unwrap(),
+        r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+            .await
+            .unwrap(),
         Outcome::AlreadyDone
     );
     assert_eq!(
-        r.isolate("gpu-1", failed("gpu3")).await.unwrap(),
+        r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+            .await
+            .unwrap(),
         Outcome::AlreadyDone
     );
 
@@ -124,7 +132,10 @@ async fn isolation_is_idempotent_and_keeps_other_taints() {
     // A second device fails: the record grows, still one taint, one more Event.
     let mut two = failed("gpu3");
     two.extend(failed("gpu5"));
-    assert_eq!(r.isolate("gpu-1", two).await.unwrap(), Outcome::Isolated);
+    assert_eq!(
+        r.isolate("gpu-1", two, &Fence::unfenced()).await.unwrap(),
+        Outcome::Isolated
+    );
     let node: Value = server.get("nodes", "", "gpu-1").unwrap();
     assert_eq!(
         node["spec"]["taints"]
@@ -145,7 +156,9 @@ async fn dry_run_announces_and_changes_nothing() {
     let before = server.get("nodes", "", "gpu-1").unwrap();
     let r = remediator(client, Mode::DryRun);
     assert_eq!(
-        r.isolate("gpu-1", failed("gpu3")).await.unwrap(),
+        r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+            .await
+            .unwrap(),
         Outcome::Announced
     );
     assert_eq!(server.get("nodes", "", "gpu-1").unwrap(), before);
@@ -160,7 +173,10 @@ async fn a_refused_write_changes_nothing_and_the_next_pass_completes() {
         conflict_rate: 1.0,
         ..Default::default()
     });
-    assert!(r.isolate("gpu-1", failed("gpu3")).await.is_err());
+    assert!(r
+        .isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .is_err());
     let node = server.get("nodes", "", "gpu-1").unwrap();
     assert_eq!(
         node["spec"]["taints"].as_array().unwrap().len(),
@@ -170,7 +186,9 @@ async fn a_refused_write_changes_nothing_and_the_next_pass_completes() {
     assert!(node["metadata"]["annotations"].is_null());
     server.set_faults(Faults::default());
     assert_eq!(
-        r.isolate("gpu-1", failed("gpu3")).await.unwrap(),
+        r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+            .await
+            .unwrap(),
         Outcome::Isolated
     );
     assert_eq!(events(&server, "FaultlineQuarantined"), 1);
@@ -222,9 +240,11 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
         .unwrap();
 
     let r = remediator(client, Mode::Enforce);
-    r.isolate("gpu-1", failed("gpu3")).await.unwrap();
-    let fence = || true;
-    let first = r.evict_fenced("gpu-1", &fence).await.unwrap();
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    let fence = Fence::unfenced();
+    let first = r.evict("gpu-1", &fence).await.unwrap();
     let names = |v: &[String]| -> Vec<String> {
         v.iter()
             .map(|k| k.split('/').nth(1).unwrap().to_string())
@@ -241,7 +261,7 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
         );
     }
     // A second pass evicts nothing new and still waits on the budget.
-    let second = r.evict_fenced("gpu-1", &fence).await.unwrap();
+    let second = r.evict("gpu-1", &fence).await.unwrap();
     assert!(second.evicted.is_empty());
     assert_eq!(names(&second.blocked), vec!["guarded"]);
     // The budget allows it now.
@@ -260,7 +280,7 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
             None,
         )
         .unwrap();
-    let third = r.evict_fenced("gpu-1", &fence).await.unwrap();
+    let third = r.evict("gpu-1", &fence).await.unwrap();
     assert_eq!(names(&third.evicted), vec!["guarded"]);
     // Each pod was asked to leave once, whatever the passes.
     let calls = server.calls();
@@ -297,7 +317,7 @@ async fn ten_failed_nodes_against_a_budget_of_three() {
         // Passes repeat, as the reconcile loop does.
         for _ in 0..2 {
             match r
-                .isolate(&format!("n{i:02}"), failed("gpu0"))
+                .isolate(&format!("n{i:02}"), failed("gpu0"), &Fence::unfenced())
                 .await
                 .unwrap()
             {
@@ -341,7 +361,9 @@ async fn ten_failed_nodes_against_a_budget_of_three() {
         let r = &r;
         async move {
             matches!(
-                r.isolate(&format!("m{i}"), failed("gpu0")).await.unwrap(),
+                r.isolate(&format!("m{i}"), failed("gpu0"), &Fence::unfenced())
+                    .await
+                    .unwrap(),
                 Outcome::Isolated
             )
         }
@@ -374,7 +396,11 @@ async fn the_breaker_stops_everything_until_a_person_closes_it() {
     for i in 0..5 {
         let n = format!("b{i}");
         r.note_failure(&n).await.unwrap();
-        outcomes.push(r.isolate(&n, failed("gpu0")).await.unwrap());
+        outcomes.push(
+            r.isolate(&n, failed("gpu0"), &Fence::unfenced())
+                .await
+                .unwrap(),
+        );
     }
     assert_eq!(outcomes[..2], [Outcome::Isolated, Outcome::Isolated]);
     assert!(
@@ -387,7 +413,9 @@ async fn the_breaker_stops_everything_until_a_person_closes_it() {
     assert_eq!(cm["data"]["state"], "open");
     // Nothing moves, even for a node already known, until a person closes it.
     assert_eq!(
-        r.isolate("b3", failed("gpu0")).await.unwrap(),
+        r.isolate("b3", failed("gpu0"), &Fence::unfenced())
+            .await
+            .unwrap(),
         Outcome::BreakerOpen
     );
     let mut cm = cm;
@@ -396,7 +424,9 @@ async fn the_breaker_stops_everything_until_a_person_closes_it() {
         .update("configmaps", "faultline", "faultline-breaker", cm, None)
         .unwrap();
     assert_eq!(
-        r.isolate("b3", failed("gpu0")).await.unwrap(),
+        r.isolate("b3", failed("gpu0"), &Fence::unfenced())
+            .await
+            .unwrap(),
         Outcome::Isolated
     );
 }
@@ -410,8 +440,10 @@ async fn evictions_are_rate_limited_and_the_rest_wait() {
             .unwrap();
     }
     let r = remediator(client, Mode::Enforce).with_breaker(None, 2.0);
-    r.isolate("gpu-1", failed("gpu3")).await.unwrap();
-    let first = r.evict_fenced("gpu-1", &|| true).await.unwrap();
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    let first = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
     assert_eq!(
         (first.evicted.len(), first.blocked.len()),
         (2, 2),
@@ -432,20 +464,20 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
     let r = remediator(client, Mode::Enforce);
     let unknown = vec![RecordDevice::new("gpu0", "no-fresh-data")];
     assert_eq!(
-        r.guard_unknown_fenced("down", unknown.clone(), &|| true)
+        r.guard_unknown("down", unknown.clone(), &Fence::unfenced())
             .await
             .unwrap(),
         Outcome::LeftToKubernetes
     );
     assert!(server.get("nodes", "", "down").unwrap()["spec"].is_null());
     assert_eq!(
-        r.guard_unknown_fenced("gpu-1", unknown.clone(), &|| true)
+        r.guard_unknown("gpu-1", unknown.clone(), &Fence::unfenced())
             .await
             .unwrap(),
         Outcome::Isolated
     );
     assert_eq!(
-        r.guard_unknown_fenced("gpu-1", unknown, &|| true)
+        r.guard_unknown("gpu-1", unknown, &Fence::unfenced())
             .await
             .unwrap(),
         Outcome::AlreadyDone
@@ -463,7 +495,7 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
         (Some("unknown"), Some("NoSchedule"))
     );
     // No eviction for unknown, whatever pass runs.
-    let e = r.evict_fenced("gpu-1", &|| true).await.unwrap();
+    let e = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
     assert!(e.evicted.is_empty() && e.blocked.is_empty(), "{e:?}");
     assert!(server.get("pods", "default", "w0").is_some());
     assert_eq!(events(&server, "FaultlineUnknownCordoned"), 1);
@@ -483,7 +515,9 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
     let mut two = failed("gpu3");
     two.extend(failed("gpu5"));
     assert_eq!(
-        r.isolate("gpu-1", two.clone()).await.unwrap(),
+        r.isolate("gpu-1", two.clone(), &Fence::unfenced())
+            .await
+            .unwrap(),
         Outcome::Isolated
     );
     let record = |server: &ApiServer| -> Value {
@@ -497,7 +531,7 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
     let first = record(&server)["expiry"].as_str().unwrap().to_string();
     // Not expired yet: waiting for a person, nothing written.
     assert!(matches!(
-        r.release_pass_fenced("gpu-1", &[], 0, &|| true)
+        r.release_pass("gpu-1", &[], 0, &Fence::unfenced())
             .await
             .unwrap(),
         Outcome::Waiting(_)
@@ -505,7 +539,7 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
     assert_eq!(record(&server)["expiry"], first);
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     assert!(matches!(
-        r.release_pass_fenced("gpu-1", &[], 0, &|| true)
+        r.release_pass("gpu-1", &[], 0, &Fence::unfenced())
             .await
             .unwrap(),
         Outcome::Waiting(_)
@@ -514,7 +548,7 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
     assert!(second > first, "extended: {first} -> {second}");
     assert_eq!(events(&server, "FaultlineQuarantineExtended"), 1);
     // Again before the new expiry: nothing more.
-    r.release_pass_fenced("gpu-1", &[], 0, &|| true)
+    r.release_pass("gpu-1", &[], 0, &Fence::unfenced())
         .await
         .unwrap();
     assert_eq!(events(&server, "FaultlineQuarantineExtended"), 1);
@@ -525,14 +559,20 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
         actor: "user:bob".into(),
         reason: "swapped".into(),
     };
-    assert_eq!(r.release("gpu-1", req).await.unwrap(), Outcome::Released);
+    assert_eq!(
+        r.release("gpu-1", req, &Fence::unfenced()).await.unwrap(),
+        Outcome::Released
+    );
     let node = server.get("nodes", "", "gpu-1").unwrap();
     assert_eq!(node["metadata"]["labels"][DEVICES_LABEL], "gpu3");
     let rec = record(&server);
     assert_eq!(rec["devices"].as_array().unwrap().len(), 1);
     assert!(rec["released_devices"]["gpu5"].is_string());
     // The pipeline still says gpu5 failed: within the dedup window it is not taken back.
-    assert_eq!(r.isolate("gpu-1", two).await.unwrap(), Outcome::AlreadyDone);
+    assert_eq!(
+        r.isolate("gpu-1", two, &Fence::unfenced()).await.unwrap(),
+        Outcome::AlreadyDone
+    );
     assert_eq!(record(&server)["devices"].as_array().unwrap().len(), 1);
     assert_eq!(
         node["spec"]["taints"]
@@ -556,24 +596,16 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
     server
         .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
         .unwrap();
-    let fence = || true;
+    let fence = Fence::unfenced();
     let deadline = std::time::Duration::from_millis(50);
     // Not configured: left alone after the deadline.
     let r = remediator(client.clone(), Mode::Enforce).with_resources(vec![], deadline);
-    r.isolate("gpu-1", failed("gpu3")).await.unwrap();
-    assert_eq!(
-        r.evict_fenced("gpu-1", &fence).await.unwrap().blocked.len(),
-        1
-    );
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    assert_eq!(r.evict("gpu-1", &fence).await.unwrap().blocked.len(), 1);
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert_eq!(
-        r.evict_fenced("gpu-1", &fence)
-            .await
-            .unwrap()
-            .given_up
-            .len(),
-        1
-    );
+    assert_eq!(r.evict("gpu-1", &fence).await.unwrap().given_up.len(), 1);
     assert!(server.get("pods", "default", "guarded").is_some());
     assert_eq!(events(&server, "FaultlineEvictionBlocked"), 1);
 
@@ -584,7 +616,9 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
     let r = remediator(client, Mode::Enforce)
         .with_resources(vec![], deadline)
         .with_force_delete(true);
-    r.isolate("gpu-1", failed("gpu5")).await.unwrap();
+    r.isolate("gpu-1", failed("gpu5"), &Fence::unfenced())
+        .await
+        .unwrap();
     let mut pdb = server
         .get("poddisruptionbudgets", "default", "guarded")
         .unwrap();
@@ -592,17 +626,14 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
     server
         .update("poddisruptionbudgets", "default", "guarded", pdb, None)
         .unwrap();
-    assert_eq!(
-        r.evict_fenced("gpu-1", &fence).await.unwrap().blocked.len(),
-        1
-    );
+    assert_eq!(r.evict("gpu-1", &fence).await.unwrap().blocked.len(), 1);
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let out = r.evict_fenced("gpu-1", &fence).await.unwrap();
+    let out = r.evict("gpu-1", &fence).await.unwrap();
     assert_eq!(out.evicted.len(), 1, "{out:?}");
     assert!(server.get("pods", "default", "guarded-2").is_none());
     assert_eq!(events(&server, "FaultlinePodDeleted"), 1);
     // Nothing more on later passes.
-    let out = r.evict_fenced("gpu-1", &fence).await.unwrap();
+    let out = r.evict("gpu-1", &fence).await.unwrap();
     assert!(out.evicted.is_empty() && out.blocked.is_empty(), "{out:?}");
 }
 
@@ -625,7 +656,12 @@ async fn devices_named_by_bus_id_or_uuid_give_a_valid_label() {
         pci_bus_id: Some("00000000:3B:00.0".into()),
         ..RecordDevice::new("00000000:3B:00.0", "alert:xid_error")
     }];
-    assert_eq!(r.isolate("gpu-1", by_bus).await.unwrap(), Outcome::Isolated);
+    assert_eq!(
+        r.isolate("gpu-1", by_bus, &Fence::unfenced())
+            .await
+            .unwrap(),
+        Outcome::Isolated
+    );
     let node = server.get("nodes", "", "gpu-1").unwrap();
     assert_eq!(node["metadata"]["labels"][DEVICES_LABEL], odd);
 }

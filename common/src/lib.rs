@@ -1,16 +1,23 @@
 //! faultline's domain: what a device reading is, how a single reading is classified,
-//! the NVIDIA Xid catalog, and the node health document the agent serves.
+//! the NVIDIA Xid catalog, the node health document the agent serves, the JSON body of
+//! every HTTP error answer ([`api`]) and the wall-clock helpers ([`time`]).
 //!
 //! No Kubernetes, no NVML, no I/O: everything here is a pure function or a plain type so
-//! the agent, the aggregator and the tests share one definition.
+//! the agent, the aggregator and the tests share one definition. The one exception is
+//! `runtime` (cargo feature `runtime`, off by default): the logging and signal wiring
+//! both binaries share, which pulls in tokio and tracing-subscriber.
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod classify;
 pub mod document;
 pub mod fault;
 pub mod reading;
 pub mod rules;
+#[cfg(feature = "runtime")]
+pub mod runtime;
 pub mod state;
+pub mod time;
 pub mod xid;
 
 pub use classify::{classify, Classification, Finding, Thresholds};

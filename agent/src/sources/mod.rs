@@ -1,7 +1,8 @@
-//! Device sources. Each polled source implements [`Source`]; a source that also streams
-//! events (NVML's event set, the kernel log) pushes them through an [`EventSink`].
+//! Device sources. Each polled source implements [`Source`] and is driven by the
+//! sampler; a source that streams (NVML's event set, the kernel log) pushes what it sees,
+//! and, when it has no poll of its own, whether it is reading at all, through an
+//! [`EventSink`] (the store in the running agent). [`ProbeError`] says why either failed.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use faultline_common::{DeviceReading, XidEvent};
@@ -80,13 +81,21 @@ pub trait Source: Send + Sync + 'static {
     }
 }
 
-/// Where streaming sources deliver Xid events.
-pub type EventSink = Arc<dyn Fn(XidEvent) + Send + Sync>;
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+/// Where streaming sources deliver what they see and their own up/down status. The
+/// store implements it; sources never write the store directly.
+///
+/// A streaming source with a poll of its own (NVML's event thread beside the `nvml`
+/// source) only sends [`event`](EventSink::event)s: the sampler reports its status. One
+/// without (kmsg) registers itself and reports [`stream_up`](EventSink::stream_up) and
+/// [`stream_down`](EventSink::stream_down) as it opens and loses its input.
+pub trait EventSink: Send + Sync + 'static {
+    /// Declare a streaming source `source`: it appears in the document's `sources[]`,
+    /// counts as up until it says otherwise, and does not gate readiness.
+    fn register_stream(&self, source: &'static str);
+    /// An Xid was seen (duplicates and ignored Xids are dropped by the receiver).
+    fn event(&self, event: XidEvent);
+    /// `source` is reading its input (again).
+    fn stream_up(&self, source: &'static str);
+    /// `source` cannot read its input: `err` says why.
+    fn stream_down(&self, source: &'static str, err: &ProbeError);
 }

@@ -4,7 +4,7 @@
 //! reading is older than the TTL); only `NVML_ERROR_GPU_IS_LOST` says the device is
 //! broken, and then it is reported as lost, a hard fault. Unsupported metrics are left
 //! out, not guessed. Xid critical events come from an NVML event set on a thread of its
-//! own; an error of that wait is counted and retried, never turned into a fault (unlike
+//! own and go to the [`EventSink`] (the sampler reports the source's status); an error of that wait is counted and retried, never turned into a fault (unlike
 //! NVIDIA's device plugin, which marks every device unhealthy on a wait error).
 #![allow(unsafe_code)]
 
@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use faultline_common::time::now_ms;
 use faultline_common::xid::class_of;
 use faultline_common::{
     normalize_bus_id, DeviceReading, EccCounts, NvLinkState, PcieLink, RemappedRows, RetiredPages,
@@ -30,7 +31,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use tokio_util::sync::CancellationToken;
 
-use super::{now_ms, EventSink, ProbeError, Source, SourceSample};
+use super::{EventSink, ProbeError, Source, SourceSample};
 use crate::metrics::Metrics;
 
 /// NVLink links a device may have (NVML_NVLINK_MAX_LINKS).
@@ -58,8 +59,9 @@ pub struct NvmlSource {
 /// Where the event thread delivers Xids and counts its errors.
 #[derive(Clone)]
 pub struct EventStream {
-    /// Receives each Xid.
-    pub sink: EventSink,
+    /// Receives each Xid (only [`EventSink::event`] is used: the sampler reports
+    /// the `nvml` source's status).
+    pub sink: Arc<dyn EventSink>,
     /// Stops the thread.
     pub cancel: CancellationToken,
     /// Counts wait errors (`source_errors{source="nvml",kind="event-wait"}`).
@@ -370,7 +372,7 @@ fn nvml_result(rc: nvml_wrapper_sys::bindings::nvmlReturn_t) -> Result<(), NvmlE
 fn event_loop(nvml: &Nvml, stream: &EventStream) {
     let mut backoff = Duration::from_secs(1);
     while !stream.cancel.is_cancelled() {
-        match watch_events(nvml, &stream.sink, &stream.cancel) {
+        match watch_events(nvml, stream.sink.as_ref(), &stream.cancel) {
             // Cancelled, or time to re-arm.
             Ok(()) => backoff = Duration::from_secs(1),
             Err(e) => {
@@ -386,7 +388,7 @@ fn event_loop(nvml: &Nvml, stream: &EventStream) {
 
 fn watch_events(
     nvml: &Nvml,
-    sink: &EventSink,
+    sink: &dyn EventSink,
     cancel: &CancellationToken,
 ) -> Result<(), NvmlError> {
     let mut set = nvml.create_event_set()?;
@@ -451,7 +453,7 @@ fn watch_events(
                             .ok()
                             .and_then(|p| normalize_bus_id(&p.bus_id))
                     });
-                sink(XidEvent {
+                sink.event(XidEvent {
                     xid,
                     class: class_of(xid),
                     pci_bus_id: bus,

@@ -4,6 +4,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use faultline_common::time::now_ms;
 use faultline_common::xid::class_of;
 use faultline_common::{
     DeviceReading, EccCounts, NvLinkState, PcieLink, RemappedRows, Throttle, Vendor, VendorHealth,
@@ -13,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::{now_ms, ProbeError, Source, SourceSample};
+use super::{ProbeError, Source, SourceSample};
 
 /// A fault the simulator can show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use faultline_aggregator::remediate::{
-    history_of, Remediator, RELEASE_ANNOTATION, RELEASE_BY_ANNOTATION, RELEASE_REASON_ANNOTATION,
+    history_of, record_of, DEVICES_LABEL, RELEASE_ANNOTATION, RELEASE_BY_ANNOTATION,
+    RELEASE_REASON_ANNOTATION,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -105,14 +106,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     .unwrap_or_default()
             );
             let list = nodes
-                .list(&ListParams::default().labels(faultline_aggregator::remediate::DEVICES_LABEL))
+                .list(&ListParams::default().labels(DEVICES_LABEL))
                 .await?;
             println!(
                 "{:<28} {:<24} {:<22} {:<10} REASON",
                 "NODE", "DEVICES", "SINCE", "BY"
             );
             for n in &list.items {
-                let Some(r) = Remediator::record_of(n)? else {
+                let Some(r) = record_of(n)? else {
                     continue;
                 };
                 let ids: Vec<&str> = r.devices.iter().map(|d| d.id.as_str()).collect();
@@ -144,7 +145,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .get(&node)
                 .await
                 .with_context(|| format!("node {node}"))?;
-            let Some(record) = Remediator::record_of(&live)? else {
+            let Some(record) = record_of(&live)? else {
                 bail!("{node} is not quarantined by faultline");
             };
             let who = by
@@ -178,7 +179,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     .as_ref()
                     .is_some_and(|a| a.contains_key(RELEASE_ANNOTATION));
                 if !pending {
-                    match Remediator::record_of(&live)? {
+                    match record_of(&live)? {
                         None => {
                             let last = history_of(&live).pop();
                             println!(

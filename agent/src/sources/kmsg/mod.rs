@@ -7,6 +7,10 @@
 //! `tail -F` (an old syslog must not replay as new faults) and resumed where it was
 //! after an error; after rotation or truncation the new file is read from its start.
 //! A FIFO is read as written.
+//!
+//! Like NVML's event thread, kmsg reports through an [`EventSink`]: each Xid line as an
+//! event, and its own status (registered as a stream, up once the log is open, down
+//! with the error while it cannot be read). It never touches the store.
 
 pub mod parser;
 
@@ -17,24 +21,27 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use faultline_common::time::now_ms;
 use faultline_common::xid::class_of_message;
 use faultline_common::XidEvent;
 use tokio_util::sync::CancellationToken;
 
 use self::parser::{Line, Parser};
-use super::{now_ms, ProbeError};
+use super::{EventSink, ProbeError};
 use crate::metrics::Metrics;
-use crate::store::Store;
+
+/// The source's name in documents, events and metrics.
+pub const SOURCE: &str = "kmsg";
 
 /// A record whose kernel timestamp is this close to now is live: it gets the arrival
 /// time, so it lines up with NVML's event for the same Xid (the boot time from
 /// /proc/stat is only good to a second or so).
 const LIVE_WINDOW_MS: u64 = 10_000;
 
-/// Turns lines into events and counts them.
+/// Turns lines into events for the sink and counts them.
 pub struct LineHandler {
     parser: Parser,
-    store: Arc<Store>,
+    sink: Arc<dyn EventSink>,
     metrics: Arc<Metrics>,
     boot_ms: Option<u64>,
 }
@@ -82,10 +89,11 @@ pub fn unescape(s: &str) -> String {
 
 impl LineHandler {
     /// `boot_ms` (boot time, ms since the epoch) turns kmsg timestamps into wall time.
-    pub fn new(store: Arc<Store>, metrics: Arc<Metrics>, boot_ms: Option<u64>) -> Self {
+    /// Xid lines go to `sink` as events; every line is counted in `metrics`.
+    pub fn new(sink: Arc<dyn EventSink>, metrics: Arc<Metrics>, boot_ms: Option<u64>) -> Self {
         LineHandler {
             parser: Parser::default(),
-            store,
+            sink,
             metrics,
             boot_ms,
         }
@@ -127,12 +135,12 @@ impl LineHandler {
             }
         };
         self.metrics.count_kmsg_line(kind);
-        self.store.add_event(XidEvent {
+        self.sink.event(XidEvent {
             xid,
             class: class_of_message(xid, &message),
             pci_bus_id: bus,
             at_ms,
-            source: "kmsg".into(),
+            source: SOURCE.into(),
             message: message.chars().take(300).collect(),
         });
     }
@@ -155,19 +163,24 @@ struct Position {
 }
 
 /// Follow `path` on a thread of its own until `cancel` fires; reopen with backoff on
-/// failure. Never returns an error: a kernel log we cannot read is reported as the
-/// source being down.
-pub fn spawn(path: PathBuf, store: Arc<Store>, metrics: Arc<Metrics>, cancel: CancellationToken) {
-    store.register_source("kmsg", false);
+/// failure. Never returns an error: a kernel log we cannot read is reported to `sink`
+/// as the source being down.
+pub fn spawn(
+    path: PathBuf,
+    sink: Arc<dyn EventSink>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    sink.register_stream(SOURCE);
     let spawned = std::thread::Builder::new().name("kmsg".into()).spawn(move || {
         let mut backoff = Duration::from_millis(500);
         let mut pos = Position::default();
         while !cancel.is_cancelled() {
-            match follow(&path, &mut pos, &store, &metrics, &cancel) {
+            match follow(&path, &mut pos, &sink, &metrics, &cancel) {
                 Ok(()) => backoff = Duration::from_millis(500),
                 Err(e) => {
-                    metrics.count_error("kmsg", e.kind());
-                    store.record_failure("kmsg", &e, 0);
+                    metrics.count_error(SOURCE, e.kind());
+                    sink.stream_down(SOURCE, &e);
                     tracing::warn!(path = %path.display(), error = %e, "kernel log unreadable; retrying");
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(30));
@@ -187,7 +200,7 @@ fn call_err(path: &Path, e: std::io::Error) -> ProbeError {
 fn follow(
     path: &Path,
     pos: &mut Position,
-    store: &Arc<Store>,
+    sink: &Arc<dyn EventSink>,
     metrics: &Arc<Metrics>,
     cancel: &CancellationToken,
 ) -> Result<(), ProbeError> {
@@ -196,10 +209,9 @@ fn follow(
     let ft = meta.file_type();
     let mut file =
         File::open(path).map_err(|e| ProbeError::Init(format!("{}: {e}", path.display())))?;
-    // Mark the source up.
-    store.apply_sample("kmsg", Default::default());
+    sink.stream_up(SOURCE);
     if ft.is_char_device() {
-        let mut h = LineHandler::new(store.clone(), metrics.clone(), boot_time_ms());
+        let mut h = LineHandler::new(sink.clone(), metrics.clone(), boot_time_ms());
         let mut buf = vec![0u8; 16 * 1024];
         while !cancel.is_cancelled() {
             match file.read(&mut buf) {
@@ -226,7 +238,7 @@ fn follow(
         }
         return Ok(());
     }
-    let mut h = LineHandler::new(store.clone(), metrics.clone(), None);
+    let mut h = LineHandler::new(sink.clone(), metrics.clone(), None);
     if ft.is_fifo() {
         let mut reader = BufReader::new(file);
         let mut line = Vec::new();
@@ -291,6 +303,78 @@ fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// Records what kmsg reports, in order.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl EventSink for Recorder {
+        fn register_stream(&self, source: &'static str) {
+            self.0.lock().unwrap().push(format!("register {source}"));
+        }
+        fn event(&self, e: XidEvent) {
+            let bus = e.pci_bus_id.unwrap_or_default();
+            let line = format!("xid {} {bus} {}", e.xid, e.source);
+            self.0.lock().unwrap().push(line);
+        }
+        fn stream_up(&self, source: &'static str) {
+            self.0.lock().unwrap().push(format!("up {source}"));
+        }
+        fn stream_down(&self, source: &'static str, err: &ProbeError) {
+            let line = format!("down {source} {}", err.kind());
+            self.0.lock().unwrap().push(line);
+        }
+    }
+
+    #[test]
+    fn lines_become_events_on_the_sink() {
+        let rec = Arc::new(Recorder::default());
+        let metrics = Arc::new(Metrics::new());
+        let mut h = LineHandler::new(rec.clone(), metrics.clone(), None);
+        h.line("NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.");
+        h.line("usb 1-1: new high-speed USB device");
+        assert_eq!(*rec.0.lock().unwrap(), vec!["xid 79 0000:3b:00.0 kmsg"]);
+        let m = metrics.encode();
+        assert!(
+            m.contains("faultline_agent_kmsg_lines_total{result=\"xid\"} 1"),
+            "{m}"
+        );
+        assert!(
+            m.contains("faultline_agent_kmsg_lines_total{result=\"other\"} 1"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_missing_log_is_reported_down_then_up_once_it_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kern.log");
+        let rec = Arc::new(Recorder::default());
+        let cancel = CancellationToken::new();
+        spawn(
+            path.clone(),
+            rec.clone(),
+            Arc::new(Metrics::new()),
+            cancel.clone(),
+        );
+        let wait_for = |what: &str| {
+            let t = std::time::Instant::now();
+            while !rec.0.lock().unwrap().iter().any(|l| l == what) {
+                assert!(
+                    t.elapsed() < Duration::from_secs(5),
+                    "no {what:?}: {:?}",
+                    rec.0
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        wait_for("down kmsg init");
+        std::fs::write(&path, "").unwrap();
+        wait_for("up kmsg");
+        cancel.cancel();
+        assert_eq!(rec.0.lock().unwrap()[0], "register kmsg");
+    }
 
     #[test]
     fn kmsg_records_and_escapes() {

@@ -12,7 +12,8 @@ use faultline_common::fault::{FaultDocument, ShardIndex};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use crate::lease::Held;
+use crate::metrics::Metrics;
+use crate::shard::Held;
 
 /// Largest ConfigMap we write; the API's limit is 1 MiB.
 pub const MAX_BYTES: usize = 900 << 10;
@@ -43,7 +44,7 @@ pub struct ConfigMapSink {
     name: String,
     /// Per shard: the resourceVersion and sequence of our last write.
     last: Mutex<HashMap<u32, (String, u64)>>,
-    metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
+    metrics: Option<std::sync::Arc<Metrics>>,
 }
 
 /// The ConfigMap of a shard.
@@ -76,7 +77,7 @@ impl ConfigMapSink {
     }
 
     /// Count 409s in `metrics`.
-    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }
@@ -191,5 +192,142 @@ impl ConfigMapSink {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&shard);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::pipeline::Pipeline;
+    use crate::publish::document;
+    use faultline_common::classify::Finding;
+    use faultline_common::fault::shard_of;
+    use faultline_common::rules::Rules;
+    use faultline_common::{
+        DeviceHealth, DeviceReading, DeviceStatus, NodeHealth, Summary, Vendor, SCHEMA_VERSION,
+    };
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    use tokio_util::sync::CancellationToken;
+
+    fn node_doc(node: &str, devices: u32) -> NodeHealth {
+        let npus: Vec<DeviceHealth> = (0..devices)
+            .map(|i| {
+                let mut r = DeviceReading::new(format!("gpu{i}"), Vendor::Nvidia, "nvml");
+                r.uuid = Some(format!("GPU-5157e000-0000-4000-8000-{i:012x}"));
+                r.pci_bus_id = Some(format!("0000:{:02x}:00.0", 0x18 + i * 0x10));
+                r.temperature_c = Some(61.5);
+                r.power_w = Some(312.25);
+                let failed = i == 3;
+                DeviceHealth {
+                    reading: r,
+                    status: if failed {
+                        DeviceStatus::Failed
+                    } else {
+                        DeviceStatus::Healthy
+                    },
+                    reason: failed.then(|| "xid-79".to_string()),
+                    findings: if failed {
+                        vec![Finding {
+                            code: "xid-79".into(),
+                            status: DeviceStatus::Failed,
+                            detail: String::new(),
+                        }]
+                    } else {
+                        vec![]
+                    },
+                    ecc_errors: Some(12),
+                    pcie_link_status: Some("up".into()),
+                    sampled_at: None,
+                    sample_age_ms: Some(100),
+                    recent_xids: vec![],
+                }
+            })
+            .collect();
+        NodeHealth {
+            schema_version: SCHEMA_VERSION.into(),
+            generation: 1,
+            timestamp: String::new(),
+            node: node.into(),
+            agent_version: "test".into(),
+            summary: Summary::of(&npus),
+            npus,
+            sources: vec![],
+            unattributed_xids: vec![],
+        }
+    }
+
+    /// 5,000 nodes x 8 devices in 16 shards: every shard ConfigMap under the limit
+    /// (written to the test API server, which refuses anything over 1 MiB), and every
+    /// node found in the shard its name hashes to.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn five_thousand_nodes_fit_and_every_node_is_findable() {
+        const NODES: usize = 5_000;
+        const SHARDS: u32 = 16;
+        let mut p = Pipeline::new(Arc::new(Rules::default()), Arc::new(Metrics::new()));
+        let names: Vec<String> = (0..NODES)
+            .map(|i| format!("gpu-node-{i:05}.rack-{:03}.example.internal", i / 40))
+            .collect();
+        for n in &names {
+            p.on_document(node_doc(n, 8), 1_000);
+        }
+        let server = faultline_test_apiserver::ApiServer::new();
+        server
+            .create(
+                "namespaces",
+                "",
+                serde_json::json!({"metadata": {"name": "faultline"}}),
+            )
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(faultline_test_apiserver::serve(
+            listener,
+            server.clone(),
+            CancellationToken::new(),
+        ));
+        let mut kc = kube::Config::new(url.parse().unwrap());
+        kc.default_retry = false;
+        let client = kube::Client::try_from(kc).unwrap();
+        let sink = ConfigMapSink::new(Api::namespaced(client, "faultline"), "faultline".into());
+        let held = Held::default();
+        let mut largest = 0;
+        for s in 0..SHARDS {
+            held.grant(s, Instant::now() + Duration::from_secs(60));
+            let doc = document(&p, 0, "r1", s, SHARDS);
+            let bytes = sink
+                .write(doc, &held)
+                .await
+                .unwrap_or_else(|e| panic!("shard {s}: {e}"));
+            largest = largest.max(bytes);
+        }
+        assert!(largest < MAX_BYTES, "largest shard {largest} bytes");
+        for n in names.iter().step_by(97).chain(names.last()) {
+            let cm = server
+                .get(
+                    "configmaps",
+                    "faultline",
+                    &format!("faultline-shard-{}", shard_of(n, SHARDS)),
+                )
+                .unwrap();
+            let entry: faultline_common::fault::NodeFaults =
+                serde_json::from_str(cm["data"][format!("{n}.json")].as_str().unwrap()).unwrap();
+            assert_eq!(entry.summary.total, 8);
+            assert_eq!(entry.summary.failed, 1);
+        }
+        let total: usize = (0..SHARDS)
+            .map(|s| {
+                server
+                    .get("configmaps", "faultline", &format!("faultline-shard-{s}"))
+                    .unwrap()["data"]
+                    .as_object()
+                    .unwrap()
+                    .len()
+                    - 1
+            })
+            .sum();
+        assert_eq!(total, NODES, "every node in exactly one shard");
+        eprintln!("5000 nodes x 8 devices in {SHARDS} shards: largest ConfigMap {largest} bytes");
     }
 }

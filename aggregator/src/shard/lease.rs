@@ -16,6 +16,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::Metrics;
+
 /// Lease timing.
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseConfig {
@@ -120,7 +122,7 @@ pub struct ShardLeases {
     /// What we hold, shared with the writers.
     pub held: Held,
     /// Metrics.
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<Metrics>,
     /// Where this replica's API is reached (annotated on the Leases it holds, so the
     /// alert intake of another replica can hand alerts of this shard over).
     pub url: Option<String>,

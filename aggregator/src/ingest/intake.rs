@@ -14,23 +14,141 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
-use crate::remediate::RecordDevice;
+use crate::model::{RecordDevice, Verdict};
+use crate::shard::{lease_name, Held, URL_ANNOTATION};
 
-/// A device the intake judged failed, for the core loop.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
+/// What became of one alert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlertOutcome {
+    /// Counted toward its key's threshold.
+    Counted,
+    /// Reached the threshold: the device is judged failed.
+    Acted,
+    /// A copy of an occurrence already counted, or a key acted on within the dedup
+    /// window.
+    Duplicate,
+    /// A resolved alert: nothing to do.
+    Resolved,
+    /// Names no device (or no node): nothing is acted on a guess.
+    Unattributed,
+}
+
+impl AlertOutcome {
+    /// The metric label (and the answer's field).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertOutcome::Counted => "counted",
+            AlertOutcome::Acted => "acted",
+            AlertOutcome::Duplicate => "duplicates",
+            AlertOutcome::Resolved => "resolved",
+            AlertOutcome::Unattributed => "unattributed",
+        }
+    }
+}
+
+/// An alert that reached its threshold, as the answer lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActedAlert {
     /// The node.
     pub node: String,
-    /// The device (`id` is the UUID or bus id the alert named; the core loop maps it to
-    /// the agent's id where the node reports the device).
-    pub device: RecordDevice,
+    /// The UUID or bus id the alert named.
+    pub device: Option<String>,
+    /// The alert's metric.
+    pub metric: String,
+}
+
+/// The answer to an accepted request (202): what became of its alerts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntakeSummary {
+    /// Alerts in the body.
+    #[serde(default)]
+    pub received: u64,
+    /// Counted toward a threshold.
+    #[serde(default)]
+    pub counted: u64,
+    /// Alerts that reached their threshold.
+    #[serde(default)]
+    pub acted: Vec<ActedAlert>,
+    /// Copies and repeats within the dedup window.
+    #[serde(default)]
+    pub duplicates: u64,
+    /// Resolved alerts.
+    #[serde(default)]
+    pub resolved: u64,
+    /// Alerts naming no device.
+    #[serde(default)]
+    pub unattributed: u64,
+    /// Handed to the replica that holds their node's shard.
+    #[serde(default)]
+    pub forwarded: u64,
+}
+
+impl IntakeSummary {
+    fn count(&mut self, o: AlertOutcome, a: &Alert) {
+        match o {
+            AlertOutcome::Counted => self.counted += 1,
+            AlertOutcome::Acted => self.acted.push(ActedAlert {
+                node: a.node.clone(),
+                device: a.uuid.clone().or(a.bus_id.clone()),
+                metric: a.metric.clone(),
+            }),
+            AlertOutcome::Duplicate => self.duplicates += 1,
+            AlertOutcome::Resolved => self.resolved += 1,
+            AlertOutcome::Unattributed => self.unattributed += 1,
+        }
+    }
+
+    /// Add what a holder answered for the alerts handed to it.
+    fn merge_forwarded(&mut self, handed: usize, answer: IntakeSummary) {
+        self.forwarded += handed as u64;
+        self.counted += answer.counted;
+        self.duplicates += answer.duplicates;
+        self.resolved += answer.resolved;
+        self.unattributed += answer.unattributed;
+        self.acted.extend(answer.acted);
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IntakeError {
+    /// No token, or the wrong one (401).
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// Not an alert body (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// Over the body limit (413).
+    #[error("body larger than {0} bytes")]
+    TooLarge(usize),
+    /// Cannot take it now (503), with the seconds to wait when known.
+    #[error("{0}")]
+    Unavailable(String, Option<u64>),
+}
+
+impl IntakeError {
+    /// The HTTP status of the answer.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            IntakeError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            IntakeError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            IntakeError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            IntakeError::Unavailable(..) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// Seconds the sender should wait before retrying, when known.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            IntakeError::Unavailable(_, r) => *r,
+            _ => None,
+        }
+    }
 }
 
 /// How the intake decides.
@@ -174,7 +292,7 @@ type Seen = VecDeque<(Instant, Option<String>)>;
 /// Service.
 pub struct Route {
     /// The shards held here.
-    pub held: crate::lease::Held,
+    pub held: Held,
     /// How many shards.
     pub shards: u32,
     /// The shard Leases.
@@ -183,6 +301,14 @@ pub struct Route {
     pub name: String,
     /// This replica.
     pub me: String,
+}
+
+impl Route {
+    /// Whether this replica holds `node`'s shard.
+    fn holds(&self, node: &str) -> bool {
+        self.held
+            .holds(faultline_common::fault::shard_of(node, self.shards))
+    }
 }
 
 /// Marks a request handed over by another replica: counted here, never passed on.
@@ -200,14 +326,6 @@ pub struct Intake {
         hyper_util::client::legacy::connect::HttpConnector,
         http_body_util::Full<hyper::body::Bytes>,
     >,
-}
-
-fn error(code: StatusCode, msg: impl Into<String>) -> Response {
-    (
-        code,
-        Json(json!({"error": msg.into(), "status": code.as_u16()})),
-    )
-        .into_response()
 }
 
 /// Equal in constant time for equal lengths.
@@ -245,8 +363,8 @@ impl Intake {
         shard: u32,
         alerts: &[Alert],
         token: &str,
-    ) -> Result<Value, String> {
-        let lname = crate::lease::lease_name(&route.name, shard);
+    ) -> Result<IntakeSummary, String> {
+        let lname = lease_name(&route.name, shard);
         let lease = route
             .leases
             .get_opt(&lname)
@@ -265,7 +383,7 @@ impl Intake {
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(crate::lease::URL_ANNOTATION))
+            .and_then(|a| a.get(URL_ANNOTATION))
             .ok_or_else(|| format!("the holder of shard {shard} ({holder}) advertises no URL"))?;
         let body: Vec<Value> = alerts
             .iter()
@@ -291,25 +409,75 @@ impl Intake {
         if status != StatusCode::ACCEPTED {
             return Err(format!("{holder} at {url} answered {status}"));
         }
-        serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+        serde_json::from_slice(&bytes).map_err(|e| format!("{holder} at {url}: {e}"))
     }
 
-    /// Handle one request.
-    pub async fn handle(&self, headers: &HeaderMap, body: Body) -> Response {
-        let r = self.answer(headers, body).await;
-        self.metrics.intake_response(r.status().as_u16());
-        r
+    /// Handle one request: the summary of an accepted one (202), or why not.
+    pub async fn handle(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+    ) -> Result<IntakeSummary, IntakeError> {
+        let token = self.authorize(headers)?;
+        // A replica handing alerts over adds a few fields: its body may be larger.
+        let forwarded = headers.contains_key(FORWARDED_HEADER);
+        let limit = if forwarded {
+            self.cfg.max_bytes.saturating_mul(4)
+        } else {
+            self.cfg.max_bytes
+        };
+        if headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .is_some_and(|n| n > limit)
+        {
+            return Err(IntakeError::TooLarge(limit));
+        }
+        let bytes = axum::body::to_bytes(body, limit)
+            .await
+            .map_err(|_| IntakeError::TooLarge(limit))?;
+        let alerts = parse(&bytes).map_err(IntakeError::BadRequest)?;
+        let mut out = IntakeSummary {
+            received: alerts.len() as u64,
+            ..Default::default()
+        };
+        let alerts = match &self.route {
+            Some(route) if !forwarded => self.hand_over(route, alerts, &token, &mut out).await?,
+            Some(route) => {
+                // Handed over to a replica that has lost the shard since: the sender
+                // retries (and reads the Lease again).
+                if let Some(a) = alerts
+                    .iter()
+                    .find(|a| a.firing && !a.node.is_empty() && !route.holds(&a.node))
+                {
+                    return Err(IntakeError::Unavailable(
+                        format!("no longer the holder of {}'s shard; retry", a.node),
+                        None,
+                    ));
+                }
+                alerts
+            }
+            None => alerts,
+        };
+        for a in alerts {
+            let result = self.one(a.clone()).await;
+            self.metrics.intake_alert(result.as_str());
+            out.count(result, &a);
+        }
+        Ok(out)
     }
 
-    async fn answer(&self, headers: &HeaderMap, body: Body) -> Response {
+    /// The token, when the request carries it.
+    fn authorize(&self, headers: &HeaderMap) -> Result<String, IntakeError> {
         let token = match std::fs::read_to_string(&self.cfg.token_file) {
             Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
             Ok(_) | Err(_) => {
                 tracing::error!(file = %self.cfg.token_file.display(), "intake token file missing or empty: every alert is refused");
-                return error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the intake's token is not configured",
-                );
+                return Err(IntakeError::Unavailable(
+                    "the intake's token is not configured".into(),
+                    None,
+                ));
             }
         };
         let given = headers
@@ -318,138 +486,61 @@ impl Intake {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
         match given {
-            None => return error(StatusCode::UNAUTHORIZED, "missing bearer token"),
+            None => Err(IntakeError::Unauthorized("missing bearer token")),
             Some(t) if !same(t.as_bytes(), token.as_bytes()) => {
-                return error(StatusCode::UNAUTHORIZED, "invalid bearer token")
+                Err(IntakeError::Unauthorized("invalid bearer token"))
             }
-            Some(_) => {}
+            Some(_) => Ok(token),
         }
-        // A replica handing alerts over adds a few fields: its body may be larger.
-        let forwarded = headers.contains_key(FORWARDED_HEADER);
-        let limit = if forwarded {
-            self.cfg.max_bytes.saturating_mul(4)
-        } else {
-            self.cfg.max_bytes
-        };
-        let too_big = || {
-            error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("body larger than {limit} bytes"),
-            )
-        };
-        if headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok())
-            .is_some_and(|n| n > limit)
-        {
-            return too_big();
-        }
-        let bytes = match axum::body::to_bytes(body, limit).await {
-            Ok(b) => b,
-            Err(_) => return too_big(),
-        };
-        let alerts = match parse(&bytes) {
-            Ok(a) => a,
-            Err(e) => return error(StatusCode::BAD_REQUEST, e),
-        };
-        let mut out = json!({"received": alerts.len(), "counted": 0, "acted": [], "duplicates": 0, "resolved": 0, "unattributed": 0, "forwarded": 0});
-        // Firing alerts of shards held elsewhere go to their holder first; if that
-        // fails nothing here is counted either, and the sender's retry of the whole
-        // body counts each alert once.
-        let (alerts, elsewhere): (Vec<Alert>, Vec<Alert>) = match &self.route {
-            Some(r) if !forwarded => alerts.into_iter().partition(|a| {
-                !a.firing
-                    || a.node.is_empty()
-                    || r.held
-                        .holds(faultline_common::fault::shard_of(&a.node, r.shards))
-            }),
-            _ => (alerts, Vec::new()),
-        };
-        // Handed over to a replica that has lost the shard since: the sender retries
-        // (and reads the Lease again).
-        if let (Some(r), true) = (&self.route, forwarded) {
-            if let Some(a) = alerts.iter().find(|a| {
-                a.firing
-                    && !a.node.is_empty()
-                    && !r
-                        .held
-                        .holds(faultline_common::fault::shard_of(&a.node, r.shards))
-            }) {
-                return error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("no longer the holder of {}'s shard; retry", a.node),
-                );
-            }
-        }
-        if let Some(route) = self.route.as_ref().filter(|_| !elsewhere.is_empty()) {
-            let mut by_shard: std::collections::BTreeMap<u32, Vec<Alert>> = Default::default();
-            for a in elsewhere {
-                by_shard
-                    .entry(faultline_common::fault::shard_of(&a.node, route.shards))
-                    .or_default()
-                    .push(a);
-            }
-            for (shard, group) in by_shard {
-                match self.forward(route, shard, &group, &token).await {
-                    Ok(answer) => {
-                        out["forwarded"] =
-                            json!(out["forwarded"].as_u64().unwrap_or(0) + group.len() as u64);
-                        for k in ["counted", "duplicates", "resolved", "unattributed"] {
-                            out[k] = json!(
-                                out[k].as_u64().unwrap_or(0) + answer[k].as_u64().unwrap_or(0)
-                            );
-                        }
-                        if let Some(acted) = answer["acted"].as_array() {
-                            if let Some(a) = out["acted"].as_array_mut() {
-                                a.extend(acted.iter().cloned());
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(shard, error = %e, "cannot hand alerts over to the shard's holder");
-                        let mut r = error(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("alerts for shard {shard} must go to its holder: {e}; retry"),
-                        );
-                        r.headers_mut().insert(
-                            header::RETRY_AFTER,
-                            axum::http::HeaderValue::from_static("5"),
-                        );
-                        return r;
-                    }
-                }
-            }
-        }
-        for a in alerts {
-            let result = self.one(a.clone()).await;
-            self.metrics.intake_alert(result);
-            match result {
-                "acted" => out["acted"]
-                    .as_array_mut()
-                    .into_iter()
-                    .for_each(|v| v.push(json!({"node": a.node, "device": a.uuid.clone().or(a.bus_id.clone()), "metric": a.metric}))),
-                other => {
-                    let n = out[other].as_u64().unwrap_or(0) + 1;
-                    out[other] = json!(n);
-                }
-            }
-        }
-        (StatusCode::ACCEPTED, Json(out)).into_response()
     }
 
-    /// Count one alert: `counted`, `acted`, `duplicates`, `resolved` or `unattributed`.
-    async fn one(&self, a: Alert) -> &'static str {
+    /// Firing alerts of shards held elsewhere go to their holder first; if that fails
+    /// nothing here is counted either, and the sender's retry of the whole body counts
+    /// each alert once. The alerts to count here.
+    async fn hand_over(
+        &self,
+        route: &Route,
+        alerts: Vec<Alert>,
+        token: &str,
+        out: &mut IntakeSummary,
+    ) -> Result<Vec<Alert>, IntakeError> {
+        let (here, elsewhere): (Vec<Alert>, Vec<Alert>) = alerts
+            .into_iter()
+            .partition(|a| !a.firing || a.node.is_empty() || route.holds(&a.node));
+        let mut by_shard: std::collections::BTreeMap<u32, Vec<Alert>> = Default::default();
+        for a in elsewhere {
+            by_shard
+                .entry(faultline_common::fault::shard_of(&a.node, route.shards))
+                .or_default()
+                .push(a);
+        }
+        for (shard, group) in by_shard {
+            match self.forward(route, shard, &group, token).await {
+                Ok(answer) => out.merge_forwarded(group.len(), answer),
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "cannot hand alerts over to the shard's holder");
+                    return Err(IntakeError::Unavailable(
+                        format!("alerts for shard {shard} must go to its holder: {e}; retry"),
+                        Some(5),
+                    ));
+                }
+            }
+        }
+        Ok(here)
+    }
+
+    /// Count one alert.
+    async fn one(&self, a: Alert) -> AlertOutcome {
         let Some(device) = a.uuid.clone().or_else(|| a.bus_id.clone()) else {
             // A node-level alert names no device: nothing to isolate on a guess.
             tracing::info!(node = %a.node, metric = %a.metric, "alert without a device: not acted on");
-            return "unattributed";
+            return AlertOutcome::Unattributed;
         };
         if a.node.is_empty() {
-            return "unattributed";
+            return AlertOutcome::Unattributed;
         }
         if !a.firing {
-            return "resolved";
+            return AlertOutcome::Resolved;
         }
         let key: Key = (a.node.clone(), device.clone(), a.metric.clone());
         let now = Instant::now();
@@ -460,7 +551,7 @@ impl Intake {
             let mut acted = self.acted.lock().unwrap_or_else(|p| p.into_inner());
             acted.retain(|_, t| now.duration_since(*t) < self.cfg.dedup);
             if acted.contains_key(&key) {
-                return "duplicates";
+                return AlertOutcome::Duplicate;
             }
             // Forget keys whose window passed, so the map does not grow forever.
             if counts.len() > 10_000 {
@@ -485,12 +576,12 @@ impl Intake {
                     o.as_deref() == Some(occ.as_str())
                         && horizon.is_none_or(|h| now.duration_since(*t) < h)
                 }) {
-                    return "duplicates";
+                    return AlertOutcome::Duplicate;
                 }
             }
             q.push_back((now, a.occurrence.clone()));
             if q.len() < self.cfg.threshold.max(1) {
-                return "counted";
+                return AlertOutcome::Counted;
             }
             counts.remove(&key);
             acted.insert(key, now);
@@ -510,7 +601,7 @@ impl Intake {
         if self.tx.send(verdict).await.is_err() {
             tracing::error!("the core loop is gone: verdict dropped");
         }
-        "acted"
+        AlertOutcome::Acted
     }
 }
 
@@ -570,11 +661,11 @@ mod tests {
             firing: true,
             occurrence: None,
         };
-        assert_eq!(intake.one(alert()).await, "counted");
-        assert_eq!(intake.one(alert()).await, "counted");
-        assert_eq!(intake.one(alert()).await, "acted");
+        assert_eq!(intake.one(alert()).await, AlertOutcome::Counted);
+        assert_eq!(intake.one(alert()).await, AlertOutcome::Counted);
+        assert_eq!(intake.one(alert()).await, AlertOutcome::Acted);
         for _ in 0..20 {
-            assert_eq!(intake.one(alert()).await, "duplicates");
+            assert_eq!(intake.one(alert()).await, AlertOutcome::Duplicate);
         }
         let v = rx.try_recv().unwrap();
         assert_eq!(v.node, "n1");
@@ -584,16 +675,16 @@ mod tests {
         // Another device on the node counts on its own.
         let mut other = alert();
         other.uuid = Some("GPU-2".into());
-        assert_eq!(intake.one(other).await, "counted");
+        assert_eq!(intake.one(other).await, AlertOutcome::Counted);
         let mut none = alert();
         none.uuid = None;
-        assert_eq!(intake.one(none).await, "unattributed");
+        assert_eq!(intake.one(none).await, AlertOutcome::Unattributed);
         // A retried copy of the same occurrence counts once.
         let mut third = alert();
         third.uuid = Some("GPU-3".into());
         third.occurrence = Some("1699999999".into());
-        assert_eq!(intake.one(third.clone()).await, "counted");
-        assert_eq!(intake.one(third.clone()).await, "duplicates");
-        assert_eq!(intake.one(third).await, "duplicates");
+        assert_eq!(intake.one(third.clone()).await, AlertOutcome::Counted);
+        assert_eq!(intake.one(third.clone()).await, AlertOutcome::Duplicate);
+        assert_eq!(intake.one(third).await, AlertOutcome::Duplicate);
     }
 }

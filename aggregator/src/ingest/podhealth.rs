@@ -7,6 +7,7 @@
 //! health) is reported once until its health changes, and again on every re-list.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -14,6 +15,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::model::{RecordDevice, Verdict};
 
 /// A device's health as a pod's status tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,6 +164,51 @@ pub async fn run(
     }
 }
 
+/// What the kubelet's word on a device means: an `Unhealthy` device is a verdict
+/// (source `kubelet`); anything else is an alert only, never an action.
+pub fn verdict(d: PodDevice) -> Option<Verdict> {
+    if d.health != "Unhealthy" {
+        return None;
+    }
+    let device = RecordDevice {
+        uuid: d.id.starts_with("GPU-").then(|| d.id.clone()),
+        source: Some("kubelet".into()),
+        metric: Some(format!("{} allocatedResourcesStatus", d.resource)),
+        value: Some(d.health.clone()),
+        ..RecordDevice::new(d.id.clone(), "kubelet:Unhealthy")
+    };
+    Some(Verdict {
+        node: d.node,
+        device,
+    })
+}
+
+/// Hand what [`run`] sends to the core loop as verdicts, counting and logging each.
+pub async fn forward_verdicts(
+    mut rx: mpsc::Receiver<PodDevice>,
+    verdicts: mpsc::Sender<Verdict>,
+    metrics: Arc<Metrics>,
+) {
+    while let Some(d) = rx.recv().await {
+        let (node, id, pod, health) = (
+            d.node.clone(),
+            d.id.clone(),
+            d.pod.clone(),
+            d.health.clone(),
+        );
+        let Some(v) = verdict(d) else {
+            metrics.intake_alert("kubelet-unknown");
+            tracing::warn!(node = %node, device = %id, pod = %pod, health = %health, "the kubelet cannot tell this device's health: alert only, no action");
+            continue;
+        };
+        metrics.intake_alert("kubelet-unhealthy");
+        tracing::warn!(node = %node, device = %id, pod = %pod, "the kubelet reports the device unhealthy");
+        if verdicts.send(v).await.is_err() {
+            break;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +238,14 @@ mod tests {
         // A finished pod's status is frozen: not evidence of now.
         assert!(unhealthy_devices(&pod("Failed", "Unhealthy"), &res).is_empty());
         assert!(unhealthy_devices(&pod("Succeeded", "Unhealthy"), &res).is_empty());
+        // Unhealthy is a verdict, Unknown is not.
+        let v = verdict(d[0].clone()).unwrap();
+        assert_eq!(
+            (v.node.as_str(), v.device.uuid.as_deref()),
+            ("n1", Some("GPU-a"))
+        );
+        assert_eq!(v.device.reason, "kubelet:Unhealthy");
+        assert!(verdict(unhealthy_devices(&pod("Running", "Unknown"), &res)[0].clone()).is_none());
         // Other resources are not ours.
         assert!(unhealthy_devices(
             &pod("Running", "Unhealthy"),

@@ -49,28 +49,75 @@ pub fn client() -> AgentClient {
         .build(http)
 }
 
-async fn fetch(client: &AgentClient, url: &str) -> Result<NodeHealth, String> {
-    let uri: hyper::Uri = url.parse().map_err(|e| format!("bad url {url}: {e}"))?;
+/// Why an agent's document could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The URL does not parse.
+    #[error("bad url {0}: {1}")]
+    Url(String, String),
+    /// No answer within the deadline.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The connection failed.
+    #[error("request failed: {0}")]
+    Request(String),
+    /// The body did not arrive within the deadline.
+    #[error("body timed out")]
+    BodyTimeout,
+    /// The body could not be read (or is over the limit).
+    #[error("body: {0}")]
+    Body(String),
+    /// The agent answered with an error status.
+    #[error("HTTP {status}: {body}")]
+    Status {
+        /// The status line.
+        status: hyper::StatusCode,
+        /// The start of the body.
+        body: String,
+    },
+    /// The body is not a node document.
+    #[error("not a node document: {0}")]
+    Parse(String),
+}
+
+impl FetchError {
+    /// The kind, as a metric label.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            FetchError::Url(..) => "url",
+            FetchError::Timeout(_) | FetchError::BodyTimeout => "timeout",
+            FetchError::Request(_) => "connect",
+            FetchError::Body(_) => "body",
+            FetchError::Status { .. } => "status",
+            FetchError::Parse(_) => "parse",
+        }
+    }
+}
+
+async fn fetch(client: &AgentClient, url: &str) -> Result<NodeHealth, FetchError> {
+    let uri: hyper::Uri = url.parse().map_err(|e: hyper::http::uri::InvalidUri| {
+        FetchError::Url(url.to_string(), e.to_string())
+    })?;
     let resp = tokio::time::timeout(REQUEST_TIMEOUT, client.get(uri))
         .await
-        .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
-        .map_err(|e| format!("request failed: {e}"))?;
+        .map_err(|_| FetchError::Timeout(REQUEST_TIMEOUT))?
+        .map_err(|e| FetchError::Request(e.to_string()))?;
     let status = resp.status();
     let body = tokio::time::timeout(
         REQUEST_TIMEOUT,
         Limited::new(resp.into_body(), MAX_DOC).collect(),
     )
     .await
-    .map_err(|_| "body timed out".to_string())?
-    .map_err(|e| format!("body: {e}"))?
+    .map_err(|_| FetchError::BodyTimeout)?
+    .map_err(|e| FetchError::Body(e.to_string()))?
     .to_bytes();
     if !status.is_success() {
-        return Err(format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&body[..body.len().min(200)])
-        ));
+        return Err(FetchError::Status {
+            status,
+            body: String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+        });
     }
-    serde_json::from_slice(&body).map_err(|e| format!("not a node document: {e}"))
+    serde_json::from_slice(&body).map_err(|e| FetchError::Parse(e.to_string()))
 }
 
 /// Follow one agent until cancelled. `node` names it before its first answer.
@@ -108,6 +155,8 @@ pub async fn follow(
             }
             Err(error) => {
                 metrics.agent_poll("error");
+                metrics.agent_poll_error(error.metric_label());
+                let error = error.to_string();
                 generation = None;
                 tracing::debug!(agent = %base, %error, "agent unreachable");
                 if tx

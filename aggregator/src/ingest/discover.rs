@@ -12,7 +12,7 @@ use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::collect::{self, AgentClient, AgentEvent};
+use super::collect::{self, AgentClient, AgentEvent};
 use crate::metrics::Metrics;
 
 /// The agent URL of a node: its InternalIP at `port`.

@@ -1,0 +1,281 @@
+//! The core loop: one task that owns the [`Pipeline`] and decides when documents are
+//! written. Agents' documents, the once-a-second tick, verdicts, rules reloads and
+//! requests for the whole document all arrive here, one at a time, so the pipeline
+//! needs no lock.
+//!
+//! Writes: a document is written at most every `--write-interval` (jittered up to
+//! +20%), a transition to failed `--urgent-spacing` after the previous write, and an
+//! unchanged one every `--heartbeat`; one write at a time, a failed write retried by
+//! the next round.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use faultline_common::rules::Rules;
+use faultline_common::time::now_ms;
+use rand::Rng;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::dispatch::{Dispatch, Settled};
+use crate::api::DocumentAsk;
+use crate::ingest::AgentEvent;
+use crate::metrics::Metrics;
+use crate::model::Verdict;
+use crate::pipeline::{Change, Pipeline};
+use crate::publish::{document, Publisher};
+
+/// What the core loop listens to.
+pub struct Inputs {
+    /// Agents' documents and reachability.
+    pub agents: mpsc::Receiver<AgentEvent>,
+    /// Verdicts of the intake and the kubelet.
+    pub verdicts: mpsc::Receiver<Verdict>,
+    /// Passes' reports of settled verdicts.
+    pub settled: Option<mpsc::UnboundedReceiver<Settled>>,
+    /// The rules in force.
+    pub rules: watch::Receiver<Arc<Rules>>,
+    /// Requests for the whole document.
+    pub asks: mpsc::Receiver<DocumentAsk>,
+}
+
+/// The write timing of the core loop.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteTiming {
+    /// `--write-interval`.
+    pub interval: Duration,
+    /// `--urgent-spacing`.
+    pub urgent_spacing: Duration,
+    /// `--heartbeat`.
+    pub heartbeat: Duration,
+    /// `--reconcile-interval`.
+    pub reconcile: Duration,
+    /// `--shutdown-timeout`.
+    pub shutdown: Duration,
+}
+
+/// The core loop's state.
+pub struct Core {
+    pipeline: Pipeline,
+    publisher: Publisher,
+    /// Remediation, when on.
+    dispatch: Option<Dispatch>,
+    metrics: Arc<Metrics>,
+    timing: WriteTiming,
+    replica: String,
+    /// A first document was written (shared with the API's `/readyz`).
+    ready: Arc<AtomicBool>,
+    dirty: bool,
+    urgent: bool,
+    sequence: u64,
+    last_write: Option<Instant>,
+    spacing: Duration,
+    writing: Option<tokio::task::JoinHandle<()>>,
+    /// The last write failed (set by the write task, read here).
+    failed: Arc<AtomicBool>,
+    last_held: Vec<u32>,
+    /// Nodes whose pods are nudged once their shard is written.
+    alarming: BTreeSet<String>,
+    last_reconcile: Instant,
+}
+
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(rand::rng().random_range(1.0..1.2))
+}
+
+impl Core {
+    /// A core loop publishing through `publisher`, remediating through `dispatch`.
+    pub fn new(
+        pipeline: Pipeline,
+        publisher: Publisher,
+        dispatch: Option<Dispatch>,
+        metrics: Arc<Metrics>,
+        timing: WriteTiming,
+        replica: String,
+        ready: Arc<AtomicBool>,
+    ) -> Self {
+        Core {
+            pipeline,
+            publisher,
+            dispatch,
+            metrics,
+            spacing: jittered(timing.interval),
+            timing,
+            replica,
+            ready,
+            dirty: true,
+            urgent: false,
+            sequence: 0,
+            last_write: None,
+            writing: None,
+            failed: Arc::new(AtomicBool::new(false)),
+            last_held: Vec::new(),
+            alarming: BTreeSet::new(),
+            last_reconcile: Instant::now(),
+        }
+    }
+
+    /// When the next write is due.
+    fn due(&self) -> tokio::time::Instant {
+        match self.last_write {
+            None => tokio::time::Instant::now(),
+            Some(t) => {
+                let wait = if self.urgent {
+                    self.timing.urgent_spacing
+                } else if self.dirty {
+                    self.spacing
+                } else {
+                    self.timing.heartbeat
+                };
+                tokio::time::Instant::from_std(t + wait)
+            }
+        }
+    }
+
+    /// Run until `cancel`, then finish: the write in flight, then the remediation
+    /// passes in flight (within `--shutdown-timeout`).
+    pub async fn run(mut self, mut inputs: Inputs, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // With every rules sender gone, `changed()` returns at once, forever: stop
+        // listening then, or the loop spins.
+        let mut rules_open = true;
+        loop {
+            let due = self.due();
+            let can_write = self.writing.as_ref().is_none_or(|w| w.is_finished());
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                ev = inputs.agents.recv() => {
+                    let Some(ev) = ev else { break };
+                    self.on_agent(ev);
+                }
+                _ = tick.tick() => self.on_tick(),
+                v = inputs.verdicts.recv(), if !inputs.verdicts.is_closed() || !inputs.verdicts.is_empty() => {
+                    if let (Some(v), Some(d)) = (v, self.dispatch.as_mut()) {
+                        d.verdict(&self.pipeline, v);
+                    }
+                }
+                Some(s) = recv_settled(&mut inputs.settled) => {
+                    if let Some(d) = self.dispatch.as_mut() {
+                        d.settle(s);
+                    }
+                }
+                // GET /v1/faults with the ConfigMap sink: the whole document, now.
+                Some(reply) = inputs.asks.recv() => {
+                    let _ = reply.send(Arc::new(document(&self.pipeline, self.sequence, &self.replica, 0, 1)));
+                }
+                r = inputs.rules.changed(), if rules_open => {
+                    match r {
+                        Ok(()) => self.pipeline.set_rules(inputs.rules.borrow_and_update().clone()),
+                        Err(_) => rules_open = false,
+                    }
+                }
+                _ = tokio::time::sleep_until(due), if can_write => self.write(),
+            }
+        }
+        self.finish().await;
+    }
+
+    fn on_agent(&mut self, ev: AgentEvent) {
+        let now = now_ms();
+        let c = match ev {
+            AgentEvent::Document(doc) => self.pipeline.on_document(*doc, now),
+            AgentEvent::Unreachable { node, error } => {
+                self.pipeline.on_unreachable(&node, &error, now)
+            }
+            AgentEvent::Removed { node } => Change {
+                nodes: if self.pipeline.remove_node(&node) {
+                    vec![node]
+                } else {
+                    vec![]
+                },
+                ..Default::default()
+            },
+        };
+        self.dirty |= !c.nodes.is_empty();
+        self.on_change(c);
+    }
+
+    /// What a change means beyond the document: urgency, remediation, nudges.
+    fn on_change(&mut self, c: Change) {
+        self.urgent |= c.urgent;
+        if c.urgent {
+            if let Some(d) = &self.dispatch {
+                d.remediate(&self.pipeline, c.alarming.clone(), true);
+            }
+        }
+        self.alarming.extend(c.alarming);
+    }
+
+    fn on_tick(&mut self) {
+        let c = self.pipeline.tick(now_ms());
+        self.dirty |= !c.nodes.is_empty() || self.failed.load(Ordering::Acquire);
+        self.on_change(c);
+        if self.last_reconcile.elapsed() >= self.timing.reconcile {
+            self.last_reconcile = Instant::now();
+            if let Some(d) = self.dispatch.as_mut() {
+                d.reconcile(&self.pipeline);
+            }
+        }
+        // A shard just taken is written at once.
+        let held = self.publisher.held();
+        if held != self.last_held {
+            self.dirty = true;
+            self.last_held = held;
+        }
+    }
+
+    fn write(&mut self) {
+        if self.failed.swap(false, Ordering::AcqRel) {
+            tracing::debug!("the last write failed; this one retries it");
+        }
+        self.sequence += 1;
+        self.ready.store(true, Ordering::Release);
+        self.writing = Some(self.publisher.write(
+            &self.pipeline,
+            self.sequence,
+            &self.replica,
+            &mut self.alarming,
+            &self.metrics,
+            &self.failed,
+        ));
+        self.last_write = Some(Instant::now());
+        self.spacing = jittered(self.timing.interval);
+        // A failed write leaves the document dirty for the next round.
+        self.dirty = false;
+        self.urgent = false;
+    }
+
+    /// Graceful stop: the intake no longer accepts (the server stopped with the same
+    /// token); in-flight remediation gets --shutdown-timeout to finish, then the caller
+    /// releases the Leases and the next holder continues from the records.
+    async fn finish(self) {
+        if let Some(w) = self.writing {
+            let _ = w.await;
+        }
+        let Some(d) = self.dispatch else {
+            return;
+        };
+        let deadline = Instant::now() + self.timing.shutdown;
+        while !d.in_flight().is_empty() {
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    in_flight = d.in_flight().len(),
+                    "shutdown timeout: handing the rest over to the next holder"
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The next report of a pass, or never without remediation.
+async fn recv_settled(rx: &mut Option<mpsc::UnboundedReceiver<Settled>>) -> Option<Settled> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,323 @@
+//! Per-node remediation passes, in the shard holder only, one at a time per node.
+//!
+//! A node's pass runs in a task of its own: for a quarantined node first the release
+//! check (a person's request, the unknown guard lifting, `--release auto`); then, for
+//! failed devices (the pipeline's and the verdicts pending from the intake and the
+//! kubelet), isolation; then evictions (also for quarantined nodes that nothing says
+//! failed now: a budget may still hold a pod back). One task per node, so a release is
+//! never skipped because an isolation pass of the same node is running.
+//!
+//! Who owns what: [`Dispatch`] is owned by the core loop, and so is `pending` inside
+//! it; a pass reports the verdicts it settled back through a channel ([`Settled`]) and
+//! the core loop removes them. [`InFlight`] is shared with the passes: a pass holds its
+//! node's [`Slot`] and gives it back when it ends, however it ends.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use faultline_common::time::now_ms;
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+use crate::model::{RecordDevice, Verdict};
+use crate::pipeline::Pipeline;
+use crate::remediate::{Outcome, RemediateError, Remediator};
+use crate::shard::{Fence, Shards};
+
+/// The nodes with a pass running: one pass per node at a time.
+#[derive(Clone, Default)]
+pub struct InFlight(Arc<Mutex<BTreeSet<String>>>);
+
+/// A node's turn, given back when dropped (however the pass ends).
+pub struct Slot(InFlight, String);
+
+impl InFlight {
+    /// The node's turn, unless a pass of it is running.
+    pub fn take(&self, node: &str) -> Option<Slot> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node.to_string())
+            .then(|| Slot(self.clone(), node.to_string()))
+    }
+
+    /// Passes running now.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether no pass is running.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        (self.0)
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.1);
+    }
+}
+
+/// A pass's report: verdicts of `node` that are on the Node now (or deliberately not
+/// acted on), no longer pending.
+#[derive(Debug)]
+pub struct Settled {
+    /// The node.
+    pub node: String,
+    /// The verdicts settled.
+    pub devices: Vec<RecordDevice>,
+}
+
+/// Remediation's side of the core loop.
+pub struct Dispatch {
+    remediator: Arc<Remediator>,
+    shards: Shards,
+    metrics: Arc<Metrics>,
+    in_flight: InFlight,
+    /// Devices judged failed by the intake or the kubelet, per node (with the time of
+    /// the last verdict), until a pass has recorded them on the Node; a pass that fails
+    /// keeps them for the next one. A verdict older than the dedup window is dropped:
+    /// one for a shard this replica does not hold must not be acted on much later, when
+    /// it takes the shard over (the kubelet's verdicts are sent again on every re-list
+    /// while they hold). Owned by this dispatcher alone.
+    pending: BTreeMap<String, (Instant, Vec<RecordDevice>)>,
+    settled: mpsc::UnboundedSender<Settled>,
+    unknown_tolerance: Duration,
+}
+
+impl Dispatch {
+    /// A dispatcher; passes report to the receiver returned with it.
+    pub fn new(
+        remediator: Arc<Remediator>,
+        shards: Shards,
+        metrics: Arc<Metrics>,
+        unknown_tolerance: Duration,
+    ) -> (Self, mpsc::UnboundedReceiver<Settled>) {
+        let (settled, rx) = mpsc::unbounded_channel();
+        (
+            Dispatch {
+                remediator,
+                shards,
+                metrics,
+                in_flight: InFlight::default(),
+                pending: BTreeMap::new(),
+                settled,
+                unknown_tolerance,
+            },
+            rx,
+        )
+    }
+
+    /// The passes running now.
+    pub fn in_flight(&self) -> &InFlight {
+        &self.in_flight
+    }
+
+    /// A verdict from the intake or the kubelet: pending until a pass records it.
+    pub fn verdict(&mut self, pipeline: &Pipeline, mut v: Verdict) {
+        // Name the device as the node's agent does, where it reports it.
+        if let Some(id) = pipeline.device_id(&v.node, &v.device.id) {
+            v.device.id = id;
+        }
+        let (at, list) = self
+            .pending
+            .entry(v.node.clone())
+            .or_insert_with(|| (Instant::now(), Vec::new()));
+        *at = Instant::now();
+        if !list.iter().any(|d| d.is(&v.device.id)) {
+            list.push(v.device);
+        }
+        self.remediate(pipeline, vec![v.node], true);
+    }
+
+    /// A pass settled some pending verdicts.
+    pub fn settle(&mut self, s: Settled) {
+        if let Some((_, v)) = self.pending.get_mut(&s.node) {
+            v.retain(|d| !s.devices.contains(d));
+            if v.is_empty() {
+                self.pending.remove(&s.node);
+            }
+        }
+    }
+
+    /// The reconcile: every known, pending and quarantined node looked at again, the
+    /// unknown guard, and the list of quarantined nodes refreshed.
+    pub fn reconcile(&mut self, pipeline: &Pipeline) {
+        let mut nodes: Vec<String> = pipeline.node_names().cloned().collect();
+        let window = self.remediator.dedup_window();
+        self.pending.retain(|_, (t, _)| t.elapsed() < window);
+        for n in self.pending.keys() {
+            if !nodes.contains(n) {
+                nodes.push(n.clone());
+            }
+        }
+        for n in self.remediator.known_quarantined() {
+            if !nodes.contains(&n) {
+                nodes.push(n);
+            }
+        }
+        self.remediate(pipeline, nodes, false);
+        self.guard_unknown(pipeline);
+        let r = self.remediator.clone();
+        tokio::spawn(async move {
+            if let Err(e) = r.list_quarantined().await {
+                tracing::warn!(error = %e, "cannot list quarantined nodes");
+            }
+        });
+    }
+
+    /// One pass per node of `nodes` that has failed devices or a quarantine, in the
+    /// shard holder only. `fresh`: the nodes just turned failed (they may feed the
+    /// circuit breaker).
+    pub fn remediate(&self, pipeline: &Pipeline, nodes: Vec<String>, fresh: bool) {
+        let quarantined: BTreeSet<String> =
+            self.remediator.known_quarantined().into_iter().collect();
+        for node in nodes {
+            let mut devices = pipeline.failed_devices(&node);
+            let extra = self
+                .pending
+                .get(&node)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            for d in &extra {
+                if !devices.iter().any(|x| x.is(&d.id)) {
+                    devices.push(d.clone());
+                }
+            }
+            let is_quarantined = quarantined.contains(&node);
+            if (devices.is_empty() && !is_quarantined) || !self.shards.holds_node(&node) {
+                continue;
+            }
+            let Some(slot) = self.in_flight.take(&node) else {
+                continue;
+            };
+            let pass = NodePass {
+                remediator: self.remediator.clone(),
+                fence: self.shards.fence(&node),
+                metrics: self.metrics.clone(),
+                settled: self.settled.clone(),
+                views: is_quarantined.then(|| pipeline.device_views(&node)),
+                node,
+                devices,
+                extra,
+                fresh,
+            };
+            tokio::spawn(async move {
+                let _slot = slot;
+                pass.run().await;
+            });
+        }
+    }
+
+    /// Nodes whose devices have been unknown past the tolerance may get the NoSchedule
+    /// taint (never an eviction), in the shard holder only.
+    fn guard_unknown(&self, pipeline: &Pipeline) {
+        let now = now_ms();
+        for node in pipeline.node_names() {
+            let devices =
+                pipeline.unknown_devices(node, self.unknown_tolerance.as_millis() as u64, now);
+            if devices.is_empty() || !self.shards.holds_node(node) {
+                continue;
+            }
+            let Some(slot) = self.in_flight.take(node) else {
+                continue;
+            };
+            let (r, fence, node) = (
+                self.remediator.clone(),
+                self.shards.fence(node),
+                node.clone(),
+            );
+            tokio::spawn(async move {
+                let _slot = slot;
+                match r.guard_unknown(&node, devices, &fence).await {
+                    Ok(outcome) => tracing::debug!(node = %node, ?outcome, "unknown guard pass"),
+                    Err(e) => {
+                        tracing::warn!(node = %node, error = %e, "unknown guard pass failed; the next one retries")
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// One node's pass: what it needs, moved into its task.
+struct NodePass {
+    remediator: Arc<Remediator>,
+    fence: Fence,
+    metrics: Arc<Metrics>,
+    settled: mpsc::UnboundedSender<Settled>,
+    node: String,
+    /// The node's devices as the pipeline sees them, when it is quarantined.
+    views: Option<Vec<crate::model::DeviceView>>,
+    /// Failed devices: the pipeline's and the pending verdicts.
+    devices: Vec<RecordDevice>,
+    /// The pending verdicts among them.
+    extra: Vec<RecordDevice>,
+    fresh: bool,
+}
+
+impl NodePass {
+    async fn run(self) {
+        let (r, node) = (&self.remediator, self.node.as_str());
+        let t0 = Instant::now();
+        if let Some(views) = &self.views {
+            match r.release_pass(node, views, now_ms(), &self.fence).await {
+                Ok(Outcome::Released) => {
+                    tracing::debug!(node = %node, "released");
+                    return;
+                }
+                Ok(outcome) => tracing::debug!(node = %node, ?outcome, "release pass"),
+                Err(e) => {
+                    self.metrics.remediation_error(e.metric_label());
+                    tracing::warn!(node = %node, error = %e, "release pass failed; the next one retries")
+                }
+            }
+        }
+        if self.fresh && !self.devices.is_empty() {
+            if let Err(e) = r.note_new_failure(node).await {
+                tracing::warn!(node = %node, error = %e, "cannot update the circuit breaker");
+            }
+        }
+        if let Err(e) = self.isolate_then_evict(t0).await {
+            self.metrics.action("quarantine", "error");
+            self.metrics.remediation_error(e.metric_label());
+            tracing::warn!(node = %node, error = %e, "remediation pass failed; the next one retries");
+        }
+    }
+
+    /// Isolate first (no new pods land there), then move the workloads off.
+    async fn isolate_then_evict(&self, t0: Instant) -> Result<(), RemediateError> {
+        let (r, node) = (&self.remediator, self.node.as_str());
+        let outcome = if self.devices.is_empty() {
+            Outcome::AlreadyDone
+        } else {
+            r.isolate(node, self.devices.clone(), &self.fence).await?
+        };
+        tracing::debug!(node = %node, ?outcome, "isolation pass");
+        if outcome == Outcome::Isolated {
+            self.metrics
+                .action_time("quarantine", t0.elapsed().as_secs_f64());
+        }
+        if !self.extra.is_empty() && outcome.settles() {
+            // On the Node now (or deliberately not acted on): done with them. Held back
+            // by a budget or the breaker: kept for a later pass.
+            let _ = self.settled.send(Settled {
+                node: node.to_string(),
+                devices: self.extra.clone(),
+            });
+        }
+        let t1 = Instant::now();
+        let e = r.evict(node, &self.fence).await?;
+        if !e.evicted.is_empty() {
+            self.metrics
+                .action_time("evict", t1.elapsed().as_secs_f64());
+        }
+        tracing::debug!(node = %node, ?e, "eviction pass");
+        Ok(())
+    }
+}

@@ -1,0 +1,390 @@
+//! Wiring: [`start`] builds every part from the [`Config`] (the collectors, the
+//! publisher, the shard Leases, remediation and its dispatcher, the intake, the API)
+//! and spawns them; the core loop (`core.rs`) runs the pipeline, the dispatcher
+//! (`dispatch.rs`) the per-node remediation passes.
+
+pub mod core;
+pub mod dispatch;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use faultline_common::rules::Rules;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use self::core::{Core, Inputs, WriteTiming};
+use self::dispatch::Dispatch;
+use crate::api::{self, ApiState};
+use crate::config::{Config, SinkKind};
+use crate::ingest::{collect, discover, podhealth, AgentEvent, Intake, Route};
+use crate::metrics::Metrics;
+use crate::model::Verdict;
+use crate::notify::Notifier;
+use crate::pipeline::Pipeline;
+use crate::publish::{ConfigMapSink, Nudger, Publisher};
+use crate::remediate::{Breaker, Mode, Remediator};
+use crate::rules_file;
+use crate::shard::{Held, LeaseConfig, ShardLeases, Shards};
+
+/// A running aggregator.
+pub struct Aggregator {
+    /// The API address.
+    pub addr: std::net::SocketAddr,
+    cancel: CancellationToken,
+    done: tokio::task::JoinHandle<()>,
+    lease_task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Aggregator {
+    /// The token that stops it.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Wait until it stops (after a cancel, the Leases are released first).
+    pub async fn wait(self) {
+        let _ = self.done.await;
+        if let Some(t) = self.lease_task {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+    }
+
+    /// Stop at once, as a crash would: the Leases are not released, so another
+    /// replica must wait for them to run out.
+    pub fn abort(self) {
+        if let Some(t) = self.lease_task {
+            t.abort();
+        }
+        self.done.abort();
+        self.cancel.cancel();
+    }
+}
+
+/// A Kubernetes client for `server` (plain HTTP, the test server), else in-cluster or
+/// $KUBECONFIG, with kube's own retries of 429/503 off: callers decide what to retry.
+pub async fn connect(server: Option<&str>, timeout: Duration) -> anyhow::Result<kube::Client> {
+    let mut kc = match server {
+        Some(url) => kube::Config::new(
+            url.parse()
+                .with_context(|| format!("--kube-server {url}"))?,
+        ),
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration (in-cluster or KUBECONFIG); use --kube-server")?,
+    };
+    kc.default_retry = false;
+    kc.read_timeout = Some(timeout);
+    kc.write_timeout = Some(timeout);
+    kube::Client::try_from(kc).context("Kubernetes client")
+}
+
+/// The rules in force, reloaded from `--rules` when it changes.
+fn rules(
+    cfg: &Config,
+    metrics: &Arc<Metrics>,
+    cancel: &CancellationToken,
+) -> anyhow::Result<watch::Receiver<Arc<Rules>>> {
+    let rules = match &cfg.rules {
+        Some(p) => rules_file::load(p).with_context(|| format!("rules file {}", p.display()))?,
+        None => Rules::default(),
+    };
+    let (tx, rx) = watch::channel(Arc::new(rules));
+    if let Some(p) = cfg.rules.clone() {
+        tokio::spawn(rules_file::watch_file(
+            p,
+            tx,
+            metrics.clone(),
+            Duration::from_secs(1),
+            cancel.clone(),
+        ));
+    }
+    Ok(rx)
+}
+
+/// Follow the agents: the `--agents` list, or the Nodes found by discovery.
+fn follow_agents(
+    cfg: &Config,
+    kube: Option<&kube::Client>,
+    metrics: &Arc<Metrics>,
+    cancel: &CancellationToken,
+) -> anyhow::Result<mpsc::Receiver<AgentEvent>> {
+    let (tx, rx) = mpsc::channel::<AgentEvent>(1024);
+    let client = collect::client();
+    if cfg.agents.is_empty() {
+        let api: Api<Node> = Api::all(
+            kube.cloned()
+                .context("discovery needs the Kubernetes API")?,
+        );
+        tokio::spawn(discover::run(
+            api,
+            cfg.node_selector.clone(),
+            cfg.agent_port,
+            Duration::from_secs(5),
+            client.clone(),
+            tx.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        ));
+    }
+    for url in &cfg.agents {
+        tokio::spawn(collect::follow(
+            url.clone(),
+            url.clone(),
+            client.clone(),
+            tx.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        ));
+    }
+    Ok(rx)
+}
+
+/// Where this replica's API is reached by the others.
+fn advertise(cfg: &Config, addr: std::net::SocketAddr) -> Option<String> {
+    cfg.advertise_url.clone().or_else(|| {
+        std::env::var("POD_IP")
+            .ok()
+            .filter(|ip| !ip.is_empty())
+            .map(|ip| format!("http://{ip}:{}", addr.port()))
+            .or_else(|| (!addr.ip().is_unspecified()).then(|| format!("http://{addr}")))
+    })
+}
+
+/// The remediator of `--remediation`, its guards and reporting.
+fn remediator(
+    cfg: &Config,
+    kube: &kube::Client,
+    notifier: Option<Arc<Notifier>>,
+    metrics: &Arc<Metrics>,
+) -> Remediator {
+    let breaker = (cfg.breaker_nodes > 0).then(|| {
+        Breaker::new(
+            Api::namespaced(kube.clone(), &cfg.namespace),
+            format!("{}-breaker", cfg.name),
+            cfg.breaker_nodes,
+            cfg.breaker_window,
+        )
+    });
+    Remediator::new(
+        kube.clone(),
+        cfg.remediation,
+        &cfg.taint_key,
+        &cfg.event_namespace,
+        &cfg.replica,
+    )
+    .with_resources(cfg.resource_names.clone(), cfg.eviction_deadline)
+    .with_budget(cfg.budget.clone())
+    .with_breaker(breaker, cfg.max_evictions_per_minute)
+    .with_release(cfg.release.clone())
+    .with_force_delete(cfg.force_delete_after_deadline)
+    .with_reporting(notifier, Some(metrics.clone()))
+}
+
+/// What the ConfigMap sink needs: the shard Leases (their task), the publisher.
+fn shard_publisher(
+    cfg: &Config,
+    kube: &kube::Client,
+    held: &Held,
+    url: Option<String>,
+    metrics: &Arc<Metrics>,
+    lease_cancel: &CancellationToken,
+) -> (Publisher, tokio::task::JoinHandle<()>) {
+    let leases = ShardLeases {
+        api: Api::namespaced(kube.clone(), &cfg.namespace),
+        name: cfg.name.clone(),
+        me: cfg.replica.clone(),
+        shards: cfg.shards,
+        cfg: LeaseConfig {
+            duration: cfg.lease_duration,
+            retry: cfg.lease_retry,
+            margin: cfg.lease_retry + Duration::from_secs(1),
+        },
+        held: held.clone(),
+        metrics: metrics.clone(),
+        url,
+    };
+    let task = tokio::spawn(leases.run(lease_cancel.clone()));
+    let nudger = (cfg.nudge_rate > 0.0).then(|| {
+        Arc::new(Nudger::new(
+            Api::all(kube.clone()),
+            cfg.nudge_selector.clone(),
+            cfg.nudge_rate,
+            metrics.clone(),
+        ))
+    });
+    let sinks = cfg
+        .publish_namespaces
+        .iter()
+        .map(|ns| {
+            Arc::new(
+                ConfigMapSink::new(Api::namespaced(kube.clone(), ns), cfg.name.clone())
+                    .with_metrics(metrics.clone()),
+            )
+        })
+        .collect();
+    let publisher = Publisher::ConfigMap {
+        sinks,
+        shards: Shards {
+            held: held.clone(),
+            count: cfg.shards,
+        },
+        nudger,
+    };
+    (publisher, task)
+}
+
+/// Start collectors, the pipeline, publishing, remediation and the API.
+pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
+    let metrics = Arc::new(Metrics::new());
+    let cancel = CancellationToken::new();
+    let rules = rules(&cfg, &metrics, &cancel)?;
+    let kube = if cfg.sink == SinkKind::ConfigMap || cfg.agents.is_empty() {
+        Some(connect(cfg.kube_server.as_deref(), cfg.kube_timeout).await?)
+    } else {
+        None
+    };
+    let agents = follow_agents(&cfg, kube.as_ref(), &metrics, &cancel)?;
+
+    // Bound first: the shard Leases advertise where this replica's API is.
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    // Leases (and the notifier's queue) outlive the core loop: on a stop, in-flight
+    // remediation finishes first, then the Leases go.
+    let lease_cancel = CancellationToken::new();
+    let notifier = (!cfg.notify.is_empty()).then(|| {
+        let m = metrics.clone();
+        Arc::new(Notifier::start(
+            cfg.notify.clone(),
+            Arc::new(move |d| m.notification(d.as_str())),
+            lease_cancel.clone(),
+        ))
+    });
+    let (verdict_tx, verdicts) = mpsc::channel::<Verdict>(1024);
+    let mut intake = cfg
+        .intake
+        .clone()
+        .map(|c| Intake::new(c, metrics.clone(), verdict_tx.clone()));
+    let latest = Arc::new(std::sync::Mutex::new(None));
+    let mut lease_task = None;
+    let mut dispatch = None;
+    let mut settled = None;
+    let publisher = match (cfg.sink, kube.as_ref()) {
+        (SinkKind::File, _) => Publisher::File {
+            out: cfg.out.clone(),
+            latest: latest.clone(),
+        },
+        (SinkKind::ConfigMap, None) => anyhow::bail!("the configmap sink needs the Kubernetes API"),
+        (SinkKind::ConfigMap, Some(kube)) => {
+            let held = Held::default();
+            intake = intake.map(|i| {
+                i.with_route(Route {
+                    held: held.clone(),
+                    shards: cfg.shards,
+                    leases: Api::namespaced(kube.clone(), &cfg.namespace),
+                    name: cfg.name.clone(),
+                    me: cfg.replica.clone(),
+                })
+            });
+            let (publisher, task) = shard_publisher(
+                &cfg,
+                kube,
+                &held,
+                advertise(&cfg, addr),
+                &metrics,
+                &lease_cancel,
+            );
+            lease_task = Some(task);
+            if cfg.remediation != Mode::Off {
+                let r = Arc::new(remediator(&cfg, kube, notifier.clone(), &metrics));
+                // The kubelet's device health (KEP-4680): Unhealthy is a verdict, Unknown an alert.
+                if cfg.watch_pod_health {
+                    let (tx, rx) = mpsc::channel(1024);
+                    tokio::spawn(podhealth::run(
+                        Api::all(kube.clone()),
+                        r.resources().to_vec(),
+                        tx,
+                        cancel.clone(),
+                    ));
+                    tokio::spawn(podhealth::forward_verdicts(
+                        rx,
+                        verdict_tx.clone(),
+                        metrics.clone(),
+                    ));
+                }
+                let shards = Shards {
+                    held: held.clone(),
+                    count: cfg.shards,
+                };
+                let (d, rx) = Dispatch::new(r, shards, metrics.clone(), cfg.unknown_tolerance);
+                dispatch = Some(d);
+                settled = Some(rx);
+            }
+            publisher
+        }
+    };
+    drop(verdict_tx);
+
+    let ready = Arc::new(AtomicBool::new(false));
+    let (asks_tx, asks) = mpsc::channel(64);
+    let app = api::router(ApiState {
+        metrics: metrics.clone(),
+        latest,
+        asks: asks_tx,
+        ready: ready.clone(),
+        intake: intake.map(Arc::new),
+    });
+    {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { cancel.cancelled().await })
+                .await;
+        });
+    }
+
+    tracing::info!(%addr, agents = cfg.agents.len(), out = %cfg.out.display(), "faultline aggregator running");
+    let pipeline = Pipeline::new(rules.borrow().clone(), metrics.clone());
+    let timing = WriteTiming {
+        interval: cfg.write_interval,
+        urgent_spacing: cfg.urgent_spacing,
+        heartbeat: cfg.heartbeat,
+        reconcile: cfg.reconcile_interval,
+        shutdown: cfg.shutdown_timeout,
+    };
+    let core = Core::new(
+        pipeline,
+        publisher,
+        dispatch,
+        metrics,
+        timing,
+        cfg.replica.clone(),
+        ready,
+    );
+    let inputs = Inputs {
+        agents,
+        verdicts,
+        settled,
+        rules,
+        asks,
+    };
+    let done = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            core.run(inputs, cancel).await;
+            lease_cancel.cancel();
+        })
+    };
+    Ok(Aggregator {
+        addr,
+        cancel,
+        done,
+        lease_task,
+    })
+}

@@ -1,0 +1,110 @@
+//! The aggregator's shared vocabulary: a device as a quarantine record names it, a
+//! device as the pipeline sees it, and a verdict from outside the pipeline. Every other
+//! module may use these; this module uses nothing of the crate.
+
+use faultline_common::reading::normalize_bus_id;
+use faultline_common::DeviceStatus;
+use serde::{Deserialize, Serialize};
+
+/// One failed (or unknown) device, as a quarantine record, an announcement or a
+/// notification names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordDevice {
+    /// Device id on the node.
+    pub id: String,
+    /// UUID, where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// PCI bus id, where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    /// Why it failed.
+    pub reason: String,
+    /// What said so: `agent` (the aggregator's own verdict), `alert` (the intake) or
+    /// `kubelet` (a pod's allocatedResourcesStatus).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The metric and its value behind the verdict, where there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// The metric's value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+impl RecordDevice {
+    /// A device judged by the aggregator's own pipeline.
+    pub fn new(id: impl Into<String>, reason: impl Into<String>) -> Self {
+        RecordDevice {
+            id: id.into(),
+            uuid: None,
+            pci_bus_id: None,
+            reason: reason.into(),
+            source: None,
+            metric: None,
+            value: None,
+        }
+    }
+
+    /// Whether `key` (an id, a UUID or a bus id) names this device.
+    pub fn is(&self, key: &str) -> bool {
+        self.id == key
+            || self.uuid.as_deref() == Some(key)
+            || self
+                .pci_bus_id
+                .as_deref()
+                .and_then(normalize_bus_id)
+                .is_some_and(|b| normalize_bus_id(key).as_deref() == Some(b.as_str()))
+    }
+
+    /// Whether `other` is the same device: by any of `other`'s keys this device knows.
+    pub fn same_device(&self, other: &RecordDevice) -> bool {
+        self.is(&other.id) || other.uuid.as_deref().is_some_and(|u| self.is(u))
+    }
+}
+
+/// A node's device as the pipeline sees it, for release decisions.
+#[derive(Debug, Clone)]
+pub struct DeviceView {
+    /// Its identities (id, UUID, bus id).
+    pub device: RecordDevice,
+    /// Smoothed state.
+    pub status: DeviceStatus,
+    /// Clean samples in a row.
+    pub clean_streak: u32,
+    /// Since when it has had this state (ms since the epoch).
+    pub since_ms: u64,
+}
+
+/// A device judged failed outside the pipeline (the alert intake, the kubelet), for the
+/// core loop to hand to remediation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The node.
+    pub node: String,
+    /// The device (`id` is the UUID or bus id the alert named; the core loop maps it to
+    /// the agent's id where the node reports the device).
+    pub device: RecordDevice,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_is_named_by_id_uuid_or_any_spelling_of_its_bus_id() {
+        let d = RecordDevice {
+            uuid: Some("GPU-1".into()),
+            pci_bus_id: Some("00000000:3B:00.0".into()),
+            ..RecordDevice::new("gpu3", "xid-79")
+        };
+        assert!(d.is("gpu3") && d.is("GPU-1") && d.is("0000:3b:00.0"));
+        assert!(!d.is("gpu4") && !d.is("GPU-2"));
+        let by_uuid = RecordDevice {
+            uuid: Some("GPU-1".into()),
+            ..RecordDevice::new("other-name", "alert:x")
+        };
+        assert!(d.same_device(&by_uuid));
+        assert!(!d.same_device(&RecordDevice::new("gpu5", "x")));
+    }
+}

@@ -1,0 +1,180 @@
+//! Where documents go, and one write of them: the file sink (a directory laid out like
+//! a ConfigMap volume) or the shard ConfigMaps (written by each shard's Lease holder,
+//! into every publish namespace, then the pods of alarming nodes nudged). Publishing
+//! only: remediation is the dispatcher's.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use faultline_common::fault::FaultDocument;
+use faultline_common::time::now_ms;
+
+use super::configmap::{ConfigMapSink, WriteError};
+use super::document::{document, files};
+use super::file;
+use super::nudge::Nudger;
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+use crate::shard::Shards;
+
+/// Where documents go.
+pub enum Publisher {
+    /// A directory laid out like a ConfigMap volume.
+    File {
+        /// The directory.
+        out: PathBuf,
+        /// The last whole document (it is built for the files anyway), for the API.
+        latest: Arc<Mutex<Option<Arc<FaultDocument>>>>,
+    },
+    /// One ConfigMap per shard.
+    ConfigMap {
+        /// One per namespace written, the aggregator's own first.
+        sinks: Vec<Arc<ConfigMapSink>>,
+        /// The shards and which this replica holds.
+        shards: Shards,
+        /// Nudges pods after a write, when on.
+        nudger: Option<Arc<Nudger>>,
+    },
+}
+
+impl Publisher {
+    /// The shards this replica writes now (the file sink writes its one).
+    pub fn held(&self) -> Vec<u32> {
+        match self {
+            Publisher::File { .. } => vec![0],
+            Publisher::ConfigMap { shards, .. } => shards.held.shards(),
+        }
+    }
+
+    /// Start one write of the pipeline's state as `sequence` by `writer`; `alarming`
+    /// nodes get their pods nudged after their shard is written (and are taken: nodes of
+    /// shards this replica does not hold are their holder's to nudge). A failed write
+    /// sets `failed`, so the next round writes again.
+    pub fn write(
+        &self,
+        pipeline: &Pipeline,
+        sequence: u64,
+        writer: &str,
+        alarming: &mut BTreeSet<String>,
+        metrics: &Arc<Metrics>,
+        failed: &Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<()> {
+        match self {
+            Publisher::File { out, latest } => {
+                alarming.clear();
+                let whole = Arc::new(document(pipeline, sequence, writer, 0, 1));
+                *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(whole.clone());
+                let (out, metrics, failed) = (out.clone(), metrics.clone(), failed.clone());
+                tokio::task::spawn_blocking(move || write_files(&out, &whole, &metrics, &failed))
+            }
+            Publisher::ConfigMap {
+                sinks,
+                shards,
+                nudger,
+            } => {
+                let mine = shards.held.shards();
+                for s in (0..shards.count).filter(|s| !mine.contains(s)) {
+                    metrics.write_skipped("configmap", s);
+                }
+                let jobs: Vec<(FaultDocument, Vec<String>)> = mine
+                    .iter()
+                    .map(|s| {
+                        let doc = document(pipeline, 0, writer, *s, shards.count);
+                        let nudge: Vec<String> = alarming
+                            .iter()
+                            .filter(|n| doc.nodes.contains_key(*n))
+                            .cloned()
+                            .collect();
+                        (doc, nudge)
+                    })
+                    .collect();
+                alarming.clear();
+                let (sinks, shards, metrics, failed, nudger) = (
+                    sinks.clone(),
+                    shards.clone(),
+                    metrics.clone(),
+                    failed.clone(),
+                    nudger.clone(),
+                );
+                tokio::spawn(async move {
+                    for (doc, nudge) in jobs {
+                        write_shard(
+                            doc,
+                            nudge,
+                            &sinks,
+                            &shards,
+                            &metrics,
+                            &failed,
+                            nudger.as_deref(),
+                        )
+                        .await;
+                    }
+                })
+            }
+        }
+    }
+}
+
+fn write_files(
+    out: &std::path::Path,
+    whole: &FaultDocument,
+    metrics: &Metrics,
+    failed: &AtomicBool,
+) {
+    let t = Instant::now();
+    let r = files(whole).map_err(std::io::Error::other).and_then(|f| {
+        let bytes = f.values().map(Vec::len).sum::<usize>();
+        file::write(out, &f)?;
+        Ok(bytes)
+    });
+    match r {
+        Ok(bytes) => metrics.write("file", 0, t.elapsed().as_secs_f64(), bytes, true),
+        Err(e) => {
+            failed.store(true, Ordering::Release);
+            metrics.write("file", 0, 0.0, 0, false);
+            tracing::error!(error = %e, out = %out.display(), "cannot write fault documents");
+        }
+    }
+}
+
+/// Write one shard's document into every publish namespace, then nudge the pods of
+/// `nudge` (after the write, so the sync the nudge causes finds the new content).
+async fn write_shard(
+    doc: FaultDocument,
+    nudge: Vec<String>,
+    sinks: &[Arc<ConfigMapSink>],
+    shards: &Shards,
+    metrics: &Metrics,
+    failed: &AtomicBool,
+    nudger: Option<&Nudger>,
+) {
+    let shard = doc.shard;
+    let mut written = false;
+    for sink in sinks {
+        let t = Instant::now();
+        match sink.write(doc.clone(), &shards.held).await {
+            Ok(bytes) => {
+                written = true;
+                metrics.write("configmap", shard, t.elapsed().as_secs_f64(), bytes, true);
+            }
+            Err(WriteError::NotHolder(_)) => {
+                metrics.write_skipped("configmap", shard);
+                break;
+            }
+            Err(e) => {
+                failed.store(true, Ordering::Release);
+                metrics.write("configmap", shard, 0.0, 0, false);
+                tracing::error!(shard, error = %e, "cannot write the shard ConfigMap");
+            }
+        }
+    }
+    if let (true, Some(n)) = (written, nudger) {
+        let stamp = now_ms().to_string();
+        for node in nudge {
+            n.nudge(&node, &stamp).await;
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! What a remediation pass did, and why one failed.
+
+/// Why a pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemediateError {
+    /// The API said no (409/422 on a concurrent change: try again from the live Node).
+    #[error("API: {0}")]
+    Api(#[from] kube::Error),
+    /// This replica no longer holds the node's shard.
+    #[error("not the holder of the node's shard")]
+    NotHolder,
+    /// The record on the Node does not parse.
+    #[error("unreadable quarantine record on {0}: {1}")]
+    Record(String, String),
+}
+
+impl RemediateError {
+    /// The kind, as a metric label: `conflict` (409/422: the Node changed under the
+    /// pass), `api` (any other API error), `not-holder`, `record`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            RemediateError::Api(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => {
+                "conflict"
+            }
+            RemediateError::Api(_) => "api",
+            RemediateError::NotHolder => "not-holder",
+            RemediateError::Record(..) => "record",
+        }
+    }
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Remediation is off.
+    Off,
+    /// Dry run: announced, nothing changed.
+    Announced,
+    /// The node was already isolated for this fault: nothing to do.
+    AlreadyDone,
+    /// Isolated now.
+    Isolated,
+    /// Not isolated: a budget is spent (why).
+    HeldBack(String),
+    /// Not isolated: the circuit breaker is open.
+    BreakerOpen,
+    /// The node itself is not Ready: Kubernetes' node lifecycle handles it.
+    LeftToKubernetes,
+    /// A person released these devices within the dedup window: not acted on again.
+    Suppressed,
+    /// Released now (all devices, or the named ones).
+    Released,
+    /// Not released yet: why (health, cool-down, canary).
+    Waiting(String),
+}
+
+impl Outcome {
+    /// Whether the devices a pass was given are settled by it: on the Node now, or
+    /// deliberately not acted on (a budget or the breaker holding back is not settled:
+    /// a later pass tries again).
+    pub fn settles(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Isolated
+                | Outcome::AlreadyDone
+                | Outcome::Suppressed
+                | Outcome::Announced
+                | Outcome::Off
+        )
+    }
+}

@@ -1,0 +1,308 @@
+//! The guards that keep remediation from doing too much at once. Each owns its own lock
+//! and exposes operations, so no caller ever holds two:
+//!
+//! - [`BudgetGuard`]: how many nodes may be quarantined, decided one at a time;
+//! - [`Breaker`]: very many failures within a short time stop everything;
+//! - [`EvictionRate`]: evictions per minute;
+//! - [`HeldBack`]: the nodes a budget holds back now, announced once each.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use faultline_common::time::now_rfc3339;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ListParams, PostParams};
+
+use super::error::RemediateError;
+use super::policy::Budget;
+use super::record::DEVICES_LABEL;
+
+/// The quarantine budget, counted from the Nodes themselves (the devices label), so
+/// every replica sees the same count.
+pub struct BudgetGuard {
+    /// The limits.
+    pub budget: Budget,
+    /// One decision (count, then write) at a time in this replica, so concurrent passes
+    /// cannot all see room for one more. Held by a pass from its check to its write.
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl BudgetGuard {
+    /// A guard of `budget`.
+    pub fn new(budget: Budget) -> Self {
+        BudgetGuard {
+            budget,
+            turn: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// This replica's turn to decide; hold it until the write is done.
+    pub async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.turn.lock().await
+    }
+
+    /// Why quarantining `node` now would exceed the budget, if it would.
+    pub async fn refusal(
+        &self,
+        nodes: &Api<Node>,
+        node: &Node,
+    ) -> Result<Option<String>, RemediateError> {
+        let quarantined = nodes
+            .list(&ListParams::default().labels(DEVICES_LABEL))
+            .await?
+            .items;
+        if quarantined.len() >= self.budget.max_nodes {
+            return Ok(self.budget.refusal(node, &quarantined, || 0));
+        }
+        let mut lp = ListParams::default();
+        if !self.budget.node_selector.is_empty() {
+            lp = lp.labels(&self.budget.node_selector);
+        }
+        let total = nodes.list(&lp).await?.items.len();
+        Ok(self.budget.refusal(node, &quarantined, || total))
+    }
+}
+
+/// The circuit breaker: when very many nodes fail within a short time it is usually the
+/// monitoring, not the hardware. Once `nodes` distinct nodes failed within `window`,
+/// the breaker opens: a ConfigMap `<name>-breaker` with `state: open`, which every
+/// replica reads before acting. Nothing is isolated or evicted until a person closes it
+/// (`faultline breaker close`).
+pub struct Breaker {
+    api: Api<ConfigMap>,
+    name: String,
+    nodes: usize,
+    window: Duration,
+    /// Nodes that failed lately, oldest first; owned by this breaker.
+    recent: Mutex<VecDeque<(String, Instant)>>,
+    /// Open when last read: a person closing it also clears the failures counted.
+    was_open: AtomicBool,
+}
+
+impl Breaker {
+    /// A breaker stored in the ConfigMap `name` through `api`.
+    pub fn new(api: Api<ConfigMap>, name: String, nodes: usize, window: Duration) -> Self {
+        Breaker {
+            api,
+            name,
+            nodes: nodes.max(1),
+            window,
+            recent: Default::default(),
+            was_open: Default::default(),
+        }
+    }
+
+    /// Whether it is open now (a person has not closed it).
+    pub async fn is_open(&self) -> Result<bool, RemediateError> {
+        let open = self
+            .api
+            .get_opt(&self.name)
+            .await?
+            .and_then(|cm| cm.data)
+            .is_some_and(|d| d.get("state").map(String::as_str) == Some("open"));
+        if self.was_open.swap(open, Ordering::AcqRel) && !open {
+            // Closed by a person: count afresh, or the next failure reopens it.
+            self.recent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+        }
+        Ok(open)
+    }
+
+    /// Count `node` as failed at `now`; how many distinct nodes failed in the window.
+    fn count(&self, node: &str, now: Instant) -> usize {
+        let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        while r
+            .front()
+            .is_some_and(|(_, t)| now.duration_since(*t) > self.window)
+        {
+            r.pop_front();
+        }
+        if !r.iter().any(|(n, _)| n == node) {
+            r.push_back((node.to_string(), now));
+        }
+        r.len()
+    }
+
+    /// Note that `node` failed now; opens the breaker when too many did. Whether it
+    /// tripped.
+    pub async fn note_failure(&self, node: &str) -> Result<bool, RemediateError> {
+        self.is_open().await?;
+        let count = self.count(node, Instant::now());
+        let trip = count >= self.nodes;
+        if trip && !self.is_open().await? {
+            let data = BTreeMap::from([
+                ("state".to_string(), "open".to_string()),
+                ("since".to_string(), now_rfc3339()),
+                (
+                    "reason".to_string(),
+                    format!("{count} nodes failed within {}s", self.window.as_secs()),
+                ),
+            ]);
+            match self.api.get_opt(&self.name).await? {
+                Some(mut cur) => {
+                    cur.data = Some(data);
+                    self.api
+                        .replace(&self.name, &PostParams::default(), &cur)
+                        .await?;
+                }
+                None => {
+                    let cm = ConfigMap {
+                        metadata: ObjectMeta {
+                            name: Some(self.name.clone()),
+                            ..Default::default()
+                        },
+                        data: Some(data),
+                        ..Default::default()
+                    };
+                    self.api.create(&PostParams::default(), &cm).await?;
+                }
+            }
+            tracing::error!(count, window = ?self.window, "circuit breaker opened: remediation stopped until a person closes it");
+        }
+        Ok(trip)
+    }
+}
+
+/// Evictions per minute at most: a token bucket. A pod past the rate waits for a later
+/// pass.
+pub struct EvictionRate {
+    per_minute: f64,
+    /// Tokens and when they were last counted; owned by this bucket.
+    tokens: Mutex<(f64, Instant)>,
+}
+
+impl EvictionRate {
+    /// `per_minute` evictions a minute (0: no limit), starting full.
+    pub fn new(per_minute: f64) -> Self {
+        EvictionRate {
+            per_minute,
+            tokens: Mutex::new((per_minute, Instant::now())),
+        }
+    }
+
+    /// Take one eviction's token now, if there is one.
+    pub fn take(&self) -> bool {
+        self.take_at(Instant::now())
+    }
+
+    /// Take one eviction's token at `now`, if there is one.
+    pub fn take_at(&self, now: Instant) -> bool {
+        if self.per_minute <= 0.0 {
+            return true;
+        }
+        let mut g = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        let refill = now.saturating_duration_since(g.1).as_secs_f64() * self.per_minute / 60.0;
+        // At least one token fits, or a rate under 1 per minute would never evict.
+        g.0 = (g.0 + refill).min(self.per_minute.max(1.0));
+        g.1 = now;
+        if g.0 >= 1.0 {
+            g.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The nodes a budget holds back now (each announced once).
+#[derive(Default)]
+pub struct HeldBack {
+    /// Owned by this set; passes add and remove nodes.
+    nodes: Mutex<BTreeSet<String>>,
+}
+
+/// What holding a node back means for its announcements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hold {
+    /// The node was not held back before.
+    pub first_for_node: bool,
+    /// No node was held back before.
+    pub first_overall: bool,
+    /// Nodes held back now.
+    pub count: usize,
+}
+
+impl HeldBack {
+    /// Hold `node` back.
+    pub fn hold(&self, node: &str) -> Hold {
+        let mut g = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let first_overall = g.is_empty();
+        Hold {
+            first_for_node: g.insert(node.to_string()),
+            first_overall,
+            count: g.len(),
+        }
+    }
+
+    /// `node` was quarantined after all.
+    pub fn release(&self, node: &str) {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(node);
+    }
+
+    /// The nodes held back now.
+    pub fn list(&self) -> Vec<String> {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_eviction_rate_refills_over_time() {
+        let r = EvictionRate::new(2.0);
+        let t0 = Instant::now();
+        assert!(r.take_at(t0) && r.take_at(t0));
+        assert!(!r.take_at(t0), "two a minute");
+        assert!(!r.take_at(t0 + Duration::from_secs(29)));
+        assert!(
+            r.take_at(t0 + Duration::from_secs(30)),
+            "one more after 30 s"
+        );
+        // Under one a minute still evicts, one at a time.
+        let slow = EvictionRate::new(0.5);
+        assert!(!slow.take_at(t0), "starts with half a token");
+        assert!(slow.take_at(t0 + Duration::from_secs(60)));
+        assert!(!slow.take_at(t0 + Duration::from_secs(61)));
+        let off = EvictionRate::new(0.0);
+        assert!((0..1000).all(|_| off.take_at(t0)));
+    }
+
+    #[test]
+    fn held_back_nodes_are_announced_once_each() {
+        let h = HeldBack::default();
+        assert_eq!(
+            h.hold("a"),
+            Hold {
+                first_for_node: true,
+                first_overall: true,
+                count: 1
+            }
+        );
+        assert_eq!(
+            h.hold("b"),
+            Hold {
+                first_for_node: true,
+                first_overall: false,
+                count: 2
+            }
+        );
+        assert!(!h.hold("a").first_for_node);
+        h.release("a");
+        assert_eq!(h.list(), vec!["b".to_string()]);
+    }
+}

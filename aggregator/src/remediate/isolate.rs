@@ -1,0 +1,351 @@
+//! Isolation: a node whose accelerator failed gets faultline's taint (NoSchedule), the
+//! devices label, the `AcceleratorHealthy=False` condition, an Event and its quarantine
+//! record, in one resourceVersion-guarded patch plus the status condition. Idempotent:
+//! a second pass for the same fault changes nothing and announces nothing. Within the
+//! budget and the breaker.
+//!
+//! Also here: the unknown guard (devices unknown past the tolerance get the node a
+//! NoSchedule taint valued `unknown`, never an eviction) and holding a node back when a
+//! budget is spent.
+
+use faultline_common::time::{now_ms, now_rfc3339};
+use k8s_openapi::api::core::v1::Taint;
+
+use super::announce::audit;
+use super::error::{Outcome, RemediateError};
+use super::patch::NodePatch;
+use super::policy::{node_ready, not_suppressed, young, Mode};
+use super::record::{
+    describe, fingerprint, history_of, label_value, LiveNode, QuarantineRecord,
+    ANNOUNCE_RETRY_SECS, CONDITION, DEVICES_LABEL,
+};
+use super::remediator::Remediator;
+use crate::model::RecordDevice;
+use crate::shard::Fence;
+
+impl Remediator {
+    /// The devices of `devices` a person has not released within the dedup window.
+    fn not_suppressed(&self, live: &LiveNode, devices: Vec<RecordDevice>) -> Vec<RecordDevice> {
+        not_suppressed(
+            &history_of(&live.node),
+            live.record.as_ref(),
+            devices,
+            self.release.dedup_window,
+            now_ms(),
+        )
+    }
+
+    /// Isolate `node` for `devices` (all failed), `fence` asked before every write: the
+    /// shard Lease. A pass that loses it stops where it is. Idempotent: a second pass for
+    /// the same fault changes nothing and announces nothing.
+    pub async fn isolate(
+        &self,
+        node: &str,
+        devices: Vec<RecordDevice>,
+        fence: &Fence,
+    ) -> Result<Outcome, RemediateError> {
+        if self.mode == Mode::Off || devices.is_empty() {
+            return Ok(Outcome::Off);
+        }
+        if self.breaker_open().await? {
+            return Ok(Outcome::BreakerOpen);
+        }
+        let live = self.read(node).await?;
+        let fresh = self.not_suppressed(&live, devices);
+        if fresh.is_empty() {
+            return Ok(Outcome::Suppressed);
+        }
+        let existing = live.record.clone();
+        // Devices join a record and leave it only by a release: a device that is no
+        // longer failed in this pass (or came from an alert the agents do not see)
+        // stays until someone, or the auto release, proves it healthy.
+        let mut devices: Vec<RecordDevice> = existing
+            .as_ref()
+            .filter(|r| !r.unknown_only)
+            .map(|r| r.devices.clone())
+            .unwrap_or_default();
+        for d in fresh {
+            if !devices.iter().any(|x| x.same_device(&d)) {
+                devices.push(d);
+            }
+        }
+        let fp = fingerprint(node, &devices);
+        let taints = live.taints();
+        let has_taint = taints
+            .iter()
+            .any(|t| t.key == self.taint.key && t.effect == self.taint.effect);
+        let has_condition = live
+            .node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == CONDITION && c.status == "False")
+            });
+        let same_fault = existing.as_ref().is_some_and(|r| r.fingerprint == fp);
+        if same_fault && has_taint && has_condition {
+            self.announce_again(existing.as_ref()).await;
+            return Ok(Outcome::AlreadyDone);
+        }
+        // A node not yet quarantined is quarantined only within the budget. Decisions
+        // are taken one at a time in this replica (check, then write), so concurrent
+        // passes cannot all see room for one more. (Replicas decide for their own shards;
+        // across replicas the count can exceed the budget by at most replicas - 1.)
+        let _budget_turn = if existing.is_none() && !has_taint && self.mode == Mode::Enforce {
+            let turn = self.budget.turn().await;
+            if let Some(why) = self.budget.refusal(&self.nodes, &live.node).await? {
+                return self.hold_back(node, why, &devices).await;
+            }
+            Some(turn)
+        } else {
+            None
+        };
+        let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
+        let summary = format!(
+            "{} failed on {node}: {}",
+            ids.join(", "),
+            describe(&devices)
+        );
+        if !fence.holds() {
+            return Err(RemediateError::NotHolder);
+        }
+        if self.mode == Mode::DryRun {
+            tracing::warn!(node, devices = ?ids, taint = %self.taint.key, "dry-run: would quarantine");
+            self.announce.metric("quarantine", "dry-run");
+            self.announce
+                .event(
+                    node,
+                    "FaultlineWouldQuarantine",
+                    &fp,
+                    format!("dry-run: would taint {} ({summary})", self.taint.key),
+                    true,
+                    &devices,
+                )
+                .await;
+            return Ok(Outcome::Announced);
+        }
+
+        let now = now_rfc3339();
+        let mut record = existing.unwrap_or_else(|| self.new_record(node, vec![], &now));
+        record.unknown_only = false;
+        record.devices = devices;
+        record.fingerprint = fp;
+        record.last_seen = now.clone();
+        let mut patch = NodePatch::on(&live.node);
+        if !has_taint {
+            let mut t = taints;
+            t.push(self.taint.clone());
+            patch.taints(&t);
+            record.owned_taint = Some(self.taint.key.clone());
+            record.act("taint", &now, &self.actor);
+        }
+        let labels = live.node.metadata.labels.clone().unwrap_or_default();
+        let label_value = label_value(&ids);
+        let label_ok = labels.get(DEVICES_LABEL).is_some_and(|v| *v == label_value);
+        if !label_ok && (record.owned_label || !labels.contains_key(DEVICES_LABEL)) {
+            patch.label(DEVICES_LABEL, &label_value);
+            record.owned_label = true;
+            record.act("label", &now, &self.actor);
+        }
+        patch.record(&record);
+        // Taint, label and record in one write, unless only the condition was missing.
+        if !(same_fault && has_taint) {
+            self.apply(node, patch, fence).await?;
+        }
+        if !fence.holds() {
+            return Err(RemediateError::NotHolder);
+        }
+        self.condition(node, false, "AcceleratorFailed", summary.clone(), &now)
+            .await?;
+        self.held_back.release(node);
+        if !(same_fault && has_taint) {
+            self.announce.metric("quarantine", "ok");
+            audit(
+                "quarantine",
+                node,
+                &record.devices,
+                &self.actor,
+                &self.taint.key,
+            );
+        }
+        // Also when only the condition was missing: a pass cut short before its Event
+        // announces now, and one that did meets the Event's name and stays quiet.
+        self.announce
+            .event(
+                node,
+                "FaultlineQuarantined",
+                &format!("{}/{}", record.fingerprint, record.first_seen),
+                format!("tainted {} ({summary})", self.taint.key),
+                true,
+                &record.devices,
+            )
+            .await;
+        Ok(Outcome::Isolated)
+    }
+
+    /// A pass cut short after the condition (an answer lost) has not announced yet: do
+    /// it now. Known Events cost nothing; one this replica has not seen costs one create
+    /// answered 409. Only while the record is young: Events expire (1 h by default), and
+    /// an old quarantine was announced long ago.
+    async fn announce_again(&self, record: Option<&QuarantineRecord>) {
+        let Some(r) = record.filter(|r| !r.unknown_only && young(r, now_ms(), ANNOUNCE_RETRY_SECS))
+        else {
+            return;
+        };
+        self.announce
+            .event(
+                &r.node,
+                "FaultlineQuarantined",
+                &format!("{}/{}", r.fingerprint, r.first_seen),
+                format!(
+                    "tainted {} ({} failed)",
+                    self.taint.key,
+                    r.devices
+                        .iter()
+                        .map(|d| format!("{}={}", d.id, d.reason))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                true,
+                &r.devices,
+            )
+            .await;
+    }
+
+    /// Record and announce a node held back by the budget: once per node, and one
+    /// alert for the first node held back while others pass.
+    async fn hold_back(
+        &self,
+        node: &str,
+        why: String,
+        devices: &[RecordDevice],
+    ) -> Result<Outcome, RemediateError> {
+        let hold = self.held_back.hold(node);
+        if let Some(m) = self.announce.metrics() {
+            m.set_held_back(hold.count);
+        }
+        self.announce.metric("quarantine", "held-back");
+        // One Event per node and hour at most, across replicas and restarts.
+        let hour = now_rfc3339().get(..13).unwrap_or_default().to_string();
+        if hold.first_for_node {
+            tracing::warn!(node, %why, "quarantine held back by the budget");
+            self.announce
+                .event(
+                    node,
+                    "FaultlineHeldBack",
+                    &format!("{}/{hour}", fingerprint(node, devices)),
+                    format!("not quarantined: {why}"),
+                    true,
+                    devices,
+                )
+                .await;
+        }
+        if hold.first_overall {
+            tracing::error!(%why, "quarantine budget exhausted: further failed nodes are held back");
+            self.announce.event(node, "FaultlineBudgetExhausted", &hour, format!("quarantine budget exhausted ({why}); failed nodes are held back until quarantines are released"), true, devices).await;
+        }
+        Ok(Outcome::HeldBack(why))
+    }
+
+    /// Devices unknown for longer than the tolerance: the node may get the NoSchedule
+    /// taint (value `unknown`) so no new work lands on devices nobody can see, but
+    /// nothing is ever evicted for it, and a node that is itself NotReady is left to
+    /// Kubernetes' node lifecycle. Within the budget and the breaker, like isolation.
+    pub async fn guard_unknown(
+        &self,
+        node: &str,
+        devices: Vec<RecordDevice>,
+        fence: &Fence,
+    ) -> Result<Outcome, RemediateError> {
+        if self.mode == Mode::Off || devices.is_empty() {
+            return Ok(Outcome::Off);
+        }
+        if self.breaker_open().await? {
+            return Ok(Outcome::BreakerOpen);
+        }
+        let live = self.read(node).await?;
+        let devices = self.not_suppressed(&live, devices);
+        if devices.is_empty() {
+            return Ok(Outcome::Suppressed);
+        }
+        if node_ready(&live.node) == Some(false) {
+            return Ok(Outcome::LeftToKubernetes);
+        }
+        let taints = live.taints();
+        if taints.iter().any(|t| t.key == self.taint.key) || live.record.is_some() {
+            return Ok(Outcome::AlreadyDone);
+        }
+        let _turn = self.budget.turn().await;
+        if let Some(why) = self.budget.refusal(&self.nodes, &live.node).await? {
+            return self.hold_back(node, why, &devices).await;
+        }
+        let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
+        if !fence.holds() {
+            return Err(RemediateError::NotHolder);
+        }
+        if self.mode == Mode::DryRun {
+            self.announce.metric("taint-unknown", "dry-run");
+            self.announce
+                .event(
+                    node,
+                    "FaultlineWouldCordonUnknown",
+                    &fingerprint(node, &devices),
+                    format!(
+                        "dry-run: would taint {}=unknown: {} unknown past the tolerance",
+                        self.taint.key,
+                        ids.join(", ")
+                    ),
+                    true,
+                    &devices,
+                )
+                .await;
+            return Ok(Outcome::Announced);
+        }
+        let now = now_rfc3339();
+        // The label only if nobody else set it: what faultline did not add it never removes.
+        let label_free = !live.has_label(DEVICES_LABEL);
+        let mut record = QuarantineRecord {
+            owned_taint: Some(self.taint.key.clone()),
+            owned_label: label_free,
+            unknown_only: true,
+            ..self.new_record(node, devices.clone(), &now)
+        };
+        record.act("taint-unknown", &now, &self.actor);
+        let mut t = taints;
+        t.push(Taint {
+            value: Some("unknown".into()),
+            ..self.taint.clone()
+        });
+        let mut patch = NodePatch::on(&live.node);
+        patch.taints(&t);
+        if label_free {
+            patch.label(DEVICES_LABEL, "unknown");
+        }
+        patch.record(&record);
+        self.apply(node, patch, fence).await?;
+        audit(
+            "taint-unknown",
+            node,
+            &devices,
+            &self.actor,
+            &self.taint.key,
+        );
+        self.announce.metric("taint-unknown", "ok");
+        self.announce
+            .event(
+                node,
+                "FaultlineUnknownCordoned",
+                &format!("{}/{}", record.fingerprint, record.first_seen),
+                format!(
+                    "tainted {}=unknown:NoSchedule: {} unknown past the tolerance; nothing evicted",
+                    self.taint.key,
+                    ids.join(", ")
+                ),
+                true,
+                &devices,
+            )
+            .await;
+        Ok(Outcome::Isolated)
+    }
+}

@@ -1,0 +1,35 @@
+//! Remediation: isolate a node whose accelerator failed (taint, label, condition,
+//! record, Event), evict the pods on the failed device, and release the node once a
+//! person or the proof of health says so; within budgets, the breaker and the eviction
+//! rate; never twice, never on a guess.
+//!
+//! - `record.rs`: the quarantine record on the Node, release requests, labels;
+//! - `patch.rs`: the resourceVersion-guarded Node patch;
+//! - `policy.rs`: the decisions, as pure functions with table tests;
+//! - `guards.rs`: budget, breaker, eviction rate and held-back nodes, each its own lock;
+//! - `announce.rs`: Events, audit lines, notifications;
+//! - `remediator.rs`: what every pass needs; `isolate.rs`, `evict.rs`, `release.rs`,
+//!   `canary.rs`: the passes.
+
+pub mod announce;
+pub mod canary;
+pub mod error;
+pub mod evict;
+pub mod guards;
+pub mod isolate;
+pub mod patch;
+pub mod policy;
+pub mod record;
+pub mod release;
+pub mod remediator;
+
+pub use error::{Outcome, RemediateError};
+pub use evict::Evictions;
+pub use guards::Breaker;
+pub use policy::{Budget, CanarySpec, Mode, ReleasePolicy};
+pub use record::{
+    history_of, label_value, record_of, CanaryState, LiveNode, QuarantineRecord, ReleaseRequest,
+    CANARY_LABEL, CONDITION, DEVICES_LABEL, HISTORY_ANNOTATION, RECORD_ANNOTATION,
+    RELEASE_ANNOTATION, RELEASE_BY_ANNOTATION, RELEASE_REASON_ANNOTATION,
+};
+pub use remediator::Remediator;

@@ -1,0 +1,417 @@
+//! What remediation may do and when, as pure functions: no API, no clock (the time is
+//! passed in), so every decision has a table test here. The passes (`isolate.rs`,
+//! `evict.rs`, `release.rs`, `canary.rs`) read the cluster, ask these, then write.
+
+use std::time::Duration;
+
+use faultline_common::time::age_secs_at;
+use faultline_common::DeviceStatus;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use super::record::{CanaryRun, CanaryState, QuarantineRecord, CANARY_LABEL};
+use crate::model::{DeviceView, RecordDevice};
+
+/// What remediation may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Nothing.
+    Off,
+    /// Log and announce what would be done; change nothing.
+    DryRun,
+    /// Act.
+    Enforce,
+}
+
+/// How much may be quarantined at once, cluster-wide.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    /// Nodes quarantined at most.
+    pub max_nodes: usize,
+    /// Share of accelerator nodes quarantined at most, in percent.
+    pub max_percent: f64,
+    /// Nodes whose label names the failure domain (rack, zone) and how many of one
+    /// domain may be quarantined at most.
+    pub per_domain: Option<(String, usize)>,
+    /// Label selector of the accelerator nodes (the percentage's base).
+    pub node_selector: String,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            max_nodes: 5,
+            max_percent: 10.0,
+            per_domain: None,
+            node_selector: String::new(),
+        }
+    }
+}
+
+impl Budget {
+    /// Why quarantining `node` would exceed the budget, with `quarantined` the nodes
+    /// quarantined now, if it would. `total` (the accelerator nodes) is asked only when
+    /// the node count leaves room.
+    pub fn refusal(
+        &self,
+        node: &Node,
+        quarantined: &[Node],
+        total: impl FnOnce() -> usize,
+    ) -> Option<String> {
+        if quarantined.len() >= self.max_nodes {
+            return Some(format!(
+                "{} nodes quarantined, budget {}",
+                quarantined.len(),
+                self.max_nodes
+            ));
+        }
+        let total = total().max(1);
+        // The share applies from the second node on: one quarantine is always allowed
+        // (within max_nodes), or a small cluster could never isolate anything.
+        let share = (quarantined.len() + 1) as f64 * 100.0 / total as f64;
+        if !quarantined.is_empty() && share > self.max_percent {
+            return Some(format!(
+                "{} of {total} nodes would be quarantined ({share:.0}%), budget {}%",
+                quarantined.len() + 1,
+                self.max_percent
+            ));
+        }
+        if let Some((label, max)) = &self.per_domain {
+            let domain_of = |n: &Node| {
+                n.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(label))
+                    .cloned()
+            };
+            let domain = domain_of(node).unwrap_or_default();
+            let same = quarantined
+                .iter()
+                .filter(|n| domain_of(n).as_ref() == Some(&domain))
+                .count();
+            if same >= *max {
+                return Some(format!(
+                    "{same} nodes of {label}={domain} quarantined, budget {max}"
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// When a quarantine ends by itself.
+#[derive(Debug, Clone)]
+pub struct ReleasePolicy {
+    /// `--release auto`: after health, cool-down and (if set) the canary. `manual`
+    /// (false): only when a person asks. Unknown-only taints lift by themselves either
+    /// way once the devices are seen healthy again: they were a guard, not a verdict.
+    pub auto: bool,
+    /// Clean samples in a row every device needs.
+    pub healthy_samples: u32,
+    /// How long every device must have been healthy (and since a failed canary).
+    pub cooldown: Duration,
+    /// The probe Job (a template) that must succeed on the node first.
+    pub canary: Option<CanarySpec>,
+    /// How long a person's release holds against the same fault (default 15 min); also
+    /// the window of the intake's dedup.
+    pub dedup_window: Duration,
+    /// A record's expiry: when it is due for review; one that cannot be released then
+    /// is extended by as much again and announced.
+    pub expiry: Duration,
+}
+
+impl Default for ReleasePolicy {
+    fn default() -> Self {
+        ReleasePolicy {
+            auto: false,
+            healthy_samples: 30,
+            cooldown: Duration::from_secs(600),
+            canary: None,
+            dedup_window: Duration::from_secs(900),
+            expiry: Duration::from_secs(86_400),
+        }
+    }
+}
+
+/// The canary: a Job template, run pinned to the node, tolerating faultline's taint.
+#[derive(Debug, Clone)]
+pub struct CanarySpec {
+    /// The Job as written by the operator (name and nodeName are set by faultline).
+    pub template: Job,
+    /// Where the Jobs run.
+    pub namespace: String,
+    /// A canary not done by then has failed.
+    pub timeout: Duration,
+}
+
+/// Whether a record may be released now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// Not yet: why.
+    Waiting(String),
+    /// Every device proved healthy (the canary, if any, comes next): the reason.
+    Ready(String),
+}
+
+/// Whether `record` may be released by itself: unknown-only records once every device
+/// is healthy with enough clean samples; with `--release auto` also past the cool-down.
+/// `views` are the pipeline's devices of the node.
+pub fn release_readiness(
+    record: &QuarantineRecord,
+    views: &[DeviceView],
+    policy: &ReleasePolicy,
+    now_ms: u64,
+) -> Readiness {
+    if !record.unknown_only && !policy.auto {
+        return Readiness::Waiting("manual release (faultline release)".into());
+    }
+    for d in &record.devices {
+        let Some(v) = views
+            .iter()
+            .find(|v| d.is(&v.device.id) || d.uuid.as_deref().is_some_and(|u| v.device.is(u)))
+        else {
+            return Readiness::Waiting(format!("{} not reported by the agent", d.id));
+        };
+        if v.status != DeviceStatus::Healthy || v.clean_streak < policy.healthy_samples {
+            return Readiness::Waiting(format!(
+                "{} {} with {} clean samples of {}",
+                d.id,
+                v.status.as_str(),
+                v.clean_streak,
+                policy.healthy_samples
+            ));
+        }
+        let healthy_for = Duration::from_millis(now_ms.saturating_sub(v.since_ms));
+        if !record.unknown_only && healthy_for < policy.cooldown {
+            return Readiness::Waiting(format!(
+                "{} healthy for {}s of the {}s cool-down",
+                d.id,
+                healthy_for.as_secs(),
+                policy.cooldown.as_secs()
+            ));
+        }
+    }
+    Readiness::Ready(if record.unknown_only {
+        "devices seen healthy again".into()
+    } else {
+        format!(
+            "{} clean samples and {}s cool-down",
+            policy.healthy_samples,
+            policy.cooldown.as_secs()
+        )
+    })
+}
+
+/// How a running canary stands, from its Job (`None`: gone) at `now_ms`.
+pub fn canary_verdict(
+    run: &CanaryRun,
+    job: Option<&Job>,
+    timeout: Duration,
+    now_ms: u64,
+) -> CanaryState {
+    let status = job.and_then(|j| j.status.clone()).unwrap_or_default();
+    if status.succeeded.unwrap_or(0) > 0 {
+        return CanaryState::Succeeded;
+    }
+    let timed_out = age_secs_at(&run.started, now_ms).unwrap_or(f64::MAX) > timeout.as_secs_f64();
+    // Gone (deleted by someone) counts as failed too: start over after the cool-down.
+    if job.is_none() || status.failed.unwrap_or(0) > 0 || timed_out {
+        CanaryState::Failed
+    } else {
+        CanaryState::Running
+    }
+}
+
+/// Why no new canary may start yet: the last one failed within the cool-down.
+pub fn canary_retry_wait(
+    last: Option<&CanaryRun>,
+    cooldown: Duration,
+    now_ms: u64,
+) -> Option<String> {
+    let c = last.filter(|c| c.state == CanaryState::Failed)?;
+    let waited = c
+        .finished
+        .as_deref()
+        .and_then(|f| age_secs_at(f, now_ms))
+        .unwrap_or(f64::MAX);
+    (waited < cooldown.as_secs_f64()).then(|| {
+        format!(
+            "canary {} failed {}s ago; cool-down {}s",
+            c.job,
+            waited as u64,
+            cooldown.as_secs()
+        )
+    })
+}
+
+/// Whether a record is past its expiry (due for review) at `now_ms`.
+pub fn expired(record: &QuarantineRecord, now_ms: u64) -> bool {
+    record
+        .expiry
+        .as_deref()
+        .is_some_and(|e| age_secs_at(e, now_ms).is_some_and(|a| a >= 0.0))
+}
+
+/// Whether a quarantine is young enough that a missing announcement is made up for
+/// (Events expire after an hour by default; an old quarantine was announced long ago).
+pub fn young(record: &QuarantineRecord, now_ms: u64, within_secs: f64) -> bool {
+    age_secs_at(&record.first_seen, now_ms).is_some_and(|a| a < within_secs)
+}
+
+/// The devices of `devices` a person has not released within `window`: those of the
+/// last record released by hand (same device and reason), and those released from the
+/// current `record` one by one.
+pub fn not_suppressed(
+    history: &[QuarantineRecord],
+    record: Option<&QuarantineRecord>,
+    devices: Vec<RecordDevice>,
+    window: Duration,
+    now_ms: u64,
+) -> Vec<RecordDevice> {
+    let window = window.as_secs_f64();
+    let recent = |at: &str| age_secs_at(at, now_ms).is_some_and(|a| a < window);
+    let mut released: Vec<&RecordDevice> = Vec::new();
+    if let Some(last) = history.last() {
+        if last
+            .released
+            .as_ref()
+            .is_some_and(|r| r.manual && recent(&r.at))
+        {
+            released.extend(last.devices.iter());
+        }
+    }
+    let partly: Vec<&String> = record
+        .map(|r| {
+            r.released_devices
+                .iter()
+                .filter(|(_, at)| recent(at))
+                .map(|(id, _)| id)
+                .collect()
+        })
+        .unwrap_or_default();
+    devices
+        .into_iter()
+        .filter(|d| {
+            let gone = released.iter().any(|r| {
+                r.reason == d.reason && (d.is(&r.id) || r.uuid.as_deref().is_some_and(|u| d.is(u)))
+            }) || partly.iter().any(|id| d.is(id));
+            if gone {
+                tracing::debug!(device = %d.id, "released by a person within the dedup window: not acted on");
+            }
+            !gone
+        })
+        .collect()
+}
+
+/// The Node's Ready condition: `None` when it has none (a Node object without a kubelet
+/// is not "NotReady").
+pub fn node_ready(node: &Node) -> Option<bool> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status == "True")
+}
+
+/// What to do about a pod whose budget refused its eviction for `waited`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocked {
+    /// Try again on a later pass.
+    Retry,
+    /// Past the deadline: announce and leave it.
+    GiveUp,
+    /// Past the deadline with `--force-delete-after-deadline`: delete it.
+    Delete,
+}
+
+/// The eviction deadline applied to a refusal that has lasted `waited`.
+pub fn blocked(waited: Duration, deadline: Duration, force_delete: bool) -> Blocked {
+    match (waited >= deadline, force_delete) {
+        (false, _) => Blocked::Retry,
+        (true, false) => Blocked::GiveUp,
+        (true, true) => Blocked::Delete,
+    }
+}
+
+/// Whether a pod is evicted for a fault on `failed` devices: running pods that use an
+/// accelerator of `resources` and, where the kubelet says which devices they hold
+/// (KEP-4680), hold a failed one. Never DaemonSet, mirror, finished or terminating pods,
+/// nor faultline's own canary.
+pub fn wants_eviction(pod: &Pod, resources: &[String], failed: &[RecordDevice]) -> bool {
+    let finished = matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    if pod.metadata.deletion_timestamp.is_some() || finished {
+        return false;
+    }
+    if pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
+    {
+        return false;
+    }
+    if pod
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet"))
+    {
+        return false;
+    }
+    // faultline's own canary runs on the quarantined node on purpose.
+    if pod
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(CANARY_LABEL))
+    {
+        return false;
+    }
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let uses_accelerator = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .any(|c| {
+            c.resources.as_ref().is_some_and(|r| {
+                [r.limits.as_ref(), r.requests.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .any(|m| m.keys().any(|k| resources.contains(k)))
+            })
+        });
+    if !uses_accelerator {
+        return false;
+    }
+    // KEP-4680: where the kubelet says which devices the pod holds, evict only the pods
+    // that hold a failed one.
+    let held: Vec<String> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .flat_map(|cs| cs.allocated_resources_status.iter().flatten())
+        .filter(|rs| resources.contains(&rs.name))
+        .flat_map(|rs| rs.resources.iter().flatten().map(|r| r.resource_id.clone()))
+        .collect();
+    if held.is_empty() {
+        return true;
+    }
+    held.iter().any(|id| {
+        failed.iter().any(|d| {
+            d.uuid.as_deref() == Some(id.as_str())
+                || d.id == *id
+                || d.pci_bus_id.as_deref() == Some(id.as_str())
+        })
+    })
+}
+
+#[cfg(test)]
+#[path = "policy_tests.rs"]
+mod tests;

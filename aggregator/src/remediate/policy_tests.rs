@@ -1,0 +1,433 @@
+//! Table tests of the remediation decisions: no API server, no clock.
+
+use super::*;
+use crate::remediate::record::Released;
+use faultline_common::time::rfc3339_ms;
+use serde_json::json;
+
+const NOW: u64 = 1_800_000_000_000;
+
+fn secs_ago(s: u64) -> String {
+    rfc3339_ms(NOW - s * 1000)
+}
+
+fn pod(v: serde_json::Value) -> Pod {
+    serde_json::from_value(v).unwrap()
+}
+
+fn gpu_pod(extra: serde_json::Value) -> Pod {
+    let mut p = json!({
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Running"}
+    });
+    json_merge(&mut p, extra);
+    pod(p)
+}
+
+fn json_merge(a: &mut serde_json::Value, b: serde_json::Value) {
+    match (a, b) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                json_merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+fn holding(id: &str) -> serde_json::Value {
+    json!({"status": {"containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+        "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [{"resourceID": id, "health": "Unhealthy"}]}]}]}})
+}
+
+fn failed_gpu3() -> Vec<RecordDevice> {
+    vec![RecordDevice {
+        uuid: Some("GPU-3".into()),
+        pci_bus_id: Some("0000:3b:00.0".into()),
+        ..RecordDevice::new("gpu3", "xid-79")
+    }]
+}
+
+#[test]
+fn which_pods_are_evicted() {
+    let res = vec!["nvidia.com/gpu".to_string()];
+    let cases: Vec<(&str, Pod, bool)> = vec![
+        (
+            "a running GPU pod the kubelet says nothing about",
+            gpu_pod(json!({})),
+            true,
+        ),
+        (
+            "holds the failed device by UUID",
+            gpu_pod(holding("GPU-3")),
+            true,
+        ),
+        (
+            "holds the failed device by id",
+            gpu_pod(holding("gpu3")),
+            true,
+        ),
+        (
+            "holds the failed device by bus id",
+            gpu_pod(holding("0000:3b:00.0")),
+            true,
+        ),
+        ("holds a healthy device", gpu_pod(holding("GPU-9")), false),
+        (
+            "finished",
+            gpu_pod(json!({"status": {"phase": "Succeeded"}})),
+            false,
+        ),
+        (
+            "failed",
+            gpu_pod(json!({"status": {"phase": "Failed"}})),
+            false,
+        ),
+        (
+            "terminating",
+            gpu_pod(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})),
+            false,
+        ),
+        (
+            "a mirror pod",
+            gpu_pod(json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}})),
+            false,
+        ),
+        (
+            "a DaemonSet's",
+            gpu_pod(
+                json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u"}]}}),
+            ),
+            false,
+        ),
+        (
+            "faultline's canary",
+            gpu_pod(json!({"metadata": {"labels": {CANARY_LABEL: "true"}}})),
+            false,
+        ),
+        (
+            "no accelerator",
+            pod(
+                json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}}),
+            ),
+            false,
+        ),
+        (
+            "an accelerator in an init container",
+            pod(
+                json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}],
+            "initContainers": [{"name": "i", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}, "status": {"phase": "Running"}}),
+            ),
+            true,
+        ),
+    ];
+    for (what, p, want) in cases {
+        assert_eq!(wants_eviction(&p, &res, &failed_gpu3()), want, "{what}");
+    }
+    assert!(
+        !wants_eviction(
+            &gpu_pod(json!({})),
+            &["huawei.com/Ascend910".into()],
+            &failed_gpu3()
+        ),
+        "another vendor's resource is not ours"
+    );
+}
+
+fn record(unknown_only: bool) -> QuarantineRecord {
+    let mut r = QuarantineRecord::new("n1", failed_gpu3(), &secs_ago(3600), "r", secs_ago(0));
+    r.unknown_only = unknown_only;
+    r
+}
+
+fn view(id: &str, status: DeviceStatus, clean: u32, since_s: u64) -> DeviceView {
+    DeviceView {
+        device: RecordDevice {
+            uuid: Some("GPU-3".into()),
+            ..RecordDevice::new(id, "")
+        },
+        status,
+        clean_streak: clean,
+        since_ms: NOW - since_s * 1000,
+    }
+}
+
+#[test]
+fn when_a_record_may_be_released() {
+    let auto = ReleasePolicy {
+        auto: true,
+        healthy_samples: 30,
+        cooldown: Duration::from_secs(600),
+        ..ReleasePolicy::default()
+    };
+    let manual = ReleasePolicy {
+        auto: false,
+        ..auto.clone()
+    };
+    let healthy = [view("gpu3", DeviceStatus::Healthy, 40, 700)];
+    let waiting = |r: Readiness, has: &str| match r {
+        Readiness::Waiting(why) => assert!(why.contains(has), "{why} lacks {has}"),
+        other => panic!("{other:?}, wanted waiting on {has}"),
+    };
+    waiting(
+        release_readiness(&record(false), &healthy, &manual, NOW),
+        "manual release",
+    );
+    waiting(
+        release_readiness(&record(false), &[], &auto, NOW),
+        "not reported",
+    );
+    waiting(
+        release_readiness(
+            &record(false),
+            &[view("gpu3", DeviceStatus::Failed, 40, 700)],
+            &auto,
+            NOW,
+        ),
+        "failed with 40",
+    );
+    waiting(
+        release_readiness(
+            &record(false),
+            &[view("gpu3", DeviceStatus::Healthy, 29, 700)],
+            &auto,
+            NOW,
+        ),
+        "29 clean samples of 30",
+    );
+    waiting(
+        release_readiness(
+            &record(false),
+            &[view("gpu3", DeviceStatus::Healthy, 40, 599)],
+            &auto,
+            NOW,
+        ),
+        "healthy for 599s of the 600s cool-down",
+    );
+    assert_eq!(
+        release_readiness(&record(false), &healthy, &auto, NOW),
+        Readiness::Ready("30 clean samples and 600s cool-down".into())
+    );
+    // Found by UUID when the agent names it otherwise.
+    assert!(matches!(
+        release_readiness(
+            &record(false),
+            &[view("renamed", DeviceStatus::Healthy, 40, 700)],
+            &auto,
+            NOW
+        ),
+        Readiness::Ready(_)
+    ));
+    // An unknown-only guard lifts in manual mode too, with no cool-down.
+    assert_eq!(
+        release_readiness(
+            &record(true),
+            &[view("gpu3", DeviceStatus::Healthy, 30, 1)],
+            &manual,
+            NOW
+        ),
+        Readiness::Ready("devices seen healthy again".into())
+    );
+    waiting(
+        release_readiness(
+            &record(true),
+            &[view("gpu3", DeviceStatus::Unknown, 0, 1)],
+            &manual,
+            NOW,
+        ),
+        "unknown",
+    );
+}
+
+fn node(name: &str, rack: Option<&str>) -> Node {
+    let labels = rack.map(|r| json!({"rack": r})).unwrap_or(json!({}));
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+}
+
+#[test]
+fn budget_arithmetic() {
+    let b = Budget {
+        max_nodes: 3,
+        max_percent: 10.0,
+        per_domain: Some(("rack".into(), 1)),
+        node_selector: String::new(),
+    };
+    let q = |n: usize| -> Vec<Node> {
+        (0..n)
+            .map(|i| node(&format!("q{i}"), Some(&format!("r{i}"))))
+            .collect()
+    };
+    // The first quarantine is always allowed, whatever the share.
+    assert_eq!(b.refusal(&node("n", Some("x")), &[], || 2), None);
+    // The second: 2 of 30 is 6.7%, allowed; 2 of 10 is 20%, refused.
+    assert_eq!(b.refusal(&node("n", Some("x")), &q(1), || 30), None);
+    let why = b.refusal(&node("n", Some("x")), &q(1), || 10).unwrap();
+    assert!(
+        why.contains("2 of 10 nodes would be quarantined (20%)"),
+        "{why}"
+    );
+    // The node count first: the total is not even asked.
+    let why = b
+        .refusal(&node("n", Some("x")), &q(3), || panic!("not asked"))
+        .unwrap();
+    assert_eq!(why, "3 nodes quarantined, budget 3");
+    // One per rack.
+    let why = b.refusal(&node("n", Some("r0")), &q(1), || 100).unwrap();
+    assert_eq!(why, "1 nodes of rack=r0 quarantined, budget 1");
+    assert_eq!(
+        b.refusal(&node("n", None), &q(1), || 100),
+        None,
+        "no domain label: no domain budget"
+    );
+}
+
+fn run(state: CanaryState, started_s: u64, finished_s: Option<u64>) -> CanaryRun {
+    CanaryRun {
+        job: "faultline/c1".into(),
+        started: secs_ago(started_s),
+        state,
+        finished: finished_s.map(secs_ago),
+    }
+}
+
+fn job(succeeded: i32, failed: i32) -> Job {
+    serde_json::from_value(
+        json!({"metadata": {"name": "c1"}, "status": {"succeeded": succeeded, "failed": failed}}),
+    )
+    .unwrap()
+}
+
+#[test]
+fn how_a_canary_stands() {
+    let t = Duration::from_secs(600);
+    let r = run(CanaryState::Running, 60, None);
+    assert_eq!(
+        canary_verdict(&r, Some(&job(1, 0)), t, NOW),
+        CanaryState::Succeeded
+    );
+    assert_eq!(
+        canary_verdict(&r, Some(&job(0, 1)), t, NOW),
+        CanaryState::Failed
+    );
+    assert_eq!(
+        canary_verdict(&r, None, t, NOW),
+        CanaryState::Failed,
+        "gone is failed"
+    );
+    assert_eq!(
+        canary_verdict(&r, Some(&job(0, 0)), t, NOW),
+        CanaryState::Running
+    );
+    let late = run(CanaryState::Running, 601, None);
+    assert_eq!(
+        canary_verdict(&late, Some(&job(0, 0)), t, NOW),
+        CanaryState::Failed,
+        "timed out"
+    );
+    assert_eq!(
+        canary_verdict(&late, Some(&job(1, 0)), t, NOW),
+        CanaryState::Succeeded,
+        "success wins"
+    );
+
+    let cool = Duration::from_secs(600);
+    let why =
+        canary_retry_wait(Some(&run(CanaryState::Failed, 900, Some(300))), cool, NOW).unwrap();
+    assert!(why.contains("failed 300s ago; cool-down 600s"), "{why}");
+    assert_eq!(
+        canary_retry_wait(Some(&run(CanaryState::Failed, 900, Some(601))), cool, NOW),
+        None
+    );
+    assert_eq!(
+        canary_retry_wait(Some(&run(CanaryState::Succeeded, 900, Some(1))), cool, NOW),
+        None
+    );
+    assert_eq!(canary_retry_wait(None, cool, NOW), None);
+}
+
+#[test]
+fn expiry_and_the_announcement_window() {
+    let mut r = record(false);
+    r.expiry = Some(secs_ago(1));
+    assert!(expired(&r, NOW));
+    r.expiry = Some(rfc3339_ms(NOW + 1000));
+    assert!(!expired(&r, NOW));
+    r.expiry = None;
+    assert!(!expired(&r, NOW), "no expiry never expires");
+    assert!(young(&record(false), NOW, 3601.0));
+    assert!(!young(&record(false), NOW, 1800.0));
+}
+
+#[test]
+fn a_persons_release_holds_within_the_window() {
+    let window = Duration::from_secs(900);
+    let mut released = record(false);
+    released.released = Some(Released {
+        at: secs_ago(60),
+        actor: "user:alice".into(),
+        reason: "swapped".into(),
+        manual: true,
+    });
+    let history = vec![released.clone()];
+    let gpu3 = failed_gpu3();
+    assert!(not_suppressed(&history, None, gpu3.clone(), window, NOW).is_empty());
+    // Another reason is another fault.
+    let other = vec![RecordDevice {
+        reason: "xid-48".into(),
+        ..gpu3[0].clone()
+    }];
+    assert_eq!(
+        not_suppressed(&history, None, other.clone(), window, NOW),
+        other
+    );
+    // Past the window, or released automatically: acted on again.
+    let mut old = released.clone();
+    old.released.as_mut().unwrap().at = secs_ago(901);
+    assert_eq!(
+        not_suppressed(&[old], None, gpu3.clone(), window, NOW),
+        gpu3
+    );
+    let mut auto = released.clone();
+    auto.released.as_mut().unwrap().manual = false;
+    assert_eq!(
+        not_suppressed(&[auto], None, gpu3.clone(), window, NOW),
+        gpu3
+    );
+    // Released from the current record on its own.
+    let mut current = record(false);
+    current.released_devices.insert("gpu3".into(), secs_ago(10));
+    assert!(not_suppressed(&[], Some(&current), gpu3.clone(), window, NOW).is_empty());
+    current
+        .released_devices
+        .insert("gpu3".into(), secs_ago(1000));
+    assert_eq!(
+        not_suppressed(&[], Some(&current), gpu3.clone(), window, NOW),
+        gpu3
+    );
+}
+
+#[test]
+fn the_eviction_deadline() {
+    let d = Duration::from_secs(600);
+    assert_eq!(blocked(Duration::from_secs(599), d, true), Blocked::Retry);
+    assert_eq!(blocked(Duration::from_secs(600), d, false), Blocked::GiveUp);
+    assert_eq!(blocked(Duration::from_secs(600), d, true), Blocked::Delete);
+}
+
+#[test]
+fn readiness_of_a_node() {
+    let n = |conds: serde_json::Value| -> Node {
+        serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {"conditions": conds}}))
+            .unwrap()
+    };
+    assert_eq!(
+        node_ready(&n(json!([{"type": "Ready", "status": "True"}]))),
+        Some(true)
+    );
+    assert_eq!(
+        node_ready(&n(json!([{"type": "Ready", "status": "Unknown"}]))),
+        Some(false)
+    );
+    assert_eq!(node_ready(&n(json!([]))), None);
+}

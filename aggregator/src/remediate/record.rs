@@ -1,0 +1,451 @@
+//! The quarantine record: what faultline did to a node and why, kept in the Node's own
+//! annotation `faultline.io/quarantine` (JSON). It is readable with `kubectl get node -o
+//! yaml`, goes away with the Node, and a new leader reads it back instead of starting
+//! over. It lists which taint and label faultline itself added, so a release removes
+//! only those. Released records move to `faultline.io/quarantine-history`.
+//!
+//! Also here: a person's release request (annotations on the Node), the devices label's
+//! value and the text that names devices in messages.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use serde::{Deserialize, Serialize};
+
+use super::error::RemediateError;
+use crate::model::RecordDevice;
+
+/// The annotation holding the record.
+pub const RECORD_ANNOTATION: &str = "faultline.io/quarantine";
+/// The label listing the unhealthy devices (dot separated ids).
+pub const DEVICES_LABEL: &str = "faultline.io/unhealthy-devices";
+/// The node condition type.
+pub const CONDITION: &str = "AcceleratorHealthy";
+/// The label of canary pods (never evicted by faultline).
+pub const CANARY_LABEL: &str = "faultline.io/canary";
+/// Released records, newest last (JSON list, the last [`HISTORY_KEEP`]).
+pub const HISTORY_ANNOTATION: &str = "faultline.io/quarantine-history";
+/// How many released records a Node keeps.
+pub const HISTORY_KEEP: usize = 10;
+/// A person asks for a release: `all` (or empty), or device ids/UUIDs, comma separated.
+pub const RELEASE_ANNOTATION: &str = "faultline.io/release";
+/// Who asks for the release (set by `faultline release`).
+pub const RELEASE_BY_ANNOTATION: &str = "faultline.io/release-by";
+/// Why (set by `faultline release --reason`).
+pub const RELEASE_REASON_ANNOTATION: &str = "faultline.io/release-reason";
+/// How long after a quarantine a missing announcement is still made up for.
+pub const ANNOUNCE_RETRY_SECS: f64 = 1800.0;
+/// Actions a record keeps: the first few and the latest.
+pub const ACTIONS_KEEP: (usize, usize) = (8, 56);
+/// Bytes of history a Node keeps at most (annotations share 256 KiB per object).
+pub const HISTORY_MAX_BYTES: usize = 64 * 1024;
+
+/// How a record ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Released {
+    /// When (RFC 3339).
+    pub at: String,
+    /// Who: a user (`user:NAME`) or a replica (auto release).
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+    /// A person asked for it: the same fault is not acted on again within the dedup
+    /// window, so the release is not undone by a reading that still says failed.
+    pub manual: bool,
+}
+
+/// Where a canary Job stands (written as `running`, `succeeded`, `failed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CanaryState {
+    /// Created, not done.
+    Running,
+    /// Its Job succeeded: the node may be released.
+    Succeeded,
+    /// Its Job failed, vanished or ran past the timeout.
+    Failed,
+}
+
+/// The canary of an auto release: a probe Job pinned to the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CanaryRun {
+    /// `namespace/name` of the Job.
+    pub job: String,
+    /// When it was created.
+    pub started: String,
+    /// Where it stands.
+    pub state: CanaryState,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished: Option<String>,
+}
+
+impl CanaryRun {
+    /// The Job's name (without its namespace).
+    pub fn job_name(&self) -> &str {
+        self.job.rsplit('/').next().unwrap_or_default()
+    }
+}
+
+/// An action taken, for the record's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Action {
+    /// `taint`, `label`, `condition`.
+    pub action: String,
+    /// When (RFC 3339).
+    pub at: String,
+    /// Who (the replica).
+    pub actor: String,
+}
+
+/// The quarantine record of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuarantineRecord {
+    /// Node name.
+    pub node: String,
+    /// The failed devices.
+    pub devices: Vec<RecordDevice>,
+    /// Where the verdict came from (`faultline-aggregator`).
+    pub source: String,
+    /// Stable identity of this fault: node and sorted (device, reason) pairs.
+    pub fingerprint: String,
+    /// First and last time it was seen.
+    pub first_seen: String,
+    /// Last time it was seen.
+    pub last_seen: String,
+    /// Who quarantined (a replica, or a user).
+    pub actor: String,
+    /// When the quarantine ends by itself, if ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expiry: Option<String>,
+    /// The taint faultline added (absent: it was there already, not ours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_taint: Option<String>,
+    /// Whether faultline added the devices label.
+    #[serde(default)]
+    pub owned_label: bool,
+    /// What was done, in order.
+    pub actions: Vec<Action>,
+    /// Pods evicted for this fault (`namespace/name/uid`): each at most once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evicted: Vec<String>,
+    /// Pods whose eviction a PodDisruptionBudget refuses, and since when.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub eviction_blocked: BTreeMap<String, String>,
+    /// Tainted only because devices were unknown too long: nothing is evicted for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown_only: bool,
+    /// Devices a person released while the rest stay quarantined, and when: not acted
+    /// on again within the dedup window.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub released_devices: BTreeMap<String, String>,
+    /// The last canary of an auto release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryRun>,
+    /// Canaries started for this record (names each Job apart).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub canary_attempts: u32,
+    /// Set when the record ends (it then moves to the history annotation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<Released>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl QuarantineRecord {
+    /// A new record of `devices` on `node`, first seen `now`, by `actor`, due for review
+    /// at `expiry`: nothing owned or done yet.
+    pub fn new(
+        node: &str,
+        devices: Vec<RecordDevice>,
+        now: &str,
+        actor: &str,
+        expiry: String,
+    ) -> Self {
+        QuarantineRecord {
+            node: node.to_string(),
+            fingerprint: fingerprint(node, &devices),
+            devices,
+            source: "faultline-aggregator".into(),
+            first_seen: now.to_string(),
+            last_seen: now.to_string(),
+            actor: actor.to_string(),
+            expiry: Some(expiry),
+            owned_taint: None,
+            owned_label: false,
+            actions: vec![],
+            evicted: vec![],
+            eviction_blocked: BTreeMap::new(),
+            unknown_only: false,
+            released_devices: BTreeMap::new(),
+            canary: None,
+            canary_attempts: 0,
+            released: None,
+        }
+    }
+
+    /// Note an action by `actor` at `at`.
+    pub fn act(&mut self, action: impl Into<String>, at: &str, actor: &str) {
+        self.actions.push(Action {
+            action: action.into(),
+            at: at.to_string(),
+            actor: actor.to_string(),
+        });
+    }
+
+    /// The record as written to the Node: the first and the latest actions only.
+    pub fn to_annotation(&self) -> String {
+        let mut record = self.clone();
+        let (head, tail) = ACTIONS_KEEP;
+        if record.actions.len() > head + tail {
+            let cut = record.actions.len() - tail;
+            record.actions.drain(head..cut);
+        }
+        serde_json::to_string(&record).unwrap_or_default()
+    }
+}
+
+/// The fingerprint of a set of failed devices on a node.
+pub fn fingerprint(node: &str, devices: &[RecordDevice]) -> String {
+    let mut parts: Vec<String> = devices
+        .iter()
+        .map(|d| format!("{}={}", d.id, d.reason))
+        .collect();
+    parts.sort();
+    format!("{node}/{}", parts.join(","))
+}
+
+/// The record on a Node, if any.
+pub fn record_of(node: &Node) -> Result<Option<QuarantineRecord>, RemediateError> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    match node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RECORD_ANNOTATION))
+    {
+        Some(s) => serde_json::from_str(s)
+            .map(Some)
+            .map_err(|e| RemediateError::Record(name, e.to_string())),
+        None => Ok(None),
+    }
+}
+
+/// The released records kept on a Node, oldest first.
+pub fn history_of(node: &Node) -> Vec<QuarantineRecord> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(HISTORY_ANNOTATION))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default()
+}
+
+/// The history annotation's text: the last [`HISTORY_KEEP`] records, fewer when they
+/// would pass [`HISTORY_MAX_BYTES`] (the newest is always kept).
+pub fn history_text(history: &[QuarantineRecord]) -> String {
+    let mut skip = history.len().saturating_sub(HISTORY_KEEP);
+    let mut text = serde_json::to_string(&history[skip..]).unwrap_or_default();
+    while text.len() > HISTORY_MAX_BYTES && skip + 1 < history.len() {
+        skip += 1;
+        text = serde_json::to_string(&history[skip..]).unwrap_or_default();
+    }
+    text
+}
+
+/// A Node as read at the start of a pass, with its record parsed once.
+#[derive(Debug, Clone)]
+pub struct LiveNode {
+    /// The Node as the API returned it (its resourceVersion guards the pass's writes).
+    pub node: Node,
+    /// Its name.
+    pub name: String,
+    /// Its quarantine record, if any.
+    pub record: Option<QuarantineRecord>,
+}
+
+impl LiveNode {
+    /// Parse `node`'s record.
+    pub fn of(node: Node) -> Result<Self, RemediateError> {
+        let record = record_of(&node)?;
+        Ok(LiveNode {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            node,
+            record,
+        })
+    }
+
+    /// The Node's taints.
+    pub fn taints(&self) -> Vec<k8s_openapi::api::core::v1::Taint> {
+        self.node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether the Node has label `key`.
+    pub fn has_label(&self, key: &str) -> bool {
+        self.node
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(key))
+    }
+}
+
+/// A release a person asked for.
+#[derive(Debug, Clone, Default)]
+pub struct ReleaseRequest {
+    /// Devices (ids, UUIDs or bus ids) to release; empty: all of them.
+    pub devices: Vec<String>,
+    /// Who (`user:NAME`).
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl ReleaseRequest {
+    /// The request written on a Node (`faultline.io/release` and friends), if any.
+    pub fn of(node: &Node) -> Option<Self> {
+        let a = node.metadata.annotations.as_ref()?;
+        let v = a.get(RELEASE_ANNOTATION)?;
+        let devices = v
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty() && *d != "all" && *d != "true")
+            .map(String::from)
+            .collect();
+        let who = a
+            .get(RELEASE_BY_ANNOTATION)
+            .map(String::as_str)
+            .filter(|w| !w.is_empty())
+            .unwrap_or("unknown");
+        Some(ReleaseRequest {
+            devices,
+            actor: format!("user:{who}"),
+            reason: a
+                .get(RELEASE_REASON_ANNOTATION)
+                .cloned()
+                .unwrap_or_else(|| "released by a person".into()),
+        })
+    }
+}
+
+/// The devices label's value: the ids joined by dots when that is a valid label value
+/// (63 characters of `[A-Za-z0-9._-]`, alphanumeric at both ends), else the count and
+/// a hash (a bus id has colons, two UUIDs are too long); the record has the details.
+pub fn label_value<S: AsRef<str>>(ids: &[S]) -> String {
+    let joined = ids.iter().map(|s| s.as_ref()).collect::<Vec<_>>().join(".");
+    let valid = !joined.is_empty()
+        && joined.len() <= 63
+        && joined
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && joined.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && joined.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        joined
+    } else {
+        format!(
+            "{}-devices-{:08x}",
+            ids.len(),
+            faultline_common::fault::fnv1a64(joined.as_bytes()) & 0xffff_ffff
+        )
+    }
+}
+
+/// Devices for a message: id, UUID, bus id, reason, source and metric=value.
+pub fn describe(devices: &[RecordDevice]) -> String {
+    devices
+        .iter()
+        .map(|d| {
+            let ids: Vec<&str> = [d.uuid.as_deref(), d.pci_bus_id.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect();
+            let mut s = d.id.clone();
+            if !ids.is_empty() {
+                s.push_str(&format!(" ({})", ids.join(", ")));
+            }
+            s.push_str(&format!(" {}", d.reason));
+            if let Some(src) = &d.source {
+                s.push_str(&format!(" via {src}"));
+            }
+            if let (Some(m), Some(v)) = (&d.metric, &d.value) {
+                s.push_str(&format!(" [{m}={v}]"));
+            }
+            s
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// `named` when a request named devices, else `all`.
+pub fn named_or_all(named: &[RecordDevice], all: &[RecordDevice]) -> Vec<RecordDevice> {
+    if named.is_empty() {
+        all.to_vec()
+    } else {
+        named.to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_record_round_trips_and_keeps_its_canary_state_as_text() {
+        let mut r = QuarantineRecord::new(
+            "n1",
+            vec![RecordDevice::new("gpu3", "xid-79")],
+            "2026-11-30T00:00:00.000Z",
+            "replica-0",
+            "2026-12-01T00:00:00.000Z".into(),
+        );
+        r.canary = Some(CanaryRun {
+            job: "faultline/faultline-canary-1".into(),
+            started: "2026-11-30T00:10:00.000Z".into(),
+            state: CanaryState::Running,
+            finished: None,
+        });
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(text.contains(r#""state":"running""#), "{text}");
+        assert_eq!(serde_json::from_str::<QuarantineRecord>(&text).unwrap(), r);
+        assert_eq!(r.canary.unwrap().job_name(), "faultline-canary-1");
+        assert_eq!(r.fingerprint, "n1/gpu3=xid-79");
+    }
+
+    #[test]
+    fn long_action_lists_keep_the_first_and_the_latest() {
+        let mut r = QuarantineRecord::new("n1", vec![], "t", "a", "e".into());
+        for i in 0..100 {
+            r.act(format!("a{i}"), "t", "a");
+        }
+        let back: QuarantineRecord = serde_json::from_str(&r.to_annotation()).unwrap();
+        let (head, tail) = ACTIONS_KEEP;
+        assert_eq!(back.actions.len(), head + tail);
+        assert_eq!(back.actions[0].action, "a0");
+        assert_eq!(back.actions.last().unwrap().action, "a99");
+    }
+
+    #[test]
+    fn history_is_bounded_in_count_and_bytes() {
+        let rec = |i: usize, pad: usize| {
+            let mut r = QuarantineRecord::new(&format!("n{i}"), vec![], "t", "a", "e".into());
+            r.source = "x".repeat(pad);
+            r
+        };
+        let many: Vec<QuarantineRecord> = (0..15).map(|i| rec(i, 10)).collect();
+        let kept: Vec<QuarantineRecord> = serde_json::from_str(&history_text(&many)).unwrap();
+        assert_eq!(kept.len(), HISTORY_KEEP);
+        assert_eq!(kept.last().unwrap().node, "n14");
+        let big: Vec<QuarantineRecord> = (0..5).map(|i| rec(i, 30_000)).collect();
+        let text = history_text(&big);
+        assert!(text.len() <= HISTORY_MAX_BYTES, "{}", text.len());
+        let kept: Vec<QuarantineRecord> = serde_json::from_str(&text).unwrap();
+        assert_eq!(kept.last().unwrap().node, "n4");
+    }
+}

@@ -1,0 +1,289 @@
+//! The [`Remediator`]: what every remediation pass needs (the API, the mode and taint,
+//! the guards, the announcer), handed to each pass as `&self`, like controller-rs's
+//! `Context`. The passes themselves live in `isolate.rs`, `evict.rs`, `release.rs` and
+//! `canary.rs`; the decisions they take in `policy.rs`.
+//!
+//! Shared state and who owns it: each guard owns its lock (`guards.rs`), the announcer
+//! owns the set of Events known to be recorded, and the list of quarantined nodes below
+//! is replaced whole by [`Remediator::list_quarantined`] (the reconcile tick) and read
+//! by the dispatcher. Nothing else in a `Remediator` changes after it is built.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use faultline_common::time::rfc3339_after;
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+
+use super::announce::Announcer;
+use super::error::RemediateError;
+use super::guards::{Breaker, BudgetGuard, EvictionRate, HeldBack};
+use super::patch::NodePatch;
+use super::policy::{Budget, Mode, ReleasePolicy};
+use super::record::{
+    record_of, LiveNode, QuarantineRecord, ReleaseRequest, CONDITION, DEVICES_LABEL,
+};
+use crate::metrics::Metrics;
+use crate::model::RecordDevice;
+use crate::notify::Notifier;
+use crate::shard::Fence;
+
+/// The accelerator resources looked for in pods by default.
+pub const DEFAULT_RESOURCES: [&str; 4] = [
+    "nvidia.com/gpu",
+    "huawei.com/Ascend910",
+    "huawei.com/Ascend910B",
+    "huawei.com/Ascend310P",
+];
+
+/// Isolates nodes, evicts the pods on failed devices and releases nodes.
+pub struct Remediator {
+    pub(super) client: kube::Client,
+    pub(super) nodes: Api<Node>,
+    pub(super) mode: Mode,
+    pub(super) taint: Taint,
+    pub(super) actor: String,
+    /// Extended resources that are accelerators (`nvidia.com/gpu`, `huawei.com/Ascend910`).
+    pub(super) resources: Vec<String>,
+    /// How long a PodDisruptionBudget may hold an eviction back before an alert.
+    pub(super) eviction_deadline: Duration,
+    /// Delete a pod whose budget refused eviction past the deadline (off by default).
+    pub(super) force_delete: bool,
+    pub(super) budget: BudgetGuard,
+    pub(super) breaker: Option<Breaker>,
+    pub(super) rate: EvictionRate,
+    pub(super) held_back: HeldBack,
+    pub(super) release: ReleasePolicy,
+    pub(super) announce: Announcer,
+    /// Nodes with a record, as last listed (the release pass's work list).
+    quarantined: Mutex<BTreeSet<String>>,
+}
+
+impl Remediator {
+    /// `taint_key` e.g. `nvidia.com/gpu-fault` (value `true`, effect NoSchedule); Events
+    /// go to `event_namespace`; `actor` names this replica in records and Events.
+    pub fn new(
+        client: kube::Client,
+        mode: Mode,
+        taint_key: &str,
+        event_namespace: &str,
+        actor: &str,
+    ) -> Self {
+        Remediator {
+            nodes: Api::all(client.clone()),
+            announce: Announcer::new(client.clone(), event_namespace, actor),
+            client,
+            resources: DEFAULT_RESOURCES.map(String::from).to_vec(),
+            eviction_deadline: Duration::from_secs(600),
+            budget: BudgetGuard::new(Budget::default()),
+            breaker: None,
+            rate: EvictionRate::new(0.0),
+            held_back: HeldBack::default(),
+            release: ReleasePolicy::default(),
+            quarantined: Default::default(),
+            force_delete: false,
+            mode,
+            taint: Taint {
+                key: taint_key.to_string(),
+                value: Some("true".into()),
+                effect: "NoSchedule".into(),
+                time_added: None,
+            },
+            actor: actor.to_string(),
+        }
+    }
+
+    /// Accelerator resource names to look for in pods (default: NVIDIA and Ascend).
+    pub fn with_resources(mut self, resources: Vec<String>, eviction_deadline: Duration) -> Self {
+        if !resources.is_empty() {
+            self.resources = resources;
+        }
+        self.eviction_deadline = eviction_deadline;
+        self
+    }
+
+    /// Past the eviction deadline, delete a pod its disruption budget still protects
+    /// (off by default: then it is announced and left).
+    pub fn with_force_delete(mut self, force: bool) -> Self {
+        self.force_delete = force;
+        self
+    }
+
+    /// The quarantine budget.
+    pub fn with_budget(mut self, budget: Budget) -> Self {
+        self.budget = BudgetGuard::new(budget);
+        self
+    }
+
+    /// The circuit breaker and the eviction rate (per minute; 0: no limit).
+    pub fn with_breaker(mut self, breaker: Option<Breaker>, evictions_per_minute: f64) -> Self {
+        self.breaker = breaker;
+        self.rate = EvictionRate::new(evictions_per_minute);
+        self
+    }
+
+    /// How quarantines end.
+    pub fn with_release(mut self, release: ReleasePolicy) -> Self {
+        self.release = release;
+        self
+    }
+
+    /// Where announcements go besides Events, and where actions are counted.
+    pub fn with_reporting(
+        mut self,
+        notifier: Option<Arc<Notifier>>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Self {
+        self.announce = self.announce.with_reporting(notifier, metrics);
+        self
+    }
+
+    /// The accelerator resource names looked for in pods.
+    pub fn resources(&self) -> &[String] {
+        &self.resources
+    }
+
+    /// The dedup window (a person's release holds this long; the intake's dedup).
+    pub fn dedup_window(&self) -> Duration {
+        self.release.dedup_window
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Nodes with a record as last listed by [`Remediator::list_quarantined`].
+    pub fn known_quarantined(&self) -> Vec<String> {
+        self.quarantined
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Nodes held back by the budget now.
+    pub fn held_back(&self) -> Vec<String> {
+        self.held_back.list()
+    }
+
+    /// Read a Node and parse its record, once for the pass.
+    pub(super) async fn read(&self, node: &str) -> Result<LiveNode, RemediateError> {
+        LiveNode::of(self.nodes.get(node).await?)
+    }
+
+    /// Send a node patch, the shard Lease checked right before.
+    pub(super) async fn apply(
+        &self,
+        node: &str,
+        patch: NodePatch,
+        fence: &Fence,
+    ) -> Result<(), RemediateError> {
+        let p = patch
+            .into_patch()
+            .map_err(|e| RemediateError::Record(node.to_string(), e.to_string()))?;
+        if !fence.holds() {
+            return Err(RemediateError::NotHolder);
+        }
+        self.nodes
+            .patch(node, &PatchParams::default(), &Patch::Json::<()>(p))
+            .await?;
+        Ok(())
+    }
+
+    /// Set the `AcceleratorHealthy` condition (it lives in status; conditions merge by
+    /// type).
+    pub(super) async fn condition(
+        &self,
+        node: &str,
+        healthy: bool,
+        reason: &str,
+        message: String,
+        at: &str,
+    ) -> Result<(), RemediateError> {
+        let condition = serde_json::json!({"status": {"conditions": [{
+            "type": CONDITION, "status": if healthy { "True" } else { "False" }, "reason": reason,
+            "message": message, "lastTransitionTime": at, "lastHeartbeatTime": at,
+        }]}});
+        self.nodes
+            .patch_status(node, &PatchParams::default(), &Patch::Strategic(condition))
+            .await?;
+        Ok(())
+    }
+
+    /// A new record of `devices` on `node`, first seen `now`, by this replica.
+    pub(super) fn new_record(
+        &self,
+        node: &str,
+        devices: Vec<RecordDevice>,
+        now: &str,
+    ) -> QuarantineRecord {
+        QuarantineRecord::new(node, devices, now, &self.actor, self.expiry_from_now())
+    }
+
+    /// When a record made now is due for review.
+    pub(super) fn expiry_from_now(&self) -> String {
+        rfc3339_after(self.release.expiry)
+    }
+
+    /// List the nodes with a record (they carry the devices label), remember them and
+    /// update the quarantine gauges.
+    pub async fn list_quarantined(&self) -> Result<Vec<Node>, RemediateError> {
+        let nodes = self
+            .nodes
+            .list(&ListParams::default().labels(DEVICES_LABEL))
+            .await?
+            .items;
+        let mut devices = 0;
+        let mut with_record = Vec::new();
+        for n in nodes {
+            let record = record_of(&n).ok().flatten();
+            if record.is_some() || ReleaseRequest::of(&n).is_some() {
+                devices += record.map_or(0, |r| r.devices.len());
+                with_record.push(n);
+            }
+        }
+        *self.quarantined.lock().unwrap_or_else(|p| p.into_inner()) = with_record
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect();
+        if let Some(m) = self.announce.metrics() {
+            m.set_quarantined(with_record.len(), devices);
+            m.set_breaker(self.breaker_open().await.unwrap_or(false));
+            m.set_held_back(self.held_back.list().len());
+        }
+        Ok(with_record)
+    }
+
+    /// Note a node whose device just turned failed, if it is not quarantined for a
+    /// failure already (an unknown-only guard does not count): a repeated verdict or a
+    /// second device of a quarantined node is not a new failed node for the breaker.
+    pub async fn note_new_failure(&self, node: &str) -> Result<(), RemediateError> {
+        if self.breaker.is_none() {
+            return Ok(());
+        }
+        let live = self.read(node).await?;
+        if live.record.is_some_and(|r| !r.unknown_only) {
+            return Ok(());
+        }
+        self.note_failure(node).await
+    }
+
+    /// Note a node that just failed (feeds the breaker).
+    pub async fn note_failure(&self, node: &str) -> Result<(), RemediateError> {
+        if let Some(b) = &self.breaker {
+            b.note_failure(node).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether the breaker is open (never, without one).
+    pub(super) async fn breaker_open(&self) -> Result<bool, RemediateError> {
+        match &self.breaker {
+            Some(b) => b.is_open().await,
+            None => Ok(false),
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! Shard ownership: Leases and the fence every write asks.
+
+pub mod fence;
+pub mod lease;
+
+pub use fence::{Fence, Shards};
+pub use lease::{lease_name, Held, LeaseConfig, ShardLeases, URL_ANNOTATION};

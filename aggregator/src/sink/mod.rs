@@ -1,4 +1,0 @@
-//! Where fault documents go.
-
-pub mod configmap;
-pub mod file;

@@ -1,0 +1,81 @@
+//! Wall-clock helpers shared by the agent and the aggregator: milliseconds since the
+//! epoch and RFC 3339 text, in one place so every document and record uses one format.
+//!
+//! Everything that judges time in the domain (windows, the state machine) takes `now`
+//! as an argument; these are for the edges that stamp or read a time.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// RFC 3339 UTC with milliseconds, e.g. `2026-11-30T12:00:00.123Z`.
+pub fn rfc3339_ms(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// Now, as [`rfc3339_ms`] writes it.
+pub fn now_rfc3339() -> String {
+    rfc3339_ms(now_ms())
+}
+
+/// `d` from now, as [`rfc3339_ms`] writes it (capped at 100 years).
+pub fn rfc3339_after(d: Duration) -> String {
+    let d = d.min(Duration::from_secs(100 * 365 * 86_400));
+    rfc3339_ms(now_ms().saturating_add(d.as_millis() as u64))
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time (any fraction of a second, `Z` or
+/// an offset of zero), or `None` when it does not parse.
+pub fn parse_rfc3339_ms(at: &str) -> Option<u64> {
+    let t =
+        humantime::parse_rfc3339_weak(at.trim_end_matches('Z').trim_end_matches("+00:00")).ok()?;
+    t.duration_since(UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis() as u64)
+}
+
+/// Seconds from `at` (RFC 3339) to `now_ms` (negative when `at` is later).
+pub fn age_secs_at(at: &str, now_ms: u64) -> Option<f64> {
+    let t = parse_rfc3339_ms(at)?;
+    Some((now_ms as f64 - t as f64) / 1000.0)
+}
+
+/// Seconds from `at` (RFC 3339) to now (negative when `at` is in the future).
+pub fn age_secs(at: &str) -> Option<f64> {
+    age_secs_at(at, now_ms())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_and_parses_back() {
+        assert_eq!(rfc3339_ms(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+        assert_eq!(
+            parse_rfc3339_ms("2023-11-14T22:13:20.123Z"),
+            Some(1_700_000_000_123)
+        );
+        // Records written before this module used nanosecond precision.
+        assert_eq!(
+            parse_rfc3339_ms("2023-11-14T22:13:20.123456789Z"),
+            Some(1_700_000_000_123)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2023-11-14T22:13:20Z"),
+            Some(1_700_000_000_000)
+        );
+        assert_eq!(parse_rfc3339_ms("yesterday"), None);
+        assert_eq!(
+            age_secs_at("2023-11-14T22:13:20Z", 1_700_000_002_500),
+            Some(2.5)
+        );
+        assert!(age_secs(&rfc3339_after(Duration::from_secs(60))).unwrap() < -50.0);
+    }
+}
