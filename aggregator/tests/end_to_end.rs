@@ -19,33 +19,6 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-async fn aggregator(
-    agents: &[&faultline_agent::Agent],
-    out: &Path,
-    rules: Option<&Path>,
-) -> faultline_aggregator::Aggregator {
-    let urls: Vec<String> = agents
-        .iter()
-        .map(|a| format!("http://{}", a.addr))
-        .collect();
-    let mut args = vec![
-        "faultline-aggregator".to_string(),
-        "--agents".into(),
-        urls.join(","),
-        "--out".into(),
-        out.to_str().unwrap().into(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--replica".into(),
-        "r1".into(),
-    ];
-    if let Some(r) = rules {
-        args.extend(["--rules".to_string(), r.to_str().unwrap().to_string()]);
-    }
-    let cfg = faultline_aggregator::config::Config::parse_from(args).unwrap();
-    faultline_aggregator::start(cfg).await.unwrap()
-}
-
 /// Read a key the way a pod reads its mounted ConfigMap: open the path, parse.
 fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
     let text = std::fs::read_to_string(path).ok()?;
@@ -77,7 +50,10 @@ async fn wait_file<T: serde::de::DeserializeOwned>(
 async fn a_hard_fault_reaches_the_file_sink_within_a_second_and_the_consumer_reacts() {
     let (a1, a2, a3) = (agent("n1").await, agent("n2").await, agent("n3").await);
     let out = tempfile::tempdir().unwrap();
-    let agg = aggregator(&[&a1, &a2, &a3], out.path(), None).await;
+    let agg = Launch::file(&[&a1, &a2, &a3], out.path())
+        .rules(None)
+        .start()
+        .await;
     let (doc, _) = wait_file::<FaultDocument>(
         &out.path().join("fault.json"),
         Duration::from_secs(15),
@@ -159,7 +135,10 @@ async fn an_agent_that_dies_turns_unknown_never_failed() {
     // A short grace so the test is quick.
     std::fs::write(&rules, "state_machine:\n  unknown_after_ms: 2000\n").unwrap();
     let sink = out.path().join("sink");
-    let agg = aggregator(&[&a1], &sink, Some(&rules)).await;
+    let agg = Launch::file(&[&a1], &sink)
+        .rules(Some(&rules))
+        .start()
+        .await;
     wait_file::<NodeFaults>(&sink.join("n1.json"), Duration::from_secs(15), |n| {
         n.summary.healthy == 4
     })
@@ -182,7 +161,10 @@ async fn rules_reload_and_an_invalid_file_keeps_the_old_rules() {
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, "").unwrap();
     let sink = dir.path().join("sink");
-    let agg = aggregator(&[&a1], &sink, Some(&rules)).await;
+    let agg = Launch::file(&[&a1], &sink)
+        .rules(Some(&rules))
+        .start()
+        .await;
     let metrics = format!("http://{}/metrics", agg.addr);
     wait_file::<NodeFaults>(&sink.join("n1.json"), Duration::from_secs(15), |n| {
         n.summary.healthy == 4

@@ -17,66 +17,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use support::*;
 
-const NS: &str = "faultline";
 const TAINT: &str = "nvidia.com/gpu-fault";
-
-async fn aggregator(kube: &str, replica: &str, extra: &[&str]) -> faultline_aggregator::Aggregator {
-    let mut args: Vec<String> = [
-        "faultline-aggregator",
-        "--sink",
-        "configmap",
-        "--kube-server",
-        kube,
-        "--namespace",
-        NS,
-        "--replica",
-        replica,
-        "--listen",
-        "127.0.0.1:0",
-        "--lease-duration",
-        "3s",
-        "--lease-retry",
-        "500ms",
-        "--remediation",
-        "enforce",
-        "--max-quarantined-percent",
-        "100",
-        "--reconcile-interval",
-        "500ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let cfg = faultline_aggregator::config::Config::parse_from(args).unwrap();
-    faultline_aggregator::start(cfg).await.unwrap()
-}
-
-fn node(name: &str) -> Value {
-    json!({"metadata": {"name": name, "labels": {"team": "a"}},
-           "spec": {"taints": [{"key": "other.example/maintenance", "value": "x", "effect": "NoSchedule"}]},
-           "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
-}
-
-/// A pod on `node`; with `gpu`, it asks for one; `holds`: the device the kubelet says
-/// it holds and how healthy (KEP-4680).
-fn pod(name: &str, node: &str, gpu: bool, holds: Option<(&str, &str)>) -> Value {
-    let resources = if gpu {
-        json!({"limits": {"nvidia.com/gpu": "1"}})
-    } else {
-        json!({})
-    };
-    let mut p = json!({
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x", "resources": resources}]},
-        "status": {"phase": "Running"}
-    });
-    if let Some((id, health)) = holds {
-        p["status"]["containerStatuses"] = json!([{"name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
-            "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [{"resourceID": id, "health": health}]}]}]);
-    }
-    p
-}
 
 /// The intake's token in a file (a mounted Secret); keep the directory alive.
 fn token_file() -> (tempfile::TempDir, std::path::PathBuf) {
@@ -196,19 +137,33 @@ async fn call(method: &str, url: &str, token: Option<&str>, body: String) -> (u1
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action() {
     let (server, kube) = api_server().await;
-    server.create("nodes", "", node("n1")).unwrap();
+    server
+        .create(
+            "nodes",
+            "",
+            NodeFixture::new("n1")
+                .label("team", "a")
+                .taint("other.example/maintenance", "x")
+                .ready(true)
+                .build(),
+        )
+        .unwrap();
     for p in [
-        pod("on-bad", "n1", true, Some(("GPU-abc", "Healthy"))),
-        pod("on-good", "n1", true, Some(("GPU-def", "Healthy"))),
-        pod("cpu-only", "n1", false, None),
+        PodFixture::new("on-bad", "n1")
+            .gpu()
+            .holds("GPU-abc", "Healthy")
+            .build(),
+        PodFixture::new("on-good", "n1")
+            .gpu()
+            .holds("GPU-def", "Healthy")
+            .build(),
+        PodFixture::new("cpu-only", "n1").build(),
     ] {
         server.create("pods", "default", p).unwrap();
     }
     let (_dir, token_file) = token_file();
-    let agg = aggregator(
-        &kube,
-        "r1",
-        &[
+    let agg = Launch::healing(&kube, "r1")
+        .args(&[
             "--agents",
             "http://127.0.0.1:9",
             "--intake-token-file",
@@ -217,9 +172,9 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
             "2048",
             "--intake-threshold",
             "3",
-        ],
-    )
-    .await;
+        ])
+        .start()
+        .await;
     let url = format!("http://{}/v1/alerts", agg.addr);
     let alert = r#"{"cluster":"prod","node_name":"n1","gpu_uuid":"GPU-abc","bus_id":"00000000:3B:00.0","metric":"xid_error","value":"Xid 79","time":1699999999}"#;
 
@@ -329,19 +284,17 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
 
     // A restart forgets the intake's counts, not what was done: the same burst again
     // is acted on by the new process and changes nothing on the cluster.
-    let agg = aggregator(
-        &kube,
-        "r1",
-        &[
+    let agg = Launch::healing(&kube, "r1")
+        .args(&[
             "--agents",
             "http://127.0.0.1:9",
             "--intake-token-file",
             token_file.to_str().unwrap(),
             "--intake-threshold",
             "3",
-        ],
-    )
-    .await;
+        ])
+        .start()
+        .await;
     let url = format!("http://{}/v1/alerts", agg.addr);
     // Until it holds the shard the intake answers 503 (retry): no holder to count.
     holds(&server, "r1").await;
@@ -363,23 +316,42 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
 async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
     let (server, kube) = api_server().await;
     for n in ["n1", "n2"] {
-        server.create("nodes", "", node(n)).unwrap();
+        server
+            .create(
+                "nodes",
+                "",
+                NodeFixture::new(n)
+                    .label("team", "a")
+                    .taint("other.example/maintenance", "x")
+                    .ready(true)
+                    .build(),
+            )
+            .unwrap();
     }
     server
         .create(
             "pods",
             "default",
-            pod("train", "n1", true, Some(("GPU-abc", "Unhealthy"))),
+            PodFixture::new("train", "n1")
+                .gpu()
+                .holds("GPU-abc", "Unhealthy")
+                .build(),
         )
         .unwrap();
     server
         .create(
             "pods",
             "default",
-            pod("infer", "n2", true, Some(("GPU-xyz", "Unknown"))),
+            PodFixture::new("infer", "n2")
+                .gpu()
+                .holds("GPU-xyz", "Unknown")
+                .build(),
         )
         .unwrap();
-    let agg = aggregator(&kube, "r1", &["--agents", "http://127.0.0.1:9"]).await;
+    let agg = Launch::healing(&kube, "r1")
+        .args(&["--agents", "http://127.0.0.1:9"])
+        .start()
+        .await;
     until(
         Duration::from_secs(10),
         "n1 quarantined and train evicted",
@@ -407,10 +379,23 @@ async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
     let (server, kube) = api_server().await;
-    server.create("nodes", "", node("n1")).unwrap();
+    server
+        .create(
+            "nodes",
+            "",
+            NodeFixture::new("n1")
+                .label("team", "a")
+                .taint("other.example/maintenance", "x")
+                .ready(true)
+                .build(),
+        )
+        .unwrap();
     let a1 = agent("n1").await;
     let agents = format!("http://{}", a1.addr);
-    let agg = aggregator(&kube, "r1", &["--agents", &agents]).await;
+    let agg = Launch::healing(&kube, "r1")
+        .args(&["--agents", &agents])
+        .start()
+        .await;
     fail(&a1, "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
         (our_taints(&server, "n1") == 1).then_some(())
@@ -483,7 +468,17 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     let (server, kube) = api_server().await;
-    server.create("nodes", "", node("n1")).unwrap();
+    server
+        .create(
+            "nodes",
+            "",
+            NodeFixture::new("n1")
+                .label("team", "a")
+                .taint("other.example/maintenance", "x")
+                .ready(true)
+                .build(),
+        )
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let canary = dir.path().join("canary.yaml");
     std::fs::write(
@@ -493,10 +488,8 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     .unwrap();
     let a1 = agent("n1").await;
     let agents = format!("http://{}", a1.addr);
-    let agg = aggregator(
-        &kube,
-        "r1",
-        &[
+    let agg = Launch::healing(&kube, "r1")
+        .args(&[
             "--agents",
             &agents,
             "--release",
@@ -507,9 +500,9 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
             "2s",
             "--canary-job",
             canary.to_str().unwrap(),
-        ],
-    )
-    .await;
+        ])
+        .start()
+        .await;
     fail(&a1, "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
         (our_taints(&server, "n1") == 1).then_some(())
@@ -579,9 +572,23 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_killed_between_taint_and_evictions_is_finished_by_the_next() {
     let (server, kube) = api_server().await;
-    server.create("nodes", "", node("n1")).unwrap();
     server
-        .create("pods", "default", pod("train", "n1", true, None))
+        .create(
+            "nodes",
+            "",
+            NodeFixture::new("n1")
+                .label("team", "a")
+                .taint("other.example/maintenance", "x")
+                .ready(true)
+                .build(),
+        )
+        .unwrap();
+    server
+        .create(
+            "pods",
+            "default",
+            PodFixture::new("train", "n1").gpu().build(),
+        )
         .unwrap();
     server
         .create(
@@ -593,9 +600,15 @@ async fn a_leader_killed_between_taint_and_evictions_is_finished_by_the_next() {
         .unwrap();
     let a1 = agent("n1").await;
     let agents = format!("http://{}", a1.addr);
-    let r1 = aggregator(&kube, "r1", &["--agents", &agents]).await;
+    let r1 = Launch::healing(&kube, "r1")
+        .args(&["--agents", &agents])
+        .start()
+        .await;
     holds(&server, "r1").await;
-    let r2 = aggregator(&kube, "r2", &["--agents", &agents]).await;
+    let r2 = Launch::healing(&kube, "r2")
+        .args(&["--agents", &agents])
+        .start()
+        .await;
     fail(&a1, "gpu1").await;
     until(Duration::from_secs(10), "tainted, eviction refused", || {
         (our_taints(&server, "n1") == 1
@@ -667,12 +680,30 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
     let nodes = ["n1", "n2", "n3"];
     let mut agents = Vec::new();
     for n in nodes {
-        server.create("nodes", "", node(n)).unwrap();
         server
-            .create("pods", "default", pod(&format!("gpu-{n}"), n, true, None))
+            .create(
+                "nodes",
+                "",
+                NodeFixture::new(n)
+                    .label("team", "a")
+                    .taint("other.example/maintenance", "x")
+                    .ready(true)
+                    .build(),
+            )
             .unwrap();
         server
-            .create("pods", "default", pod(&format!("cpu-{n}"), n, false, None))
+            .create(
+                "pods",
+                "default",
+                PodFixture::new(&format!("gpu-{n}"), n).gpu().build(),
+            )
+            .unwrap();
+        server
+            .create(
+                "pods",
+                "default",
+                PodFixture::new(&format!("cpu-{n}"), n).build(),
+            )
             .unwrap();
         agents.push(agent(n).await);
     }
@@ -681,7 +712,10 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
         .map(|a| format!("http://{}", a.addr))
         .collect();
     let urls = urls.join(",");
-    let agg = aggregator(&kube, "r1", &["--agents", &urls, "--kube-timeout", "1s"]).await;
+    let agg = Launch::healing(&kube, "r1")
+        .args(&["--agents", &urls, "--kube-timeout", "1s"])
+        .start()
+        .await;
     until(Duration::from_secs(10), "r1 holds the shard", || {
         server.get("leases", NS, "faultline-shard-0")
     })
@@ -757,12 +791,25 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
     let (server, kube) = api_server().await;
-    server.create("nodes", "", node("n1")).unwrap();
+    server
+        .create(
+            "nodes",
+            "",
+            NodeFixture::new("n1")
+                .label("team", "a")
+                .taint("other.example/maintenance", "x")
+                .ready(true)
+                .build(),
+        )
+        .unwrap();
     server
         .create(
             "pods",
             "default",
-            pod("train", "n1", true, Some(("GPU-abc", "Healthy"))),
+            PodFixture::new("train", "n1")
+                .gpu()
+                .holds("GPU-abc", "Healthy")
+                .build(),
         )
         .unwrap();
     let (_dir, token_file) = token_file();
@@ -772,13 +819,13 @@ async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
         "--intake-token-file",
         token_file.to_str().unwrap(),
     ];
-    let r1 = aggregator(&kube, "r1", &args).await;
+    let r1 = Launch::healing(&kube, "r1").args(&args).start().await;
     let lease = holds(&server, "r1").await;
     assert_eq!(
         lease["metadata"]["annotations"]["faultline.io/url"],
         format!("http://{}", r1.addr)
     );
-    let r2 = aggregator(&kube, "r2", &args).await;
+    let r2 = Launch::healing(&kube, "r2").args(&args).start().await;
     let alert = r#"{"node_name":"n1","gpu_uuid":"GPU-abc","metric":"xid_error","value":"79"}"#;
     let url = format!("http://{}/v1/alerts", r2.addr);
     let mut acted = 0;
@@ -815,24 +862,36 @@ async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
     let (server, kube) = api_server().await;
-    server.create("nodes", "", node("n1")).unwrap();
     server
-        .create("pods", "default", pod("train", "n1", true, None))
+        .create(
+            "nodes",
+            "",
+            NodeFixture::new("n1")
+                .label("team", "a")
+                .taint("other.example/maintenance", "x")
+                .ready(true)
+                .build(),
+        )
+        .unwrap();
+    server
+        .create(
+            "pods",
+            "default",
+            PodFixture::new("train", "n1").gpu().build(),
+        )
         .unwrap();
     let (_dir, token_file) = token_file();
     let a1 = agent("n1").await;
     let agents = format!("http://{}", a1.addr);
-    let agg = aggregator(
-        &kube,
-        "r1",
-        &[
+    let agg = Launch::healing(&kube, "r1")
+        .args(&[
             "--agents",
             &agents,
             "--intake-token-file",
             token_file.to_str().unwrap(),
-        ],
-    )
-    .await;
+        ])
+        .start()
+        .await;
     holds(&server, "r1").await;
     // Every API call now takes 150 ms: a pass takes seconds (and the 3 s Lease is
     // still renewed in time).

@@ -12,41 +12,6 @@ use faultline_test_apiserver::ApiServer;
 use serde_json::{json, Value};
 use support::*;
 
-const NS: &str = "faultline";
-
-async fn aggregator(
-    kube: &str,
-    replica: &str,
-    shards: u32,
-    extra: &[String],
-) -> faultline_aggregator::Aggregator {
-    let mut args: Vec<String> = [
-        "faultline-aggregator",
-        "--sink",
-        "configmap",
-        "--kube-server",
-        kube,
-        "--namespace",
-        NS,
-        "--shards",
-        &shards.to_string(),
-        "--replica",
-        replica,
-        "--listen",
-        "127.0.0.1:0",
-        "--lease-duration",
-        "3s",
-        "--lease-retry",
-        "500ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend_from_slice(extra);
-    let cfg = faultline_aggregator::config::Config::parse_from(args).unwrap();
-    faultline_aggregator::start(cfg).await.unwrap()
-}
-
 fn shard_doc(server: &ApiServer, shard: u32) -> Option<ShardIndex> {
     let cm = server.get("configmaps", NS, &format!("faultline-shard-{shard}"))?;
     serde_json::from_str(cm["data"]["fault.json"].as_str()?).ok()
@@ -81,10 +46,17 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
         ("other", "n1", "Running"),
     ] {
         server
-            .create("pods", "default", json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}, "status": {"phase": phase}}))
+            .create(
+                "pods",
+                "default",
+                PodFixture::new(name, node).phase(phase).build(),
+            )
             .unwrap();
     }
-    let agg = aggregator(&kube, "r1", 2, &["--agents".into(), urls.join(",")]).await;
+    let agg = Launch::configmap(&kube, "r1", 2)
+        .args(&["--agents".into(), urls.join(",")])
+        .start()
+        .await;
     let (_, _) = until(
         Duration::from_secs(20),
         "every node healthy in its shard",
@@ -176,20 +148,17 @@ async fn nudging_can_be_turned_off() {
     server
         .create("pods", "default", json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}))
         .unwrap();
-    let agg = aggregator(
-        &kube,
-        "r1",
-        1,
-        &[
+    let agg = Launch::configmap(&kube, "r1", 1)
+        .args(&[
             "--agents".into(),
             format!("http://{}", a.addr),
             "--nudge-rate".into(),
             "0".into(),
             "--publish-namespaces".into(),
             "default".into(),
-        ],
-    )
-    .await;
+        ])
+        .start()
+        .await;
     until(Duration::from_secs(10), "healthy", || {
         node_entry(&server, 1, "n1").filter(|e| e.summary.healthy == 4)
     })
@@ -232,18 +201,15 @@ async fn nodes_are_discovered_and_forgotten() {
                       "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}});
     server.create("nodes", "", node).unwrap();
     server.create("nodes", "", json!({"metadata": {"name": "cpu-1"}, "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}})).unwrap();
-    let agg = aggregator(
-        &kube,
-        "r1",
-        1,
-        &[
+    let agg = Launch::configmap(&kube, "r1", 1)
+        .args(&[
             "--node-selector".into(),
             "accelerator=nvidia".into(),
             "--agent-port".into(),
             a.addr.port().to_string(),
-        ],
-    )
-    .await;
+        ])
+        .start()
+        .await;
     until(Duration::from_secs(20), "gpu-7 in the shard", || {
         node_entry(&server, 1, "gpu-7").filter(|e| e.summary.healthy == 4)
     })
@@ -264,12 +230,18 @@ async fn a_dead_holder_is_replaced_within_the_lease_duration() {
     let (server, kube) = api_server().await;
     let a = agent("n1").await;
     let agents = ["--agents".to_string(), format!("http://{}", a.addr)];
-    let r1 = aggregator(&kube, "r1", 1, &agents).await;
+    let r1 = Launch::configmap(&kube, "r1", 1)
+        .args(&agents)
+        .start()
+        .await;
     until(Duration::from_secs(10), "r1 holds the shard", || {
         (holder(&server, 0).as_deref() == Some("r1")).then_some(())
     })
     .await;
-    let r2 = aggregator(&kube, "r2", 1, &agents).await;
+    let r2 = Launch::configmap(&kube, "r2", 1)
+        .args(&agents)
+        .start()
+        .await;
     until(Duration::from_secs(10), "r1 writes", || {
         shard_doc(&server, 0).filter(|d| d.writer == "r1")
     })
@@ -305,18 +277,15 @@ async fn a_dead_holder_is_replaced_within_the_lease_duration() {
 async fn a_replica_that_lost_its_lease_writes_nothing_more() {
     let (server, kube) = api_server().await;
     let a = agent("n1").await;
-    let agg = aggregator(
-        &kube,
-        "r1",
-        1,
-        &[
+    let agg = Launch::configmap(&kube, "r1", 1)
+        .args(&[
             "--agents".into(),
             format!("http://{}", a.addr),
             "--heartbeat".into(),
             "1s".into(),
-        ],
-    )
-    .await;
+        ])
+        .start()
+        .await;
     until(Duration::from_secs(10), "r1 writes", || {
         shard_doc(&server, 0).filter(|d| d.writer == "r1")
     })
@@ -383,13 +352,10 @@ async fn metrics(addr: std::net::SocketAddr) -> String {
 async fn writes_converge_through_conflicts_and_server_errors() {
     let (server, kube) = api_server().await;
     let a = agent("n1").await;
-    let agg = aggregator(
-        &kube,
-        "r1",
-        1,
-        &["--agents".into(), format!("http://{}", a.addr)],
-    )
-    .await;
+    let agg = Launch::configmap(&kube, "r1", 1)
+        .args(&["--agents".into(), format!("http://{}", a.addr)])
+        .start()
+        .await;
     until(Duration::from_secs(10), "healthy", || {
         node_entry(&server, 1, "n1").filter(|e| e.summary.healthy == 4)
     })
@@ -444,22 +410,19 @@ async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_no
     let (a1, a2) = (agent("n1").await, agent("n2").await);
     for n in ["n1", "n2"] {
         server
-            .create("nodes", "", json!({"metadata": {"name": n}}))
+            .create("nodes", "", NodeFixture::new(n).build())
             .unwrap();
     }
     let agents = format!("http://{},http://{}", a1.addr, a2.addr);
-    let agg = aggregator(
-        &kube,
-        "r1",
-        1,
-        &[
+    let agg = Launch::configmap(&kube, "r1", 1)
+        .args(&[
             "--agents".into(),
             agents,
             "--remediation".into(),
             "enforce".into(),
-        ],
-    )
-    .await;
+        ])
+        .start()
+        .await;
     until(Duration::from_secs(10), "healthy", || {
         (node_entry(&server, 1, "n1").is_some_and(|e| e.summary.healthy == 4)
             && node_entry(&server, 1, "n2").is_some_and(|e| e.summary.healthy == 4))
@@ -506,19 +469,16 @@ async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_evictio
     let (server, kube) = api_server().await;
     let a = agent("n1").await;
     server
-        .create("nodes", "", json!({"metadata": {"name": "n1"}}))
+        .create("nodes", "", NodeFixture::new("n1").build())
         .unwrap();
     server
-        .create("pods", "default", json!({"metadata": {"name": "w"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}))
+        .create("pods", "default", PodFixture::new("w", "n1").gpu().build())
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, "state_machine:\n  unknown_after_ms: 1000\n").unwrap();
-    let agg = aggregator(
-        &kube,
-        "r1",
-        1,
-        &[
+    let agg = Launch::configmap(&kube, "r1", 1)
+        .args(&[
             "--agents".into(),
             format!("http://{}", a.addr),
             "--remediation".into(),
@@ -527,9 +487,9 @@ async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_evictio
             "1s".into(),
             "--rules".into(),
             rules.to_str().unwrap().into(),
-        ],
-    )
-    .await;
+        ])
+        .start()
+        .await;
     until(Duration::from_secs(10), "healthy", || {
         node_entry(&server, 1, "n1").filter(|e| e.summary.healthy == 4)
     })

@@ -2,6 +2,8 @@
 //! others' taints kept, a record readable on the Node, a condition and one Event;
 //! dry-run changes nothing; a refused write is an error, not a half-done job.
 
+mod support;
+
 use faultline_aggregator::model::RecordDevice;
 use faultline_aggregator::remediate::{
     Budget, Mode, Outcome, Remediator, CONDITION, DEVICES_LABEL, RECORD_ANNOTATION,
@@ -9,27 +11,22 @@ use faultline_aggregator::remediate::{
 use faultline_aggregator::shard::Fence;
 use faultline_test_apiserver::{ApiServer, Faults};
 use serde_json::{json, Value};
+use support::{api_server, kube_client, NodeFixture, PodFixture};
 
+/// The API test server with `gpu-1` (someone else's taint and label on it); a client.
 async fn setup() -> (ApiServer, kube::Client) {
-    let server = ApiServer::new();
+    let (server, url) = api_server().await;
     server
         .create(
             "nodes",
             "",
-            json!({"metadata": {"name": "gpu-1", "labels": {"team": "a"}},
-                   "spec": {"taints": [{"key": "other.example/maintenance", "value": "x", "effect": "NoSchedule"}]}}),
+            NodeFixture::new("gpu-1")
+                .label("team", "a")
+                .taint("other.example/maintenance", "x")
+                .build(),
         )
         .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(faultline_test_apiserver::serve(
-        listener,
-        server.clone(),
-        tokio_util::sync::CancellationToken::new(),
-    ));
-    let mut kc = kube::Config::new(url.parse().unwrap());
-    kc.default_retry = false;
-    (server, kube::Client::try_from(kc).unwrap())
+    (server, kube_client(&url))
 }
 
 fn failed(id: &str) -> Vec<RecordDevice> {
@@ -194,20 +191,17 @@ async fn a_refused_write_changes_nothing_and_the_next_pass_completes() {
     assert_eq!(events(&server, "FaultlineQuarantined"), 1);
 }
 
+/// A pod on `gpu-1`; with `gpu` it asks for one; `allocated`: the device the kubelet
+/// says it holds (Unhealthy).
 fn pod(name: &str, gpu: bool, allocated: Option<&str>) -> Value {
-    let mut p = json!({
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {"nodeName": "gpu-1", "containers": [{"name": "c", "image": "x",
-                 "resources": if gpu { json!({"limits": {"nvidia.com/gpu": "1"}}) } else { json!({}) }}]},
-        "status": {"phase": "Running"}
-    });
-    if let Some(uuid) = allocated {
-        p["status"]["containerStatuses"] = json!([{
-            "name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
-            "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [{"resourceID": uuid, "health": "Unhealthy"}]}]
-        }]);
+    let mut p = PodFixture::new(name, "gpu-1");
+    if gpu {
+        p = p.gpu();
     }
-    p
+    if let Some(id) = allocated {
+        p = p.holds(id, "Unhealthy");
+    }
+    p.build()
 }
 
 #[tokio::test]
@@ -225,10 +219,10 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
     server
         .create("pods", "default", pod("cpu-only", false, None))
         .unwrap();
-    let mut ds = pod("ds-agent", true, None);
-    ds["metadata"]["ownerReferences"] =
-        json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "x", "uid": "u"}]);
-    server.create("pods", "default", ds).unwrap();
+    let ds = PodFixture::new("ds-agent", "gpu-1")
+        .gpu()
+        .owner("DaemonSet");
+    server.create("pods", "default", ds.build()).unwrap();
     server
         .create("pods", "default", pod("no-status", true, None))
         .unwrap();
@@ -308,7 +302,8 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
 async fn ten_failed_nodes_against_a_budget_of_three() {
     let (server, client) = setup().await;
     for i in 0..30 {
-        server.create("nodes", "", json!({"metadata": {"name": format!("n{i:02}"), "labels": {"rack": format!("r{}", i % 3)}}})).unwrap();
+        let n = NodeFixture::new(&format!("n{i:02}")).label("rack", &format!("r{}", i % 3));
+        server.create("nodes", "", n.build()).unwrap();
     }
     let r = remediator(client, Mode::Enforce).with_budget(budget(3, 50.0, None));
     let mut isolated = 0;
@@ -354,7 +349,8 @@ async fn ten_failed_nodes_against_a_budget_of_three() {
     // Per failure domain: at most one per rack.
     let (server, client) = setup().await;
     for i in 0..6 {
-        server.create("nodes", "", json!({"metadata": {"name": format!("m{i}"), "labels": {"rack": format!("r{}", i % 2)}}})).unwrap();
+        let n = NodeFixture::new(&format!("m{i}")).label("rack", &format!("r{}", i % 2));
+        server.create("nodes", "", n.build()).unwrap();
     }
     let r = remediator(client, Mode::Enforce).with_budget(budget(10, 100.0, Some(("rack", 1))));
     let outcomes: Vec<bool> = futures_util::future::join_all((0..4).map(|i| {
@@ -375,12 +371,9 @@ async fn ten_failed_nodes_against_a_budget_of_three() {
 #[tokio::test]
 async fn the_breaker_stops_everything_until_a_person_closes_it() {
     let (server, client) = setup().await;
-    server
-        .create("namespaces", "", json!({"metadata": {"name": "faultline"}}))
-        .unwrap();
     for i in 0..5 {
         server
-            .create("nodes", "", json!({"metadata": {"name": format!("b{i}")}}))
+            .create("nodes", "", NodeFixture::new(&format!("b{i}")).build())
             .unwrap();
     }
     let breaker = faultline_aggregator::remediate::Breaker::new(
@@ -459,7 +452,7 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
         .create("pods", "default", pod("w0", true, None))
         .unwrap();
     server
-        .create("nodes", "", json!({"metadata": {"name": "down"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}))
+        .create("nodes", "", NodeFixture::new("down").ready(false).build())
         .unwrap();
     let r = remediator(client, Mode::Enforce);
     let unknown = vec![RecordDevice::new("gpu0", "no-fresh-data")];

@@ -1,9 +1,205 @@
-//! Helpers shared by the aggregator's integration tests: simulated agents in-process,
-//! HTTP calls on loopback, waiting with a deadline.
+//! Helpers shared by the aggregator's integration tests: the Kubernetes API test
+//! server and a client of it, one aggregator launcher ([`Launch`]), Node and Pod
+//! fixtures ([`NodeFixture`], [`PodFixture`]), simulated agents in-process, HTTP calls
+//! on loopback, waiting with a deadline.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The namespace of the aggregator's Leases and ConfigMaps in the tests.
+pub const NS: &str = "faultline";
+
+/// An aggregator's command line, built from a base per sink; [`Launch::start`] runs it
+/// in-process.
+pub struct Launch(Vec<String>);
+
+impl Launch {
+    fn base() -> Vec<String> {
+        ["faultline-aggregator", "--listen", "127.0.0.1:0"]
+            .map(String::from)
+            .to_vec()
+    }
+
+    /// The file sink into `out`, following `agents`, as replica `r1`.
+    pub fn file(agents: &[&faultline_agent::Agent], out: &Path) -> Self {
+        let urls: Vec<String> = agents
+            .iter()
+            .map(|a| format!("http://{}", a.addr))
+            .collect();
+        let mut a = Self::base();
+        a.extend(
+            [
+                "--agents",
+                &urls.join(","),
+                "--out",
+                out.to_str().unwrap(),
+                "--replica",
+                "r1",
+            ]
+            .map(String::from),
+        );
+        Launch(a)
+    }
+
+    /// The ConfigMap sink against the API server at `kube`, as `replica`, with `shards`
+    /// shards and short Leases (3 s, renewed every 500 ms).
+    pub fn configmap(kube: &str, replica: &str, shards: u32) -> Self {
+        let mut a = Self::base();
+        a.extend(
+            [
+                "--sink",
+                "configmap",
+                "--kube-server",
+                kube,
+                "--namespace",
+                NS,
+                "--shards",
+                &shards.to_string(),
+                "--replica",
+                replica,
+                "--lease-duration",
+                "3s",
+                "--lease-retry",
+                "500ms",
+            ]
+            .map(String::from),
+        );
+        Launch(a)
+    }
+
+    /// [`Launch::configmap`] with one shard and remediation enforced: no share budget,
+    /// a reconcile every 500 ms.
+    pub fn healing(kube: &str, replica: &str) -> Self {
+        Self::configmap(kube, replica, 1).args(&[
+            "--remediation",
+            "enforce",
+            "--max-quarantined-percent",
+            "100",
+            "--reconcile-interval",
+            "500ms",
+        ])
+    }
+
+    /// More flags.
+    pub fn args<S: AsRef<str>>(mut self, extra: &[S]) -> Self {
+        self.0.extend(extra.iter().map(|s| s.as_ref().to_string()));
+        self
+    }
+
+    /// A rules file, if any.
+    pub fn rules(self, rules: Option<&Path>) -> Self {
+        match rules {
+            Some(r) => self.args(&["--rules", r.to_str().unwrap()]),
+            None => self,
+        }
+    }
+
+    /// Start it.
+    pub async fn start(self) -> faultline_aggregator::Aggregator {
+        let cfg = faultline_aggregator::config::Config::parse_from(self.0).unwrap();
+        faultline_aggregator::start(cfg).await.unwrap()
+    }
+}
+
+/// A Node for the test API server, built like controller-rs's fixtures.
+pub struct NodeFixture(Value);
+
+impl NodeFixture {
+    /// A Node named `name`, with no labels, taints or status.
+    pub fn new(name: &str) -> Self {
+        NodeFixture(json!({"metadata": {"name": name}}))
+    }
+
+    /// A label.
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.0["metadata"]["labels"][key] = json!(value);
+        self
+    }
+
+    /// A NoSchedule taint someone else put there.
+    pub fn taint(mut self, key: &str, value: &str) -> Self {
+        let t = json!({"key": key, "value": value, "effect": "NoSchedule"});
+        match self.0["spec"]["taints"].as_array_mut() {
+            Some(list) => list.push(t),
+            None => self.0["spec"]["taints"] = json!([t]),
+        }
+        self
+    }
+
+    /// The Ready condition.
+    pub fn ready(mut self, ready: bool) -> Self {
+        self.0["status"]["conditions"] =
+            json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
+        self
+    }
+
+    /// The Node's InternalIP (where discovery finds its agent).
+    pub fn address(mut self, ip: &str) -> Self {
+        self.0["status"]["addresses"] = json!([{"type": "InternalIP", "address": ip}]);
+        self
+    }
+
+    /// The object.
+    pub fn build(self) -> Value {
+        self.0
+    }
+}
+
+/// A Pod for the test API server, built like controller-rs's fixtures.
+pub struct PodFixture(Value);
+
+impl PodFixture {
+    /// A running pod `name` in `default` on `node`, one container, labelled `app=name`.
+    pub fn new(name: &str, node: &str) -> Self {
+        PodFixture(json!({
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+            "status": {"phase": "Running"}
+        }))
+    }
+
+    /// It asks for one `nvidia.com/gpu`.
+    pub fn gpu(mut self) -> Self {
+        self.0["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+        self
+    }
+
+    /// The kubelet says it holds device `id` with `health` (KEP-4680).
+    pub fn holds(mut self, id: &str, health: &str) -> Self {
+        self.0["status"]["containerStatuses"] = json!([{"name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+            "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [{"resourceID": id, "health": health}]}]}]);
+        self
+    }
+
+    /// Owned by a controller of `kind`.
+    pub fn owner(mut self, kind: &str) -> Self {
+        self.0["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "apps/v1", "kind": kind, "name": "owner", "uid": "owner-uid"}]);
+        self
+    }
+
+    /// Its phase.
+    pub fn phase(mut self, phase: &str) -> Self {
+        self.0["status"]["phase"] = json!(phase);
+        self
+    }
+
+    /// The object.
+    pub fn build(self) -> Value {
+        self.0
+    }
+}
+
+/// A kube client of the API server at `url`, with kube's own retries off.
+pub fn kube_client(url: &str) -> kube::Client {
+    let mut kc = kube::Config::new(url.parse().unwrap());
+    kc.default_retry = false;
+    kube::Client::try_from(kc).unwrap()
+}
 
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Bytes;
