@@ -5,6 +5,7 @@
 //!
 //! Pods are listed, then watched from the list's resourceVersion; each (node, device,
 //! health) is reported once until its health changes, and again on every re-list.
+//! [`forward_verdicts`] turns what is reported into the core loop's verdicts.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
