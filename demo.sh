@@ -9,19 +9,38 @@
 # pod on the failed GPU, alerts through the intake, `faultline status`, and a release.
 #   ./demo.sh            run the demo and exit
 #   ./demo.sh --serve    leave everything running afterwards (Ctrl-C to stop)
+# Every step is checked: the demo exits non-zero, naming the step and showing the
+# aggregator's log, when something does not happen within its time (CI runs it).
 set -euo pipefail
 cd "$(dirname "$0")"
 BASE="${FAULTLINE_DEMO_PORT:-18081}"
 WORK="$(mktemp -d)"
-cargo build --release -q -p faultline-agent -p faultline-aggregator -p faultline-test-apiserver
+cargo build --locked --release -q -p faultline-agent -p faultline-aggregator -p faultline-test-apiserver
 PIDS=()
 cleanup() { kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
+fail() {
+  echo "demo: FAILED: $*" >&2
+  for log in "$WORK"/*.log; do echo "--- last lines of $log" >&2; tail -n 20 "$log" >&2; done
+  exit 1
+}
+# wait_until SECONDS WHAT COMMAND...: run COMMAND every 20 ms until it succeeds; fail
+# the demo when it has not within SECONDS.
+wait_until() {
+  local secs=$1 what=$2
+  shift 2
+  local end=$(( $(date +%s%N) + secs * 1000000000 ))
+  until "$@" >/dev/null 2>&1; do
+    (( $(date +%s%N) < end )) || fail "$what (not within ${secs} s)"
+    sleep 0.02
+  done
+}
+ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 
 KUBE="http://127.0.0.1:$((BASE + 20))"
 target/release/faultline-test-apiserver --listen "127.0.0.1:$((BASE + 20))" >"$WORK/apiserver.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 100); do curl -sf "$KUBE/version" >/dev/null && break; sleep 0.1; done
+wait_until 10 "the test API server answers" curl -sf "$KUBE/version"
 post() { curl -sf -X POST "$KUBE$1" -H 'content-type: application/json' -d "$2" >/dev/null; }
 post /api/v1/namespaces '{"metadata":{"name":"faultline"}}'
 
@@ -59,7 +78,18 @@ target/release/faultline-aggregator --sink file --out "$OUT" \
 PIDS+=($!)
 
 cm() { curl -sf "$KUBE/api/v1/namespaces/faultline/configmaps/faultline-shard-0"; }
-for _ in $(seq 100); do cm >/dev/null 2>&1 && break; sleep 0.1; done
+wait_until 20 "the aggregator writes the shard ConfigMap" cm
+# failed_in_cm NODE DEVICE: the device is failed in the node's entry of the shard.
+failed_in_cm() {
+  cm | python3 -c 'import json,sys; n=json.loads(json.load(sys.stdin)["data"][sys.argv[1] + ".json"]); sys.exit(0 if any(x["id"]==sys.argv[2] and x["status"]=="failed" for x in n["npus"]) else 1)' "$1" "$2"
+}
+failed_in_file() {
+  python3 -c 'import json,sys; n=json.load(open(sys.argv[1])); sys.exit(0 if any(x["id"]==sys.argv[2] and x["status"]=="failed" for x in n["npus"]) else 1)' "$OUT/$1.json" "$2"
+}
+pod_exists() { curl -sf "$KUBE/api/v1/namespaces/default/pods/$1" >/dev/null; }
+pod_gone() { ! pod_exists "$1"; }
+nudged() { curl -sf "$KUBE/api/v1/namespaces/default/pods/$1" | grep -q 'faultline.io/fault-refresh'; }
+tainted() { curl -sf "$KUBE/api/v1/nodes/$1" | grep -q 'nvidia.com/gpu-fault'; }
 show() {
   cm | python3 -c '
 import json, sys
@@ -76,54 +106,59 @@ echo "== test API server $KUBE: 3 GPU nodes, two 4-GPU training pods on each; 3 
 sleep 2; show
 echo "== scenario on gpu-node-1: gpu3 falls off the bus (Xid 79) at 6 s; gpu6 runs at 91 C for 6 s"
 echo "   (a hard fault fails at once; heat must hold 3 of 5 samples for 60 s before 'degraded')"
-sleep 6; show
+wait_until 20 "gpu-node-1/gpu3 fails in the ConfigMap (the scenario's fall off the bus)" failed_in_cm gpu-node-1 gpu3
+show
 echo "== injecting a PCIe link-down on gpu-node-2/gpu5 through its agent's API"
 START=$(date +%s%N)
 curl -sf -X POST "${AGENTS[1]}/v1/sim/faults" -H 'content-type: application/json' \
   -d '{"device":"gpu5","fault":"pcie-down"}' >/dev/null
-until cm | python3 -c 'import json,sys; n=json.loads(json.load(sys.stdin)["data"]["gpu-node-2.json"]); sys.exit(0 if any(x["id"]=="gpu5" and x["status"]=="failed" for x in n["npus"]) else 1)' 2>/dev/null; do
-  sleep 0.01
-done
-echo "  in the ConfigMap after $(( ($(date +%s%N) - START) / 1000000 )) ms (the agent samples once a second)"
-for _ in $(seq 200); do
-  python3 -c 'import json,sys; n=json.load(open(sys.argv[1])); sys.exit(0 if any(x["id"]=="gpu5" and x["status"]=="failed" for x in n["npus"]) else 1)' "$OUT/gpu-node-2.json" 2>/dev/null && break; sleep 0.01
-done
-echo "  in the file sink $OUT/gpu-node-2.json after $(( ($(date +%s%N) - START) / 1000000 )) ms"
-for _ in $(seq 300); do
-  curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2a" | grep -q 'faultline.io/fault-refresh' && break; sleep 0.01
-done
-echo "  pod default/train-2a (GPUs 0-3, healthy) nudged (annotation faultline.io/fault-refresh) after $(( ($(date +%s%N) - START) / 1000000 )) ms:"
+wait_until 10 "gpu-node-2/gpu5 fails in the ConfigMap" failed_in_cm gpu-node-2 gpu5
+echo "  in the ConfigMap after $(ms_since "$START") ms (the agent samples once a second)"
+wait_until 10 "gpu-node-2/gpu5 fails in the file sink" failed_in_file gpu-node-2 gpu5
+echo "  in the file sink $OUT/gpu-node-2.json after $(ms_since "$START") ms"
+wait_until 10 "pod train-2a is nudged" nudged train-2a
+echo "  pod default/train-2a (GPUs 0-3, healthy) nudged (annotation faultline.io/fault-refresh) after $(ms_since "$START") ms:"
 echo "  kubelet refreshes its mount now, not in 60-90 s"
 show
-for _ in $(seq 500); do
-  curl -sf "$KUBE/api/v1/nodes/gpu-node-2" | grep -q 'nvidia.com/gpu-fault' && break; sleep 0.02
-done
-echo "  node gpu-node-2 tainted $(( ($(date +%s%N) - START) / 1000000 )) ms after the fault was injected"
+wait_until 10 "gpu-node-2 is tainted" tainted gpu-node-2
+echo "  node gpu-node-2 tainted $(ms_since "$START") ms after the fault was injected"
 curl -sf "$KUBE/api/v1/nodes/gpu-node-2" | python3 -c '
 import json, sys
 n = json.load(sys.stdin)
 print("  node gpu-node-2 taints:", [t["key"] + ":" + t["effect"] for t in n["spec"]["taints"]])
 print("  label faultline.io/unhealthy-devices:", n["metadata"]["labels"].get("faultline.io/unhealthy-devices"))
 print("  condition:", [(c["type"], c["status"], c["reason"]) for c in n["status"]["conditions"]])'
-for _ in $(seq 500); do
-  curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2b" >/dev/null || break; sleep 0.02
-done
-echo "  pod train-2b gone $(( ($(date +%s%N) - START) / 1000000 )) ms after the fault was injected"
-curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2b" >/dev/null && echo "  pod train-2b still there" || echo "  pod default/train-2b (GPUs 4-7, with the failed gpu5) evicted through the Eviction API"
-curl -sf "$KUBE/api/v1/namespaces/default/pods/train-2a" >/dev/null && echo "  pod default/train-2a (GPUs 0-3, healthy) stays"
+wait_until 10 "pod train-2b (on the failed gpu5) is evicted" pod_gone train-2b
+echo "  pod train-2b gone $(ms_since "$START") ms after the fault was injected"
+echo "  pod default/train-2b (GPUs 4-7, with the failed gpu5) evicted through the Eviction API"
+pod_exists train-2a || fail "pod train-2a was evicted, but its GPUs are healthy"
+echo "  pod default/train-2a (GPUs 0-3, healthy) stays"
 
 echo "== alert intake: seed 000's GPUAlert for gpu-node-3's GPU 2 (held by train-3a), 3 samples (the threshold)"
 alert='{"cluster":"demo","node_name":"gpu-node-3","gpu_uuid":"GPU-5157e000-0000-4000-8000-000000000002","bus_id":"00000000:3B:00.0","metric":"xid_error","value":"Xid 79","time":1699999999}'
 intake() { curl -s -X POST "$AGG/v1/alerts" -H "authorization: Bearer $1" -H 'content-type: application/json' -d "$2"; }
-echo "  without the token: $(intake wrong "$alert")"
-for n in 1 2 3; do echo "  alert $n: $(intake "$TOKEN" "${alert/1699999999/$((1699999999 + n * 10))}")"; done
-echo "  20 duplicates at once: $(intake "$TOKEN" "[$(printf "$alert,%.0s" $(seq 19))$alert]")"
-for _ in $(seq 100); do
-  curl -sf "$KUBE/api/v1/namespaces/default/pods/train-3a" >/dev/null || break; sleep 0.1
+# expect WHAT NEEDLE TEXT: TEXT must contain NEEDLE.
+expect() { [[ "$3" == *"$2"* ]] || fail "$1: expected $2 in $3"; }
+answer=$(intake wrong "$alert")
+echo "  without the token: $answer"
+expect "the intake refuses a wrong token" '"status":401' "$answer"
+for n in 1 2 3; do
+  answer=$(intake "$TOKEN" "${alert/1699999999/$((1699999999 + n * 10))}")
+  echo "  alert $n: $answer"
 done
-curl -sf "$KUBE/api/v1/namespaces/default/pods/train-3a" >/dev/null && echo "  pod train-3a still there" || echo "  pod default/train-3a (holds GPU 2) evicted; train-3b stays: $(curl -sf "$KUBE/api/v1/namespaces/default/pods/train-3b" >/dev/null && echo yes || echo no)"
+expect "the third alert reaches the threshold" '"acted":[{"node":"gpu-node-3"' "$answer"
+answer=$(intake "$TOKEN" "[$(printf "$alert,%.0s" $(seq 19))$alert]")
+echo "  20 duplicates at once: $answer"
+expect "20 repeats are duplicates" '"duplicates":20' "$answer"
+wait_until 15 "pod train-3a (holds the alerted GPU 2) is evicted" pod_gone train-3a
+pod_exists train-3b || fail "pod train-3b was evicted, but its GPUs are healthy"
+echo "  pod default/train-3a (holds GPU 2) evicted; train-3b stays: yes"
 echo "== faultline status (what an SRE sees)"
-target/release/faultline status --kube-server "$KUBE" | sed 's/^/  /'
+status=$(target/release/faultline status --kube-server "$KUBE")
+echo "$status" | sed 's/^/  /'
+for n in gpu-node-1 gpu-node-2 gpu-node-3; do
+  expect "faultline status lists $n" "$n " "$status"
+done
 echo "== the PCIe link of gpu-node-2/gpu5 is repaired; an SRE releases the node"
 curl -sf -X DELETE "${AGENTS[1]}/v1/sim/faults" >/dev/null
 target/release/faultline release --node gpu-node-2 --by sre-demo --reason "PCIe link reseated" --kube-server "$KUBE" | sed 's/^/  /'
@@ -134,7 +169,10 @@ a = n["metadata"].get("annotations", {})
 h = json.loads(a.get("faultline.io/quarantine-history", "[]"))
 print("  node gpu-node-2 taints:", [t["key"] for t in n["spec"].get("taints") or []] or "none")
 print("  condition:", [(c["type"], c["status"], c["reason"]) for c in n["status"]["conditions"] if c["type"] == "AcceleratorHealthy"])
-print("  history: %d record(s); last released by %s: %s" % (len(h), h[-1]["released"]["actor"], h[-1]["released"]["reason"]))'
+print("  history: %d record(s); last released by %s: %s" % (len(h), h[-1]["released"]["actor"], h[-1]["released"]["reason"]))
+ours = [t for t in n["spec"].get("taints") or [] if t["key"] == "nvidia.com/gpu-fault"]
+sys.exit(0 if not ours and len(h) == 1 and "faultline.io/quarantine" not in a else 1)' \
+  || fail "gpu-node-2 still quarantined after its release"
 cat <<TXT
 == look yourself (./demo.sh --serve keeps all this running):
   kubectl --server $KUBE get nodes,pods -A

@@ -92,7 +92,13 @@ async fn a_long_poll_hears_of_a_change_at_once() {
     let mut d: faultline_common::NodeHealth = serde_json::from_str(&resp.body).unwrap();
     assert!(d.generation > gen);
     // Noise may move the generation before the fault lands; follow until it does.
+    let deadline = Instant::now() + Duration::from_secs(15);
     while status_of(&d, "gpu2").0 != "failed" {
+        assert!(
+            Instant::now() < deadline,
+            "gpu2 never failed: {:?}",
+            status_of(&d, "gpu2")
+        );
         let url = agent.url(&format!(
             "/v1/health?wait_generation={}&timeout_ms=5000",
             d.generation
@@ -114,14 +120,46 @@ async fn a_long_poll_hears_of_a_change_at_once() {
     let url = agent.url(&format!("/v1/health?wait_generation={g}&timeout_ms=20000"));
     assert_eq!(request("GET", &url, None).await.status, 200);
     assert!(t.elapsed() < Duration::from_secs(5));
-    // A poll on the current generation that sees no change returns at its timeout.
+}
+
+/// A tool whose answer never changes keeps the generation still, so a poll on it must
+/// wait out its `timeout_ms` and answer the same generation (the simulator's sensor
+/// noise would move it and let a broken timeout pass).
+#[tokio::test]
+async fn a_poll_without_a_change_returns_at_its_timeout() {
+    let tool = format!(
+        "{} --json",
+        test_path("fixtures/bin/fake-health-json").display()
+    );
+    let agent = spawn_agent(
+        &["--source", "exec", "--exec", &tool, "--interval", "100ms"],
+        &[],
+    );
+    wait_for(&agent, Duration::from_secs(10), "two NPUs", |d| {
+        d.npus.len() == 2
+    })
+    .await;
+    // Let a few samples pass: the same readings move nothing.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let now = health(&agent).await.generation;
     let t = Instant::now();
-    let url = agent.url(&format!("/v1/health?wait_generation={now}&timeout_ms=300"));
+    let url = agent.url(&format!("/v1/health?wait_generation={now}&timeout_ms=700"));
     let r = request("GET", &url, None).await;
-    assert_eq!(r.status, 200);
-    let g2 = r.json()["generation"].as_u64().unwrap();
-    assert!(g2 != now || t.elapsed() >= Duration::from_millis(300));
+    let waited = t.elapsed();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json()["generation"].as_u64(),
+        Some(now),
+        "nothing changed"
+    );
+    assert!(
+        waited >= Duration::from_millis(700),
+        "answered after {waited:?}, before its timeout"
+    );
+    assert!(
+        waited < Duration::from_secs(10),
+        "answered after {waited:?}, long past its timeout"
+    );
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@
 mod common;
 
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use faultline_agent::sources::kmsg::parser::{Line, Parser};
@@ -245,16 +245,32 @@ async fn a_fifo_and_an_unreadable_log() {
         d.npus.len() == 2
     })
     .await;
-    // Opening a FIFO for writing blocks until the agent has it open for reading.
-    let f = fifo.clone();
-    tokio::task::spawn_blocking(move || {
-        append(
-            &f,
-            &["6,1234,5678901,-;NVRM: Xid (PCI:0000:19:00): 95, pid=1, name=x, Uncontained: SM"],
-        );
-    })
-    .await
+    // A blocking open for writing would wait forever if the agent never opened the
+    // FIFO; a non-blocking one fails (ENXIO) until it has, so retry with a deadline.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut writer = loop {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+        {
+            Ok(f) => break f,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the agent never opened the FIFO for reading: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    writeln!(
+        writer,
+        "6,1234,5678901,-;NVRM: Xid (PCI:0000:19:00): 95, pid=1, name=x, Uncontained: SM"
+    )
     .unwrap();
+    drop(writer);
     // The sim's gpu1 sits at 0000:19:00.0.
     let doc = wait_for(&agent, Duration::from_secs(5), "gpu1 failed", |d| {
         d.summary.failed == 1

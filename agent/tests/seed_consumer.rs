@@ -30,16 +30,18 @@ async fn the_seed_consumer_reacts_to_a_failed_device() {
         d.summary.healthy == 8
     })
     .await;
-    let mut consumer = Command::new("python3")
-        .arg(test_path("consumer/run_consumer.py"))
-        .arg(&file)
-        .env("NODE_NAME", "test-node")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 is needed for this test (.ci/run installs it)");
+    let mut consumer = ChildGuard(
+        Command::new("python3")
+            .arg(test_path("consumer/run_consumer.py"))
+            .arg(&file)
+            .env("NODE_NAME", "test-node")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 is needed for this test (.ci/run installs it)"),
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
-        consumer.try_wait().unwrap().is_none(),
+        consumer.0.try_wait().unwrap().is_none(),
         "the consumer must keep running while all is healthy"
     );
 
@@ -52,17 +54,18 @@ async fn the_seed_consumer_reacts_to_a_failed_device() {
     assert_eq!(r.status, 201);
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        if let Some(s) = consumer.try_wait().unwrap() {
+        if let Some(s) = consumer.0.try_wait().unwrap() {
             break s;
         }
         if Instant::now() > deadline {
-            let _ = consumer.kill();
+            let _ = consumer.0.kill();
             panic!("the consumer did not react");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let mut out = String::new();
     consumer
+        .0
         .stdout
         .take()
         .unwrap()

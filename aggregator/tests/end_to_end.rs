@@ -64,16 +64,18 @@ async fn a_hard_fault_reaches_the_file_sink_within_a_second_and_the_consumer_rea
     assert_eq!(doc.writer, "r1");
 
     // Seed 003's consumer, unmodified, watching n2's entry as its /config/fault.json.
-    let mut consumer = Command::new("python3")
-        .arg(root().join("tests/consumer/run_consumer.py"))
-        .arg(out.path().join("n2.json"))
-        .env("NODE_NAME", "n2")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 is needed (.ci/run installs it)");
+    let mut consumer = ChildGuard(
+        Command::new("python3")
+            .arg(root().join("tests/consumer/run_consumer.py"))
+            .arg(out.path().join("n2.json"))
+            .env("NODE_NAME", "n2")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 is needed (.ci/run installs it)"),
+    );
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(
-        consumer.try_wait().unwrap().is_none(),
+        consumer.0.try_wait().unwrap().is_none(),
         "healthy: the consumer keeps running"
     );
 
@@ -105,14 +107,14 @@ async fn a_hard_fault_reaches_the_file_sink_within_a_second_and_the_consumer_rea
 
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        if let Some(s) = consumer.try_wait().unwrap() {
+        if let Some(s) = consumer.0.try_wait().unwrap() {
             break s;
         }
         assert!(Instant::now() < deadline, "the consumer did not react");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let mut text = String::new();
-    std::io::Read::read_to_string(&mut consumer.stdout.take().unwrap(), &mut text).unwrap();
+    std::io::Read::read_to_string(&mut consumer.0.stdout.take().unwrap(), &mut text).unwrap();
     assert_eq!(status.code(), Some(1));
     assert_eq!(text.trim(), "CRITICAL: NPU gpu1 failed, reason: gpu-lost");
 

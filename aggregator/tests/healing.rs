@@ -197,6 +197,9 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     assert!(body["error"].as_str().unwrap().contains("2048"));
     assert_eq!(our_taints(&server, "n1"), 0, "nothing acted on yet");
 
+    // Alerts of a shard held by nobody would be refused (503): wait for the Lease, as
+    // this replica itself counts it.
+    lease_held(agg.addr).await;
     // A burst: 4 requests at once, 3 alerts each.
     // Three samples of the fault (three times), each batch sent 4 times at once: 12
     // alerts, 3 occurrences.
@@ -373,6 +376,36 @@ async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
     agg.wait().await;
 }
 
+/// Wait until the aggregator at `addr` counts shard 0's Lease as its own.
+async fn lease_held(addr: std::net::SocketAddr) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !get_text(&format!("http://{addr}/metrics"))
+        .await
+        .contains("faultline_aggregator_lease_held{shard=\"0\"} 1")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shard Lease was never held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `faultline status` against the API server at `kube`: its standard output.
+async fn faultline_status(kube: &str) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
+        .args(["status", "--kube-server", kube])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Manual release through the CLI: our taint, label and record go, someone else's
 /// taint stays, the record is kept as history, and the still-failed device is not
 /// quarantined again within the dedup window.
@@ -401,6 +434,19 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
         (our_taints(&server, "n1") == 1).then_some(())
     })
     .await;
+    // `faultline status` lists the node, its device, the replica and the reason.
+    let stdout = faultline_status(&kube).await;
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("n1 "))
+        .unwrap_or_else(|| panic!("n1 not listed: {stdout}"));
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        (cols[1], cols[3], cols[4]),
+        ("gpu1", "r1", "row-remap-failure"),
+        "{line}"
+    );
+    assert!(stdout.starts_with("breaker: closed\nNODE"), "{stdout}");
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
         .args([
             "release",
@@ -452,15 +498,10 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
     // The agent still says failed; reconcile passes run every 500 ms: no re-quarantine.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(our_taints(&server, "n1"), 0, "a person's release holds");
-    // `faultline status` lists nothing now.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
-        .args(["status", "--kube-server", &kube])
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("breaker: closed"), "{stdout}");
-    assert!(!stdout.contains("n1 "), "{stdout}");
+    // `faultline status` lists nothing now: the breaker line and the header only.
+    let stdout = faultline_status(&kube).await;
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    assert!(stdout.starts_with("breaker: closed\nNODE"), "{stdout}");
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -497,7 +538,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
             "--release-healthy-samples",
             "5",
             "--release-cooldown",
-            "2s",
+            "4s",
             "--canary-job",
             canary.to_str().unwrap(),
         ])
@@ -521,14 +562,32 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     )
     .await;
     assert!(code < 300);
-    let cleared = std::time::Instant::now();
-    let (job, _) = until(Duration::from_secs(15), "canary job", || {
+    let (job, _) = until(Duration::from_secs(20), "canary job", || {
         server.list("jobs", NS).into_iter().next()
     })
     .await;
+    // The canary started no sooner than the cool-down after gpu1 turned healthy, both
+    // times as the aggregator stamped them (the shard's `since`, the record's canary).
+    let entry: Value = serde_json::from_str(
+        server.get("configmaps", NS, "faultline-shard-0").unwrap()["data"]["n1.json"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let gpu1 = entry["npus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["id"] == "gpu1")
+        .unwrap()
+        .clone();
+    assert_eq!(gpu1["status"], "healthy");
+    let ms = |v: &Value| faultline_common::time::parse_rfc3339_ms(v.as_str().unwrap()).unwrap();
+    let started = ms(&record(&server, "n1").unwrap()["canary"]["started"]);
+    let healthy_for = started.saturating_sub(ms(&gpu1["since"]));
     assert!(
-        cleared.elapsed() >= Duration::from_secs(2),
-        "cool-down respected"
+        healthy_for >= 4_000,
+        "canary started {healthy_for} ms after gpu1 turned healthy; the cool-down is 4 s"
     );
     assert_eq!(
         our_taints(&server, "n1"),

@@ -414,12 +414,21 @@ async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_no
             .unwrap();
     }
     let agents = format!("http://{},http://{}", a1.addr, a2.addr);
+    // Devices go unknown 1 s after their agent is lost (not 30 s), so within the test
+    // n2 really is unknown, below the default 5 min tolerance.
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, "state_machine:\n  unknown_after_ms: 1000\n").unwrap();
     let agg = Launch::configmap(&kube, "r1", 1)
         .args(&[
             "--agents".into(),
             agents,
             "--remediation".into(),
             "enforce".into(),
+            "--reconcile-interval".into(),
+            "500ms".into(),
+            "--rules".into(),
+            rules.to_str().unwrap().into(),
         ])
         .start()
         .await;
@@ -450,8 +459,19 @@ async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_no
     .await;
     // n2's agent dies: its devices turn unknown, which never isolates anything.
     a2.shutdown().await;
-    // Repeated samples and reconcile passes (every 10 s) add nothing.
-    tokio::time::sleep(Duration::from_secs(11)).await;
+    until(Duration::from_secs(10), "n2's devices unknown", || {
+        node_entry(&server, 1, "n2")
+            .filter(|e| e.summary.unknown == 4)
+            .map(|_| ())
+    })
+    .await;
+    // Repeated samples and reconcile passes (every 500 ms) add nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        node_entry(&server, 1, "n2").unwrap().summary.unknown,
+        4,
+        "still unknown while the passes ran"
+    );
     assert_eq!(taints("n1").len(), 1);
     assert_eq!(taints("n1")[0]["key"], "nvidia.com/gpu-fault");
     assert!(taints("n2").is_empty(), "unknown alone must not taint");

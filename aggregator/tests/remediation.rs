@@ -567,6 +567,9 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
         Outcome::AlreadyDone
     );
     assert_eq!(record(&server)["devices"].as_array().unwrap().len(), 1);
+    // Read after that pass: still one taint of ours, the label still gpu3 alone.
+    let node = server.get("nodes", "", "gpu-1").unwrap();
+    assert_eq!(node["metadata"]["labels"][DEVICES_LABEL], "gpu3");
     assert_eq!(
         node["spec"]["taints"]
             .as_array()

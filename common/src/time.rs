@@ -31,13 +31,30 @@ pub fn rfc3339_after(d: Duration) -> String {
 }
 
 /// Milliseconds since the epoch of an RFC 3339 time (any fraction of a second, `Z` or
-/// an offset of zero), or `None` when it does not parse.
+/// a numeric offset), or `None` when it does not parse.
 pub fn parse_rfc3339_ms(at: &str) -> Option<u64> {
-    let t =
-        humantime::parse_rfc3339_weak(at.trim_end_matches('Z').trim_end_matches("+00:00")).ok()?;
-    t.duration_since(UNIX_EPOCH)
-        .ok()
-        .map(|d| d.as_millis() as u64)
+    let at = at.trim();
+    let (local, offset_ms) = match at.strip_suffix('Z').or_else(|| at.strip_suffix('z')) {
+        Some(l) => (l, 0i64),
+        None => {
+            // `+HH:MM` or `-HH:MM` at the end.
+            let (l, off) = at.split_at(at.len().checked_sub(6)?);
+            let sign = match off.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let (h, m) = off[1..].split_once(':')?;
+            let (h, m): (i64, i64) = (h.parse().ok()?, m.parse().ok()?);
+            if h > 23 || m > 59 {
+                return None;
+            }
+            (l, sign * (h * 3600 + m * 60) * 1000)
+        }
+    };
+    let t = humantime::parse_rfc3339_weak(local).ok()?;
+    let ms = t.duration_since(UNIX_EPOCH).ok()?.as_millis() as i64;
+    u64::try_from(ms - offset_ms).ok()
 }
 
 /// Seconds from `at` (RFC 3339) to `now_ms` (negative when `at` is later).
@@ -72,6 +89,16 @@ mod tests {
             Some(1_700_000_000_000)
         );
         assert_eq!(parse_rfc3339_ms("yesterday"), None);
+        // Offsets, as a person or another tool may write them.
+        assert_eq!(
+            parse_rfc3339_ms("2023-11-15T06:13:20.123+08:00"),
+            Some(1_700_000_000_123)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2023-11-14T21:13:20-01:00"),
+            Some(1_700_000_000_000)
+        );
+        assert_eq!(parse_rfc3339_ms("2023-11-14T22:13:20+25:00"), None);
         assert_eq!(
             age_secs_at("2023-11-14T22:13:20Z", 1_700_000_002_500),
             Some(2.5)

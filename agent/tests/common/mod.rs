@@ -150,6 +150,9 @@ pub async fn request(method: &str, url: &str, body: Option<&str>) -> Resp {
     request_with(method, url, body, Some("application/json")).await
 }
 
+/// The longest any test request may take.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
+
 /// One HTTP request with a chosen content type.
 pub async fn request_with(
     method: &str,
@@ -165,9 +168,17 @@ pub async fn request_with(
     let req = b
         .body(Full::new(Bytes::from(body.unwrap_or("").to_string())))
         .unwrap();
-    let resp = client.request(req).await.expect("request");
+    // No request may hang a test: long-polls in these tests wait 20 s at most.
+    let resp = tokio::time::timeout(REQUEST_DEADLINE, client.request(req))
+        .await
+        .unwrap_or_else(|_| panic!("{method} {url}: no answer within {REQUEST_DEADLINE:?}"))
+        .expect("request");
     let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    let bytes = tokio::time::timeout(REQUEST_DEADLINE, resp.into_body().collect())
+        .await
+        .unwrap_or_else(|_| panic!("{method} {url}: body not done within {REQUEST_DEADLINE:?}"))
+        .expect("body")
+        .to_bytes();
     Resp {
         status,
         body: String::from_utf8_lossy(&bytes).into_owned(),
@@ -250,5 +261,16 @@ impl StateFile {
     /// The path as a str.
     pub fn p(&self) -> &str {
         self.path.to_str().unwrap()
+    }
+}
+
+/// A child process killed (and reaped) when dropped: a test that fails half way does
+/// not leave it running.
+pub struct ChildGuard(pub std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

@@ -97,6 +97,7 @@ impl Core {
         ready: Arc<AtomicBool>,
     ) -> Self {
         Core {
+            last_held: publisher.held(),
             pipeline,
             publisher,
             dispatch,
@@ -111,7 +112,6 @@ impl Core {
             last_write: None,
             writing: None,
             failed: Arc::new(AtomicBool::new(false)),
-            last_held: Vec::new(),
             alarming: BTreeSet::new(),
             last_reconcile: Instant::now(),
         }

@@ -62,7 +62,9 @@ pub enum CanaryState {
     Running,
     /// Its Job succeeded: the node may be released.
     Succeeded,
-    /// Its Job failed, vanished or ran past the timeout.
+    /// Its Job failed, vanished or ran past the timeout (also any state this version
+    /// does not know: a new canary follows after the cool-down).
+    #[serde(other)]
     Failed,
 }
 
@@ -415,6 +417,12 @@ mod tests {
         assert!(text.contains(r#""state":"running""#), "{text}");
         assert_eq!(serde_json::from_str::<QuarantineRecord>(&text).unwrap(), r);
         assert_eq!(r.canary.unwrap().job_name(), "faultline-canary-1");
+        let odd: CanaryState = serde_json::from_str(r#""paused""#).unwrap();
+        assert_eq!(
+            odd,
+            CanaryState::Failed,
+            "an unknown state is not a running canary"
+        );
         assert_eq!(r.fingerprint, "n1/gpu3=xid-79");
     }
 

@@ -280,3 +280,14 @@ pub async fn until<T>(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A child process killed (and reaped) when dropped: a test that fails half way does
+/// not leave it running.
+pub struct ChildGuard(pub std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

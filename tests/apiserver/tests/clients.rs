@@ -312,6 +312,11 @@ async fn kubectl_works_against_it() {
         .arg("--client")
         .output()
     else {
+        // In CI a missing tool is a failure: .ci/run installs it.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "kubectl_works_against_it: no kubectl on PATH, and CI is set"
+        );
         eprintln!("SKIPPED kubectl_works_against_it: no kubectl on PATH (.ci/run installs it)");
         return;
     };
