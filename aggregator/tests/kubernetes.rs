@@ -429,6 +429,9 @@ async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_no
             "500ms".into(),
             "--rules".into(),
             rules.to_str().unwrap().into(),
+            // No share budget: only the unknown tolerance may keep n2 untainted.
+            "--max-quarantined-percent".into(),
+            "100".into(),
         ])
         .start()
         .await;
