@@ -87,7 +87,9 @@ pub struct Args {
 #[derive(Debug, ClapArgs)]
 #[command(next_help_heading = "Agents")]
 pub struct AgentArgs {
-    /// Agents to follow, comma separated base URLs (http://10.0.0.7:8081).
+    /// Agents to follow, comma separated: `NODE=URL` (http://10.0.0.7:8081), or a bare URL,
+    /// whose node is named by the agent's first answer (nothing is published for it
+    /// before: a URL is never a node).
     #[arg(long, env = "FAULTLINE_AGENTS", default_value = "")]
     pub agents: String,
     /// A file listing agents' base URLs, one per line (`#` comments), for lists too long
@@ -230,7 +232,8 @@ pub struct RemediationArgs {
         default_value_t = 30.0
     )]
     pub max_evictions_per_minute: f64,
-    /// Namespace of the Events about Nodes.
+    /// Namespace of the Events about Nodes: `default`, the only one the API accepts for a
+    /// core/v1 Event about a cluster-scoped object (pkg/apis/core/validation/events.go).
     #[arg(long, env = "FAULTLINE_EVENT_NAMESPACE", default_value = "default")]
     pub event_namespace: String,
     /// How quarantines end: manual (a person runs `faultline release`; the default, as
@@ -296,10 +299,19 @@ pub struct IntakeArgs {
     pub intake_window: Duration,
 }
 
+/// An agent of `--agents`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentTarget {
+    /// The node it serves, when given (`NODE=URL`).
+    pub node: Option<String>,
+    /// Its base URL.
+    pub url: String,
+}
+
 /// The checked configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub agents: Vec<String>,
+    pub agents: Vec<AgentTarget>,
     pub sink: SinkKind,
     pub kube_server: Option<String>,
     pub namespace: String,
@@ -347,7 +359,7 @@ fn comma_list(s: &str) -> impl Iterator<Item = &str> {
 }
 
 /// The agents of `--agents` and `--agents-file`, checked.
-fn agents(a: &AgentArgs) -> anyhow::Result<Vec<String>> {
+fn agents(a: &AgentArgs) -> anyhow::Result<Vec<AgentTarget>> {
     let listed = match &a.agents_file {
         Some(p) => {
             std::fs::read_to_string(p).with_context(|| format!("--agents-file {}", p.display()))?
@@ -361,14 +373,27 @@ fn agents(a: &AgentArgs) -> anyhow::Result<Vec<String>> {
         .join(",");
     let mut agents = Vec::new();
     for raw in comma_list(&a.agents).chain(comma_list(&from_file)) {
-        let url = raw.trim_end_matches('/').to_string();
+        let (node, url) = match raw.split_once('=') {
+            Some((n, u)) if !n.contains(':') => (Some(n.trim().to_string()), u.trim()),
+            _ => (None, raw),
+        };
+        if let Some(n) = &node {
+            let valid = !n.is_empty()
+                && n.len() <= 253
+                && n.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+            if !valid {
+                bail!("--agents: {n:?} is not a node name");
+            }
+        }
+        let url = url.trim_end_matches('/').to_string();
         let uri: hyper::Uri = url
             .parse()
             .with_context(|| format!("--agents: {raw:?} is not a URL"))?;
         if uri.scheme_str() != Some("http") || uri.host().is_none() {
             bail!("--agents: {raw:?} must be http://HOST:PORT");
         }
-        agents.push(url);
+        agents.push(AgentTarget { node, url });
     }
     Ok(agents)
 }
@@ -435,6 +460,12 @@ impl Config {
         }
         if r.taint_key.is_empty() || r.taint_key.contains(char::is_whitespace) {
             bail!("--taint-key {:?} is not a taint key", r.taint_key);
+        }
+        if r.event_namespace != "default" {
+            bail!(
+                "--event-namespace {:?}: Events about Nodes (cluster-scoped) must live in \"default\"; the API refuses any other namespace with 422",
+                r.event_namespace
+            );
         }
         if s.lease_retry * 2 >= s.lease_duration {
             bail!("--lease-retry must be well under half of --lease-duration");
@@ -533,9 +564,17 @@ mod tests {
 
     #[test]
     fn agents_must_be_http_urls() {
-        let c =
-            Config::parse_from(["a", "--agents", "http://10.0.0.7:8081/, http://n2:8081"]).unwrap();
-        assert_eq!(c.agents, vec!["http://10.0.0.7:8081", "http://n2:8081"]);
+        let c = Config::parse_from([
+            "a",
+            "--agents",
+            "http://10.0.0.7:8081/, gpu-2=http://n2:8081",
+        ])
+        .unwrap();
+        let urls: Vec<&str> = c.agents.iter().map(|a| a.url.as_str()).collect();
+        assert_eq!(urls, vec!["http://10.0.0.7:8081", "http://n2:8081"]);
+        assert_eq!(c.agents[0].node, None);
+        assert_eq!(c.agents[1].node.as_deref(), Some("gpu-2"));
+        assert!(Config::parse_from(["a", "--agents", "Bad_Name=http://n2:8081"]).is_err());
         for bad in ["10.0.0.7:8081", "https://x:1", "http://"] {
             assert!(Config::parse_from(["a", "--agents", bad]).is_err(), "{bad}");
         }
@@ -609,5 +648,8 @@ mod tests {
             "2s"
         ])
         .is_err());
+        // Issue 9, bug 6: a Node's Events are refused (422) in any other namespace.
+        let e = Config::parse_from(["a", "--event-namespace", "faultline"]).unwrap_err();
+        assert!(e.to_string().contains("\"default\""), "{e}");
     }
 }

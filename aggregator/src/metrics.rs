@@ -47,6 +47,7 @@ pub struct Metrics {
     write_errors: Family<SinkLabels, Counter>,
     writes_skipped: Family<SinkLabels, Counter>,
     write_conflicts: Family<SinkLabels, Counter>,
+    invalid_keys: Counter,
     lease_held: Family<ShardLabel, Gauge>,
     lease_errors: Counter,
     discovery_errors: Counter,
@@ -115,6 +116,7 @@ impl Metrics {
             write_errors: Family::default(),
             writes_skipped: Family::default(),
             write_conflicts: Family::default(),
+            invalid_keys: Counter::default(),
             lease_held: Family::default(),
             lease_errors: Counter::default(),
             discovery_errors: Counter::default(),
@@ -245,6 +247,11 @@ impl Metrics {
             m.write_conflicts.clone(),
         );
         registry.register(
+            "invalid_keys",
+            "Node entries left out of a shard ConfigMap: their name is not a valid key",
+            m.invalid_keys.clone(),
+        );
+        registry.register(
             "discovery_errors",
             "Node list requests that failed",
             m.discovery_errors.clone(),
@@ -341,6 +348,11 @@ impl Metrics {
                 shard: shard.to_string(),
             })
             .inc();
+    }
+
+    /// Node entries left out of a shard: not valid ConfigMap keys.
+    pub fn invalid_keys(&self, n: usize) {
+        self.invalid_keys.inc_by(n as u64);
     }
 
     /// A write met a 409.

@@ -994,3 +994,57 @@ async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
     assert_eq!(evictions(&server, "train"), 1);
     assert!(evicted_once(&server, "train"));
 }
+
+/// What an SRE runs first: `kubectl describe node` shows faultline's Events, which it
+/// finds by kind, name, namespace and uid (the Node's uid, or its name as the kubelet
+/// uses it: staging/src/k8s.io/kubectl/pkg/describe/describe.go; issue 9, bug 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_describe_node_shows_faultlines_events() {
+    if std::process::Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no kubectl on PATH, and CI is set"
+        );
+        eprintln!("SKIPPED kubectl_describe_node_shows_faultlines_events: no kubectl on PATH (.ci/run installs it)");
+        return;
+    }
+    let (server, kube) = api_server().await;
+    server
+        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
+        .unwrap();
+    let a1 = agent("n1").await;
+    let agents = format!("n1=http://{}", a1.addr);
+    let agg = Launch::healing(&kube, "r1")
+        .args(&["--agents", &agents])
+        .start()
+        .await;
+    fail(&a1, "gpu1").await;
+    until(Duration::from_secs(10), "n1 quarantined", || {
+        (events(&server, "n1", "FaultlineQuarantined") == 1).then_some(())
+    })
+    .await;
+    let out = tokio::process::Command::new("kubectl")
+        .args(["--server", &kube, "describe", "node", "n1"])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events_section = stdout
+        .split("Events:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no Events section: {stdout}"));
+    assert!(events_section.contains("FaultlineQuarantined"), "{stdout}");
+    assert!(events_section.contains("gpu1"), "{stdout}");
+    agg.cancel_token().cancel();
+    agg.wait().await;
+}

@@ -542,3 +542,43 @@ async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_evictio
     );
     agg.cancel_token().cancel();
 }
+
+/// An agent that never answered is not a node: with it down from the start (a bare URL
+/// in --agents), every shard is still written, with valid keys only (the API refuses a
+/// ConfigMap with a key such as `http://10.0.0.7:8081.json` with 422; issue 9, bug 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_down_from_the_start_leaves_every_shard_writable() {
+    let (server, kube) = api_server().await;
+    let a = agent("n1").await;
+    let agents = format!("http://127.0.0.1:9,http://{},n7=http://127.0.0.1:9", a.addr);
+    let agg = Launch::configmap(&kube, "r1", 2)
+        .args(&["--agents".to_string(), agents])
+        .start()
+        .await;
+    until(Duration::from_secs(10), "n1 published", || {
+        node_entry(&server, 2, "n1").filter(|e| e.summary.healthy == 4)
+    })
+    .await;
+    // The named agent that is down is published as unreachable, under its name.
+    let (n7, _) = until(Duration::from_secs(10), "n7 published", || {
+        node_entry(&server, 2, "n7")
+    })
+    .await;
+    assert!(!n7.agent.reachable);
+    for shard in 0..2 {
+        let (cm, _) = until(Duration::from_secs(10), "every shard written", || {
+            server.get("configmaps", NS, &format!("faultline-shard-{shard}"))
+        })
+        .await;
+        for key in cm["data"].as_object().unwrap().keys() {
+            faultline_test_apiserver::validation::is_configmap_key(key).unwrap();
+            assert!(!key.contains("http"), "{key}");
+        }
+    }
+    let m = metrics(agg.addr).await;
+    assert!(
+        !m.contains("faultline_aggregator_write_errors_total"),
+        "no write refused: {m}"
+    );
+    agg.cancel_token().cancel();
+}

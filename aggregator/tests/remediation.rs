@@ -191,6 +191,17 @@ async fn a_refused_write_changes_nothing_and_the_next_pass_completes() {
     assert_eq!(events(&server, "FaultlineQuarantined"), 1);
 }
 
+/// The quarantine record on `gpu-1`.
+fn record(server: &ApiServer) -> Value {
+    let node = server.get("nodes", "", "gpu-1").unwrap();
+    serde_json::from_str(
+        node["metadata"]["annotations"][RECORD_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
 /// A pod on `gpu-1`; with `gpu` it asks for one; `allocated`: the device the kubelet
 /// says it holds (Unhealthy).
 fn pod(name: &str, gpu: bool, allocated: Option<&str>) -> Value {
@@ -660,4 +671,134 @@ async fn devices_named_by_bus_id_or_uuid_give_a_valid_label() {
     );
     let node = server.get("nodes", "", "gpu-1").unwrap();
     assert_eq!(node["metadata"]["labels"][DEVICES_LABEL], odd);
+}
+
+/// Two budgets over one pod (500, pkg/registry/core/pod/storage/eviction.go) and a pod
+/// whose eviction the API refuses otherwise: recorded against those pods with the
+/// reason, while the pass goes on and evicts the others (issue 9, bug 2).
+#[tokio::test]
+async fn one_pods_eviction_error_does_not_stop_the_pass() {
+    let (server, client) = setup().await;
+    for name in ["a-two-budgets", "b-plain", "c-plain"] {
+        let mut p = pod(name, true, Some("GPU-1234"));
+        p["metadata"]["labels"]["team"] = json!("x");
+        server.create("pods", "default", p).unwrap();
+    }
+    for (pdb, sel) in [
+        ("by-app", json!({"app": "a-two-budgets"})),
+        ("by-team", json!({"team": "x", "app": "a-two-budgets"})),
+    ] {
+        server
+            .create("poddisruptionbudgets", "default", json!({"metadata": {"name": pdb}, "spec": {"maxUnavailable": 1, "selector": {"matchLabels": sel}}}))
+            .unwrap();
+    }
+    let r = remediator(client, Mode::Enforce);
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    let out = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
+    let names = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .map(|k| k.split('/').nth(1).unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names(&out.failed), vec!["a-two-budgets"]);
+    assert_eq!(
+        names(&out.evicted),
+        vec!["b-plain", "c-plain"],
+        "the pass went on"
+    );
+    assert!(server.get("pods", "default", "a-two-budgets").is_some());
+    let rec = record(&server);
+    assert_eq!(rec["evicted"].as_array().unwrap().len(), 2, "{rec}");
+    let why = rec["eviction_failed"]
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap();
+    assert!(
+        why.as_str().unwrap().contains("HTTP 500")
+            && why
+                .as_str()
+                .unwrap()
+                .contains("more than one PodDisruptionBudget"),
+        "{why}"
+    );
+    assert!(
+        rec["eviction_blocked"].is_null(),
+        "not a budget refusal: no deadline"
+    );
+    assert_eq!(events(&server, "FaultlineEvictionFailed"), 1);
+}
+
+/// API Priority and Fairness answers 429 too, with no DisruptionBudget cause: the pod
+/// waits for a later pass, and neither the deadline nor force deletion starts (issue 9,
+/// bug 3; staging/src/k8s.io/apiserver/pkg/server/filters/maxinflight.go).
+#[tokio::test]
+async fn a_load_shedding_429_is_not_a_budget() {
+    let (server, client) = setup().await;
+    server
+        .create("pods", "default", pod("train", true, Some("GPU-1234")))
+        .unwrap();
+    let r = remediator(client, Mode::Enforce)
+        .with_resources(vec![], std::time::Duration::from_millis(50))
+        .with_force_delete(true);
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    server.set_faults(Faults {
+        throttle_rate: 1.0,
+        throttle_match: "/eviction".into(),
+        ..Default::default()
+    });
+    for _ in 0..3 {
+        let out = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
+        assert_eq!(out.blocked.len(), 1, "{out:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    assert!(
+        server.get("pods", "default", "train").is_some(),
+        "never force-deleted"
+    );
+    assert!(
+        record(&server)["eviction_blocked"].is_null(),
+        "the deadline never started"
+    );
+    server.set_faults(Faults::default());
+    let out = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
+    assert_eq!(out.evicted.len(), 1, "{out:?}");
+    assert_eq!(events(&server, "FaultlinePodDeleted"), 0);
+}
+
+/// The kubelet updates its Node's status between the pass's read and its record write
+/// (the resourceVersion test then fails with 422): the pass reads again and the record
+/// keeps what it did (issue 9, bug 4).
+#[tokio::test]
+async fn the_record_survives_node_churn() {
+    let (server, client) = setup().await;
+    for name in ["w0", "w1"] {
+        server
+            .create("pods", "default", pod(name, true, Some("GPU-1234")))
+            .unwrap();
+    }
+    let r = remediator(client, Mode::Enforce);
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    server.set_faults(Faults {
+        node_churn: true,
+        ..Default::default()
+    });
+    let out = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
+    assert_eq!(out.evicted.len(), 2, "{out:?}");
+    let rec = record(&server);
+    assert_eq!(rec["evicted"].as_array().unwrap().len(), 2, "{rec}");
+    let evictions = rec["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["action"].as_str().unwrap().starts_with("evict "))
+        .count();
+    assert_eq!(evictions, 2);
 }

@@ -92,6 +92,17 @@ pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> 
     if let Some(p) = &r.pcie {
         if !p.up {
             add("pcie-link-down", Failed, "PCIe link is down".into());
+        } else if p.width == Some(0) {
+            // A link with no lanes trained carries nothing: it is down, whatever the
+            // "up" flag says (NVML reports the current width as 0 then).
+            add(
+                "pcie-link-down",
+                Failed,
+                format!(
+                    "PCIe link has no lanes (x0 of x{})",
+                    p.max_width.unwrap_or(0)
+                ),
+            );
         } else if p.width_degraded() {
             add(
                 "pcie-width-degraded",
@@ -289,6 +300,12 @@ mod tests {
                 "pcie-width-degraded",
                 |r| r.pcie.as_mut().unwrap().width = Some(8),
                 DeviceStatus::Degraded,
+            ),
+            // Issue 9: x0 is not a narrow link, it is no link.
+            (
+                "pcie-link-down",
+                |r| r.pcie.as_mut().unwrap().width = Some(0),
+                DeviceStatus::Failed,
             ),
             (
                 "high-temp",

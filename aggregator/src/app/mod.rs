@@ -131,10 +131,10 @@ fn follow_agents(
             cancel.clone(),
         ));
     }
-    for url in &cfg.agents {
+    for a in &cfg.agents {
         tokio::spawn(collect::follow(
-            url.clone(),
-            url.clone(),
+            a.url.clone(),
+            a.node.clone(),
             client.clone(),
             tx.clone(),
             metrics.clone(),

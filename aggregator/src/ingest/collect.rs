@@ -120,10 +120,12 @@ async fn fetch(client: &AgentClient, url: &str) -> Result<NodeHealth, FetchError
     serde_json::from_slice(&body).map_err(|e| FetchError::Parse(e.to_string()))
 }
 
-/// Follow one agent until cancelled. `node` names it before its first answer.
+/// Follow one agent until cancelled. `node` names it before its first answer; an agent
+/// without a name that cannot be reached is counted and logged, never published (its
+/// URL is not a node, and not a valid ConfigMap key).
 pub async fn follow(
     base: String,
-    mut node: String,
+    mut node: Option<String>,
     client: AgentClient,
     tx: mpsc::Sender<AgentEvent>,
     metrics: Arc<Metrics>,
@@ -148,7 +150,7 @@ pub async fn follow(
                 metrics.agent_poll("ok");
                 backoff = Duration::from_millis(500);
                 generation = Some(doc.generation);
-                node = doc.node.clone();
+                node = Some(doc.node.clone());
                 if tx.send(AgentEvent::Document(Box::new(doc))).await.is_err() {
                     return;
                 }
@@ -159,15 +161,19 @@ pub async fn follow(
                 let error = error.to_string();
                 generation = None;
                 tracing::debug!(agent = %base, %error, "agent unreachable");
-                if tx
-                    .send(AgentEvent::Unreachable {
-                        node: node.clone(),
-                        error,
-                    })
-                    .await
-                    .is_err()
-                {
-                    return;
+                match &node {
+                    Some(node) => {
+                        let gone = AgentEvent::Unreachable {
+                            node: node.clone(),
+                            error,
+                        };
+                        if tx.send(gone).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => {
+                        tracing::warn!(agent = %base, %error, "agent unreachable before its first answer: its node is unknown, nothing is published for it (name it with --agents NODE=URL)");
+                    }
                 }
                 // Jitter spreads a fleet's retries after a network blip.
                 let jitter = rand::rng().random_range(0.8..1.2);

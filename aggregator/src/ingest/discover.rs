@@ -59,7 +59,7 @@ impl Followers {
         let token = self.cancel.child_token();
         tokio::spawn(collect::follow(
             url.clone(),
-            name.clone(),
+            Some(name.clone()),
             self.client.clone(),
             self.tx.clone(),
             self.metrics.clone(),

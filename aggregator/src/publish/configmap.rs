@@ -12,6 +12,7 @@ use faultline_common::fault::{FaultDocument, ShardIndex};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
+use super::file::valid_key;
 use crate::metrics::Metrics;
 use crate::shard::Held;
 
@@ -53,16 +54,27 @@ pub fn configmap_name(name: &str, shard: u32) -> String {
 }
 
 /// The keys of one shard: `fault.json` (the shard's index) and `<node>.json` each.
-pub fn files(doc: &FaultDocument) -> Result<BTreeMap<String, String>, serde_json::Error> {
+/// A node whose key the API would refuse (`IsConfigMapKey`:
+/// staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go; one bad key fails
+/// the whole shard's write with 422) is left out and returned in the second list.
+pub fn files(
+    doc: &FaultDocument,
+) -> Result<(BTreeMap<String, String>, Vec<String>), serde_json::Error> {
     let mut f = BTreeMap::new();
+    let mut skipped = Vec::new();
     f.insert(
         "fault.json".to_string(),
         serde_json::to_string(&ShardIndex::of(doc))?,
     );
     for (node, n) in &doc.nodes {
-        f.insert(format!("{node}.json"), serde_json::to_string(n)?);
+        let key = format!("{node}.json");
+        if valid_key(&key) {
+            f.insert(key, serde_json::to_string(n)?);
+        } else {
+            skipped.push(node.clone());
+        }
     }
-    Ok(f)
+    Ok((f, skipped))
 }
 
 impl ConfigMapSink {
@@ -136,7 +148,13 @@ impl ConfigMapSink {
         };
         for attempt in 0..3 {
             doc.sequence = seq + 1;
-            let data = files(&doc)?;
+            let (data, skipped) = files(&doc)?;
+            if !skipped.is_empty() && attempt == 0 {
+                if let Some(m) = &self.metrics {
+                    m.invalid_keys(skipped.len());
+                }
+                tracing::warn!(shard, nodes = ?skipped, "node names that are not valid ConfigMap keys: left out of the shard");
+            }
             let bytes: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
             if bytes > MAX_BYTES {
                 return Err(WriteError::TooLarge { shard, bytes });

@@ -111,9 +111,13 @@ impl Announcer {
         }
         let ev = self.event_object(
             name.clone(),
+            // `kubectl describe node` finds a Node's Events by kind, name, namespace and
+            // uid, trying the Node's uid and its name (what the kubelet uses as the uid:
+            // staging/src/k8s.io/kubectl/pkg/describe/describe.go, NodeDescriber).
             ObjectReference {
                 kind: Some("Node".into()),
                 name: Some(node.to_string()),
+                uid: Some(node.to_string()),
                 api_version: Some("v1".into()),
                 ..Default::default()
             },

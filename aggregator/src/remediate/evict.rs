@@ -1,9 +1,21 @@
 //! Eviction: the pods on a quarantined node that use a failed device leave through the
 //! Eviction API, so PodDisruptionBudgets hold. Each pod at most once per fault (the
 //! record on the Node remembers), never DaemonSet, mirror, finished or terminating pods
-//! (`policy::wants_eviction`). A 429 (a budget) is retried by later passes until the
-//! deadline, then announced and left (or deleted, with `--force-delete-after-deadline`);
-//! a 404 counts as done. Within the eviction rate and the breaker.
+//! (`policy::wants_eviction`). Within the eviction rate and the breaker.
+//!
+//! What an answer means (pkg/registry/core/pod/storage/eviction.go):
+//! - 201 or 404: gone;
+//! - 429 with the cause `DisruptionBudget`: a budget refuses; retried by later passes
+//!   until `--eviction-deadline`, then announced and left (or deleted, with
+//!   `--force-delete-after-deadline`);
+//! - 429 without that cause: API Priority and Fairness is shedding load; nothing more is
+//!   asked this pass, and the deadline does not start;
+//! - anything else (500 for two budgets, 403 from RBAC, ...): recorded against that pod
+//!   with the reason and announced; the pass goes on with the other pods.
+//!
+//! The record is written at the end with a test of the Node's resourceVersion; when the
+//! Node changed meanwhile (the kubelet updates its status every few seconds) the pass
+//! reads it again and carries its changes over, a few times at most.
 
 use std::time::Duration;
 
@@ -15,19 +27,25 @@ use super::announce::audit;
 use super::error::RemediateError;
 use super::patch::NodePatch;
 use super::policy::{blocked, wants_eviction, Blocked, Mode};
-use super::record::{describe, QuarantineRecord};
+use super::record::{describe, LiveNode, QuarantineRecord};
 use super::remediator::Remediator;
 use crate::shard::Fence;
+
+/// Record writes tried at most when the Node keeps changing under the pass.
+const RECORD_WRITE_ATTEMPTS: usize = 4;
 
 /// What an eviction pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Evictions {
     /// Evicted now.
     pub evicted: Vec<String>,
-    /// Refused by a budget (429), or past the eviction rate: to retry.
+    /// Refused by a budget (429), past the eviction rate, or not asked because the API
+    /// is shedding load: to retry.
     pub blocked: Vec<String>,
     /// Refused past the deadline: announced and left alone.
     pub given_up: Vec<String>,
+    /// Failed otherwise (recorded with the reason): to retry.
+    pub failed: Vec<String>,
 }
 
 /// How one pod's eviction went.
@@ -36,10 +54,22 @@ enum PodEviction {
     Evicted,
     /// Deleted past the deadline: recorded already.
     Deleted,
-    /// Refused: to retry.
+    /// Refused by its budget: to retry.
     Blocked,
     /// Refused past the deadline and left: recorded already.
     GivenUp,
+    /// API Priority and Fairness refused the request: stop asking this pass.
+    Throttled,
+    /// Failed otherwise: recorded already.
+    Failed,
+}
+
+/// Whether a 429 is a disruption budget's (the Status names the cause), not API
+/// Priority and Fairness shedding load.
+fn is_budget_refusal(e: &kube::core::Status) -> bool {
+    e.details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "DisruptionBudget"))
 }
 
 impl Remediator {
@@ -50,19 +80,21 @@ impl Remediator {
             return Ok(out);
         }
         let live = self.read(node).await?;
-        let Some(mut record) = live.record.clone().filter(|r| !r.unknown_only) else {
+        let Some(before) = live.record.clone().filter(|r| !r.unknown_only) else {
             return Ok(out);
         };
+        let mut record = before.clone();
         let all: Api<Pod> = Api::all(self.client.clone());
         let pods = all
             .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
             .await?;
-        let mut changed = false;
         let targets: Vec<&Pod> = pods
             .items
             .iter()
             .filter(|p| wants_eviction(p, &self.resources, &record.devices))
             .collect();
+        let mut touched = Vec::new();
+        let mut throttled = false;
         for pod in targets {
             let (Some(name), Some(ns)) = (
                 pod.metadata.name.as_deref(),
@@ -91,18 +123,20 @@ impl Remediator {
             if !fence.holds() {
                 return Err(RemediateError::NotHolder);
             }
-            // Past the eviction rate the pod waits for a later pass.
-            if !self.rate.take() {
+            // Past the eviction rate, or while the API sheds load, the pod waits for a
+            // later pass.
+            if throttled || !self.rate.take() {
                 out.blocked.push(key);
                 continue;
             }
+            touched.push(key.clone());
             match self.evict_pod(node, pod, &key, &mut record).await? {
                 PodEviction::Evicted => {
                     audit("evict", node, &record.devices, &self.actor, &key);
                     record.eviction_blocked.remove(&key);
+                    record.eviction_failed.remove(&key);
                     record.evicted.push(key.clone());
                     record.act(format!("evict {ns}/{name}"), &now_rfc3339(), &self.actor);
-                    changed = true;
                     self.announce.metric("evict", "ok");
                     self.announce
                         .event(
@@ -120,29 +154,57 @@ impl Remediator {
                     self.announce.pod_event(pod, &record.devices).await;
                     out.evicted.push(key);
                 }
-                PodEviction::Deleted => {
-                    changed = true;
-                    out.evicted.push(key);
-                }
-                PodEviction::Blocked => {
-                    changed = true;
+                PodEviction::Deleted => out.evicted.push(key),
+                PodEviction::Blocked => out.blocked.push(key),
+                PodEviction::GivenUp => out.given_up.push(key),
+                PodEviction::Throttled => {
+                    throttled = true;
                     out.blocked.push(key);
                 }
-                PodEviction::GivenUp => {
-                    changed = true;
-                    out.given_up.push(key);
-                }
+                PodEviction::Failed => out.failed.push(key),
             }
         }
-        if changed {
-            // The record first tests the Node's resourceVersion: a pass that raced
-            // another writer fails here and the next pass starts from the live Node
-            // (the evictions it made are then seen as 404s or already gone pods).
-            let mut patch = NodePatch::on(&live.node);
-            patch.record(&record);
-            self.apply(node, patch, fence).await?;
+        if record != before {
+            self.write_eviction_record(&live, &before, record, &touched, fence)
+                .await?;
         }
         Ok(out)
+    }
+
+    /// Write the record of an eviction pass, testing the Node's resourceVersion; when
+    /// the Node changed meanwhile, read it again and carry the pass's changes over.
+    async fn write_eviction_record(
+        &self,
+        live: &LiveNode,
+        before: &QuarantineRecord,
+        ours: QuarantineRecord,
+        touched: &[String],
+        fence: &Fence,
+    ) -> Result<(), RemediateError> {
+        let node = live.name.as_str();
+        let (mut on, mut record) = (live.node.clone(), ours.clone());
+        let mut attempt = 1;
+        loop {
+            let mut patch = NodePatch::on(&on);
+            patch.record(&record);
+            match self.apply(node, patch, fence).await {
+                Ok(()) => return Ok(()),
+                Err(RemediateError::Api(kube::Error::Api(e)))
+                    if (e.code == 409 || e.code == 422) && attempt < RECORD_WRITE_ATTEMPTS =>
+                {
+                    attempt += 1;
+                    self.announce.metric("record", "retried");
+                    let fresh = self.read(node).await?;
+                    let Some(mut now) = fresh.record.clone() else {
+                        // Released meanwhile: nothing left to record against.
+                        return Ok(());
+                    };
+                    now.merge_eviction_pass(before, &ours, touched);
+                    (on, record) = (fresh.node, now);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Ask the Eviction API for one pod; on a budget's refusal, apply the deadline.
@@ -159,7 +221,17 @@ impl Remediator {
         match api.evict(name, &EvictParams::default()).await {
             Ok(_) => return Ok(PodEviction::Evicted),
             Err(kube::Error::Api(e)) if e.code == 404 => return Ok(PodEviction::Evicted),
-            Err(kube::Error::Api(e)) if e.code == 429 => {}
+            Err(kube::Error::Api(e)) if e.code == 429 && is_budget_refusal(&e) => {}
+            Err(kube::Error::Api(e)) if e.code == 429 => {
+                self.announce.metric("evict", "throttled");
+                tracing::info!(node, pod = %key, message = %e.message, "the API is shedding load: evictions wait for the next pass");
+                return Ok(PodEviction::Throttled);
+            }
+            Err(kube::Error::Api(e)) => {
+                let why = format!("HTTP {}: {}", e.code, e.message);
+                return Ok(self.eviction_failed(node, key, why, e.code, record).await);
+            }
+            // No answer (a timeout, a reset): the next pass asks again.
             Err(e) => return Err(e.into()),
         }
         let since = record
@@ -167,6 +239,7 @@ impl Remediator {
             .entry(key.to_string())
             .or_insert_with(now_rfc3339)
             .clone();
+        record.eviction_failed.remove(key);
         let waited = age_secs(&since).unwrap_or(0.0).max(0.0);
         match blocked(
             Duration::from_secs_f64(waited),
@@ -202,5 +275,30 @@ impl Remediator {
                 Ok(PodEviction::Deleted)
             }
         }
+    }
+
+    /// Record a pod's failed eviction with its reason and announce it once per code.
+    async fn eviction_failed(
+        &self,
+        node: &str,
+        key: &str,
+        why: String,
+        code: u16,
+        record: &mut QuarantineRecord,
+    ) -> PodEviction {
+        self.announce.metric("evict", "failed");
+        tracing::warn!(node, pod = %key, %why, "eviction failed; the next pass retries");
+        self.announce
+            .event(
+                node,
+                "FaultlineEvictionFailed",
+                &format!("{key}/{code}"),
+                format!("{key}: eviction failed ({why}); retried by the next pass"),
+                true,
+                &record.devices,
+            )
+            .await;
+        record.eviction_failed.insert(key.to_string(), why);
+        PodEviction::Failed
     }
 }

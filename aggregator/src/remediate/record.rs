@@ -134,6 +134,10 @@ pub struct QuarantineRecord {
     /// Pods whose eviction a PodDisruptionBudget refuses, and since when.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub eviction_blocked: BTreeMap<String, String>,
+    /// Pods whose eviction failed otherwise (two budgets, RBAC, a server error), and why:
+    /// retried by later passes, never counted toward the eviction deadline.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub eviction_failed: BTreeMap<String, String>,
     /// Tainted only because devices were unknown too long: nothing is evicted for it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unknown_only: bool,
@@ -180,6 +184,7 @@ impl QuarantineRecord {
             actions: vec![],
             evicted: vec![],
             eviction_blocked: BTreeMap::new(),
+            eviction_failed: BTreeMap::new(),
             unknown_only: false,
             released_devices: BTreeMap::new(),
             canary: None,
@@ -206,6 +211,51 @@ impl QuarantineRecord {
             record.actions.drain(head..cut);
         }
         serde_json::to_string(&record).unwrap_or_default()
+    }
+}
+
+impl QuarantineRecord {
+    /// Carry what an eviction pass did to `ours` (read as `before` at the pass's start)
+    /// over to `self`, the record as it is now on the Node (another writer, the kubelet
+    /// or a person changed the Node in between): evictions and actions added, and the
+    /// state of the pods `touched`, the earliest refusal kept.
+    pub fn merge_eviction_pass(
+        &mut self,
+        before: &QuarantineRecord,
+        ours: &QuarantineRecord,
+        touched: &[String],
+    ) {
+        for k in &ours.evicted {
+            if !before.evicted.contains(k) && !self.evicted.contains(k) {
+                self.evicted.push(k.clone());
+            }
+        }
+        self.actions
+            .extend(ours.actions.iter().skip(before.actions.len()).cloned());
+        for k in touched {
+            match ours.eviction_blocked.get(k) {
+                Some(since) => {
+                    let e = self
+                        .eviction_blocked
+                        .entry(k.clone())
+                        .or_insert_with(|| since.clone());
+                    if since < e {
+                        *e = since.clone();
+                    }
+                }
+                None => {
+                    self.eviction_blocked.remove(k);
+                }
+            }
+            match ours.eviction_failed.get(k) {
+                Some(why) => {
+                    self.eviction_failed.insert(k.clone(), why.clone());
+                }
+                None => {
+                    self.eviction_failed.remove(k);
+                }
+            }
+        }
     }
 }
 
@@ -424,6 +474,36 @@ mod tests {
             "an unknown state is not a running canary"
         );
         assert_eq!(r.fingerprint, "n1/gpu3=xid-79");
+    }
+
+    #[test]
+    fn an_eviction_pass_merges_into_a_record_changed_meanwhile() {
+        let mut before = QuarantineRecord::new("n1", vec![], "t", "a", "e".into());
+        before.evicted.push("ns/old/1".into());
+        let mut ours = before.clone();
+        ours.evicted.push("ns/p1/2".into());
+        ours.act("evict ns/p1", "t2", "a");
+        ours.eviction_blocked
+            .insert("ns/p2/3".into(), "2026-01-01T00:00:05.000Z".into());
+        ours.eviction_failed
+            .insert("ns/p3/4".into(), "HTTP 500".into());
+        // Meanwhile a person added an action and an earlier refusal is on the Node.
+        let mut now = before.clone();
+        now.act("release gpu5", "t1", "user:bob");
+        now.eviction_blocked
+            .insert("ns/p2/3".into(), "2026-01-01T00:00:01.000Z".into());
+        now.merge_eviction_pass(
+            &before,
+            &ours,
+            &["ns/p1/2".into(), "ns/p2/3".into(), "ns/p3/4".into()],
+        );
+        assert_eq!(now.evicted, vec!["ns/old/1", "ns/p1/2"]);
+        assert_eq!(now.actions.len(), 2, "theirs and ours");
+        assert_eq!(
+            now.eviction_blocked["ns/p2/3"], "2026-01-01T00:00:01.000Z",
+            "the earliest refusal"
+        );
+        assert_eq!(now.eviction_failed["ns/p3/4"], "HTTP 500");
     }
 
     #[test]

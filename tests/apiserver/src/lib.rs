@@ -7,13 +7,19 @@
 //! PodDisruptionBudgets (`policy/v1`): get, list and watch with resourceVersion, label
 //! and field selectors; create (409 AlreadyExists); update (409 Conflict on a stale
 //! resourceVersion); JSON, merge and strategic-merge patch; delete. A ConfigMap over
-//! 1 MiB is refused (422) as the real server does. An eviction is refused with 429 while
-//! a matching PodDisruptionBudget allows no disruption, and deletes the pod otherwise.
+//! 1 MiB is refused (422) as the real server does, and so are invalid object names,
+//! ConfigMap keys and Event namespaces (`validation.rs`, each rule citing upstream). An
+//! eviction is refused with 429 (cause `DisruptionBudget`) while a matching
+//! PodDisruptionBudget allows no disruption, with 500 when two budgets match the pod,
+//! and deletes the pod otherwise (pkg/registry/core/pod/storage/eviction.go).
 //!
-//! Fault injection (`PUT /_faults`, JSON [`Faults`]) adds latency, 5xx, 409 and 429 to a
-//! share of calls and ends watches early; `GET /_calls` lists the calls received.
+//! Fault injection (`PUT /_faults`, JSON [`Faults`]) adds latency, 5xx, 409 and API
+//! Priority and Fairness 429s to a share of calls, bumps Nodes' resourceVersion as the
+//! kubelet's status updates do, and ends watches early; `GET /_calls` lists the calls
+//! received.
 
 pub mod patch;
+pub mod validation;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -145,8 +151,16 @@ pub struct Faults {
     pub error_rate: f64,
     /// Share of writes (update/patch) answered 409 Conflict.
     pub conflict_rate: f64,
-    /// Share of calls answered 429 TooManyRequests.
+    /// Share of calls answered 429 by API Priority and Fairness: a plain-text body and
+    /// `Retry-After: 1`, no Status and no `DisruptionBudget` cause, as
+    /// staging/src/k8s.io/apiserver/pkg/server/filters/maxinflight.go `tooManyRequests`
+    /// writes it.
     pub throttle_rate: f64,
+    /// Only calls whose path contains this are throttled (empty: every call).
+    pub throttle_match: String,
+    /// Node churn: every eviction first bumps the resourceVersion of the pod's Node, as
+    /// the kubelet's status updates do between a controller's read and its write.
+    pub node_churn: bool,
     /// Share of writes (POST/PUT/PATCH/DELETE) that are carried out but answered only
     /// after `late_answer_ms`: the client times out on a change that did happen.
     pub late_answer_rate: f64,
@@ -208,6 +222,12 @@ pub struct ApiError {
     code: StatusCode,
     reason: &'static str,
     message: String,
+    /// `details` of the Status, when there are some.
+    details: Option<Value>,
+    /// Answered as plain text, not a Status (what API Priority and Fairness does).
+    plain: bool,
+    /// The `Retry-After` header, in seconds.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -216,7 +236,24 @@ impl ApiError {
             code,
             reason,
             message: message.into(),
+            details: None,
+            plain: false,
+            retry_after: None,
         }
+    }
+
+    /// A 422 Invalid for `kind` `name`.
+    fn invalid(kind: &str, name: &str, why: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("{kind} \"{name}\" is invalid: {why}"),
+        )
+    }
+
+    /// The HTTP status.
+    pub fn code(&self) -> u16 {
+        self.code.as_u16()
     }
     fn not_found(plural: &str, name: &str) -> Self {
         Self::new(
@@ -237,11 +274,21 @@ fn status_body(code: StatusCode, reason: &str, message: &str) -> Value {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
-            self.code,
-            Json(status_body(self.code, self.reason, &self.message)),
-        )
-            .into_response()
+        let mut r = if self.plain {
+            (self.code, format!("{}\n", self.message)).into_response()
+        } else {
+            let mut body = status_body(self.code, self.reason, &self.message);
+            if let Some(d) = self.details {
+                body["details"] = d;
+            }
+            (self.code, Json(body)).into_response()
+        };
+        if let Some(s) = self.retry_after {
+            if let Ok(v) = s.to_string().parse() {
+                r.headers_mut().insert("retry-after", v);
+            }
+        }
+        r
     }
 }
 
@@ -426,7 +473,21 @@ impl ApiServer {
         }
     }
 
-    fn validate(k: &Kind, obj: &Value) -> Result<(), ApiError> {
+    fn validate(k: &Kind, ns: &str, obj: &Value) -> Result<(), ApiError> {
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        validation::object_name(k.plural, name).map_err(|e| ApiError::invalid(k.kind, name, e))?;
+        match k.plural {
+            "configmaps" => {
+                validation::configmap(obj).map_err(|e| ApiError::invalid(k.kind, name, e))?
+            }
+            "events" => {
+                validation::event(ns, obj).map_err(|e| ApiError::invalid(k.kind, name, e))?
+            }
+            _ => {}
+        }
         if k.plural == "configmaps" {
             let size: usize = ["data", "binaryData"]
                 .iter()
@@ -498,7 +559,11 @@ impl ApiServer {
                 format!("{plural} \"{name}\" already exists"),
             ));
         }
-        Self::validate(k, &obj)?;
+        {
+            let meta = obj["metadata"].as_object_mut().expect("checked");
+            meta.insert("name".into(), json!(name));
+        }
+        Self::validate(k, ns, &obj)?;
         g.uid += 1;
         let uid = format!("00000000-0000-4000-8000-{:012x}", g.uid);
         {
@@ -579,7 +644,7 @@ impl ApiServer {
                 obj["metadata"][f] = v.clone();
             }
         }
-        Self::validate(k, &obj)?;
+        Self::validate(k, ns, &obj)?;
         Self::stamp(&mut g, &mut obj, k, ns);
         g.objects.insert(key.clone(), obj.clone());
         Self::record(&mut g, &self.events, key, k.kind, "MODIFIED", obj.clone());
@@ -602,53 +667,104 @@ impl ApiServer {
         Ok(obj)
     }
 
-    /// The Eviction subresource: 429 while a PodDisruptionBudget allows no disruption.
+    /// The Eviction subresource, as pkg/registry/core/pod/storage/eviction.go judges
+    /// it: a pod that is finished, pending or terminating goes at once (`canIgnorePDB`);
+    /// more than one matching PodDisruptionBudget is a 500; a budget that allows no
+    /// disruption is a 429 whose Status names the cause `DisruptionBudget`; otherwise
+    /// the pod is deleted.
     pub fn evict(&self, ns: &str, name: &str) -> Result<Value, ApiError> {
         let pod = self
             .get("pods", ns, name)
             .ok_or_else(|| ApiError::not_found("pods", name))?;
+        if self.lock().faults.node_churn {
+            if let Some(node) = pod.pointer("/spec/nodeName").and_then(Value::as_str) {
+                self.churn_node(node);
+            }
+        }
+        let phase = pod.pointer("/status/phase").and_then(Value::as_str);
+        let can_ignore = matches!(phase, Some("Succeeded" | "Failed" | "Pending"))
+            || pod.pointer("/metadata/deletionTimestamp").is_some();
+        if !can_ignore {
+            self.check_budgets(ns, &pod)?;
+        }
+        self.delete("pods", ns, name)?;
+        Ok(status_body(StatusCode::CREATED, "", ""))
+    }
+
+    /// `getPodDisruptionBudgets` and `checkAndDecrement` of eviction.go, with the
+    /// budget's allowance computed from its spec and the pods' health.
+    fn check_budgets(&self, ns: &str, pod: &Value) -> Result<(), ApiError> {
         let labels = pod
             .pointer("/metadata/labels")
             .cloned()
             .unwrap_or(json!({}));
         let pods = self.list("pods", ns);
-        for pdb in self.list("poddisruptionbudgets", ns) {
-            let sel = selector_of(&pdb);
-            let sel_map = sel.as_object().cloned().unwrap_or_default();
-            let matches = |l: &Value| sel_map.iter().all(|(k, v)| l.get(k) == Some(v));
-            if sel_map.is_empty() || !matches(&labels) {
-                continue;
-            }
-            let covered: Vec<&Value> = pods
-                .iter()
-                .filter(|p| matches(&p.pointer("/metadata/labels").cloned().unwrap_or(json!({}))))
-                .collect();
-            let expected = covered.len() as i64;
-            let healthy = covered.iter().filter(|p| pod_healthy(p)).count() as i64;
-            let allowed = if let Some(min) = pdb
-                .pointer("/spec/minAvailable")
-                .and_then(|v| int_or_percent(v, expected))
-            {
-                healthy - min
-            } else if let Some(max) = pdb
-                .pointer("/spec/maxUnavailable")
-                .and_then(|v| int_or_percent(v, expected))
-            {
-                max - (expected - healthy)
-            } else {
-                0
-            };
-            // Evicting a pod that is not healthy does not reduce availability.
-            if allowed <= 0 && pod_healthy(&pod) {
-                return Err(ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "TooManyRequests",
-                    "Cannot evict pod as it would violate the pod's disruption budget.",
-                ));
-            }
+        let matching: Vec<(Value, serde_json::Map<String, Value>)> = self
+            .list("poddisruptionbudgets", ns)
+            .into_iter()
+            .filter_map(|pdb| {
+                let sel = selector_of(&pdb).as_object().cloned().unwrap_or_default();
+                // A budget with an empty selector matches nothing, not everything.
+                let m = !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v));
+                m.then_some((pdb, sel))
+            })
+            .collect();
+        if matching.len() > 1 {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            ));
         }
-        self.delete("pods", ns, name)?;
-        Ok(status_body(StatusCode::CREATED, "", ""))
+        let Some((pdb, sel)) = matching.into_iter().next() else {
+            return Ok(());
+        };
+        let matches = |l: &Value| sel.iter().all(|(k, v)| l.get(k) == Some(v));
+        let covered: Vec<&Value> = pods
+            .iter()
+            .filter(|p| matches(&p.pointer("/metadata/labels").cloned().unwrap_or(json!({}))))
+            .collect();
+        let expected = covered.len() as i64;
+        let healthy = covered.iter().filter(|p| pod_healthy(p)).count() as i64;
+        let (desired, allowed) = if let Some(min) = pdb
+            .pointer("/spec/minAvailable")
+            .and_then(|v| int_or_percent(v, expected))
+        {
+            (min, healthy - min)
+        } else if let Some(max) = pdb
+            .pointer("/spec/maxUnavailable")
+            .and_then(|v| int_or_percent(v, expected))
+        {
+            (expected - max, max - (expected - healthy))
+        } else {
+            (expected, 0)
+        };
+        // Evicting a pod that is not healthy does not reduce availability.
+        if allowed <= 0 && pod_healthy(pod) {
+            let pdb_name = pdb
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let mut e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            );
+            e.details = Some(json!({"causes": [{
+                "reason": "DisruptionBudget",
+                "message": format!("The disruption budget {pdb_name} needs {desired} healthy pods and has {healthy} currently"),
+            }]}));
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Bump a Node's resourceVersion, as a kubelet status update does.
+    pub fn churn_node(&self, node: &str) {
+        if let Some(mut n) = self.get("nodes", "", node) {
+            n["status"]["faultlineTestHeartbeat"] = json!(now_rfc3339());
+            let _ = self.update("nodes", "", node, n, Some("status"));
+        }
     }
 }
 
@@ -836,12 +952,18 @@ async fn handle(
                 "InternalError",
                 "injected fault: internal error",
             ))
-        } else if roll(&mut g, f.throttle_rate) {
-            Some(ApiError::new(
+        } else if (f.throttle_match.is_empty() || path.contains(&f.throttle_match))
+            && roll(&mut g, f.throttle_rate)
+        {
+            // maxinflight.go tooManyRequests: plain text and Retry-After, no Status.
+            let mut e = ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "TooManyRequests",
-                "injected fault: too many requests, please try again later",
-            ))
+                "Too many requests, please try again later.",
+            );
+            e.plain = true;
+            e.retry_after = Some(1);
+            Some(e)
         } else if write && roll(&mut g, f.conflict_rate) {
             Some(ApiError::new(StatusCode::CONFLICT, "Conflict", "injected fault: the object has been modified; please apply your changes to the latest version and try again"))
         } else {
