@@ -582,3 +582,64 @@ async fn an_agent_down_from_the_start_leaves_every_shard_writable() {
     );
     agg.cancel_token().cancel();
 }
+
+/// A holder whose clock runs an hour behind writes `renewTime`s an hour old, but keeps
+/// renewing: the Lease is judged by when this replica saw it change, on its own clock,
+/// so it is not taken while the holder lives, and is taken once the holder stops
+/// (client-go leaderelection.go `observedTime`; issue 9, bug 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_holder_keeps_its_lease_while_it_renews() {
+    let (server, kube) = api_server().await;
+    let skewed = || {
+        json!(humantime::format_rfc3339_micros(
+            std::time::SystemTime::now() - Duration::from_secs(3600)
+        )
+        .to_string())
+    };
+    server
+        .create(
+            "leases",
+            NS,
+            json!({"metadata": {"name": "faultline-shard-0"}, "spec": {
+                "holderIdentity": "skewed", "leaseDurationSeconds": 3,
+                "acquireTime": skewed(), "renewTime": skewed(), "leaseTransitions": 0}}),
+        )
+        .unwrap();
+    // The skewed holder renews every 500 ms until told to stop.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let renewer = {
+        let (server, stop) = (server.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let mut l = server.get("leases", NS, "faultline-shard-0").unwrap();
+                l["spec"]["renewTime"] = skewed();
+                server
+                    .update("leases", NS, "faultline-shard-0", l, None)
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    let agg = Launch::configmap(&kube, "r1", 1).start().await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        holder(&server, 0).as_deref(),
+        Some("skewed"),
+        "a live holder's Lease was taken: two holders"
+    );
+    stop.cancel();
+    renewer.await.unwrap();
+    let t = Instant::now();
+    until(
+        Duration::from_secs(10),
+        "r1 takes the abandoned Lease",
+        || (holder(&server, 0).as_deref() == Some("r1")).then_some(()),
+    )
+    .await;
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "taken {:?} after the last renewal; the lease lasts 3 s",
+        t.elapsed()
+    );
+    agg.cancel_token().cancel();
+}

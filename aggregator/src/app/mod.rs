@@ -207,6 +207,7 @@ fn shard_publisher(
         held: held.clone(),
         metrics: metrics.clone(),
         url,
+        observed: Default::default(),
     };
     let task = tokio::spawn(leases.run(lease_cancel.clone()));
     let nudger = (cfg.nudge_rate > 0.0).then(|| {

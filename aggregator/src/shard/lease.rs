@@ -2,9 +2,14 @@
 //! replica. A replica holds a shard while its renewals succeed; it counts the shard as
 //! its own only until `renewed_at + duration - margin` on its own clock, checks that
 //! before every write, and drops it the moment a renewal is refused (a 409 on the
-//! resourceVersion or another holder). Another replica takes a shard once its
-//! `renewTime` is older than the lease duration. Defaults follow client-go's leader
-//! election: 15 s duration, 2 s retry period.
+//! resourceVersion or another holder).
+//!
+//! Another replica takes a shard only once the Lease has not changed for the lease
+//! duration *as this replica observed it*, on its own clock: the holder's `renewTime`
+//! is another machine's clock and is never compared with ours, so clock skew between
+//! replicas cannot make two holders (client-go's `leaderelection.go`: `observedTime`,
+//! `observedRawRecord`, `isLeaseValid`). Defaults follow client-go's leader election:
+//! 15 s duration, 2 s retry period.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -95,16 +100,48 @@ fn now_micro() -> MicroTime {
     MicroTime(Timestamp::now())
 }
 
-fn expired(spec: &LeaseSpec, duration: Duration) -> bool {
-    let Some(renew) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
-        return true;
-    };
-    let dur = spec
-        .lease_duration_seconds
-        .map(|s| Duration::from_secs(s.max(1) as u64))
-        .unwrap_or(duration);
-    let age = Timestamp::now().duration_since(renew.0);
-    age.as_secs_f64() > dur.as_secs_f64()
+/// What a replica last saw of a Lease held by another, and when, on its own clock.
+#[derive(Debug, Clone, PartialEq)]
+struct Observed {
+    /// The holder's record as it was (holder, renew and acquire times, duration,
+    /// transitions): a change of any of them is the holder alive.
+    record: LeaseSpec,
+    /// When this replica saw it change last.
+    at: Instant,
+}
+
+/// The Leases of other holders as this replica observed them, per shard.
+#[derive(Debug, Default)]
+pub struct Observations(BTreeMap<u32, Observed>);
+
+impl Observations {
+    /// Note `spec` as seen `now`; whether its holder's lease has run out: a holder is
+    /// named, and the record has not changed for its duration as we saw it.
+    fn expired(&mut self, shard: u32, spec: &LeaseSpec, duration: Duration, now: Instant) -> bool {
+        if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
+            return true;
+        }
+        let seen = self.0.entry(shard).or_insert_with(|| Observed {
+            record: spec.clone(),
+            at: now,
+        });
+        if seen.record != *spec {
+            *seen = Observed {
+                record: spec.clone(),
+                at: now,
+            };
+        }
+        let dur = spec
+            .lease_duration_seconds
+            .map(|s| Duration::from_secs(s.max(1) as u64))
+            .unwrap_or(duration);
+        now.duration_since(seen.at) > dur
+    }
+
+    /// Forget a shard's observation (it is ours now, or gone).
+    fn forget(&mut self, shard: u32) {
+        self.0.remove(&shard);
+    }
 }
 
 /// This replica's shard Leases.
@@ -126,6 +163,8 @@ pub struct ShardLeases {
     /// Where this replica's API is reached (annotated on the Leases it holds, so the
     /// alert intake of another replica can hand alerts of this shard over).
     pub url: Option<String>,
+    /// Others' Leases as observed; owned by this loop.
+    pub observed: Observations,
 }
 
 /// The annotation on a shard Lease naming its holder's API.
@@ -133,7 +172,7 @@ pub const URL_ANNOTATION: &str = "faultline.io/url";
 
 impl ShardLeases {
     /// One pass over every shard: renew what we hold, take what has expired.
-    pub async fn pass(&self) {
+    pub async fn pass(&mut self) {
         let (api, name, me, cfg, held, metrics) = (
             &self.api,
             &self.name,
@@ -172,7 +211,12 @@ impl ShardLeases {
                 Ok(Some(mut lease)) => {
                     let spec = lease.spec.get_or_insert_with(Default::default);
                     let mine = spec.holder_identity.as_deref() == Some(me);
-                    if mine || expired(spec, cfg.duration) {
+                    let expired = !mine
+                        && self
+                            .observed
+                            .expired(shard, spec, cfg.duration, Instant::now());
+                    if mine || expired {
+                        self.observed.forget(shard);
                         if !mine {
                             spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
                             spec.acquire_time = Some(now_micro());
@@ -208,7 +252,8 @@ impl ShardLeases {
             let was = held.holds(shard);
             match outcome {
                 Ok(true) => {
-                    held.set(shard, Some(started + cfg.duration - cfg.margin));
+                    self.held
+                        .set(shard, Some(started + cfg.duration - cfg.margin));
                     if !was {
                         tracing::info!(shard, lease = %lname, "shard lease acquired");
                     }
@@ -238,7 +283,7 @@ impl ShardLeases {
 
     /// Renew and acquire until cancelled; on cancel, release what we hold so another
     /// replica takes over at once.
-    pub async fn run(self, cancel: CancellationToken) {
+    pub async fn run(mut self, cancel: CancellationToken) {
         loop {
             self.pass().await;
             tokio::select! {
