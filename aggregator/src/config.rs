@@ -271,8 +271,10 @@ pub struct RemediationArgs {
     /// FORMAT slack, wecom, dingtalk or feishu; comma separated or repeated.
     #[arg(long, env = "FAULTLINE_NOTIFY", value_delimiter = ',')]
     pub notify: Vec<String>,
-    /// Watch pods' allocatedResourcesStatus (KEP-4680) for Unhealthy devices.
-    #[arg(long, env = "FAULTLINE_WATCH_POD_HEALTH", default_value = "true", action = clap::ArgAction::Set)]
+    /// Watch every pod's allocatedResourcesStatus (KEP-4680) for Unhealthy devices. Off by
+    /// default: it needs the ResourceHealthStatus feature gate (alpha, off by default
+    /// through 1.32) and costs a cluster-wide Pod watch.
+    #[arg(long, env = "FAULTLINE_WATCH_POD_HEALTH", default_value = "false", action = clap::ArgAction::Set)]
     pub watch_pod_health: bool,
     /// On SIGTERM: how long in-flight remediation may take before the Leases are
     /// released anyway (the next holder finishes from the record).

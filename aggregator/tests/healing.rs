@@ -352,7 +352,12 @@ async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
         )
         .unwrap();
     let agg = Launch::healing(&kube, "r1")
-        .args(&["--agents", "http://127.0.0.1:9"])
+        .args(&[
+            "--agents",
+            "http://127.0.0.1:9",
+            "--watch-pod-health",
+            "true",
+        ])
         .start()
         .await;
     until(

@@ -643,3 +643,61 @@ async fn a_skewed_holder_keeps_its_lease_while_it_renews() {
     );
     agg.cancel_token().cancel();
 }
+
+/// A quiet watch sends nothing for minutes: the watch client has no read timeout, so
+/// discovery does not break its Node watch and relist every `--kube-timeout` (kube's
+/// `read_timeout` cuts watch streams too), and its list is served from the API server's
+/// cache (`resourceVersion=0`), not a quorum read (issue 9, bugs 7 and 9).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_node_watch_is_not_relisted() {
+    let (server, kube) = api_server().await;
+    let a = agent("gpu-7").await;
+    server
+        .create(
+            "nodes",
+            "",
+            NodeFixture::new("gpu-7")
+                .address(&a.addr.ip().to_string())
+                .build(),
+        )
+        .unwrap();
+    let agg = Launch::configmap(&kube, "r1", 1)
+        .args(&[
+            "--agent-port".to_string(),
+            a.addr.port().to_string(),
+            "--kube-timeout".into(),
+            "1s".into(),
+        ])
+        .start()
+        .await;
+    until(Duration::from_secs(10), "gpu-7 followed", || {
+        node_entry(&server, 1, "gpu-7").filter(|e| e.agent.reachable)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let lists: Vec<String> = server
+        .calls()
+        .into_iter()
+        .filter(|c| {
+            c.method == "GET"
+                && c.uri.starts_with("/api/v1/nodes?")
+                && !c.uri.contains("watch=true")
+        })
+        .map(|c| c.uri)
+        .collect();
+    assert_eq!(lists.len(), 1, "one list, then one watch: {lists:?}");
+    assert!(lists[0].contains("resourceVersion=0"), "{lists:?}");
+    let watches = server
+        .calls()
+        .into_iter()
+        .filter(|c| c.uri.starts_with("/api/v1/nodes?") && c.uri.contains("watch=true"))
+        .count();
+    assert_eq!(watches, 1, "the quiet watch was cut and opened again");
+    assert!(
+        !metrics(agg.addr)
+            .await
+            .contains("faultline_aggregator_discovery_errors_total 1"),
+        "no watch error"
+    );
+    agg.cancel_token().cancel();
+}

@@ -67,7 +67,12 @@ impl Aggregator {
 
 /// A Kubernetes client for `server` (plain HTTP, the test server), else in-cluster or
 /// $KUBECONFIG, with kube's own retries of 429/503 off: callers decide what to retry.
-pub async fn connect(server: Option<&str>, timeout: Duration) -> anyhow::Result<kube::Client> {
+/// `timeout` bounds each request's reads and writes; watches need a client without one
+/// (`None`): a quiet watch sends nothing for minutes.
+pub async fn connect(
+    server: Option<&str>,
+    timeout: Option<Duration>,
+) -> anyhow::Result<kube::Client> {
     let mut kc = match server {
         Some(url) => kube::Config::new(
             url.parse()
@@ -78,8 +83,8 @@ pub async fn connect(server: Option<&str>, timeout: Duration) -> anyhow::Result<
             .context("no Kubernetes configuration (in-cluster or KUBECONFIG); use --kube-server")?,
     };
     kc.default_retry = false;
-    kc.read_timeout = Some(timeout);
-    kc.write_timeout = Some(timeout);
+    kc.read_timeout = timeout;
+    kc.write_timeout = timeout;
     kube::Client::try_from(kc).context("Kubernetes client")
 }
 
@@ -109,7 +114,7 @@ fn rules(
 /// Follow the agents: the `--agents` list, or the Nodes found by discovery.
 fn follow_agents(
     cfg: &Config,
-    kube: Option<&kube::Client>,
+    watch: Option<&kube::Client>,
     metrics: &Arc<Metrics>,
     cancel: &CancellationToken,
 ) -> anyhow::Result<mpsc::Receiver<AgentEvent>> {
@@ -117,14 +122,14 @@ fn follow_agents(
     let client = collect::client();
     if cfg.agents.is_empty() {
         let api: Api<Node> = Api::all(
-            kube.cloned()
+            watch
+                .cloned()
                 .context("discovery needs the Kubernetes API")?,
         );
         tokio::spawn(discover::run(
             api,
             cfg.node_selector.clone(),
             cfg.agent_port,
-            Duration::from_secs(5),
             client.clone(),
             tx.clone(),
             metrics.clone(),
@@ -244,12 +249,16 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
     let metrics = Arc::new(Metrics::new());
     let cancel = CancellationToken::new();
     let rules = rules(&cfg, &metrics, &cancel)?;
-    let kube = if cfg.sink == SinkKind::ConfigMap || cfg.agents.is_empty() {
-        Some(connect(cfg.kube_server.as_deref(), cfg.kube_timeout).await?)
+    let (kube, watch) = if cfg.sink == SinkKind::ConfigMap || cfg.agents.is_empty() {
+        let server = cfg.kube_server.as_deref();
+        (
+            Some(connect(server, Some(cfg.kube_timeout)).await?),
+            Some(connect(server, None).await?),
+        )
     } else {
-        None
+        (None, None)
     };
-    let agents = follow_agents(&cfg, kube.as_ref(), &metrics, &cancel)?;
+    let agents = follow_agents(&cfg, watch.as_ref(), &metrics, &cancel)?;
 
     // Bound first: the shard Leases advertise where this replica's API is.
     let listener = tokio::net::TcpListener::bind(cfg.listen)
@@ -305,10 +314,10 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
             if cfg.remediation != Mode::Off {
                 let r = Arc::new(remediator(&cfg, kube, notifier.clone(), &metrics));
                 // The kubelet's device health (KEP-4680): Unhealthy is a verdict, Unknown an alert.
-                if cfg.watch_pod_health {
+                if let (true, Some(watch)) = (cfg.watch_pod_health, watch.as_ref()) {
                     let (tx, rx) = mpsc::channel(1024);
                     tokio::spawn(podhealth::run(
-                        Api::all(kube.clone()),
+                        Api::all(watch.clone()),
                         r.resources().to_vec(),
                         tx,
                         cancel.clone(),

@@ -85,7 +85,8 @@ async fn main() {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let client =
-        faultline_aggregator::connect(cli.kube_server.as_deref(), Duration::from_secs(15)).await?;
+        faultline_aggregator::connect(cli.kube_server.as_deref(), Some(Duration::from_secs(15)))
+            .await?;
     let nodes: Api<Node> = Api::all(client.clone());
     match cli.cmd {
         Cmd::Status { namespace, name } => {

@@ -1,14 +1,15 @@
 //! In-cluster discovery: the Nodes matching `--node-selector`, each followed at its
-//! InternalIP and the agent port, by list and watch. A node that leaves is forgotten; a
-//! changed address is followed anew.
+//! InternalIP and the agent port, from a `kube::runtime::watcher` (never a hand-rolled
+//! watch loop). A node that leaves is forgotten; a changed address is followed anew.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::api::Api;
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -84,14 +85,15 @@ impl Followers {
     }
 }
 
-/// Keep one follower per matching node until cancelled: list the Nodes, then watch
-/// them from the list's resourceVersion; list again when the watch ends or fails.
-#[allow(clippy::too_many_arguments)]
+/// Keep one follower per matching node until cancelled, from `kube::runtime::watcher`:
+/// it lists (from the API server's cache: `resourceVersion=0`), watches with bookmarks,
+/// relists after a 410 Gone and backs off after errors. `api` must come from a client
+/// without a read timeout: a quiet watch is silent for minutes, and a read timeout would
+/// cut it and relist every Node each time. A relist forgets the nodes that left.
 pub async fn run(
     api: Api<Node>,
     selector: String,
     port: u16,
-    retry: Duration,
     client: AgentClient,
     tx: mpsc::Sender<AgentEvent>,
     metrics: Arc<Metrics>,
@@ -105,81 +107,53 @@ pub async fn run(
         cancel: cancel.clone(),
         by_node: BTreeMap::new(),
     };
-    while !cancel.is_cancelled() {
-        let lp = if selector.is_empty() {
-            ListParams::default()
-        } else {
-            ListParams::default().labels(&selector)
+    let mut cfg = watcher::Config::default().any_semantic();
+    // Unpaginated: kube sends `resourceVersion=0` (the watch cache) only without a
+    // limit, and Nodes are few enough for one answer.
+    cfg.page_size = None;
+    if !selector.is_empty() {
+        cfg = cfg.labels(&selector);
+    }
+    let stream = watcher(api, cfg).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    // The names seen since the last (re)list began.
+    let mut listing: Option<BTreeSet<String>> = None;
+    loop {
+        let ev = tokio::select! {
+            _ = cancel.cancelled() => return,
+            ev = stream.next() => ev,
         };
-        let list = match api.list(&lp).await {
-            Ok(l) => l,
-            Err(e) => {
+        match ev {
+            Some(Ok(Event::Apply(n))) => f.upsert(&n),
+            Some(Ok(Event::Delete(n))) => {
+                if let Some(name) = n.metadata.name.as_deref() {
+                    f.remove(name).await;
+                }
+            }
+            Some(Ok(Event::Init)) => listing = Some(BTreeSet::new()),
+            Some(Ok(Event::InitApply(n))) => {
+                f.upsert(&n);
+                if let (Some(seen), Some(name)) = (listing.as_mut(), n.metadata.name.clone()) {
+                    seen.insert(name);
+                }
+            }
+            Some(Ok(Event::InitDone)) => {
+                let seen = listing.take().unwrap_or_default();
+                let gone: Vec<String> = f
+                    .by_node
+                    .keys()
+                    .filter(|n| !seen.contains(*n))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    f.remove(&name).await;
+                }
+            }
+            Some(Err(e)) => {
                 metrics.discovery_error();
-                tracing::warn!(error = %e, "cannot list nodes; keeping the agents we follow");
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(retry) => continue,
-                }
+                tracing::warn!(error = %e, "node watch failed; retrying with backoff, keeping the agents we follow");
             }
-        };
-        let mut seen = BTreeSet::new();
-        for node in &list.items {
-            f.upsert(node);
-            if let Some(n) = &node.metadata.name {
-                seen.insert(n.clone());
-            }
-        }
-        let gone: Vec<String> = f
-            .by_node
-            .keys()
-            .filter(|n| !seen.contains(*n))
-            .cloned()
-            .collect();
-        for name in gone {
-            f.remove(&name).await;
-        }
-        let rv = list.metadata.resource_version.unwrap_or_default();
-        let mut wp = WatchParams::default().timeout(290);
-        if !selector.is_empty() {
-            wp = wp.labels(&selector);
-        }
-        let stream = match api.watch(&wp, &rv).await {
-            Ok(s) => s,
-            Err(e) => {
-                metrics.discovery_error();
-                tracing::warn!(error = %e, "cannot watch nodes; listing again");
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(retry) => continue,
-                }
-            }
-        };
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let ev = tokio::select! {
-                _ = cancel.cancelled() => return,
-                ev = stream.next() => ev,
-            };
-            match ev {
-                Some(Ok(WatchEvent::Added(n) | WatchEvent::Modified(n))) => f.upsert(&n),
-                Some(Ok(WatchEvent::Deleted(n))) => {
-                    if let Some(name) = n.metadata.name.as_deref() {
-                        f.remove(name).await;
-                    }
-                }
-                Some(Ok(WatchEvent::Bookmark(_))) => {}
-                // Expired resourceVersion, a dropped watch, its timeout: list again.
-                Some(Ok(WatchEvent::Error(e))) => {
-                    tracing::debug!(code = e.code, "node watch ended: {}", e.message);
-                    break;
-                }
-                Some(Err(e)) => {
-                    metrics.discovery_error();
-                    tracing::debug!(error = %e, "node watch failed");
-                    break;
-                }
-                None => break,
-            }
+            None => return,
         }
     }
 }

@@ -3,17 +3,21 @@
 //! their health as the device plugin reports it. An `Unhealthy` device is a verdict
 //! (the same path as the intake's); an `Unknown` one is an alert only, never an action.
 //!
-//! Pods are listed, then watched from the list's resourceVersion; each (node, device,
-//! health) is reported once until its health changes, and again on every re-list.
+//! Off by default (`--watch-pod-health`): `allocatedResourcesStatus` needs the
+//! `ResourceHealthStatus` feature gate, alpha and off by default through 1.32, and
+//! watching every Pod costs a cluster-wide list and watch. When on, Pods come from a
+//! `kube::runtime::watcher`; each (node, device, health) is reported once until its
+//! health changes, and again on every re-list.
 //! [`forward_verdicts`] turns what is reported into the core loop's verdicts.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::api::Api;
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -89,7 +93,9 @@ pub fn unhealthy_devices(pod: &Pod, resources: &[String]) -> Vec<PodDevice> {
 }
 
 /// Watch every Pod and send each device that turns Unhealthy or Unknown, once per
-/// (node, device, health).
+/// (node, device, health), from a `kube::runtime::watcher` (paginated list from the
+/// API server's cache, bookmarks, 410 handling, backoff after errors). `api` must come
+/// from a client without a read timeout.
 pub async fn run(
     api: Api<Pod>,
     resources: Vec<String>,
@@ -109,57 +115,33 @@ pub async fn run(
         }
         out
     };
-    let mut backoff = Duration::from_secs(1);
-    while !cancel.is_cancelled() {
-        let list = match api.list(&ListParams::default()).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list pods for allocatedResourcesStatus");
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = cancel.cancelled() => return,
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+    let cfg = watcher::Config::default().any_semantic().page_size(500);
+    let stream = watcher(api, cfg).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let ev = tokio::select! {
+            ev = stream.next() => ev,
+            _ = cancel.cancelled() => return,
+        };
+        let pod = match ev {
+            // Level, not edge: every re-list sends what is unhealthy now again, so a
+            // replica that took a shard over since hears it, and what turned healthy or
+            // went away is forgotten.
+            Some(Ok(Event::Init)) => {
+                seen.clear();
                 continue;
             }
-        };
-        backoff = Duration::from_secs(1);
-        // Level, not edge: every re-list (at least every watch timeout) sends what is
-        // unhealthy now again, so a replica that took a shard over since hears it, and
-        // what turned healthy or went away is forgotten.
-        seen.clear();
-        for p in &list.items {
-            for d in report(p, &mut seen) {
-                if tx.send(d).await.is_err() {
-                    return;
-                }
-            }
-        }
-        let rv = list.metadata.resource_version.unwrap_or_default();
-        let wp = WatchParams::default().timeout(290);
-        let stream = match api.watch(&wp, &rv).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot watch pods; listing again");
+            Some(Ok(Event::InitApply(p) | Event::Apply(p))) => p,
+            Some(Ok(Event::Delete(_) | Event::InitDone)) => continue,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "pod watch for allocatedResourcesStatus failed; retrying with backoff");
                 continue;
             }
+            None => return,
         };
-        futures_util::pin_mut!(stream);
-        loop {
-            let ev = tokio::select! {
-                ev = stream.next() => ev,
-                _ = cancel.cancelled() => return,
-            };
-            match ev {
-                Some(Ok(WatchEvent::Added(p) | WatchEvent::Modified(p))) => {
-                    for d in report(&p, &mut seen) {
-                        if tx.send(d).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                Some(Ok(WatchEvent::Deleted(_) | WatchEvent::Bookmark(_))) => {}
-                Some(Ok(WatchEvent::Error(_))) | Some(Err(_)) | None => break,
+        for d in report(&pod, &mut seen) {
+            if tx.send(d).await.is_err() {
+                return;
             }
         }
     }
