@@ -289,6 +289,16 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
     assert_eq!(names(&third.evicted), vec!["guarded"]);
     // Each pod was asked to leave once, whatever the passes.
     let calls = server.calls();
+    // The pods of the node come from the watch cache, not a quorum read (issue 9, bug 9).
+    let pod_lists: Vec<&str> = calls
+        .iter()
+        .filter(|c| c.method == "GET" && c.uri.starts_with("/api/v1/pods?"))
+        .map(|c| c.uri.as_str())
+        .collect();
+    assert!(
+        !pod_lists.is_empty() && pod_lists.iter().all(|u| u.contains("resourceVersion=0")),
+        "{pod_lists:?}"
+    );
     for p in ["on-failed", "no-status"] {
         let n = calls
             .iter()

@@ -66,7 +66,10 @@ impl Nudger {
 
     /// Nudge the running pods on `node`; returns how many were patched.
     pub async fn nudge(&self, node: &str, stamp: &str) -> usize {
-        let mut lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        // From the watch cache (resourceVersion=0): a nudge needs no quorum read.
+        let mut lp = ListParams::default()
+            .match_any()
+            .fields(&format!("spec.nodeName={node}"));
         if !self.selector.is_empty() {
             lp = lp.labels(&self.selector);
         }

@@ -86,7 +86,14 @@ impl Remediator {
         let mut record = before.clone();
         let all: Api<Pod> = Api::all(self.client.clone());
         let pods = all
-            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            // From the watch cache (resourceVersion=0): the node is tainted, so no new
+            // pod lands there, and a pod the cache has not seen yet waits for the next
+            // pass.
+            .list(
+                &ListParams::default()
+                    .match_any()
+                    .fields(&format!("spec.nodeName={node}")),
+            )
             .await?;
         let targets: Vec<&Pod> = pods
             .items

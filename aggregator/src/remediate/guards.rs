@@ -50,6 +50,9 @@ impl BudgetGuard {
         nodes: &Api<Node>,
         node: &Node,
     ) -> Result<Option<String>, RemediateError> {
+        // A consistent read: a count from a lagging cache could miss a quarantine just
+        // made and let one more through (this list is one per new quarantine, not per
+        // pass).
         let quarantined = nodes
             .list(&ListParams::default().labels(DEVICES_LABEL))
             .await?
@@ -57,7 +60,8 @@ impl BudgetGuard {
         if quarantined.len() >= self.budget.max_nodes {
             return Ok(self.budget.refusal(node, &quarantined, || 0));
         }
-        let mut lp = ListParams::default();
+        // The share's base may come from the watch cache (resourceVersion=0).
+        let mut lp = ListParams::default().match_any();
         if !self.budget.node_selector.is_empty() {
             lp = lp.labels(&self.budget.node_selector);
         }

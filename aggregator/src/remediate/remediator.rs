@@ -233,7 +233,9 @@ impl Remediator {
     pub async fn list_quarantined(&self) -> Result<Vec<Node>, RemediateError> {
         let nodes = self
             .nodes
-            .list(&ListParams::default().labels(DEVICES_LABEL))
+            // From the watch cache (resourceVersion=0): the reconcile's work list and
+            // the gauges; every pass reads its Node again before acting.
+            .list(&ListParams::default().match_any().labels(DEVICES_LABEL))
             .await?
             .items;
         let mut devices = 0;
