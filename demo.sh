@@ -66,7 +66,7 @@ TOKEN=demo-token-$RANDOM
 echo "$TOKEN" >"$WORK/intake-token"
 target/release/faultline-aggregator --sink configmap --kube-server "$KUBE" --namespace faultline \
   --remediation enforce --max-quarantined-percent 100 --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
-  --intake-token-file "$WORK/intake-token" --reconcile-interval 2s \
+  --intake-token-file "$WORK/intake-token" --reconcile-interval 2s --publish-namespaces default \
   >"$WORK/aggregator.log" 2>&1 &
 PIDS+=($!)
 # A second aggregator with the file sink: the same documents in a directory laid out the

@@ -72,6 +72,10 @@ pub struct Args {
     /// Kubernetes API server URL (default: in-cluster config, then $KUBECONFIG).
     #[arg(long, env = "FAULTLINE_KUBE_SERVER")]
     pub kube_server: Option<String>,
+    /// A file with the bearer token for --kube-server (re-read as it changes; in a cluster
+    /// the ServiceAccount's token is used).
+    #[arg(long, env = "FAULTLINE_KUBE_TOKEN_FILE")]
+    pub kube_token_file: Option<PathBuf>,
     /// Deadline of one Kubernetes API request.
     #[arg(long, env = "FAULTLINE_KUBE_TIMEOUT", default_value = "15s", value_parser = positive_duration)]
     pub kube_timeout: Duration,
@@ -316,6 +320,7 @@ pub struct Config {
     pub agents: Vec<AgentTarget>,
     pub sink: SinkKind,
     pub kube_server: Option<String>,
+    pub kube_token_file: Option<PathBuf>,
     pub namespace: String,
     /// Namespaces the shard ConfigMaps are written to (`namespace` first).
     pub publish_namespaces: Vec<String>,
@@ -485,6 +490,7 @@ impl Config {
             agents: agents(&a.agents)?,
             sink: p.sink,
             kube_server: a.kube_server,
+            kube_token_file: a.kube_token_file,
             publish_namespaces,
             name: p.name,
             shards: s.shards,

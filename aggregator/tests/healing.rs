@@ -282,6 +282,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     ] {
         assert!(m.contains(line), "missing {line}");
     }
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
     agg.wait().await;
 
@@ -311,6 +312,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     assert_eq!(evictions(&server, "on-bad"), 1);
     assert!(evicted_once(&server, "on-bad"));
     assert!(server.get("pods", "default", "on-good").is_some());
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -377,6 +379,7 @@ async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
     assert!(server.get("pods", "default", "infer").is_some());
     let m = get_text(&format!("http://{}/metrics", agg.addr)).await;
     assert!(m.contains("faultline_aggregator_intake_alerts_total{result=\"kubelet-unknown\"} 1"));
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -399,7 +402,13 @@ async fn lease_held(addr: std::net::SocketAddr) {
 /// `faultline status` against the API server at `kube`: its standard output.
 async fn faultline_status(kube: &str) -> String {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
-        .args(["status", "--kube-server", kube])
+        .args([
+            "status",
+            "--kube-server",
+            kube,
+            "--kube-token-file",
+            admin_token_file().to_str().unwrap(),
+        ])
         .output()
         .await
         .unwrap();
@@ -465,6 +474,8 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
             "20s",
             "--kube-server",
             &kube,
+            "--kube-token-file",
+            admin_token_file().to_str().unwrap(),
         ])
         .output()
         .await
@@ -507,6 +518,7 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
     let stdout = faultline_status(&kube).await;
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
     assert!(stdout.starts_with("breaker: closed\nNODE"), "{stdout}");
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -588,7 +600,14 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         .clone();
     assert_eq!(gpu1["status"], "healthy");
     let ms = |v: &Value| faultline_common::time::parse_rfc3339_ms(v.as_str().unwrap()).unwrap();
-    let started = ms(&record(&server, "n1").unwrap()["canary"]["started"]);
+    // The Job is created before the record names it: wait for the record.
+    let (started, _) = until(
+        Duration::from_secs(5),
+        "the record names the canary",
+        || record(&server, "n1").and_then(|r| r["canary"]["started"].as_str().map(String::from)),
+    )
+    .await;
+    let started = ms(&Value::String(started));
     let healthy_for = started.saturating_sub(ms(&gpu1["since"]));
     assert!(
         healthy_for >= 4_000,
@@ -627,6 +646,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         .unwrap()
         .contains("canary"));
     assert_eq!(h[0]["canary"]["state"], "succeeded");
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -846,6 +866,7 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
         .count();
     assert!(injected > 0, "faults were injected");
     eprintln!("converged through {injected} injected 500/409 answers");
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -973,6 +994,7 @@ async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
         "stop before the eviction"
     );
     let addr = agg.addr;
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
@@ -1022,6 +1044,22 @@ async fn kubectl_describe_node_shows_faultlines_events() {
     server
         .create("nodes", "", NodeFixture::new("n1").ready(true).build())
         .unwrap();
+    // kubectl sends no token over plain HTTP: let its anonymous requests read, as a
+    // person's view role would.
+    server
+        .create(
+            "clusterroles",
+            "",
+            json!({"metadata": {"name": "viewer"}, "rules": [{"apiGroups": ["", "coordination.k8s.io"], "resources": ["*"], "verbs": ["get", "list", "watch"]}]}),
+        )
+        .unwrap();
+    server
+        .create(
+            "clusterrolebindings",
+            "",
+            json!({"metadata": {"name": "viewer"}, "subjects": [{"kind": "User", "name": "system:anonymous"}], "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "viewer"}}),
+        )
+        .unwrap();
     let a1 = agent("n1").await;
     let agents = format!("n1=http://{}", a1.addr);
     let agg = Launch::healing(&kube, "r1")
@@ -1039,9 +1077,15 @@ async fn kubectl_describe_node_shows_faultlines_events() {
         .await
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let denied: Vec<String> = server
+        .calls()
+        .into_iter()
+        .filter(|c| c.status == 401 || c.status == 403)
+        .map(|c| format!("{} {} {}", c.status, c.method, c.uri))
+        .collect();
     assert!(
         out.status.success(),
-        "{stdout}\n{}",
+        "{stdout}\n{}\n{denied:?}",
         String::from_utf8_lossy(&out.stderr)
     );
     let events_section = stdout
@@ -1050,6 +1094,7 @@ async fn kubectl_describe_node_shows_faultlines_events() {
         .unwrap_or_else(|| panic!("no Events section: {stdout}"));
     assert!(events_section.contains("FaultlineQuarantined"), "{stdout}");
     assert!(events_section.contains("gpu1"), "{stdout}");
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }

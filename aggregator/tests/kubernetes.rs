@@ -54,7 +54,14 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
             .unwrap();
     }
     let agg = Launch::configmap(&kube, "r1", 2)
-        .args(&["--agents".into(), urls.join(",")])
+        .args(&[
+            "--agents".into(),
+            urls.join(","),
+            // The pods live in default: the shards are published there, and only
+            // pods of publish namespaces are nudged.
+            "--publish-namespaces".into(),
+            "default".into(),
+        ])
         .start()
         .await;
     let (_, _) = until(
@@ -138,6 +145,7 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
         .unwrap()
         .iter()
         .any(|d| d["id"] == "gpu1" && d["status"] == "failed"));
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }
 
@@ -190,6 +198,7 @@ async fn nudging_can_be_turned_off() {
     .await
     .0;
     assert!(there["data"]["fault.json"].is_string());
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }
 
@@ -222,6 +231,7 @@ async fn nodes_are_discovered_and_forgotten() {
             .map(|_| ())
     })
     .await;
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }
 
@@ -341,6 +351,7 @@ async fn a_replica_that_lost_its_lease_writes_nothing_more() {
         "{m}"
     );
     keep.abort();
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }
 
@@ -401,6 +412,7 @@ async fn writes_converge_through_conflicts_and_server_errors() {
         "no injected fault was met: {} calls",
         calls.len()
     );
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }
 
@@ -484,6 +496,7 @@ async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_no
         .filter(|e| e["reason"] == "FaultlineQuarantined")
         .count();
     assert_eq!(quarantined, 1);
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }
 
@@ -540,6 +553,7 @@ async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_evictio
             .len(),
         1
     );
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }
 
@@ -580,6 +594,7 @@ async fn an_agent_down_from_the_start_leaves_every_shard_writable() {
         !m.contains("faultline_aggregator_write_errors_total"),
         "no write refused: {m}"
     );
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }
 
@@ -641,6 +656,7 @@ async fn a_skewed_holder_keeps_its_lease_while_it_renews() {
         "taken {:?} after the last renewal; the lease lasts 3 s",
         t.elapsed()
     );
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }
 
@@ -699,5 +715,6 @@ async fn a_quiet_node_watch_is_not_relisted() {
             .contains("faultline_aggregator_discovery_errors_total 1"),
         "no watch error"
     );
+    assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }

@@ -71,6 +71,7 @@ impl Aggregator {
 /// (`None`): a quiet watch sends nothing for minutes.
 pub async fn connect(
     server: Option<&str>,
+    token_file: Option<&std::path::Path>,
     timeout: Option<Duration>,
 ) -> anyhow::Result<kube::Client> {
     let mut kc = match server {
@@ -82,6 +83,9 @@ pub async fn connect(
             .await
             .context("no Kubernetes configuration (in-cluster or KUBECONFIG); use --kube-server")?,
     };
+    if let Some(f) = token_file {
+        kc.auth_info.token_file = Some(f.display().to_string());
+    }
     kc.default_retry = false;
     kc.read_timeout = timeout;
     kc.write_timeout = timeout;
@@ -219,6 +223,7 @@ fn shard_publisher(
         Arc::new(Nudger::new(
             Api::all(kube.clone()),
             cfg.nudge_selector.clone(),
+            cfg.publish_namespaces.clone(),
             cfg.nudge_rate,
             metrics.clone(),
         ))
@@ -250,10 +255,10 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
     let cancel = CancellationToken::new();
     let rules = rules(&cfg, &metrics, &cancel)?;
     let (kube, watch) = if cfg.sink == SinkKind::ConfigMap || cfg.agents.is_empty() {
-        let server = cfg.kube_server.as_deref();
+        let (server, token) = (cfg.kube_server.as_deref(), cfg.kube_token_file.as_deref());
         (
-            Some(connect(server, Some(cfg.kube_timeout)).await?),
-            Some(connect(server, None).await?),
+            Some(connect(server, token, Some(cfg.kube_timeout)).await?),
+            Some(connect(server, token, None).await?),
         )
     } else {
         (None, None)

@@ -29,6 +29,9 @@ struct Cli {
     /// $KUBECONFIG.
     #[arg(long, global = true, env = "FAULTLINE_KUBE_SERVER")]
     kube_server: Option<String>,
+    /// A file with the bearer token for --kube-server.
+    #[arg(long, global = true, env = "FAULTLINE_KUBE_TOKEN_FILE")]
+    kube_token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -84,9 +87,12 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let client =
-        faultline_aggregator::connect(cli.kube_server.as_deref(), Some(Duration::from_secs(15)))
-            .await?;
+    let client = faultline_aggregator::connect(
+        cli.kube_server.as_deref(),
+        cli.kube_token_file.as_deref(),
+        Some(Duration::from_secs(15)),
+    )
+    .await?;
     let nodes: Api<Node> = Api::all(client.clone());
     match cli.cmd {
         Cmd::Status { namespace, name } => {

@@ -5,6 +5,10 @@
 //! ConfigMap is written, the workload pods on that node get an annotation
 //! (`faultline.io/fault-refresh`) and see the new `/config/<node>.json` within seconds.
 //!
+//! Only pods of the namespaces the shards are published into are nudged: a pod can
+//! mount only ConfigMaps of its own namespace, so a pod elsewhere reads no fault.json to
+//! refresh (and faultline needs no right to patch pods there).
+//!
 //! Cost: one pod LIST (by `spec.nodeName`) per alarming node and one PATCH per pod,
 //! each a pod update that watchers of pods also see. A token bucket (`--nudge-rate` per
 //! second, bursts of twice that) bounds it; `--nudge-rate 0` turns it off. Pods past the
@@ -30,17 +34,27 @@ struct Bucket {
 pub struct Nudger {
     api: Api<Pod>,
     selector: String,
+    /// The publish namespaces: only their pods are nudged.
+    namespaces: Vec<String>,
     rate: f64,
     bucket: Mutex<Bucket>,
     metrics: Arc<Metrics>,
 }
 
 impl Nudger {
-    /// `rate` nudges per second (bursts of `2 x rate`), pods matching `selector`.
-    pub fn new(api: Api<Pod>, selector: String, rate: f64, metrics: Arc<Metrics>) -> Self {
+    /// `rate` nudges per second (bursts of `2 x rate`), pods matching `selector` in
+    /// `namespaces`.
+    pub fn new(
+        api: Api<Pod>,
+        selector: String,
+        namespaces: Vec<String>,
+        rate: f64,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Nudger {
             api,
             selector,
+            namespaces,
             rate,
             bucket: Mutex::new(Bucket {
                 tokens: rate * 2.0,
@@ -95,6 +109,9 @@ impl Nudger {
             else {
                 continue;
             };
+            if !self.namespaces.iter().any(|n| n == ns) {
+                continue;
+            }
             if !self.take() {
                 self.metrics.nudge("rate-limited");
                 continue;

@@ -19,9 +19,13 @@ pub struct Launch(Vec<String>);
 
 impl Launch {
     fn base() -> Vec<String> {
-        ["faultline-aggregator", "--listen", "127.0.0.1:0"]
-            .map(String::from)
-            .to_vec()
+        vec![
+            "faultline-aggregator".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--kube-token-file".into(),
+            aggregator_token_file().display().to_string(),
+        ]
     }
 
     /// The file sink into `out`, following `agents`, as replica `r1`.
@@ -194,9 +198,11 @@ impl PodFixture {
     }
 }
 
-/// A kube client of the API server at `url`, with kube's own retries off.
+/// A kube client of the API server at `url` as the aggregator's ServiceAccount, with
+/// kube's own retries off.
 pub fn kube_client(url: &str) -> kube::Client {
     let mut kc = kube::Config::new(url.parse().unwrap());
+    kc.auth_info.token_file = Some(aggregator_token_file().display().to_string());
     kc.default_retry = false;
     kube::Client::try_from(kc).unwrap()
 }
@@ -206,7 +212,40 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-/// The Kubernetes API test server on loopback, with the namespace `faultline`; its URL.
+/// The user the aggregator runs as in a cluster (deploy/aggregator.yaml).
+pub const AGGREGATOR_USER: &str = "system:serviceaccount:faultline:faultline-aggregator";
+
+/// Files holding the bearer tokens of the test API server's users: the aggregator's
+/// ServiceAccount and an administrator (people running `faultline` and kubectl).
+fn token_files() -> &'static (std::path::PathBuf, std::path::PathBuf) {
+    static FILES: std::sync::OnceLock<(std::path::PathBuf, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    FILES.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tokens");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (agg, admin) = (dir.join("aggregator"), dir.join("admin"));
+        std::fs::write(&agg, "aggregator-token").unwrap();
+        std::fs::write(&admin, "admin-token").unwrap();
+        (agg, admin)
+    })
+}
+
+/// The aggregator's token file.
+pub fn aggregator_token_file() -> &'static Path {
+    &token_files().0
+}
+
+/// An administrator's token file (for `faultline` and kubectl).
+pub fn admin_token_file() -> &'static Path {
+    &token_files().1
+}
+
+/// An administrator's token (kubectl's `--token`).
+pub const ADMIN_TOKEN: &str = "admin-token";
+
+/// The Kubernetes API test server on loopback, with the namespace `faultline`, the RBAC
+/// objects of deploy/aggregator.yaml and RBAC enforced: the aggregator runs with
+/// exactly the permissions its manifest grants (issue 9). Its URL.
 pub async fn api_server() -> (faultline_test_apiserver::ApiServer, String) {
     let server = faultline_test_apiserver::ApiServer::new();
     server
@@ -216,6 +255,15 @@ pub async fn api_server() -> (faultline_test_apiserver::ApiServer, String) {
             serde_json::json!({"metadata": {"name": "faultline"}}),
         )
         .unwrap();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/aggregator.yaml");
+    let loaded = server
+        .load_manifests(&std::fs::read_to_string(manifest).unwrap())
+        .unwrap();
+    assert!(loaded >= 4, "the RBAC objects of deploy/aggregator.yaml");
+    server.enforce_rbac(&[
+        ("aggregator-token", AGGREGATOR_USER),
+        (ADMIN_TOKEN, faultline_test_apiserver::rbac::ADMIN),
+    ]);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(faultline_test_apiserver::serve(
@@ -290,4 +338,16 @@ impl Drop for ChildGuard {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Nothing the aggregator asked was refused by RBAC: the shipped manifest grants every
+/// call the code made (a missing verb in deploy/aggregator.yaml fails here).
+pub fn assert_no_forbidden(server: &faultline_test_apiserver::ApiServer) {
+    let refused: Vec<String> = server
+        .calls()
+        .into_iter()
+        .filter(|c| c.status == 401 || c.status == 403)
+        .map(|c| format!("{} {} {}", c.status, c.method, c.uri))
+        .collect();
+    assert!(refused.is_empty(), "refused by RBAC: {refused:?}");
 }

@@ -19,6 +19,7 @@
 //! received.
 
 pub mod patch;
+pub mod rbac;
 pub mod validation;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -118,6 +119,38 @@ pub const KINDS: &[Kind] = &[
         short: &[],
     },
     Kind {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "roles",
+        kind: "Role",
+        namespaced: true,
+        short: &[],
+    },
+    Kind {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "rolebindings",
+        kind: "RoleBinding",
+        namespaced: true,
+        short: &[],
+    },
+    Kind {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "clusterroles",
+        kind: "ClusterRole",
+        namespaced: false,
+        short: &[],
+    },
+    Kind {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "clusterrolebindings",
+        kind: "ClusterRoleBinding",
+        namespaced: false,
+        short: &[],
+    },
+    Kind {
         group: "policy",
         version: "v1",
         plural: "poddisruptionbudgets",
@@ -201,6 +234,8 @@ struct Inner {
     rng: rand::rngs::StdRng,
     calls: Vec<Call>,
     uid: u64,
+    /// With RBAC on: the users by bearer token.
+    tokens: Option<rbac::Tokens>,
 }
 
 /// The server state.
@@ -393,6 +428,7 @@ impl ApiServer {
                 rng: rand::rngs::StdRng::seed_from_u64(0),
                 calls: Vec::new(),
                 uid: 0,
+                tokens: None,
             })),
             events,
         };
@@ -509,6 +545,62 @@ impl ApiServer {
             }
         }
         Ok(())
+    }
+
+    /// Turn authentication and RBAC on: `tokens` maps bearer tokens to users
+    /// (`system:serviceaccount:NS:NAME`, or [`rbac::ADMIN`]); from now on every API
+    /// request needs a known token and a grant from the RBAC objects stored here.
+    pub fn enforce_rbac(&self, tokens: &[(&str, &str)]) {
+        self.lock().tokens = Some(rbac::Tokens(
+            tokens
+                .iter()
+                .map(|(t, u)| (t.to_string(), u.to_string()))
+                .collect(),
+        ));
+    }
+
+    /// Create the objects of a multi-document YAML manifest that this server serves
+    /// (RBAC objects among them); the others (Deployments, Services, ...) are skipped.
+    /// How many were created.
+    pub fn load_manifests(&self, yaml: &str) -> Result<usize, String> {
+        use serde::Deserialize;
+        let mut n = 0;
+        for doc in serde_yaml_ng::Deserializer::from_str(yaml) {
+            let v = Value::deserialize(doc).map_err(|e| e.to_string())?;
+            let Some(kind) = v.get("kind").and_then(Value::as_str) else {
+                continue;
+            };
+            let Some(k) = KINDS.iter().find(|k| k.kind == kind) else {
+                continue;
+            };
+            let ns = v
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            self.create(k.plural, &ns, v)
+                .map_err(|e| e.message.clone())?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Whether `user` may do `a`, from the RBAC objects stored now.
+    fn authorized(&self, user: &str, a: &rbac::Attributes) -> bool {
+        let g = self.lock();
+        let of = |plural: &'static str| {
+            g.objects
+                .iter()
+                .filter(move |((p, _, _), _)| p == plural)
+                .map(|((_, ns, name), v)| (ns.clone(), name.clone(), v))
+        };
+        let policy = rbac::Policy {
+            cluster_roles: of("clusterroles").map(|(_, n, v)| (n, v)).collect(),
+            roles: of("roles").map(|(ns, n, v)| ((ns, n), v)).collect(),
+            cluster_bindings: of("clusterrolebindings").map(|(_, _, v)| v).collect(),
+            bindings: of("rolebindings").map(|(ns, _, v)| (ns, v)).collect(),
+        };
+        policy.allows(user, a)
     }
 
     /// Create an object (as the API would: name, uid, resourceVersion, timestamps).
@@ -939,6 +1031,16 @@ async fn handle(
     let params: ListParams = Query::try_from_uri(uri)
         .map(|Query(p)| p)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", e.body_text()))?;
+    authorize(
+        s,
+        method,
+        headers,
+        k,
+        &ns,
+        name.as_deref(),
+        sub.as_deref(),
+        &params,
+    )?;
 
     // Injected faults.
     let (latency, fail) = {
@@ -1059,6 +1161,64 @@ async fn handle(
             "MethodNotAllowed",
             format!("{method} is not supported on {path}"),
         )),
+    }
+}
+
+/// With RBAC on: 401 without a known token, 403 for what the user's bindings do not
+/// grant (see `rbac.rs`).
+#[allow(clippy::too_many_arguments)]
+fn authorize(
+    s: &ApiServer,
+    method: &Method,
+    headers: &HeaderMap,
+    k: &Kind,
+    ns: &str,
+    name: Option<&str>,
+    sub: Option<&str>,
+    params: &ListParams,
+) -> Result<(), ApiError> {
+    let Some(tokens) = s.lock().tokens.clone() else {
+        return Ok(());
+    };
+    let header = headers.get("authorization").and_then(|v| v.to_str().ok());
+    let Some(user) = tokens.user(header).map(String::from) else {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "Unauthorized",
+        ));
+    };
+    // requestinfo.go: the verb of a request.
+    let verb = match (method.clone(), name) {
+        (Method::GET, None) if matches!(params.watch.as_deref(), Some("true" | "1")) => "watch",
+        (Method::GET, None) => "list",
+        (Method::GET, Some(_)) => "get",
+        (Method::POST, _) => "create",
+        (Method::PUT, _) => "update",
+        (Method::PATCH, _) => "patch",
+        (Method::DELETE, _) => "delete",
+        _ => "unknown",
+    };
+    let a = rbac::Attributes {
+        verb: verb.into(),
+        group: k.group.into(),
+        resource: k.plural.into(),
+        subresource: sub.map(String::from),
+        namespace: if k.namespaced {
+            ns.into()
+        } else {
+            String::new()
+        },
+        name: name.map(String::from),
+    };
+    if s.authorized(&user, &a) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            rbac::forbidden_message(&user, &a),
+        ))
     }
 }
 
