@@ -48,6 +48,10 @@ pub struct LineHandler {
 
 /// A raw /dev/kmsg record: `prio,seq,usec,flags;message` (message with `\xNN` escapes).
 pub struct Record<'a> {
+    /// Syslog priority: facility << 3 | level. The kernel's own records have facility
+    /// 0; anything written to /dev/kmsg from user space gets another (the kernel turns
+    /// a user's facility 0 into LOG_USER: kernel/printk/printk.c `devkmsg_write`).
+    pub prio: u32,
     /// Sequence number.
     pub seq: u64,
     /// Microseconds since boot.
@@ -61,10 +65,15 @@ pub fn parse_record(rec: &str) -> Option<Record<'_>> {
     let first = rec.lines().next()?;
     let (head, message) = first.split_once(';')?;
     let mut f = head.split(',');
-    let _prio: u32 = f.next()?.parse().ok()?;
+    let prio: u32 = f.next()?.parse().ok()?;
     let seq = f.next()?.parse().ok()?;
     let usec = f.next()?.parse().ok()?;
-    Some(Record { seq, usec, message })
+    Some(Record {
+        prio,
+        seq,
+        usec,
+        message,
+    })
 }
 
 /// Undo /dev/kmsg's `\xNN` escaping (non-printable bytes, embedded newlines).
@@ -100,7 +109,11 @@ impl LineHandler {
     }
 
     /// One /dev/kmsg record: its message may hold several lines (escaped newlines).
+    /// Only the kernel's own records (facility 0) are read.
     pub fn record(&mut self, rec: &Record<'_>) {
+        if rec.prio >> 3 != 0 {
+            return self.metrics.count_kmsg_line("not-kernel");
+        }
         let now = now_ms();
         let at_ms = match self.boot_ms {
             Some(boot) => {
@@ -379,7 +392,15 @@ mod tests {
     #[test]
     fn kmsg_records_and_escapes() {
         let r = parse_record("4,1234,5678901,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: fallen off the bus.\n SUBSYSTEM=pci").unwrap();
-        assert_eq!((r.seq, r.usec), (1234, 5678901));
+        assert_eq!((r.prio, r.seq, r.usec), (4, 1234, 5678901));
+        // `logger` or `echo '<0>...' > /dev/kmsg` from user space: facility 1 (user).
+        assert_eq!(
+            parse_record("14,1235,5678902,-;NVRM: Xid (PCI:0000:3b:00): 79, x")
+                .unwrap()
+                .prio
+                >> 3,
+            1
+        );
         let lines: Vec<String> = unescape(r.message).lines().map(String::from).collect();
         assert_eq!(
             lines,

@@ -1,6 +1,13 @@
 //! Parsing NVRM kernel log lines: Xid lines in every common prefix format (raw
 //! /dev/kmsg records, dmesg with or without -T, syslog, journal) and the Xid-less
 //! "has fallen off the bus" messages, single- and multi-line.
+//!
+//! Only the kernel's own messages count, since an Xid can fail a GPU and evict its
+//! work: `NVRM: ` must start the message, after at most the kernel's timestamp; in
+//! syslog and journal text the first tag must be `kernel:` (anything a user logs, e.g.
+//! `logger 'NVRM: Xid ...'`, carries the user's tag); and a line longer than
+//! [`MAX_LINE`] is not read. (/dev/kmsg records of another facility than the kernel's
+//! are dropped before they get here.)
 
 use faultline_common::normalize_bus_id;
 
@@ -34,10 +41,62 @@ pub struct Parser {
     pending_bus: Option<(String, u8)>,
 }
 
-/// The NVRM message of a line, whatever the prefix: everything after `NVRM: `.
+/// Longest line read; longer ones are not kernel NVRM messages (counted, dropped).
+pub const MAX_LINE: usize = 4096;
+
+/// Strip one leading `[...]` (a dmesg timestamp, relative or `-T`).
+fn strip_timestamp(s: &str) -> &str {
+    let s = s.trim_start();
+    match s.strip_prefix('[').and_then(|r| r.split_once(']')) {
+        Some((_, rest)) => rest.trim_start(),
+        None => s,
+    }
+}
+
+/// The kernel message of a line: the line itself (a /dev/kmsg record's text, dmesg
+/// with its timestamp), or what follows the `kernel:` tag of a syslog or journal line.
+/// `None` when the line is someone else's: its first tag (the first word ending in
+/// `:`) is not `kernel:`.
+fn kernel_message(line: &str) -> Option<&str> {
+    let s = line.trim_start();
+    // A raw /dev/kmsg record kept in a file: `prio,seq,usec,flags;message`, the
+    // kernel's only when its facility (prio >> 3) is 0.
+    if let Some((head, msg)) = s.split_once(';') {
+        let mut f = head.split(',');
+        let prio = f.next().and_then(|p| p.parse::<u32>().ok());
+        let numeric = f.next().is_some_and(|x| x.parse::<u64>().is_ok())
+            && f.next().is_some_and(|x| x.parse::<u64>().is_ok());
+        if let (Some(prio), true) = (prio, numeric) {
+            return (prio >> 3 == 0).then_some(msg);
+        }
+    }
+    if s.starts_with('[') || s.starts_with("NVRM: ") {
+        return Some(strip_timestamp(s));
+    }
+    // `Jun 15 08:23:45 host kernel: ...`, `2024-06-15T08:23:45+0000 host kernel: ...`:
+    // the words before the tag (date, time, host) never end in ':'.
+    let mut rest = s;
+    loop {
+        let word_end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let word = &rest[..word_end];
+        if word.ends_with(':') {
+            return (word == "kernel:").then(|| strip_timestamp(&rest[word_end..]));
+        }
+        if word_end == rest.len() {
+            return None;
+        }
+        rest = rest[word_end..].trim_start();
+    }
+}
+
+/// The NVRM message of a kernel line: everything after a leading `NVRM: `.
 fn nvrm_message(line: &str) -> Option<&str> {
-    let i = line.find("NVRM: ")?;
-    Some(line[i + 6..].trim_end())
+    if line.len() > MAX_LINE {
+        return None;
+    }
+    kernel_message(line)?
+        .strip_prefix("NVRM: ")
+        .map(str::trim_end)
 }
 
 fn bus_in(text: &str) -> Option<String> {
@@ -141,6 +200,30 @@ mod tests {
             Line::FallenOffBus { bus, .. } => assert_eq!(bus.as_deref(), Some("0000:b3:00.0")),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Issue 10: only the kernel may report an Xid. A user's `logger` line carries the
+    /// user's tag, and `NVRM:` inside someone else's message is not a kernel message.
+    #[test]
+    fn a_forged_xid_is_not_an_xid() {
+        let mut p = Parser::default();
+        for forged in [
+            "Jun 15 08:23:45 node-42 mallory: NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+            "Jun 15 08:23:45 node-42 mallory: kernel: NVRM: Xid (PCI:0000:3b:00): 79, x",
+            "Jun 15 08:23:45 node-42 root[1234]: NVRM: Xid (PCI:0000:3b:00): 79, x",
+            "[ 1234.5] myapp says NVRM: Xid (PCI:0000:3b:00): 79, x",
+            "2024-06-15T08:23:45+0000 node-42 python3: NVRM: Xid (PCI:0000:3b:00): 48, x",
+            "ssh login from NVRM: Xid (PCI:0000:3b:00): 79",
+            "14,1234,5678901,-;NVRM: Xid (PCI:0000:3b:00): 79, a user's record",
+        ] {
+            assert_eq!(p.parse(forged), Line::Other, "{forged}");
+        }
+        let long = format!("NVRM: Xid (PCI:0000:3b:00): 79, {}", "x".repeat(MAX_LINE));
+        assert_eq!(
+            p.parse(&long),
+            Line::Other,
+            "a line over the cap is not read"
+        );
     }
 
     #[test]
