@@ -718,3 +718,67 @@ async fn a_quiet_node_watch_is_not_relisted() {
     assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }
+
+/// Issue 14, guardrail 1: a default install with the ConfigMap sink is a dry run: a
+/// failed device changes nothing on the cluster, and what would be done is announced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_install_is_a_dry_run() {
+    let (server, kube) = api_server().await;
+    let a = agent("n1").await;
+    server
+        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
+        .unwrap();
+    server
+        .create(
+            "pods",
+            "default",
+            PodFixture::new("train", "n1").gpu().build(),
+        )
+        .unwrap();
+    let before = server.get("nodes", "", "n1").unwrap();
+    let agg = Launch::configmap(&kube, "r1", 1)
+        .args(&["--agents".to_string(), format!("n1=http://{}", a.addr)])
+        .start()
+        .await;
+    assert_eq!(
+        post(
+            a.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
+        )
+        .await,
+        201
+    );
+    let announced = |reason: &str| {
+        server
+            .list("events", "default")
+            .iter()
+            .filter(|e| e["reason"] == reason)
+            .count()
+    };
+    until(Duration::from_secs(10), "dry-run announcements", || {
+        (announced("FaultlineWouldQuarantine") == 1 && announced("FaultlineWouldEvict") == 1)
+            .then_some(())
+    })
+    .await;
+    // Several reconcile passes later, still nothing done, nothing announced twice.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        server.get("nodes", "", "n1").unwrap(),
+        before,
+        "the Node is untouched"
+    );
+    assert!(
+        server.get("pods", "default", "train").is_some(),
+        "nothing evicted"
+    );
+    assert_eq!(announced("FaultlineWouldQuarantine"), 1);
+    let evictions = server
+        .calls()
+        .iter()
+        .filter(|c| c.uri.contains("/eviction"))
+        .count();
+    assert_eq!(evictions, 0);
+    assert_no_forbidden(&server);
+    agg.cancel_token().cancel();
+}

@@ -812,3 +812,64 @@ async fn the_record_survives_node_churn() {
         .count();
     assert_eq!(evictions, 2);
 }
+
+/// Issue 14, guardrail 2: a replica whose shard Lease is lost, or whose renewals stopped
+/// (self-expiry on its own clock), never taints, evicts, releases or writes a record.
+#[tokio::test]
+async fn a_replica_without_its_lease_changes_nothing() {
+    use faultline_aggregator::remediate::ReleaseRequest;
+    use faultline_aggregator::shard::Held;
+    use std::time::{Duration, Instant};
+    let (server, client) = setup().await;
+    server
+        .create("pods", "default", pod("train", true, Some("GPU-1234")))
+        .unwrap();
+    let r = remediator(client, Mode::Enforce);
+    let held = Held::default();
+    let fence = Fence::shard(held.clone(), 0);
+    let before = server.get("nodes", "", "gpu-1").unwrap();
+    // Never held.
+    assert!(matches!(
+        r.isolate("gpu-1", failed("gpu3"), &fence).await,
+        Err(faultline_aggregator::remediate::RemediateError::NotHolder)
+    ));
+    assert_eq!(
+        server.get("nodes", "", "gpu-1").unwrap(),
+        before,
+        "no write"
+    );
+    // Held, isolated; then the renewals stop and the Lease runs out on our own clock.
+    held.grant(0, Instant::now() + Duration::from_millis(300));
+    assert_eq!(
+        r.isolate("gpu-1", failed("gpu3"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!fence.holds());
+    let quarantined = server.get("nodes", "", "gpu-1").unwrap();
+    assert!(r.evict("gpu-1", &fence).await.is_err(), "no eviction");
+    assert!(server.get("pods", "default", "train").is_some());
+    let req = ReleaseRequest {
+        devices: vec![],
+        actor: "user:alice".into(),
+        reason: "done".into(),
+    };
+    assert!(r.release("gpu-1", req, &fence).await.is_err(), "no release");
+    let mut two = failed("gpu3");
+    two.extend(failed("gpu5"));
+    assert!(
+        r.isolate("gpu-1", two, &fence).await.is_err(),
+        "no record write"
+    );
+    assert_eq!(
+        server.get("nodes", "", "gpu-1").unwrap()["metadata"]["resourceVersion"],
+        quarantined["metadata"]["resourceVersion"],
+        "the Node was not written after the Lease ran out"
+    );
+    let evictions = server
+        .calls()
+        .iter()
+        .filter(|c| c.uri.contains("/eviction"))
+        .count();
+    assert_eq!(evictions, 0);
+}

@@ -311,6 +311,10 @@ impl NodePass {
                 devices: self.extra.clone(),
             });
         }
+        if r.mode() == crate::remediate::Mode::DryRun {
+            r.would_evict(node, &self.devices).await?;
+            return Ok(());
+        }
         let t1 = Instant::now();
         let e = r.evict(node, &self.fence).await?;
         if !e.evicted.is_empty() {

@@ -178,6 +178,57 @@ impl Remediator {
         Ok(out)
     }
 
+    /// Dry run: announce the pods an eviction pass would evict for `devices` (a dry run
+    /// writes no record, so [`Remediator::evict`] has none to work from). Each pod is
+    /// announced once.
+    pub async fn would_evict(
+        &self,
+        node: &str,
+        devices: &[crate::model::RecordDevice],
+    ) -> Result<usize, RemediateError> {
+        if self.mode != Mode::DryRun || devices.is_empty() {
+            return Ok(0);
+        }
+        let all: Api<Pod> = Api::all(self.client.clone());
+        let pods = all
+            .list(
+                &ListParams::default()
+                    .match_any()
+                    .fields(&format!("spec.nodeName={node}")),
+            )
+            .await?;
+        let mut n = 0;
+        for pod in pods
+            .items
+            .iter()
+            .filter(|p| wants_eviction(p, &self.resources, devices))
+        {
+            let (Some(name), Some(ns)) = (
+                pod.metadata.name.as_deref(),
+                pod.metadata.namespace.as_deref(),
+            ) else {
+                continue;
+            };
+            let key = format!("{ns}/{name}/{}", pod.metadata.uid.as_deref().unwrap_or(""));
+            if self
+                .announce
+                .event(
+                    node,
+                    "FaultlineWouldEvict",
+                    &key,
+                    format!("dry-run: would evict {ns}/{name}"),
+                    true,
+                    devices,
+                )
+                .await
+            {
+                self.announce.metric("evict", "dry-run");
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Write the record of an eviction pass, testing the Node's resourceVersion; when
     /// the Node changed meanwhile, read it again and carry the pass's changes over.
     async fn write_eviction_record(
