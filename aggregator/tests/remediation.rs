@@ -234,6 +234,19 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
         .gpu()
         .owner("DaemonSet");
     server.create("pods", "default", ds.build()).unwrap();
+    // Issue 14, guardrail 5: on the failed device too, but never evicted: a mirror pod
+    // (the kubelet's static pod), a finished one and one already terminating.
+    let mut mirror = pod("mirror", true, Some("GPU-1234"));
+    mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "hash"});
+    server.create("pods", "default", mirror).unwrap();
+    let done = PodFixture::new("finished", "gpu-1")
+        .gpu()
+        .holds("GPU-1234", "Unhealthy")
+        .phase("Succeeded");
+    server.create("pods", "default", done.build()).unwrap();
+    let mut leaving = pod("terminating", true, Some("GPU-1234"));
+    leaving["metadata"]["deletionTimestamp"] = json!("2026-11-30T00:00:00Z");
+    server.create("pods", "default", leaving).unwrap();
     server
         .create("pods", "default", pod("no-status", true, None))
         .unwrap();
@@ -259,7 +272,15 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
     evicted.sort();
     assert_eq!(evicted, vec!["no-status", "on-failed"]);
     assert_eq!(names(&first.blocked), vec!["guarded"]);
-    for kept in ["on-healthy", "cpu-only", "ds-agent", "guarded"] {
+    for kept in [
+        "on-healthy",
+        "cpu-only",
+        "ds-agent",
+        "guarded",
+        "mirror",
+        "finished",
+        "terminating",
+    ] {
         assert!(
             server.get("pods", "default", kept).is_some(),
             "{kept} must stay"
@@ -299,6 +320,14 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
         !pod_lists.is_empty() && pod_lists.iter().all(|u| u.contains("resourceVersion=0")),
         "{pod_lists:?}"
     );
+    for p in ["mirror", "finished", "terminating", "ds-agent"] {
+        assert!(
+            !calls
+                .iter()
+                .any(|c| c.uri.contains(&format!("/pods/{p}/eviction"))),
+            "{p} must never be asked to leave"
+        );
+    }
     for p in ["on-failed", "no-status"] {
         let n = calls
             .iter()
