@@ -1098,3 +1098,93 @@ async fn kubectl_describe_node_shows_faultlines_events() {
     agg.cancel_token().cancel();
     agg.wait().await;
 }
+
+/// Issue 14, guardrail 3: the circuit breaker wired from real failures. Two nodes
+/// failing within --breaker-window open it (a third that failed after the window of
+/// the first does not count it), nothing more is quarantined while it is open, and
+/// `faultline breaker close` lets remediation go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
+    let (server, kube) = api_server().await;
+    let mut agents = Vec::new();
+    for n in ["n1", "n2", "n3"] {
+        server
+            .create("nodes", "", NodeFixture::new(n).ready(true).build())
+            .unwrap();
+        agents.push(agent(n).await);
+    }
+    let urls: Vec<String> = ["n1", "n2", "n3"]
+        .iter()
+        .zip(&agents)
+        .map(|(n, a)| format!("{n}=http://{}", a.addr))
+        .collect();
+    let urls = urls.join(",");
+    let agg = Launch::healing(&kube, "r1")
+        .args(&[
+            "--agents",
+            &urls,
+            "--breaker-nodes",
+            "2",
+            "--breaker-window",
+            "3s",
+        ])
+        .start()
+        .await;
+    let quarantined = |n: &str| our_taints(&server, n) == 1;
+    fail(&agents[0], "gpu1").await;
+    until(Duration::from_secs(10), "n1 quarantined", || {
+        quarantined("n1").then_some(())
+    })
+    .await;
+    // Past the window: n1 no longer counts, n2 alone does not open the breaker.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    fail(&agents[1], "gpu1").await;
+    until(Duration::from_secs(10), "n2 quarantined", || {
+        quarantined("n2").then_some(())
+    })
+    .await;
+    // n3 within the window of n2: two nodes, the breaker opens, n3 is not touched.
+    fail(&agents[2], "gpu1").await;
+    until(Duration::from_secs(10), "the breaker opens", || {
+        server
+            .get("configmaps", NS, "faultline-breaker")
+            .filter(|cm| cm["data"]["state"] == "open")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !quarantined("n3"),
+        "nothing is quarantined while the breaker is open"
+    );
+    let status = faultline_status(&kube).await;
+    assert!(
+        status.starts_with("breaker: open (2 nodes failed within 3s)"),
+        "{status}"
+    );
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
+        .args([
+            "breaker",
+            "close",
+            "--kube-server",
+            &kube,
+            "--kube-token-file",
+            admin_token_file().to_str().unwrap(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    until(
+        Duration::from_secs(10),
+        "n3 quarantined once the breaker is closed",
+        || quarantined("n3").then_some(()),
+    )
+    .await;
+    assert_no_forbidden(&server);
+    agg.cancel_token().cancel();
+    agg.wait().await;
+}
