@@ -1188,3 +1188,82 @@ async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
     agg.cancel_token().cancel();
     agg.wait().await;
 }
+
+/// Issue 14, guardrail 4: a per-domain budget holds a failed node back (announced once,
+/// however many passes run) and the node is quarantined once room frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_node_is_quarantined_once_room_frees() {
+    let (server, kube) = api_server().await;
+    let mut agents = Vec::new();
+    for n in ["n1", "n2"] {
+        server
+            .create(
+                "nodes",
+                "",
+                NodeFixture::new(n).label("rack", "r1").ready(true).build(),
+            )
+            .unwrap();
+        agents.push(agent(n).await);
+    }
+    let urls = format!("n1=http://{},n2=http://{}", agents[0].addr, agents[1].addr);
+    let agg = Launch::healing(&kube, "r1")
+        .args(&[
+            "--agents",
+            &urls,
+            "--failure-domain-label",
+            "rack",
+            "--max-quarantined-per-domain",
+            "1",
+        ])
+        .start()
+        .await;
+    fail(&agents[0], "gpu1").await;
+    until(Duration::from_secs(10), "n1 quarantined", || {
+        (our_taints(&server, "n1") == 1).then_some(())
+    })
+    .await;
+    fail(&agents[1], "gpu1").await;
+    until(Duration::from_secs(10), "n2 held back", || {
+        (events(&server, "n2", "FaultlineHeldBack") == 1).then_some(())
+    })
+    .await;
+    // Reconcile passes every 500 ms: still held back, announced once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(our_taints(&server, "n2"), 0, "one per rack");
+    assert_eq!(events(&server, "n2", "FaultlineHeldBack"), 1);
+    // A person releases n1 (its GPU replaced): room frees, n2 is quarantined.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
+        .args([
+            "release",
+            "--node",
+            "n1",
+            "--by",
+            "alice",
+            "--wait",
+            "20s",
+            "--kube-server",
+            &kube,
+            "--kube-token-file",
+            admin_token_file().to_str().unwrap(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    until(
+        Duration::from_secs(10),
+        "n2 quarantined once room frees",
+        || (our_taints(&server, "n2") == 1).then_some(()),
+    )
+    .await;
+    assert_eq!(our_taints(&server, "n1"), 0, "the person's release holds");
+    assert_eq!(events(&server, "n2", "FaultlineHeldBack"), 1);
+    assert_eq!(events(&server, "n2", "FaultlineQuarantined"), 1);
+    assert_no_forbidden(&server);
+    agg.cancel_token().cancel();
+    agg.wait().await;
+}
