@@ -626,6 +626,39 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         .any(|t| t["key"] == TAINT && t["operator"] == "Exists"));
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(our_taints(&server, "n1"), 1, "the canary is still running");
+    // Issue 14, guardrail 6: the first canary fails: announced, the node stays
+    // quarantined, and the next canary comes only after another cool-down.
+    let first = job["metadata"]["name"].as_str().unwrap().to_string();
+    let mut failed_job = server.get("jobs", NS, &first).unwrap();
+    failed_job["status"] = json!({"failed": 1});
+    server
+        .update("jobs", NS, &first, failed_job, Some("status"))
+        .unwrap();
+    until(
+        Duration::from_secs(10),
+        "the canary's failure announced",
+        || (events(&server, "n1", "FaultlineCanaryFailed") == 1).then_some(()),
+    )
+    .await;
+    let failed_at = std::time::Instant::now();
+    assert_eq!(
+        our_taints(&server, "n1"),
+        1,
+        "a failed canary keeps the quarantine"
+    );
+    let (job, _) = until(Duration::from_secs(20), "a second canary", || {
+        server
+            .list("jobs", NS)
+            .into_iter()
+            .find(|j| j["metadata"]["name"] != first.as_str())
+    })
+    .await;
+    assert!(
+        failed_at.elapsed() >= Duration::from_secs(3),
+        "the second canary came {:?} after the failure; the cool-down is 4 s",
+        failed_at.elapsed()
+    );
+    assert_eq!(our_taints(&server, "n1"), 1);
     // The Job controller's part: the Job succeeds.
     let name = job["metadata"]["name"].as_str().unwrap().to_string();
     let mut done = server.get("jobs", NS, &name).unwrap();
