@@ -1300,3 +1300,63 @@ async fn a_held_back_node_is_quarantined_once_room_frees() {
     agg.cancel_token().cancel();
     agg.wait().await;
 }
+
+/// Issue 14, guardrail 7: a person's release holds against a still-failed reading for
+/// --dedup-window, and only that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persons_release_holds_for_the_dedup_window_only() {
+    let (server, kube) = api_server().await;
+    server
+        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
+        .unwrap();
+    let a1 = agent("n1").await;
+    let agents = format!("n1=http://{}", a1.addr);
+    let agg = Launch::healing(&kube, "r1")
+        .args(&["--agents", &agents, "--dedup-window", "4s"])
+        .start()
+        .await;
+    fail(&a1, "gpu1").await;
+    until(Duration::from_secs(10), "n1 quarantined", || {
+        (our_taints(&server, "n1") == 1).then_some(())
+    })
+    .await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
+        .args([
+            "release",
+            "--node",
+            "n1",
+            "--by",
+            "alice",
+            "--wait",
+            "20s",
+            "--kube-server",
+            &kube,
+            "--kube-token-file",
+            admin_token_file().to_str().unwrap(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let released = std::time::Instant::now();
+    // The agent still says failed; passes every 500 ms do not undo the release...
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(our_taints(&server, "n1"), 0, "within the dedup window");
+    // ...until the window ends.
+    until(Duration::from_secs(10), "n1 quarantined again", || {
+        (our_taints(&server, "n1") == 1).then_some(())
+    })
+    .await;
+    assert!(
+        released.elapsed() >= Duration::from_secs(3),
+        "quarantined again {:?} after the release; the window is 4 s",
+        released.elapsed()
+    );
+    assert_no_forbidden(&server);
+    agg.cancel_token().cancel();
+    agg.wait().await;
+}

@@ -687,4 +687,44 @@ mod tests {
         assert_eq!(intake.one(third.clone()).await, AlertOutcome::Duplicate);
         assert_eq!(intake.one(third).await, AlertOutcome::Duplicate);
     }
+
+    /// Issue 14, guardrail 7: the N-within-W window and the dedup window run out.
+    #[tokio::test]
+    async fn the_counting_window_and_the_dedup_window_expire() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let dir = tempfile::tempdir().unwrap();
+        let intake = Intake::new(
+            IntakeConfig {
+                token_file: dir.path().join("token"),
+                max_bytes: 1 << 20,
+                threshold: 2,
+                window: Duration::from_millis(300),
+                dedup: Duration::from_millis(600),
+            },
+            Arc::new(Metrics::new()),
+            tx,
+        );
+        let alert = || Alert {
+            node: "n1".into(),
+            uuid: Some("GPU-1".into()),
+            bus_id: None,
+            metric: "xid".into(),
+            value: None,
+            firing: true,
+            occurrence: None,
+        };
+        assert_eq!(intake.one(alert()).await, AlertOutcome::Counted);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        // The first one left the window: this one is the first again.
+        assert_eq!(intake.one(alert()).await, AlertOutcome::Counted);
+        assert!(rx.try_recv().is_err());
+        assert_eq!(intake.one(alert()).await, AlertOutcome::Acted);
+        assert_eq!(intake.one(alert()).await, AlertOutcome::Duplicate);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        // Past the dedup window the key counts afresh.
+        assert_eq!(intake.one(alert()).await, AlertOutcome::Counted);
+        assert_eq!(intake.one(alert()).await, AlertOutcome::Acted);
+        assert_eq!(rx.try_recv().unwrap().node, "n1");
+        assert_eq!(rx.try_recv().unwrap().node, "n1");
+    }
 }
