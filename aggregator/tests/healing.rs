@@ -1360,3 +1360,128 @@ async fn a_persons_release_holds_for_the_dedup_window_only() {
     agg.cancel_token().cancel();
     agg.wait().await;
 }
+
+/// Issue 14, guardrail 10, on the real binary: every announcement reaches each
+/// configured receiver in its own format, each action writes its audit line, and
+/// SIGTERM stops the process cleanly with the shard Lease released for the next holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_notifies_audits_and_stops_on_sigterm() {
+    use std::sync::{Arc, Mutex};
+    let (server, kube) = api_server().await;
+    server
+        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
+        .unwrap();
+    let a1 = agent("n1").await;
+    // One receiver for every format, recording (path, body).
+    let got: Arc<Mutex<Vec<(String, Value)>>> = Default::default();
+    let app = {
+        let got = got.clone();
+        axum::Router::new().route(
+            "/{fmt}",
+            axum::routing::post(
+                move |axum::extract::Path(fmt): axum::extract::Path<String>,
+                      body: axum::body::Bytes| {
+                    let got = got.clone();
+                    async move {
+                        got.lock()
+                            .unwrap()
+                            .push((fmt, serde_json::from_slice(&body).unwrap()));
+                        axum::http::StatusCode::OK
+                    }
+                },
+            ),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hooks = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let notify = ["generic", "slack", "wecom", "dingtalk", "feishu"]
+        .map(|f| format!("{f}=http://{hooks}/{f}"))
+        .join(",");
+    let args = Launch::healing(&kube, "r1")
+        .args(&[
+            "--agents",
+            &format!("n1=http://{}", a1.addr),
+            "--notify",
+            &notify,
+            "--log-format",
+            "json",
+        ])
+        .into_args();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline-aggregator"))
+        .args(&args)
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    holds(&server, "r1").await;
+    fail(&a1, "gpu1").await;
+    until(Duration::from_secs(10), "n1 quarantined", || {
+        (our_taints(&server, "n1") == 1).then_some(())
+    })
+    .await;
+    let (bodies, _) = until(Duration::from_secs(10), "every receiver told", || {
+        let g = got.lock().unwrap();
+        let quarantined: Vec<(String, Value)> = g
+            .iter()
+            .filter(|(_, b)| b.to_string().contains("FaultlineQuarantined"))
+            .cloned()
+            .collect();
+        (quarantined.len() == 5).then_some(quarantined)
+    })
+    .await;
+    for (fmt, body) in &bodies {
+        let text = match fmt.as_str() {
+            "generic" => {
+                assert_eq!(body["kind"], "FaultlineQuarantined");
+                assert_eq!(body["node"], "n1");
+                assert_eq!(body["devices"][0]["id"], "gpu1");
+                continue;
+            }
+            "slack" => body["text"].as_str(),
+            "wecom" | "dingtalk" => body["text"]["content"].as_str(),
+            "feishu" => body["content"]["text"].as_str(),
+            other => panic!("{other}"),
+        };
+        let text = text.unwrap_or_else(|| panic!("{fmt}: {body}"));
+        assert!(text.contains("FaultlineQuarantined on n1"), "{fmt}: {text}");
+    }
+    // SIGTERM: a clean exit, the Lease handed back.
+    let pid = child.id().unwrap() as i32;
+    assert_eq!(unsafe_free_kill(pid), 0);
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("stopped within 30 s of SIGTERM")
+        .unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    let lease = server.get("leases", NS, "faultline-shard-0").unwrap();
+    assert!(
+        lease["spec"]["holderIdentity"].is_null(),
+        "the Lease is released: {lease}"
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    let audit: Value = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["target"] == "faultline::audit" && l["fields"]["action"] == "quarantine")
+        .unwrap_or_else(|| panic!("no audit line for the quarantine:\n{log}"));
+    assert_eq!(audit["fields"]["node"], "n1", "{audit}");
+    assert_eq!(audit["fields"]["actor"], "r1", "{audit}");
+    assert!(
+        audit["fields"]["devices"]
+            .as_str()
+            .unwrap()
+            .contains("gpu1"),
+        "{audit}"
+    );
+    assert_no_forbidden(&server);
+}
+
+/// SIGTERM to `pid` through the `kill` command (no unsafe code in the tests).
+fn unsafe_free_kill(pid: i32) -> i32 {
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .map(|s| s.code().unwrap_or(1))
+        .unwrap_or(1)
+}

@@ -102,6 +102,11 @@ impl Launch {
         }
     }
 
+    /// The command line, for the real binary.
+    pub fn into_args(self) -> Vec<String> {
+        self.0.into_iter().skip(1).collect()
+    }
+
     /// Start it.
     pub async fn start(self) -> faultline_aggregator::Aggregator {
         let cfg = faultline_aggregator::config::Config::parse_from(self.0).unwrap();
