@@ -306,3 +306,61 @@ async fn a_fifo_and_an_unreadable_log() {
     )
     .await;
 }
+
+/// Issue 14, guardrail 8: a followed kernel log that is rotated (renamed, a new file
+/// created) is read again from the new file's start, and one that is truncated in
+/// place is read again from its start; nothing written after either is missed.
+#[tokio::test]
+async fn a_rotated_or_truncated_log_is_reopened() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("kern.log");
+    std::fs::write(&log, "Jun 15 08:00:00 n kernel: NVRM: loading driver\n").unwrap();
+    let agent = spawn_agent(
+        &[
+            "--source",
+            "sim,kmsg",
+            "--sim-devices",
+            "3",
+            "--kmsg",
+            log.to_str().unwrap(),
+            "--interval",
+            "100ms",
+        ],
+        &[],
+    );
+    wait_for(&agent, Duration::from_secs(10), "three sim GPUs", |d| {
+        d.npus.len() == 3
+    })
+    .await;
+    let xid = |bus: &str| {
+        format!("Jun 15 08:23:45 node-42 kernel: NVRM: Xid (PCI:0000:{bus}:00): 79, pid=1, name=x, GPU has fallen off the bus.")
+    };
+    // Give the follower time to open the file and seek to its end.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    append(&log, &[&xid("18")]);
+    wait_for(&agent, Duration::from_secs(5), "gpu0 failed", |d| {
+        status_of(d, "gpu0").0 == "failed"
+    })
+    .await;
+    // Rotation: the old file moves away, a new one starts with an Xid of its own.
+    std::fs::rename(&log, dir.path().join("kern.log.1")).unwrap();
+    std::fs::write(&log, format!("{}\n", xid("19"))).unwrap();
+    wait_for(&agent, Duration::from_secs(5), "gpu1 failed", |d| {
+        status_of(d, "gpu1").0 == "failed"
+    })
+    .await;
+    // Truncation in place (copytruncate): read from the start again.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    append(&log, &[&xid("1a")]);
+    let doc = wait_for(&agent, Duration::from_secs(5), "gpu2 failed", |d| {
+        status_of(d, "gpu2").0 == "failed"
+    })
+    .await;
+    assert_eq!(doc.summary.failed, 3);
+}
