@@ -281,3 +281,74 @@ async fn exec_runs_a_site_tool_printing_the_seed_document() {
         "{src:?}"
     );
 }
+
+/// Issue 14, guardrail 8: `--retries` retries a failed call within one sample (and not
+/// more), and a source that cannot start is retried with exponential backoff, not at
+/// every interval.
+#[tokio::test]
+async fn retries_within_a_sample_and_backoff_when_a_source_cannot_start() {
+    let calls = |tools: &ToolDir| {
+        std::fs::read_to_string(tools.dir.path().join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    for (retries, want) in [("2", 3), ("0", 1)] {
+        let tools = ToolDir::new();
+        tools.mode("fail");
+        let cmd = format!("{} --json", bin("fake-health-json"));
+        let agent = spawn_agent(
+            &[
+                "--source",
+                "exec",
+                "--exec",
+                cmd.as_str(),
+                "--interval",
+                "30s",
+                "--retries",
+                retries,
+            ],
+            &[("FAKE_TOOL_DIR", tools.p())],
+        );
+        wait_for(&agent, Duration::from_secs(10), "the tool failing", |d| {
+            d.sources.iter().any(|s| s.name == "exec" && !s.up)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            calls(&tools),
+            want,
+            "--retries {retries}: one sample, {want} calls"
+        );
+    }
+
+    // A tool that is not there: Init errors, retried at 0.2, 0.6, 1.4, 3.0 s... (doubling
+    // from --interval), not every 200 ms.
+    let agent = spawn_agent(
+        &[
+            "--source",
+            "exec",
+            "--exec",
+            "/nonexistent/site-tool --json",
+            "--interval",
+            "200ms",
+        ],
+        &[],
+    );
+    tokio::time::sleep(Duration::from_millis(3300)).await;
+    let m = request("GET", &agent.url("/metrics"), None).await.body;
+    let tries: u64 = m
+        .lines()
+        .find(|l| {
+            l.starts_with("faultline_agent_source_errors_total{")
+                && l.contains("source=\"exec\"")
+                && l.contains("kind=\"init\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no init errors counted:\n{m}"));
+    assert!(
+        (3..=6).contains(&tries),
+        "{tries} tries in 3.3 s: backoff doubles from 200 ms (16 without it)"
+    );
+}
