@@ -275,4 +275,77 @@ mod tests {
         let e = c.call(Duration::from_secs(5), 2).await.unwrap_err();
         assert_eq!(e, ProbeError::Panic("driver exploded".into()));
     }
+
+    /// Answers one reading of `gpu0`, then fails every call.
+    struct OnlyFirst {
+        calls: std::sync::atomic::AtomicU32,
+        warm_up: bool,
+    }
+    impl Source for OnlyFirst {
+        fn name(&self) -> &'static str {
+            "only-first"
+        }
+        fn sample(&self, _: Duration) -> Result<SourceSample, ProbeError> {
+            if self.calls.fetch_add(1, Ordering::AcqRel) > 0 {
+                return Err(ProbeError::Call("gone".into()));
+            }
+            let mut r = faultline_common::DeviceReading::new(
+                "gpu0",
+                faultline_common::Vendor::Ascend,
+                "only-first",
+            );
+            r.temperature_c = Some(40.0);
+            Ok(SourceSample {
+                devices: vec![r],
+                events: vec![],
+            })
+        }
+        fn needs_warm_up(&self) -> bool {
+            self.warm_up
+        }
+    }
+
+    /// Issue 14, guardrail 8: a vendor tool's first reading after start is discarded
+    /// when the source says so (incomplete right after the driver loads), and kept
+    /// otherwise.
+    #[tokio::test]
+    async fn the_first_reading_of_a_warming_source_is_discarded() {
+        for (warm_up, devices) in [(true, 0), (false, 1)] {
+            let metrics = Arc::new(Metrics::new());
+            let store = Store::new(
+                crate::store::StoreConfig {
+                    node: "n".into(),
+                    cache_ttl: Duration::from_secs(60),
+                    thresholds: faultline_common::Thresholds::default(),
+                    xid_policy: faultline_common::XidPolicy::default(),
+                },
+                metrics.clone(),
+            );
+            let source = Arc::new(OnlyFirst {
+                calls: Default::default(),
+                warm_up,
+            });
+            let cancel = CancellationToken::new();
+            let cfg = SamplerConfig {
+                interval: Duration::from_millis(20),
+                timeout: Duration::from_secs(1),
+                retries: 0,
+                max_abandoned: 2,
+            };
+            let task = tokio::spawn(run(
+                source.clone(),
+                store.clone(),
+                metrics,
+                cfg,
+                cancel.clone(),
+            ));
+            while source.calls.load(Ordering::Acquire) < 3 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            cancel.cancel();
+            let _ = task.await;
+            assert_eq!(store.render().npus.len(), devices, "warm-up {warm_up}");
+            assert!(store.ready(), "a discarded reading still counts as tried");
+        }
+    }
 }
