@@ -782,3 +782,88 @@ async fn a_default_install_is_a_dry_run() {
     assert_no_forbidden(&server);
     agg.cancel_token().cancel();
 }
+
+/// Writes of a shard ConfigMap so far (creates and replaces).
+fn shard_writes(server: &ApiServer) -> usize {
+    server
+        .calls()
+        .iter()
+        .filter(|c| {
+            (c.method == "PUT" && c.uri.contains("/configmaps/faultline-shard-0"))
+                || (c.method == "POST" && c.uri.ends_with("/namespaces/faultline/configmaps"))
+        })
+        .count()
+}
+
+/// Issue 14, guardrail 9 (part): `sequence` continues across holders, and a shard
+/// nothing changes in is still rewritten every --heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sequence_carries_over_and_a_quiet_shard_heartbeats() {
+    let (server, kube) = api_server().await;
+    let a = agent("n1").await;
+    let agents = format!("n1=http://{}", a.addr);
+    let r1 = Launch::configmap(&kube, "r1", 1)
+        .args(&[
+            "--agents".to_string(),
+            agents.clone(),
+            "--write-interval".into(),
+            "1s".into(),
+            "--heartbeat".into(),
+            "2s".into(),
+        ])
+        .start()
+        .await;
+    until(Duration::from_secs(10), "a few writes by r1", || {
+        shard_doc(&server, 0).filter(|d| d.sequence >= 2)
+    })
+    .await;
+    let seq = shard_doc(&server, 0).unwrap().sequence;
+    // A crash; the next holder continues the sequence from the ConfigMap.
+    r1.abort();
+    let r2 = Launch::configmap(&kube, "r2", 1)
+        .args(&[
+            "--agents".to_string(),
+            agents,
+            "--heartbeat".into(),
+            "2s".into(),
+        ])
+        .start()
+        .await;
+    let (doc, _) = until(Duration::from_secs(15), "r2 writes", || {
+        shard_doc(&server, 0).filter(|d| d.writer == "r2")
+    })
+    .await;
+    assert!(doc.sequence > seq, "{} after {seq}", doc.sequence);
+    assert!(
+        doc.sequence <= seq + 3,
+        "continued, not restarted: {} after {seq}",
+        doc.sequence
+    );
+    r2.cancel_token().cancel();
+    r2.wait().await;
+
+    // Heartbeat: a shard nothing changes in (its agent gone, its node unknown and
+    // steady) is still rewritten every --heartbeat.
+    let quiet = Launch::configmap(&kube, "r3", 1)
+        .args(&[
+            "--agents".to_string(),
+            "http://127.0.0.1:9".into(),
+            "--heartbeat".into(),
+            "1s".into(),
+        ])
+        .start()
+        .await;
+    until(Duration::from_secs(15), "r3 holds the shard", || {
+        shard_doc(&server, 0).filter(|d| d.writer == "r3")
+    })
+    .await;
+    let before = shard_writes(&server);
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let beats = shard_writes(&server) - before;
+    assert!(
+        (2..=4).contains(&beats),
+        "{beats} heartbeats in 3.5 s with --heartbeat 1s"
+    );
+    assert_no_forbidden(&server);
+    quiet.cancel_token().cancel();
+}
