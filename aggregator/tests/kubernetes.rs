@@ -867,3 +867,70 @@ async fn the_sequence_carries_over_and_a_quiet_shard_heartbeats() {
     assert_no_forbidden(&server);
     quiet.cancel_token().cancel();
 }
+
+/// Issue 14, guardrail 9 (part): nudges stay within --nudge-rate (bursts of twice the
+/// rate) and touch only pods matching --nudge-selector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nudges_keep_to_their_rate_and_selector() {
+    let (server, kube) = api_server().await;
+    let a = agent("n2").await;
+    for (name, app) in [("train-a", "train"), ("train-b", "train"), ("web", "web")] {
+        let mut p = PodFixture::new(name, "n2").build();
+        p["metadata"]["labels"]["app"] = json!(app);
+        server.create("pods", "default", p).unwrap();
+    }
+    let agg = Launch::configmap(&kube, "r1", 1)
+        .args(&[
+            "--agents".to_string(),
+            format!("n2=http://{}", a.addr),
+            "--publish-namespaces".into(),
+            "default".into(),
+            // One token (a burst of twice 0.5), refilled every 2 s.
+            "--nudge-rate".into(),
+            "0.5".into(),
+            "--nudge-selector".into(),
+            "app=train".into(),
+        ])
+        .start()
+        .await;
+    until(Duration::from_secs(10), "n2 published", || {
+        node_entry(&server, 1, "n2").filter(|e| e.summary.healthy == 4)
+    })
+    .await;
+    assert_eq!(
+        post(
+            a.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu1","fault":"lost"}"#
+        )
+        .await,
+        201
+    );
+    let nudged = |name: &str| {
+        server.get("pods", "default", name).unwrap()["metadata"]["annotations"]
+            ["faultline.io/fault-refresh"]
+            .is_string()
+    };
+    until(Duration::from_secs(10), "a train pod nudged", || {
+        (nudged("train-a") || nudged("train-b")).then_some(())
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !metrics(agg.addr)
+        .await
+        .contains("faultline_aggregator_pod_nudges_total{result=\"rate-limited\"} 1")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the rate limit was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !(nudged("train-a") && nudged("train-b")),
+        "one token: one nudge"
+    );
+    assert!(!nudged("web"), "not matching --nudge-selector");
+    assert_no_forbidden(&server);
+    agg.cancel_token().cancel();
+}
