@@ -902,3 +902,70 @@ async fn a_replica_without_its_lease_changes_nothing() {
         .count();
     assert_eq!(evictions, 0);
 }
+
+/// Issue 14, guardrail 6 (part): a taint put on for devices unknown past the tolerance
+/// lifts by itself once they are seen healthy again (it was a guard, not a verdict),
+/// even with --release manual, and not before.
+#[tokio::test]
+async fn an_unknown_only_taint_lifts_once_the_devices_are_healthy() {
+    use faultline_aggregator::model::DeviceView;
+    use faultline_common::DeviceStatus;
+    let (server, client) = setup().await;
+    let r = remediator(client, Mode::Enforce);
+    let unknown = vec![RecordDevice::new("gpu0", "no-fresh-data")];
+    assert_eq!(
+        r.guard_unknown("gpu-1", unknown, &Fence::unfenced())
+            .await
+            .unwrap(),
+        Outcome::Isolated
+    );
+    let view = |status: DeviceStatus, clean: u32| {
+        vec![DeviceView {
+            device: RecordDevice::new("gpu0", ""),
+            status,
+            clean_streak: clean,
+            since_ms: 0,
+        }]
+    };
+    let now = faultline_common::time::now_ms();
+    // Still unknown, or healthy with too few clean samples: the guard stays.
+    for v in [
+        view(DeviceStatus::Unknown, 0),
+        view(DeviceStatus::Healthy, 29),
+    ] {
+        assert!(matches!(
+            r.release_pass("gpu-1", &v, now, &Fence::unfenced())
+                .await
+                .unwrap(),
+            Outcome::Waiting(_)
+        ));
+    }
+    let ours = |server: &ApiServer| {
+        server.get("nodes", "", "gpu-1").unwrap()["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["key"] == "nvidia.com/gpu-fault")
+            .count()
+    };
+    assert_eq!(ours(&server), 1);
+    assert_eq!(
+        r.release_pass(
+            "gpu-1",
+            &view(DeviceStatus::Healthy, 30),
+            now,
+            &Fence::unfenced()
+        )
+        .await
+        .unwrap(),
+        Outcome::Released
+    );
+    assert_eq!(ours(&server), 0, "the guard's taint lifted");
+    let node = server.get("nodes", "", "gpu-1").unwrap();
+    assert!(node["metadata"]["labels"].get(DEVICES_LABEL).is_none());
+    assert!(node["spec"]["taints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["key"] == "other.example/maintenance"));
+}
