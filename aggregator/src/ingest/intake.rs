@@ -279,6 +279,33 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
 
 type Key = (String, String, String);
 
+/// Keys (node, device, metric) counted or acted on at most; past it the oldest go
+/// (counted as `evicted`), so a token holder cannot grow memory without bound.
+pub const MAX_KEYS: usize = 10_000;
+/// Longest node name (a DNS-1123 subdomain), device id and metric name accepted; an
+/// alert naming longer ones is not attributed to anything.
+pub const MAX_NAME: usize = 253;
+/// Longest value kept (longer ones are cut).
+pub const MAX_VALUE: usize = 256;
+
+/// Drop the oldest entries of `map` (by `at`) until it has room for one more.
+fn make_room<V>(map: &mut HashMap<Key, V>, at: impl Fn(&V) -> Instant) -> usize {
+    let over = (map.len() + 1).saturating_sub(MAX_KEYS);
+    if over == 0 {
+        return 0;
+    }
+    for _ in 0..over {
+        let oldest = map
+            .iter()
+            .min_by_key(|(_, v)| at(v))
+            .map(|(k, _)| k.clone());
+        if let Some(k) = oldest {
+            map.remove(&k);
+        }
+    }
+    over
+}
+
 /// Occurrence ids of Alertmanager alerts start with this.
 const AM_PREFIX: &str = "am:";
 /// An Alertmanager alert seen again within this is a retry of the same send; later it
@@ -542,9 +569,17 @@ impl Intake {
         if !a.firing {
             return AlertOutcome::Resolved;
         }
+        if [&a.node, &device, &a.metric]
+            .iter()
+            .any(|s| s.len() > MAX_NAME)
+        {
+            tracing::warn!(node = %a.node.chars().take(64).collect::<String>(), "alert with an over-long node, device or metric name: not acted on");
+            return AlertOutcome::Unattributed;
+        }
         let key: Key = (a.node.clone(), device.clone(), a.metric.clone());
         let now = Instant::now();
-        {
+        let mut evicted = 0;
+        let outcome = {
             // Both maps under their locks at once (counts, then acted): the alert that
             // reaches the threshold and the one right after it cannot both count.
             let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
@@ -553,12 +588,14 @@ impl Intake {
             if acted.contains_key(&key) {
                 return AlertOutcome::Duplicate;
             }
-            // Forget keys whose window passed, so the map does not grow forever.
-            if counts.len() > 10_000 {
+            // Forget keys whose window passed, so the map does not grow forever; past
+            // the cap, the oldest go too.
+            if counts.len() >= MAX_KEYS && !counts.contains_key(&key) {
                 counts.retain(|_, q| {
                     q.back()
                         .is_some_and(|(t, _)| now.duration_since(*t) < self.cfg.window)
                 });
+                evicted += make_room(&mut counts, |q| q.back().map_or(now, |(t, _)| *t));
             }
             let q = counts.entry(key.clone()).or_default();
             while q
@@ -581,10 +618,19 @@ impl Intake {
             }
             q.push_back((now, a.occurrence.clone()));
             if q.len() < self.cfg.threshold.max(1) {
-                return AlertOutcome::Counted;
+                AlertOutcome::Counted
+            } else {
+                counts.remove(&key);
+                evicted += make_room(&mut acted, |t| *t);
+                acted.insert(key, now);
+                AlertOutcome::Acted
             }
-            counts.remove(&key);
-            acted.insert(key, now);
+        };
+        for _ in 0..evicted {
+            self.metrics.intake_alert("evicted");
+        }
+        if outcome != AlertOutcome::Acted {
+            return outcome;
         }
         let verdict = Verdict {
             node: a.node.clone(),
@@ -593,7 +639,7 @@ impl Intake {
                 pci_bus_id: a.bus_id.clone(),
                 source: Some("alert".into()),
                 metric: Some(a.metric.clone()),
-                value: a.value.clone(),
+                value: a.value.clone().map(|v| v.chars().take(MAX_VALUE).collect()),
                 ..RecordDevice::new(device, format!("alert:{}", a.metric))
             },
         };
@@ -726,5 +772,50 @@ mod tests {
         assert_eq!(intake.one(alert()).await, AlertOutcome::Acted);
         assert_eq!(rx.try_recv().unwrap().node, "n1");
         assert_eq!(rx.try_recv().unwrap().node, "n1");
+    }
+
+    /// Issue 10, point 4: a token holder cannot grow the intake's memory without bound:
+    /// past MAX_KEYS the oldest keys go (counted), and over-long names are not keys.
+    #[tokio::test]
+    async fn the_intakes_memory_is_bounded() {
+        let (tx, _rx) = mpsc::channel(16);
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let intake = Intake::new(
+            IntakeConfig {
+                token_file: dir.path().join("token"),
+                max_bytes: 1 << 20,
+                threshold: 3,
+                window: Duration::from_secs(600),
+                dedup: Duration::from_secs(900),
+            },
+            metrics.clone(),
+            tx,
+        );
+        let alert = |i: usize| Alert {
+            node: format!("n{i}"),
+            uuid: Some("GPU-1".into()),
+            bus_id: None,
+            metric: "xid".into(),
+            value: None,
+            firing: true,
+            occurrence: None,
+        };
+        for i in 0..MAX_KEYS + 500 {
+            assert_eq!(intake.one(alert(i)).await, AlertOutcome::Counted);
+        }
+        assert_eq!(intake.counts.lock().unwrap().len(), MAX_KEYS);
+        assert!(metrics
+            .encode()
+            .contains("faultline_aggregator_intake_alerts_total{result=\"evicted\"} 500"));
+        // The newest keys are the ones kept.
+        assert!(intake.counts.lock().unwrap().contains_key(&(
+            "n10499".to_string(),
+            "GPU-1".to_string(),
+            "xid".to_string()
+        )));
+        let mut long = alert(0);
+        long.node = "n".repeat(MAX_NAME + 1);
+        assert_eq!(intake.one(long).await, AlertOutcome::Unattributed);
     }
 }
