@@ -1485,3 +1485,54 @@ fn unsafe_free_kill(pid: i32) -> i32 {
         .map(|s| s.code().unwrap_or(1))
         .unwrap_or(1)
 }
+
+/// Issue 10, point 4: an alert that reaches its threshold for a device neither the
+/// node's agent nor the kubelet reports (for a pod of the node) is announced and not
+/// acted on: no taint, nothing evicted on a guess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_for_a_device_nobody_reports_is_only_announced() {
+    let (server, kube) = api_server().await;
+    server
+        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
+        .unwrap();
+    // A GPU pod the kubelet says nothing about (no allocatedResourcesStatus).
+    server
+        .create(
+            "pods",
+            "default",
+            PodFixture::new("train", "n1").gpu().build(),
+        )
+        .unwrap();
+    let (_dir, token_file) = token_file();
+    let agg = Launch::healing(&kube, "r1")
+        .args(&[
+            "--agents",
+            "n1=http://127.0.0.1:9",
+            "--intake-token-file",
+            token_file.to_str().unwrap(),
+            "--intake-threshold",
+            "1",
+        ])
+        .start()
+        .await;
+    lease_held(agg.addr).await;
+    let url = format!("http://{}/v1/alerts", agg.addr);
+    let alert = r#"{"node_name":"n1","gpu_uuid":"GPU-nobody-has","metric":"xid_error","value":"Xid 79","time":1}"#;
+    let (code, body) = call("POST", &url, Some("s3cret"), alert.into()).await;
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body["acted"].as_array().unwrap().len(), 1, "{body}");
+    until(Duration::from_secs(10), "announced as unattributed", || {
+        (events(&server, "n1", "FaultlineAlertUnattributed") == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(our_taints(&server, "n1"), 0, "no taint on a guess");
+    assert!(
+        server.get("pods", "default", "train").is_some(),
+        "nothing evicted"
+    );
+    assert_eq!(events(&server, "n1", "FaultlineAlertUnattributed"), 1);
+    assert_no_forbidden(&server);
+    agg.cancel_token().cancel();
+    agg.wait().await;
+}

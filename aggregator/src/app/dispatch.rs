@@ -184,13 +184,23 @@ impl Dispatch {
                 .get(&node)
                 .map(|(_, v)| v.clone())
                 .unwrap_or_default();
-            for d in &extra {
+            // An alert acts only on a device the node's agent reports; one the agent
+            // does not know must be one the kubelet reports for a pod of the node (the
+            // pass checks), or it is only announced (issue 10).
+            let views = pipeline.device_views(&node);
+            let (known, unverified): (Vec<RecordDevice>, Vec<RecordDevice>) =
+                extra.iter().cloned().partition(|d| {
+                    d.source.as_deref() != Some("alert")
+                        || views.iter().any(|v| v.device.same_device(d))
+                });
+            for d in &known {
                 if !devices.iter().any(|x| x.is(&d.id)) {
                     devices.push(d.clone());
                 }
             }
             let is_quarantined = quarantined.contains(&node);
-            if (devices.is_empty() && !is_quarantined) || !self.shards.holds_node(&node) {
+            let nothing = devices.is_empty() && unverified.is_empty() && !is_quarantined;
+            if nothing || !self.shards.holds_node(&node) {
                 continue;
             }
             let Some(slot) = self.in_flight.take(&node) else {
@@ -201,10 +211,11 @@ impl Dispatch {
                 fence: self.shards.fence(&node),
                 metrics: self.metrics.clone(),
                 settled: self.settled.clone(),
-                views: is_quarantined.then(|| pipeline.device_views(&node)),
+                views: is_quarantined.then_some(views),
                 node,
                 devices,
                 extra,
+                unverified,
                 fresh,
             };
             tokio::spawn(async move {
@@ -258,11 +269,15 @@ struct NodePass {
     devices: Vec<RecordDevice>,
     /// The pending verdicts among them.
     extra: Vec<RecordDevice>,
+    /// Alerts naming a device the node's agent does not report: acted on only if the
+    /// kubelet reports it for a pod of the node.
+    unverified: Vec<RecordDevice>,
     fresh: bool,
 }
 
 impl NodePass {
-    async fn run(self) {
+    async fn run(mut self) {
+        self.verify_alerts().await;
         let (r, node) = (&self.remediator, self.node.as_str());
         let t0 = Instant::now();
         if let Some(views) = &self.views {
@@ -287,6 +302,46 @@ impl NodePass {
             self.metrics.action("quarantine", "error");
             self.metrics.remediation_error(e.metric_label());
             tracing::warn!(node = %node, error = %e, "remediation pass failed; the next one retries");
+        }
+    }
+
+    /// Alerts on devices the agent does not report count only for devices the kubelet
+    /// reports for a pod of the node; the others are announced once and settled.
+    async fn verify_alerts(&mut self) {
+        if self.unverified.is_empty() {
+            return;
+        }
+        let node = self.node.clone();
+        let held = match self
+            .remediator
+            .kubelet_reports(&node, &self.unverified)
+            .await
+        {
+            Ok(h) => h,
+            Err(e) => {
+                // Not known either way: neither acted on nor dropped; the next pass asks.
+                tracing::warn!(node = %node, error = %e, "cannot check the alerted devices against the node's pods");
+                self.extra.retain(|d| !self.unverified.contains(d));
+                return;
+            }
+        };
+        let mut unattributed = Vec::new();
+        for (d, held) in std::mem::take(&mut self.unverified).into_iter().zip(held) {
+            if held {
+                if !self.devices.iter().any(|x| x.is(&d.id)) {
+                    self.devices.push(d);
+                }
+            } else {
+                self.remediator.announce_unattributed(&node, &d).await;
+                unattributed.push(d);
+            }
+        }
+        if !unattributed.is_empty() {
+            self.extra.retain(|d| !unattributed.contains(d));
+            let _ = self.settled.send(Settled {
+                node,
+                devices: unattributed,
+            });
         }
     }
 

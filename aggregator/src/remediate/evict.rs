@@ -229,6 +229,56 @@ impl Remediator {
         Ok(n)
     }
 
+    /// Which of `devices` the kubelet reports for a pod of `node`
+    /// (`allocatedResourcesStatus`), in order.
+    pub async fn kubelet_reports(
+        &self,
+        node: &str,
+        devices: &[crate::model::RecordDevice],
+    ) -> Result<Vec<bool>, RemediateError> {
+        let all: Api<Pod> = Api::all(self.client.clone());
+        let pods = all
+            .list(
+                &ListParams::default()
+                    .match_any()
+                    .fields(&format!("spec.nodeName={node}")),
+            )
+            .await?;
+        let ids: Vec<String> = pods
+            .items
+            .iter()
+            .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+            .flatten()
+            .flat_map(|cs| cs.allocated_resources_status.iter().flatten())
+            .filter(|rs| self.resources.contains(&rs.name))
+            .flat_map(|rs| rs.resources.iter().flatten().map(|r| r.resource_id.clone()))
+            .collect();
+        Ok(devices
+            .iter()
+            .map(|d| ids.iter().any(|id| d.is(id)))
+            .collect())
+    }
+
+    /// Announce an alert that names a device neither the node's agent nor the kubelet
+    /// reports: nothing is acted on for it.
+    pub async fn announce_unattributed(&self, node: &str, device: &crate::model::RecordDevice) {
+        self.announce.metric("alert", "unattributed");
+        tracing::warn!(node, device = %device.id, reason = %device.reason, "alert names a device no agent or pod of the node reports: announced, not acted on");
+        self.announce
+            .event(
+                node,
+                "FaultlineAlertUnattributed",
+                &format!("{}/{}", device.id, device.reason),
+                format!(
+                    "{} on {node} ({}) is not a device its agent or the kubelet reports: not acted on",
+                    device.id, device.reason
+                ),
+                true,
+                std::slice::from_ref(device),
+            )
+            .await;
+    }
+
     /// Write the record of an eviction pass, testing the Node's resourceVersion; when
     /// the Node changed meanwhile, read it again and carry the pass's changes over.
     async fn write_eviction_record(
