@@ -399,6 +399,32 @@ async fn lease_held(addr: std::net::SocketAddr) {
     }
 }
 
+/// `faultline release --node NODE --by alice` as an administrator, waiting for it.
+async fn faultline_release(kube: &str, node: &str) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
+        .args([
+            "release",
+            "--node",
+            node,
+            "--by",
+            "alice",
+            "--wait",
+            "20s",
+            "--kube-server",
+            kube,
+            "--kube-token-file",
+            admin_token_file().to_str().unwrap(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `faultline status` against the API server at `kube`: its standard output.
 async fn faultline_status(kube: &str) -> String {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
@@ -1265,28 +1291,7 @@ async fn a_held_back_node_is_quarantined_once_room_frees() {
     assert_eq!(our_taints(&server, "n2"), 0, "one per rack");
     assert_eq!(events(&server, "n2", "FaultlineHeldBack"), 1);
     // A person releases n1 (its GPU replaced): room frees, n2 is quarantined.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
-        .args([
-            "release",
-            "--node",
-            "n1",
-            "--by",
-            "alice",
-            "--wait",
-            "20s",
-            "--kube-server",
-            &kube,
-            "--kube-token-file",
-            admin_token_file().to_str().unwrap(),
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    faultline_release(&kube, "n1").await;
     until(
         Duration::from_secs(10),
         "n2 quarantined once room frees",
@@ -1320,28 +1325,7 @@ async fn a_persons_release_holds_for_the_dedup_window_only() {
         (our_taints(&server, "n1") == 1).then_some(())
     })
     .await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
-        .args([
-            "release",
-            "--node",
-            "n1",
-            "--by",
-            "alice",
-            "--wait",
-            "20s",
-            "--kube-server",
-            &kube,
-            "--kube-token-file",
-            admin_token_file().to_str().unwrap(),
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    faultline_release(&kube, "n1").await;
     let released = std::time::Instant::now();
     // The agent still says failed; passes every 500 ms do not undo the release...
     tokio::time::sleep(Duration::from_secs(2)).await;

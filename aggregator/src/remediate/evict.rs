@@ -73,6 +73,17 @@ fn is_budget_refusal(e: &kube::core::Status) -> bool {
 }
 
 impl Remediator {
+    /// The pods of `node`, from the watch cache (resourceVersion=0): a node being
+    /// remediated is tainted, so no new pod lands there, and a pod the cache has not
+    /// seen yet waits for the next pass.
+    async fn pods_on(&self, node: &str) -> Result<Vec<Pod>, RemediateError> {
+        let all: Api<Pod> = Api::all(self.client.clone());
+        let lp = ListParams::default()
+            .match_any()
+            .fields(&format!("spec.nodeName={node}"));
+        Ok(all.list(&lp).await?.items)
+    }
+
     /// Evict the pods on `node` that use a failed device (see the module).
     pub async fn evict(&self, node: &str, fence: &Fence) -> Result<Evictions, RemediateError> {
         let mut out = Evictions::default();
@@ -84,19 +95,8 @@ impl Remediator {
             return Ok(out);
         };
         let mut record = before.clone();
-        let all: Api<Pod> = Api::all(self.client.clone());
-        let pods = all
-            // From the watch cache (resourceVersion=0): the node is tainted, so no new
-            // pod lands there, and a pod the cache has not seen yet waits for the next
-            // pass.
-            .list(
-                &ListParams::default()
-                    .match_any()
-                    .fields(&format!("spec.nodeName={node}")),
-            )
-            .await?;
+        let pods = self.pods_on(node).await?;
         let targets: Vec<&Pod> = pods
-            .items
             .iter()
             .filter(|p| wants_eviction(p, &self.resources, &record.devices))
             .collect();
@@ -189,17 +189,9 @@ impl Remediator {
         if self.mode != Mode::DryRun || devices.is_empty() {
             return Ok(0);
         }
-        let all: Api<Pod> = Api::all(self.client.clone());
-        let pods = all
-            .list(
-                &ListParams::default()
-                    .match_any()
-                    .fields(&format!("spec.nodeName={node}")),
-            )
-            .await?;
+        let pods = self.pods_on(node).await?;
         let mut n = 0;
         for pod in pods
-            .items
             .iter()
             .filter(|p| wants_eviction(p, &self.resources, devices))
         {
@@ -236,16 +228,8 @@ impl Remediator {
         node: &str,
         devices: &[crate::model::RecordDevice],
     ) -> Result<Vec<bool>, RemediateError> {
-        let all: Api<Pod> = Api::all(self.client.clone());
-        let pods = all
-            .list(
-                &ListParams::default()
-                    .match_any()
-                    .fields(&format!("spec.nodeName={node}")),
-            )
-            .await?;
+        let pods = self.pods_on(node).await?;
         let ids: Vec<String> = pods
-            .items
             .iter()
             .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
             .flatten()
