@@ -655,6 +655,38 @@ impl Intake {
 mod tests {
     use super::*;
 
+    /// An intake of `threshold` alerts within `window`, dedup `dedup`; its verdicts and
+    /// metrics (the token file is never read by these tests).
+    fn intake(
+        threshold: usize,
+        window: Duration,
+        dedup: Duration,
+    ) -> (Intake, mpsc::Receiver<Verdict>, Arc<Metrics>) {
+        let (tx, rx) = mpsc::channel(16);
+        let metrics = Arc::new(Metrics::new());
+        let cfg = IntakeConfig {
+            token_file: PathBuf::from("/nonexistent/token"),
+            max_bytes: 1 << 20,
+            threshold,
+            window,
+            dedup,
+        };
+        (Intake::new(cfg, metrics.clone(), tx), rx, metrics)
+    }
+
+    /// A firing alert of metric `xid` for `GPU-1` on `node`.
+    fn alert_on(node: &str) -> Alert {
+        Alert {
+            node: node.into(),
+            uuid: Some("GPU-1".into()),
+            bus_id: None,
+            metric: "xid".into(),
+            value: Some("79".into()),
+            firing: true,
+            occurrence: None,
+        }
+    }
+
     #[test]
     fn seeds_example_and_alertmanager_parse() {
         let seed = br#"{"cluster":"prod","node_name":"gpu-node-01","gpu_uuid":"GPU-123456","bus_id":"00000000:3B:00.0","metric":"xid_error","value":"Xid 79","time":1699999999}"#;
@@ -685,28 +717,8 @@ mod tests {
 
     #[tokio::test]
     async fn n_within_w_then_duplicates() {
-        let (tx, mut rx) = mpsc::channel(16);
-        let dir = tempfile::tempdir().unwrap();
-        let intake = Intake::new(
-            IntakeConfig {
-                token_file: dir.path().join("token"),
-                max_bytes: 1 << 20,
-                threshold: 3,
-                window: Duration::from_secs(60),
-                dedup: Duration::from_secs(900),
-            },
-            Arc::new(Metrics::new()),
-            tx,
-        );
-        let alert = || Alert {
-            node: "n1".into(),
-            uuid: Some("GPU-1".into()),
-            bus_id: None,
-            metric: "xid".into(),
-            value: Some("79".into()),
-            firing: true,
-            occurrence: None,
-        };
+        let (intake, mut rx, _) = intake(3, Duration::from_secs(60), Duration::from_secs(900));
+        let alert = || alert_on("n1");
         assert_eq!(intake.one(alert()).await, AlertOutcome::Counted);
         assert_eq!(intake.one(alert()).await, AlertOutcome::Counted);
         assert_eq!(intake.one(alert()).await, AlertOutcome::Acted);
@@ -737,28 +749,8 @@ mod tests {
     /// Issue 14, guardrail 7: the N-within-W window and the dedup window run out.
     #[tokio::test]
     async fn the_counting_window_and_the_dedup_window_expire() {
-        let (tx, mut rx) = mpsc::channel(16);
-        let dir = tempfile::tempdir().unwrap();
-        let intake = Intake::new(
-            IntakeConfig {
-                token_file: dir.path().join("token"),
-                max_bytes: 1 << 20,
-                threshold: 2,
-                window: Duration::from_millis(300),
-                dedup: Duration::from_millis(600),
-            },
-            Arc::new(Metrics::new()),
-            tx,
-        );
-        let alert = || Alert {
-            node: "n1".into(),
-            uuid: Some("GPU-1".into()),
-            bus_id: None,
-            metric: "xid".into(),
-            value: None,
-            firing: true,
-            occurrence: None,
-        };
+        let (intake, mut rx, _) = intake(2, Duration::from_millis(300), Duration::from_millis(600));
+        let alert = || alert_on("n1");
         assert_eq!(intake.one(alert()).await, AlertOutcome::Counted);
         tokio::time::sleep(Duration::from_millis(400)).await;
         // The first one left the window: this one is the first again.
@@ -778,29 +770,8 @@ mod tests {
     /// past MAX_KEYS the oldest keys go (counted), and over-long names are not keys.
     #[tokio::test]
     async fn the_intakes_memory_is_bounded() {
-        let (tx, _rx) = mpsc::channel(16);
-        let dir = tempfile::tempdir().unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let intake = Intake::new(
-            IntakeConfig {
-                token_file: dir.path().join("token"),
-                max_bytes: 1 << 20,
-                threshold: 3,
-                window: Duration::from_secs(600),
-                dedup: Duration::from_secs(900),
-            },
-            metrics.clone(),
-            tx,
-        );
-        let alert = |i: usize| Alert {
-            node: format!("n{i}"),
-            uuid: Some("GPU-1".into()),
-            bus_id: None,
-            metric: "xid".into(),
-            value: None,
-            firing: true,
-            occurrence: None,
-        };
+        let (intake, _rx, metrics) = intake(3, Duration::from_secs(600), Duration::from_secs(900));
+        let alert = |i: usize| alert_on(&format!("n{i}"));
         for i in 0..MAX_KEYS + 500 {
             assert_eq!(intake.one(alert(i)).await, AlertOutcome::Counted);
         }

@@ -64,6 +64,17 @@ enum PodEviction {
     Failed,
 }
 
+/// A pod's namespace, name and record key (`namespace/name/uid`: each pod at most once
+/// per fault, a new pod of the same name is another).
+fn pod_key(pod: &Pod) -> Option<(&str, &str, String)> {
+    let (name, ns) = (
+        pod.metadata.name.as_deref()?,
+        pod.metadata.namespace.as_deref()?,
+    );
+    let key = format!("{ns}/{name}/{}", pod.metadata.uid.as_deref().unwrap_or(""));
+    Some((ns, name, key))
+}
+
 /// Whether a 429 is a disruption budget's (the Status names the cause), not API
 /// Priority and Fairness shedding load.
 fn is_budget_refusal(e: &kube::core::Status) -> bool {
@@ -94,6 +105,10 @@ impl Remediator {
         let Some(before) = live.record.clone().filter(|r| !r.unknown_only) else {
             return Ok(out);
         };
+        if self.mode == Mode::DryRun {
+            self.would_evict(node, &before.devices).await?;
+            return Ok(out);
+        }
         let mut record = before.clone();
         let pods = self.pods_on(node).await?;
         let targets: Vec<&Pod> = pods
@@ -103,28 +118,10 @@ impl Remediator {
         let mut touched = Vec::new();
         let mut throttled = false;
         for pod in targets {
-            let (Some(name), Some(ns)) = (
-                pod.metadata.name.as_deref(),
-                pod.metadata.namespace.as_deref(),
-            ) else {
+            let Some((ns, name, key)) = pod_key(pod) else {
                 continue;
             };
-            let key = format!("{ns}/{name}/{}", pod.metadata.uid.as_deref().unwrap_or(""));
             if record.evicted.contains(&key) {
-                continue;
-            }
-            if self.mode == Mode::DryRun {
-                self.announce.metric("evict", "dry-run");
-                self.announce
-                    .event(
-                        node,
-                        "FaultlineWouldEvict",
-                        &key,
-                        format!("dry-run: would evict {ns}/{name}"),
-                        true,
-                        &record.devices,
-                    )
-                    .await;
                 continue;
             }
             if !fence.holds() {
@@ -195,13 +192,9 @@ impl Remediator {
             .iter()
             .filter(|p| wants_eviction(p, &self.resources, devices))
         {
-            let (Some(name), Some(ns)) = (
-                pod.metadata.name.as_deref(),
-                pod.metadata.namespace.as_deref(),
-            ) else {
+            let Some((ns, name, key)) = pod_key(pod) else {
                 continue;
             };
-            let key = format!("{ns}/{name}/{}", pod.metadata.uid.as_deref().unwrap_or(""));
             if self
                 .announce
                 .event(

@@ -35,6 +35,28 @@ impl Remediator {
         )
     }
 
+    /// What isolation and the unknown guard first ask: remediation on, the breaker
+    /// closed, and devices a person has not released within the dedup window. The live
+    /// Node and those devices, or the outcome that ends the pass here.
+    async fn open_pass(
+        &self,
+        node: &str,
+        devices: Vec<RecordDevice>,
+    ) -> Result<Result<(LiveNode, Vec<RecordDevice>), Outcome>, RemediateError> {
+        if self.mode == Mode::Off || devices.is_empty() {
+            return Ok(Err(Outcome::Off));
+        }
+        if self.breaker_open().await? {
+            return Ok(Err(Outcome::BreakerOpen));
+        }
+        let live = self.read(node).await?;
+        let devices = self.not_suppressed(&live, devices);
+        if devices.is_empty() {
+            return Ok(Err(Outcome::Suppressed));
+        }
+        Ok(Ok((live, devices)))
+    }
+
     /// Isolate `node` for `devices` (all failed), `fence` asked before every write: the
     /// shard Lease. A pass that loses it stops where it is. Idempotent: a second pass for
     /// the same fault changes nothing and announces nothing.
@@ -44,17 +66,10 @@ impl Remediator {
         devices: Vec<RecordDevice>,
         fence: &Fence,
     ) -> Result<Outcome, RemediateError> {
-        if self.mode == Mode::Off || devices.is_empty() {
-            return Ok(Outcome::Off);
-        }
-        if self.breaker_open().await? {
-            return Ok(Outcome::BreakerOpen);
-        }
-        let live = self.read(node).await?;
-        let fresh = self.not_suppressed(&live, devices);
-        if fresh.is_empty() {
-            return Ok(Outcome::Suppressed);
-        }
+        let (live, fresh) = match self.open_pass(node, devices).await? {
+            Ok(pass) => pass,
+            Err(outcome) => return Ok(outcome),
+        };
         let existing = live.record.clone();
         // Devices join a record and leave it only by a release: a device that is no
         // longer failed in this pass (or came from an alert the agents do not see)
@@ -258,17 +273,10 @@ impl Remediator {
         devices: Vec<RecordDevice>,
         fence: &Fence,
     ) -> Result<Outcome, RemediateError> {
-        if self.mode == Mode::Off || devices.is_empty() {
-            return Ok(Outcome::Off);
-        }
-        if self.breaker_open().await? {
-            return Ok(Outcome::BreakerOpen);
-        }
-        let live = self.read(node).await?;
-        let devices = self.not_suppressed(&live, devices);
-        if devices.is_empty() {
-            return Ok(Outcome::Suppressed);
-        }
+        let (live, devices) = match self.open_pass(node, devices).await? {
+            Ok(pass) => pass,
+            Err(outcome) => return Ok(outcome),
+        };
         if node_ready(&live.node) == Some(false) {
             return Ok(Outcome::LeftToKubernetes);
         }
