@@ -42,6 +42,7 @@ target/release/faultline-test-apiserver --listen "127.0.0.1:$((BASE + 20))" >"$W
 PIDS+=($!)
 wait_until 10 "the test API server answers" curl -sf "$KUBE/version"
 post() { curl -sf -X POST "$KUBE$1" -H 'content-type: application/json' -d "$2" >/dev/null; }
+patch_status() { curl -sf -X PATCH "$KUBE$1/status" -H 'content-type: application/merge-patch+json' -d "$2" >/dev/null; }
 post /api/v1/namespaces '{"metadata":{"name":"faultline"}}'
 
 AGENTS=()
@@ -52,7 +53,10 @@ for i in 1 2 3; do
   for half in a b; do
     first=$([[ $half == a ]] && echo 0 || echo 4)
     ids=$(for g in $(seq $first $((first + 3))); do printf '{"resourceID":"GPU-5157e000-0000-4000-8000-%012x","health":"Healthy"},' "$g"; done)
-    post /api/v1/namespaces/default/pods "{\"metadata\":{\"name\":\"train-$i$half\",\"labels\":{\"app\":\"train\"}},\"spec\":{\"nodeName\":\"gpu-node-$i\",\"containers\":[{\"name\":\"trainer\",\"image\":\"trainer\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"4\"}}}]},\"status\":{\"phase\":\"Running\",\"containerStatuses\":[{\"name\":\"trainer\",\"ready\":true,\"restartCount\":0,\"image\":\"trainer\",\"imageID\":\"\",\"allocatedResourcesStatus\":[{\"name\":\"nvidia.com/gpu\",\"resources\":[${ids%,}]}]}]}}"
+    # A new pod starts Pending (the API server drops a client's status); its kubelet
+    # then reports it running, Ready, with the GPUs it holds.
+    post /api/v1/namespaces/default/pods "{\"metadata\":{\"name\":\"train-$i$half\",\"labels\":{\"app\":\"train\"}},\"spec\":{\"nodeName\":\"gpu-node-$i\",\"containers\":[{\"name\":\"trainer\",\"image\":\"trainer\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"4\"}}}]}}"
+    patch_status /api/v1/namespaces/default/pods/train-$i$half "{\"status\":{\"phase\":\"Running\",\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\"}],\"containerStatuses\":[{\"name\":\"trainer\",\"ready\":true,\"restartCount\":0,\"image\":\"trainer\",\"imageID\":\"\",\"allocatedResourcesStatus\":[{\"name\":\"nvidia.com/gpu\",\"resources\":[${ids%,}]}]}]}}"
   done
   extra=()
   [[ $i == 1 ]] && extra=(--sim-scenario deploy/scenarios/demo.json)

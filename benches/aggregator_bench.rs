@@ -455,9 +455,10 @@ async fn remediation(agg: &str, nodes: usize, injections: usize) -> Result<()> {
             {
                 tainted = Some(t0.elapsed());
             }
+            // Evicted: Terminating (graceful deletion) or already gone.
             if server
                 .get("pods", "default", &format!("train-{i}"))
-                .is_none()
+                .is_none_or(|p| p.pointer("/metadata/deletionTimestamp").is_some())
             {
                 taint.push(tainted.unwrap_or_else(|| t0.elapsed()));
                 evict.push(t0.elapsed());

@@ -866,6 +866,7 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
     server.set_faults(Faults {
         error_rate: 0.15,
         conflict_rate: 0.15,
+        write_error_rate: 0.1,
         late_answer_rate: 0.10,
         late_answer_ms: 1500,
         seed: 7,

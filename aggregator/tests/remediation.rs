@@ -167,7 +167,7 @@ async fn a_refused_write_changes_nothing_and_the_next_pass_completes() {
     let (server, client) = setup().await;
     let r = remediator(client, Mode::Enforce);
     server.set_faults(Faults {
-        conflict_rate: 1.0,
+        write_error_rate: 1.0,
         ..Default::default()
     });
     assert!(r
@@ -492,7 +492,18 @@ async fn evictions_are_rate_limited_and_the_rest_wait() {
         (2, 2),
         "{first:?}"
     );
-    assert_eq!(server.list("pods", "default").len(), 2);
+    // The evicted two are Terminating (pkg/registry/core/pod/strategy.go); the others
+    // run on.
+    assert_eq!(running(&server).len(), 2);
+}
+
+/// The pods not being deleted.
+fn running(server: &ApiServer) -> Vec<Value> {
+    server
+        .list("pods", "default")
+        .into_iter()
+        .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
+        .collect()
 }
 
 #[tokio::test]
@@ -676,7 +687,10 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let out = r.evict("gpu-1", &fence).await.unwrap();
     assert_eq!(out.evicted.len(), 1, "{out:?}");
-    assert!(server.get("pods", "default", "guarded-2").is_none());
+    // Deleted with its grace period: Terminating, then gone once its kubelet stops it.
+    assert!(server
+        .get("pods", "default", "guarded-2")
+        .is_none_or(|p| p.pointer("/metadata/deletionTimestamp").is_some()));
     assert_eq!(events(&server, "FaultlinePodDeleted"), 1);
     // Nothing more on later passes.
     let out = r.evict("gpu-1", &fence).await.unwrap();

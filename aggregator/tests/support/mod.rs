@@ -162,13 +162,20 @@ impl NodeFixture {
 pub struct PodFixture(Value);
 
 impl PodFixture {
-    /// A running pod `name` in `default` on `node`, one container, labelled `app=name`.
+    /// A running, Ready pod `name` in `default` on `node`, one container, labelled
+    /// `app=name` (what its kubelet would have reported).
     pub fn new(name: &str, node: &str) -> Self {
         PodFixture(json!({
             "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
-            "status": {"phase": "Running"}
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
         }))
+    }
+
+    /// Not Ready (a crash-looping or starting container).
+    pub fn unready(mut self) -> Self {
+        self.0["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+        self
     }
 
     /// It asks for one `nvidia.com/gpu`.

@@ -5,19 +5,23 @@
 //! for Nodes (and `nodes/status`), Pods (and `pods/status`, `pods/eviction`),
 //! ConfigMaps, Events, Namespaces, Leases (`coordination.k8s.io/v1`) and
 //! PodDisruptionBudgets (`policy/v1`): get, list and watch with resourceVersion, label
-//! and field selectors; create (409 AlreadyExists); update (409 Conflict on a stale
-//! resourceVersion); JSON, merge and strategic-merge patch; delete. A ConfigMap over
-//! 1 MiB is refused (422) as the real server does, and so are invalid object names,
-//! ConfigMap keys and Event namespaces (`validation.rs`, each rule citing upstream). An
-//! eviction is refused with 429 (cause `DisruptionBudget`) while a matching
-//! PodDisruptionBudget allows no disruption, with 500 when two budgets match the pod,
-//! and deletes the pod otherwise (pkg/registry/core/pod/storage/eviction.go).
+//! and field selectors (objects entering or leaving a selector are ADDED or DELETED);
+//! create (409 AlreadyExists); update (409 Conflict on a stale resourceVersion); JSON,
+//! merge and strategic-merge patch (list strategies from the Go types); delete, graceful
+//! for pods (`lifecycle.rs`). A ConfigMap over 1 MiB is refused (422) as the real server
+//! does, and so are invalid object names, ConfigMap keys and Event namespaces
+//! (`validation.rs`, each rule citing upstream). Evictions are judged by the budget's
+//! status, which a simulated disruption controller keeps current (`disruption.rs`,
+//! after pkg/registry/core/pod/storage/eviction.go and
+//! pkg/controller/disruption/disruption.go).
 //!
 //! Fault injection (`PUT /_faults`, JSON [`Faults`]) adds latency, 5xx, 409 and API
 //! Priority and Fairness 429s to a share of calls, bumps Nodes' resourceVersion as the
 //! kubelet's status updates do, and ends watches early; `GET /_calls` lists the calls
 //! received.
 
+pub mod disruption;
+mod lifecycle;
 pub mod patch;
 pub mod rbac;
 pub mod validation;
@@ -25,7 +29,7 @@ pub mod validation;
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
@@ -182,8 +186,12 @@ pub struct Faults {
     pub latency_ms: u64,
     /// Share of calls answered 500.
     pub error_rate: f64,
-    /// Share of writes (update/patch) answered 409 Conflict.
+    /// Share of writes with a precondition (an update, or a patch naming a
+    /// resourceVersion) answered 409 Conflict.
     pub conflict_rate: f64,
+    /// Share of writes (POST/PUT/PATCH/DELETE) answered 500 without being carried out,
+    /// as when etcd times out.
+    pub write_error_rate: f64,
     /// Share of calls answered 429 by API Priority and Fairness: a plain-text body and
     /// `Retry-After: 1`, no Status and no `DisruptionBudget` cause, as
     /// staging/src/k8s.io/apiserver/pkg/server/filters/maxinflight.go `tooManyRequests`
@@ -201,6 +209,12 @@ pub struct Faults {
     pub late_answer_ms: u64,
     /// Watches end after this many seconds (0: only at their timeout).
     pub drop_watch_after_s: u64,
+    /// How long a terminating pod's containers take to stop before its kubelet
+    /// removes it (at most its grace period; 0: at the kubelet's next look).
+    pub pod_stop_ms: u64,
+    /// The disruption controller is stopped: PodDisruptionBudgets' status is not
+    /// updated, so a new or changed budget is "still being processed" (eviction.go).
+    pub disruption_controller_paused: bool,
     /// Seed of the fault dice.
     pub seed: u64,
 }
@@ -223,6 +237,9 @@ struct WatchEvent {
     kind: &'static str,
     event: &'static str,
     object: Value,
+    /// For MODIFIED: the object before, so a watch can tell an object entering or
+    /// leaving its selector.
+    prev: Option<Value>,
 }
 
 struct Inner {
@@ -236,6 +253,8 @@ struct Inner {
     uid: u64,
     /// With RBAC on: the users by bearer token.
     tokens: Option<rbac::Tokens>,
+    /// Terminating pods and when their containers will have stopped.
+    terminating: BTreeMap<(String, String, String), SystemTime>,
 }
 
 /// The server state.
@@ -380,28 +399,6 @@ pub fn fields_match(selector: &str, obj: &Value) -> bool {
         })
 }
 
-fn selector_of(pdb: &Value) -> Value {
-    pdb.pointer("/spec/selector/matchLabels")
-        .cloned()
-        .unwrap_or(json!({}))
-}
-
-fn pod_healthy(p: &Value) -> bool {
-    p.pointer("/metadata/deletionTimestamp").is_none()
-        && p.pointer("/status/phase").and_then(Value::as_str) == Some("Running")
-}
-
-fn int_or_percent(v: &Value, total: i64) -> Option<i64> {
-    match v {
-        Value::Number(n) => n.as_i64(),
-        Value::String(s) => {
-            let pct: f64 = s.strip_suffix('%')?.parse().ok()?;
-            Some((pct * total as f64 / 100.0).ceil() as i64)
-        }
-        _ => None,
-    }
-}
-
 /// The query parameters this server acts on; the others (limit, fieldManager, ...) are
 /// accepted and ignored.
 #[derive(Debug, Deserialize, Default)]
@@ -413,6 +410,7 @@ struct ListParams {
     field_selector: Option<String>,
     timeout_seconds: Option<u64>,
     allow_watch_bookmarks: Option<bool>,
+    grace_period_seconds: Option<i64>,
 }
 
 impl ApiServer {
@@ -429,9 +427,11 @@ impl ApiServer {
                 calls: Vec::new(),
                 uid: 0,
                 tokens: None,
+                terminating: BTreeMap::new(),
             })),
             events,
         };
+        lifecycle::start(Arc::downgrade(&s.inner), s.events.clone());
         for ns in ["default", "kube-system"] {
             let _ = s.create("namespaces", "", json!({"metadata": {"name": ns}}));
         }
@@ -480,6 +480,7 @@ impl ApiServer {
         kind: &'static str,
         event: &'static str,
         object: Value,
+        prev: Option<Value>,
     ) {
         let e = WatchEvent {
             rv: g.rv,
@@ -487,6 +488,7 @@ impl ApiServer {
             kind,
             event,
             object,
+            prev,
         };
         g.history.push_back(e.clone());
         while g.history.len() > HISTORY {
@@ -668,9 +670,22 @@ impl ApiServer {
         if plural == "pods" && obj.pointer("/status/phase").is_none() {
             obj["status"]["phase"] = json!("Running");
         }
+        // The PodDisruptionBudget strategy's PrepareForCreate: generation 1.
+        if plural == "poddisruptionbudgets" {
+            obj["metadata"]["generation"] = json!(1);
+        }
         Self::stamp(&mut g, &mut obj, k, ns);
         g.objects.insert(key.clone(), obj.clone());
-        Self::record(&mut g, &self.events, key, k.kind, "ADDED", obj.clone());
+        Self::record(
+            &mut g,
+            &self.events,
+            key,
+            k.kind,
+            "ADDED",
+            obj.clone(),
+            None,
+        );
+        Self::after_write(&mut g, &self.events, plural, ns);
         Ok(obj)
     }
 
@@ -731,15 +746,45 @@ impl ApiServer {
                 }
             }
         }
-        for f in ["uid", "creationTimestamp", "name", "deletionTimestamp"] {
-            if let Some(v) = cur.pointer(&format!("/metadata/{f}")) {
-                obj["metadata"][f] = v.clone();
+        for f in [
+            "uid",
+            "creationTimestamp",
+            "name",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ] {
+            match cur.pointer(&format!("/metadata/{f}")) {
+                Some(v) => obj["metadata"][f] = v.clone(),
+                None => {
+                    if let Some(m) = obj["metadata"].as_object_mut() {
+                        m.remove(f);
+                    }
+                }
             }
+        }
+        // The PodDisruptionBudget strategy's PrepareForUpdate: a new spec is a new
+        // generation (pkg/registry/policy/poddisruptionbudget/strategy.go).
+        if k.plural == "poddisruptionbudgets" && obj.get("spec") != cur.get("spec") {
+            let generation = cur
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            obj["metadata"]["generation"] = json!(generation + 1);
         }
         Self::validate(k, ns, &obj)?;
         Self::stamp(&mut g, &mut obj, k, ns);
         g.objects.insert(key.clone(), obj.clone());
-        Self::record(&mut g, &self.events, key, k.kind, "MODIFIED", obj.clone());
+        Self::record(
+            &mut g,
+            &self.events,
+            key,
+            k.kind,
+            "MODIFIED",
+            obj.clone(),
+            Some(cur),
+        );
+        Self::after_write(&mut g, &self.events, k.plural, ns);
         Ok(obj)
     }
 
@@ -755,16 +800,36 @@ impl ApiServer {
             .ok_or_else(|| ApiError::not_found(plural, name))?;
         g.rv += 1;
         obj["metadata"]["resourceVersion"] = json!(g.rv.to_string());
-        Self::record(&mut g, &self.events, key, k.kind, "DELETED", obj.clone());
+        g.terminating.remove(&key);
+        Self::record(
+            &mut g,
+            &self.events,
+            key,
+            k.kind,
+            "DELETED",
+            obj.clone(),
+            None,
+        );
+        Self::after_write(&mut g, &self.events, k.plural, ns);
         Ok(obj)
+    }
+
+    /// What the controllers do after a write: the disruption controller recomputes
+    /// the budgets of the namespace when a pod or a budget changed.
+    fn after_write(g: &mut Inner, tx: &broadcast::Sender<WatchEvent>, plural: &str, ns: &str) {
+        if matches!(plural, "pods" | "poddisruptionbudgets") {
+            lifecycle::sync_budgets(g, tx, ns);
+        }
     }
 
     /// The Eviction subresource, as pkg/registry/core/pod/storage/eviction.go judges
     /// it: a pod that is finished, pending or terminating goes at once (`canIgnorePDB`);
-    /// more than one matching PodDisruptionBudget is a 500; a budget that allows no
-    /// disruption is a 429 whose Status names the cause `DisruptionBudget`; otherwise
-    /// the pod is deleted.
-    pub fn evict(&self, ns: &str, name: &str) -> Result<Value, ApiError> {
+    /// more than one matching PodDisruptionBudget is a 500; otherwise the one budget's
+    /// `status` decides (`disruption::judge`: "still being processed", no disruption
+    /// allowed, the unready-pod rule), and an allowed eviction uses one disruption
+    /// before the pod is deleted gracefully with `grace` (the Eviction's
+    /// `deleteOptions.gracePeriodSeconds`).
+    pub fn evict(&self, ns: &str, name: &str, grace: Option<i64>) -> Result<Value, ApiError> {
         let pod = self
             .get("pods", ns, name)
             .ok_or_else(|| ApiError::not_found("pods", name))?;
@@ -777,78 +842,37 @@ impl ApiServer {
         let can_ignore = matches!(phase, Some("Succeeded" | "Failed" | "Pending"))
             || pod.pointer("/metadata/deletionTimestamp").is_some();
         if !can_ignore {
-            self.check_budgets(ns, &pod)?;
+            let mut g = self.lock();
+            let budgets: Vec<Value> = g
+                .objects
+                .iter()
+                .filter(|((p, n, _), _)| p == "poddisruptionbudgets" && n == ns)
+                .map(|(_, v)| v.clone())
+                .collect();
+            let matching = disruption::covering(&budgets, &pod);
+            if matching.len() > 1 {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+                ));
+            }
+            if let Some(pdb) = matching.first() {
+                if let disruption::Judgement::Decrement(status) =
+                    disruption::judge(pdb, &pod, SystemTime::now())?
+                {
+                    let pdb_name = pdb
+                        .pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string();
+                    let key = ("poddisruptionbudgets".to_string(), ns.to_string(), pdb_name);
+                    lifecycle::write_status(&mut g, &self.events, key, (*pdb).clone(), status);
+                }
+            }
         }
-        self.delete("pods", ns, name)?;
+        self.delete_with_grace("pods", ns, name, grace)?;
         Ok(status_body(StatusCode::CREATED, "", ""))
-    }
-
-    /// `getPodDisruptionBudgets` and `checkAndDecrement` of eviction.go, with the
-    /// budget's allowance computed from its spec and the pods' health.
-    fn check_budgets(&self, ns: &str, pod: &Value) -> Result<(), ApiError> {
-        let labels = pod
-            .pointer("/metadata/labels")
-            .cloned()
-            .unwrap_or(json!({}));
-        let pods = self.list("pods", ns);
-        let matching: Vec<(Value, serde_json::Map<String, Value>)> = self
-            .list("poddisruptionbudgets", ns)
-            .into_iter()
-            .filter_map(|pdb| {
-                let sel = selector_of(&pdb).as_object().cloned().unwrap_or_default();
-                // A budget with an empty selector matches nothing, not everything.
-                let m = !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v));
-                m.then_some((pdb, sel))
-            })
-            .collect();
-        if matching.len() > 1 {
-            return Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalError",
-                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
-            ));
-        }
-        let Some((pdb, sel)) = matching.into_iter().next() else {
-            return Ok(());
-        };
-        let matches = |l: &Value| sel.iter().all(|(k, v)| l.get(k) == Some(v));
-        let covered: Vec<&Value> = pods
-            .iter()
-            .filter(|p| matches(&p.pointer("/metadata/labels").cloned().unwrap_or(json!({}))))
-            .collect();
-        let expected = covered.len() as i64;
-        let healthy = covered.iter().filter(|p| pod_healthy(p)).count() as i64;
-        let (desired, allowed) = if let Some(min) = pdb
-            .pointer("/spec/minAvailable")
-            .and_then(|v| int_or_percent(v, expected))
-        {
-            (min, healthy - min)
-        } else if let Some(max) = pdb
-            .pointer("/spec/maxUnavailable")
-            .and_then(|v| int_or_percent(v, expected))
-        {
-            (expected - max, max - (expected - healthy))
-        } else {
-            (expected, 0)
-        };
-        // Evicting a pod that is not healthy does not reduce availability.
-        if allowed <= 0 && pod_healthy(pod) {
-            let pdb_name = pdb
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let mut e = ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "TooManyRequests",
-                "Cannot evict pod as it would violate the pod's disruption budget.",
-            );
-            e.details = Some(json!({"causes": [{
-                "reason": "DisruptionBudget",
-                "message": format!("The disruption budget {pdb_name} needs {desired} healthy pods and has {healthy} currently"),
-            }]}));
-            return Err(e);
-        }
-        Ok(())
     }
 
     /// Bump a Node's resourceVersion, as a kubelet status update does.
@@ -1046,9 +1070,18 @@ async fn handle(
     let (latency, fail) = {
         let mut g = s.lock();
         let f = g.faults.clone();
-        let write = matches!(*method, Method::PUT | Method::PATCH);
+        // A conflict needs a precondition: an update, or a patch that names a
+        // resourceVersion. A patch without one is retried by the server itself
+        // (staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go).
+        let write = *method == Method::PUT
+            || (*method == Method::PATCH
+                && serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .is_some_and(|p| p.pointer("/metadata/resourceVersion").is_some()));
         let roll = |g: &mut Inner, p: f64| p > 0.0 && g.rng.random_bool(p.min(1.0));
-        let fail = if roll(&mut g, f.error_rate) {
+        let any_write = !matches!(*method, Method::GET | Method::HEAD);
+        let fail = if roll(&mut g, f.error_rate) || (any_write && roll(&mut g, f.write_error_rate))
+        {
             Some(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalError",
@@ -1117,12 +1150,16 @@ async fn handle(
                 .ok_or_else(|| ApiError::not_found(k.plural, &n))
         }
         (Method::POST, None, None) => {
-            let obj = s.create(k.plural, &ns, parse_body()?)?;
+            let mut obj = parse_body()?;
+            before_create(k, &mut obj);
+            let obj = s.create(k.plural, &ns, obj)?;
             Ok((StatusCode::CREATED, Json(obj)).into_response())
         }
         (Method::POST, Some(n), Some("eviction")) if k.plural == "pods" => {
-            let _ = parse_body()?;
-            Ok((StatusCode::CREATED, Json(s.evict(&ns, &n)?)).into_response())
+            let grace = parse_body()?
+                .pointer("/deleteOptions/gracePeriodSeconds")
+                .and_then(Value::as_i64);
+            Ok((StatusCode::CREATED, Json(s.evict(&ns, &n, grace)?)).into_response())
         }
         (Method::PUT, Some(n), sub @ (None | Some("status"))) => {
             Ok(Json(s.update(k.plural, &ns, &n, parse_body()?, sub)?).into_response())
@@ -1155,7 +1192,15 @@ async fn handle(
             }
             Ok(Json(s.update(k.plural, &ns, &n, next, sub)?).into_response())
         }
-        (Method::DELETE, Some(n), None) => Ok(Json(s.delete(k.plural, &ns, &n)?).into_response()),
+        (Method::DELETE, Some(n), None) => {
+            // DeleteOptions come in the body or the query.
+            let grace = params.grace_period_seconds.or_else(|| {
+                serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|b| b.get("gracePeriodSeconds").and_then(Value::as_i64))
+            });
+            Ok(Json(s.delete_with_grace(k.plural, &ns, &n, grace)?).into_response())
+        }
         _ => Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
@@ -1222,6 +1267,28 @@ fn authorize(
     }
 }
 
+/// What the API server does to a new object before storing it
+/// (staging/src/k8s.io/apiserver/pkg/registry/rest/create.go `BeforeCreate` and the
+/// kinds' `PrepareForCreate`): no deletion marks; a pod starts Pending with no status
+/// from the client (pkg/registry/core/pod/strategy.go); a budget starts with no
+/// status (pkg/registry/policy/poddisruptionbudget/strategy.go). Objects that tests
+/// seed through [`ApiServer::create`] skip this: the test plays the kubelet.
+fn before_create(k: &Kind, obj: &mut Value) {
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("deletionTimestamp");
+        meta.remove("deletionGracePeriodSeconds");
+    }
+    match k.plural {
+        "pods" => obj["status"] = json!({"phase": "Pending"}),
+        "poddisruptionbudgets" => {
+            if let Some(o) = obj.as_object_mut() {
+                o.remove("status");
+            }
+        }
+        _ => {}
+    }
+}
+
 fn selected(
     k: &Kind,
     ns: &str,
@@ -1237,6 +1304,32 @@ fn selected(
         && p.field_selector
             .as_deref()
             .is_none_or(|sel| fields_match(sel, obj))
+}
+
+/// An event as a watch with selectors sees it
+/// (staging/src/k8s.io/apiserver/pkg/storage/cacher/cache_watcher.go
+/// `convertToWatchEvent`): a change that brings an object into the selection is
+/// ADDED, one that takes it out is DELETED (the object as it was, at the event's
+/// resourceVersion), and changes outside the selection are not seen.
+fn as_seen(k: &Kind, ns: &str, e: &WatchEvent, p: &ListParams) -> Option<Value> {
+    if e.kind != k.kind {
+        return None;
+    }
+    let now = selected(k, ns, &e.key, &e.object, p);
+    let before = e
+        .prev
+        .as_ref()
+        .map_or(now, |o| selected(k, ns, &e.key, o, p));
+    match (e.event, now, before) {
+        ("MODIFIED", true, false) => Some(json!({"type": "ADDED", "object": e.object})),
+        ("MODIFIED", false, true) => {
+            let mut old = e.prev.clone()?;
+            old["metadata"]["resourceVersion"] = json!(e.rv.to_string());
+            Some(json!({"type": "DELETED", "object": old}))
+        }
+        (_, true, _) => Some(json!({"type": e.event, "object": e.object})),
+        _ => None,
+    }
 }
 
 fn list(s: &ApiServer, k: &Kind, ns: &str, p: &ListParams) -> Value {
@@ -1268,10 +1361,8 @@ fn watch(s: &ApiServer, k: &'static Kind, ns: &str, p: &ListParams) -> Response 
             Some(rv) => backlog.extend(
                 g.history
                     .iter()
-                    .filter(|e| {
-                        e.rv > rv && e.kind == k.kind && selected(k, ns, &e.key, &e.object, p)
-                    })
-                    .map(|e| json!({"type": e.event, "object": e.object})),
+                    .filter(|e| e.rv > rv)
+                    .filter_map(|e| as_seen(k, ns, e, p)),
             ),
             // From "any": the current objects as ADDED, then changes.
             None => backlog.extend(
@@ -1327,18 +1418,14 @@ fn watch(s: &ApiServer, k: &'static Kind, ns: &str, p: &ListParams) -> Response 
                 }
                 Ok(Err(_)) => return,
                 Ok(Ok(e)) => {
-                    if e.rv <= start_rv
-                        || e.kind != k.kind
-                        || !selected(k, &ns, &e.key, &e.object, &params)
-                    {
+                    if e.rv <= start_rv {
                         continue;
                     }
+                    let Some(seen) = as_seen(k, &ns, &e, &params) else {
+                        continue;
+                    };
                     last_rv = e.rv;
-                    if tx
-                        .send(json!({"type": e.event, "object": e.object}))
-                        .await
-                        .is_err()
-                    {
+                    if tx.send(seen).await.is_err() {
                         return;
                     }
                 }

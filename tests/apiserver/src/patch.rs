@@ -24,19 +24,52 @@ pub fn merge_patch(target: &Value, patch: &Value) -> Value {
     }
 }
 
-/// The merge key of a list field, as the Kubernetes types declare it
-/// (`patchMergeKey`); lists without one are replaced whole.
-fn merge_key(field: &str) -> Option<&'static str> {
-    Some(match field {
-        "taints" => "key",
-        "conditions" => "type",
-        "containers" | "initContainers" | "env" | "volumes" | "volumeMounts" => "name",
-        "ports" => "containerPort",
-        "ownerReferences" => "uid",
-        "allocatedResourcesStatus" => "name",
-        "containerStatuses" => "name",
-        _ => return None,
-    })
+/// How strategic merge patch treats a list field, from the `patchStrategy` and
+/// `patchMergeKey` tags of the Go types (staging/src/k8s.io/api/core/v1/types.go,
+/// staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/types.go,
+/// staging/src/k8s.io/api/policy/v1/types.go, staging/src/k8s.io/api/batch/v1/types.go).
+/// A list without a tag is atomic: the patch replaces it whole. Among the kinds this
+/// server serves, no field name has two strategies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListStrategy {
+    /// Replaced whole (`+listType=atomic`, no `patchStrategy`).
+    Atomic,
+    /// Merged element by element on this key (`patchStrategy:"merge"`).
+    MergeOn(&'static str),
+    /// A list of scalars merged as a set (`finalizers`).
+    MergeValues,
+}
+
+/// The strategy of list field `field`.
+pub fn list_strategy(field: &str) -> ListStrategy {
+    use ListStrategy::*;
+    match field {
+        // NodeStatus, PodStatus, PodDisruptionBudgetStatus, JobStatus.
+        "conditions" => MergeOn("type"),
+        // NodeStatus.addresses.
+        "addresses" => MergeOn("type"),
+        // PodSpec.
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "imagePullSecrets" => MergeOn("name"),
+        // Container.
+        "env" => MergeOn("name"),
+        "ports" => MergeOn("containerPort"),
+        "volumeMounts" => MergeOn("mountPath"),
+        "volumeDevices" => MergeOn("devicePath"),
+        // PodStatus.podIPs.
+        "podIPs" => MergeOn("ip"),
+        // ContainerStatus.allocatedResourcesStatus (its parent list is atomic).
+        "allocatedResourcesStatus" => MergeOn("name"),
+        // ObjectMeta.
+        "ownerReferences" => MergeOn("uid"),
+        "finalizers" => MergeValues,
+        // NodeSpec.taints, PodSpec.tolerations, PodStatus.containerStatuses and the
+        // rest: atomic.
+        _ => Atomic,
+    }
 }
 
 /// Strategic merge patch (`application/strategic-merge-patch+json`): a merge patch in
@@ -49,6 +82,16 @@ pub fn strategic_merge_patch(target: &Value, patch: &Value) -> Value {
 fn smp(target: &Value, patch: &Value, field: &str) -> Value {
     match (target, patch) {
         (_, Value::Object(p)) => {
+            // `$patch: replace` swaps the map for the patch's; `$patch: delete` drops it.
+            match p.get("$patch").and_then(Value::as_str) {
+                Some("replace") => {
+                    let mut m = p.clone();
+                    m.remove("$patch");
+                    return Value::Object(m);
+                }
+                Some("delete") => return Value::Null,
+                _ => {}
+            }
             let mut out = match target {
                 Value::Object(t) => t.clone(),
                 _ => Map::new(),
@@ -77,14 +120,23 @@ fn smp(target: &Value, patch: &Value, field: &str) -> Value {
             }
             Value::Object(out)
         }
-        (Value::Array(cur), Value::Array(p)) => match merge_key(field) {
-            Some(key) => {
+        (Value::Array(cur), Value::Array(p)) => match list_strategy(field) {
+            ListStrategy::MergeOn(key) => {
                 let mut out = cur.clone();
                 for item in p {
                     let id = item.get(key);
                     let pos = out.iter().position(|x| id.is_some() && x.get(key) == id);
-                    let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
-                    match (pos, delete) {
+                    let directive = item.get("$patch").and_then(Value::as_str);
+                    if directive == Some("replace") {
+                        // The list named in the patch replaces the stored one.
+                        return Value::Array(
+                            p.iter()
+                                .filter(|x| x.get("$patch").is_none())
+                                .cloned()
+                                .collect(),
+                        );
+                    }
+                    match (pos, directive == Some("delete")) {
                         (Some(i), true) => {
                             out.remove(i);
                         }
@@ -95,7 +147,16 @@ fn smp(target: &Value, patch: &Value, field: &str) -> Value {
                 }
                 Value::Array(out)
             }
-            None => Value::Array(p.clone()),
+            ListStrategy::MergeValues => {
+                let mut out = cur.clone();
+                for v in p {
+                    if !out.contains(v) {
+                        out.push(v.clone());
+                    }
+                }
+                Value::Array(out)
+            }
+            ListStrategy::Atomic => Value::Array(p.clone()),
         },
         (_, other) => other.clone(),
     }
@@ -228,21 +289,54 @@ mod tests {
         assert_eq!(merge_patch(&t, &p), json!({"a": "z", "c": {"d": "e"}}));
     }
 
+    /// The list strategies of staging/src/k8s.io/api/core/v1/types.go: conditions
+    /// merge on `type`, but `taints` has no patch strategy and is replaced whole, as
+    /// is `containerStatuses`; `volumeMounts` merge on `mountPath`; `finalizers`
+    /// merge as a set.
     #[test]
-    fn strategic_merge_keeps_other_taints_and_conditions() {
+    fn strategic_merge_follows_the_schema() {
         let node = json!({"spec": {"taints": [{"key": "other", "effect": "NoSchedule"}]},
                           "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
         let p = json!({"spec": {"taints": [{"key": "nvidia.com/gpu-fault", "value": "true", "effect": "NoSchedule"}]},
                        "status": {"conditions": [{"type": "AcceleratorHealthy", "status": "False"}]}});
         let out = strategic_merge_patch(&node, &p);
-        assert_eq!(out["spec"]["taints"].as_array().unwrap().len(), 2);
-        assert_eq!(out["status"]["conditions"].as_array().unwrap().len(), 2);
-        let del = json!({"spec": {"taints": [{"key": "other", "$patch": "delete"}]}});
-        let out = strategic_merge_patch(&out, &del);
         assert_eq!(
             out["spec"]["taints"],
-            json!([{"key": "nvidia.com/gpu-fault", "value": "true", "effect": "NoSchedule"}])
+            json!([{"key": "nvidia.com/gpu-fault", "value": "true", "effect": "NoSchedule"}]),
+            "taints are atomic: the other taint is gone"
         );
+        assert_eq!(out["status"]["conditions"].as_array().unwrap().len(), 2);
+        let del = json!({"status": {"conditions": [{"type": "Ready", "$patch": "delete"}]}});
+        let out = strategic_merge_patch(&out, &del);
+        assert_eq!(
+            out["status"]["conditions"],
+            json!([{"type": "AcceleratorHealthy", "status": "False"}])
+        );
+
+        let pod = json!({"metadata": {"finalizers": ["a"]},
+            "spec": {"containers": [{"name": "c", "volumeMounts": [{"name": "v", "mountPath": "/x"}]}]},
+            "status": {"containerStatuses": [{"name": "c", "ready": true}, {"name": "d", "ready": true}]}});
+        let p = json!({"metadata": {"finalizers": ["b", "a"]},
+            "spec": {"containers": [{"name": "c", "volumeMounts": [{"name": "v", "mountPath": "/y"}]}]},
+            "status": {"containerStatuses": [{"name": "c", "ready": false}]}});
+        let out = strategic_merge_patch(&pod, &p);
+        assert_eq!(out["metadata"]["finalizers"], json!(["a", "b"]));
+        assert_eq!(
+            out["spec"]["containers"][0]["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2,
+            "same name, another mountPath: a second mount"
+        );
+        assert_eq!(
+            out["status"]["containerStatuses"],
+            json!([{"name": "c", "ready": false}])
+        );
+        // `$patch: replace` on a map.
+        let p = json!({"metadata": {"labels": {"$patch": "replace", "z": "1"}}});
+        let out = strategic_merge_patch(&json!({"metadata": {"labels": {"a": "1"}}}), &p);
+        assert_eq!(out["metadata"]["labels"], json!({"z": "1"}));
     }
 
     #[test]
