@@ -222,6 +222,18 @@ pub struct RemediationArgs {
     /// Devices unknown this long may get the node a NoSchedule taint (never an eviction).
     #[arg(long, env = "FAULTLINE_UNKNOWN_TOLERANCE", default_value = "5m", value_parser = positive_duration)]
     pub unknown_tolerance: Duration,
+    /// The unknown guard stands down while more than this share (0-1) of the followed
+    /// agents are unreachable: then the aggregator is the one cut off, not the nodes.
+    #[arg(long, env = "FAULTLINE_UNKNOWN_STANDDOWN_SHARE", default_value_t = 0.2)]
+    pub unknown_standdown_share: f64,
+    /// Nodes the unknown guard taints at most at once (its own budget, apart from the
+    /// quarantine budget).
+    #[arg(long, env = "FAULTLINE_MAX_UNKNOWN_TAINTED", default_value_t = 2)]
+    pub max_unknown_tainted: usize,
+    /// A device its reachable agent has not reported for this long is forgotten: it
+    /// left the node (or its id changed), and never counts as unknown.
+    #[arg(long, env = "FAULTLINE_DEVICE_FORGET", default_value = "1h", value_parser = positive_duration)]
+    pub device_forget: Duration,
     /// Circuit breaker: this many nodes failing within --breaker-window stop all
     /// remediation until a person closes the breaker (0: no breaker).
     #[arg(long, env = "FAULTLINE_BREAKER_NODES", default_value_t = 10)]
@@ -341,6 +353,8 @@ pub struct Config {
     pub breaker_nodes: usize,
     pub breaker_window: Duration,
     pub unknown_tolerance: Duration,
+    pub unknown_standdown_share: f64,
+    pub device_forget: Duration,
     pub max_evictions_per_minute: f64,
     pub rules: Option<PathBuf>,
     pub out: PathBuf,
@@ -504,6 +518,8 @@ impl Config {
             resource_names: comma_list(&r.resource_names).map(String::from).collect(),
             eviction_deadline: r.eviction_deadline,
             unknown_tolerance: r.unknown_tolerance,
+            unknown_standdown_share: r.unknown_standdown_share.clamp(0.0, 1.0),
+            device_forget: r.device_forget,
             breaker_nodes: r.breaker_nodes,
             breaker_window: r.breaker_window,
             max_evictions_per_minute: r.max_evictions_per_minute.max(0.0),
@@ -513,6 +529,7 @@ impl Config {
                 per_domain: (!r.failure_domain_label.is_empty())
                     .then(|| (r.failure_domain_label.clone(), r.max_quarantined_per_domain)),
                 node_selector: a.agents.node_selector.clone(),
+                max_unknown: r.max_unknown_tainted,
             },
             rules: a.agents.rules,
             out: p.out,

@@ -51,6 +51,8 @@ pub struct Metrics {
     lease_held: Family<ShardLabel, Gauge>,
     lease_errors: Counter,
     discovery_errors: Counter,
+    devices_forgotten: Counter,
+    unknown_standing_down: Gauge,
     nudges: Family<ResultLabel, Counter>,
     actions: Family<ActionLabels, Counter>,
     action_seconds: Family<ActionLabel, Histogram>,
@@ -120,6 +122,8 @@ impl Metrics {
             lease_held: Family::default(),
             lease_errors: Counter::default(),
             discovery_errors: Counter::default(),
+            devices_forgotten: Counter::default(),
+            unknown_standing_down: Gauge::default(),
             nudges: Family::default(),
             actions: Family::default(),
             action_seconds: Family::new_with_constructor(|| {
@@ -255,6 +259,16 @@ impl Metrics {
             "discovery_errors",
             "Node list requests that failed",
             m.discovery_errors.clone(),
+        );
+        registry.register(
+            "devices_forgotten",
+            "Devices dropped after their reachable agent stopped reporting them for --device-forget",
+            m.devices_forgotten.clone(),
+        );
+        registry.register(
+            "unknown_guard_standing_down",
+            "1 while the unknown guard stands down: more than --unknown-standdown-share of the agents are unreachable",
+            m.unknown_standing_down.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -448,6 +462,16 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Devices forgotten: their agent stopped reporting them (`--device-forget`).
+    pub fn devices_forgotten(&self, n: usize) {
+        self.devices_forgotten.inc_by(n as u64);
+    }
+
+    /// Whether the unknown guard stands down (too many agents unreachable).
+    pub fn set_unknown_standing_down(&self, on: bool) {
+        self.unknown_standing_down.set(i64::from(on));
     }
 
     /// A node list failed.

@@ -26,7 +26,12 @@ struct Device {
     state: DeviceState,
     /// The last full evaluation observed a clean sample.
     clean: bool,
+    /// When the agent last reported this device.
+    reported_ms: u64,
 }
+
+/// How long a device its reachable agent no longer reports is kept (`--device-forget`).
+pub const DEFAULT_DEVICE_FORGET_MS: u64 = 3_600_000;
 
 struct Node {
     devices: BTreeMap<String, Device>,
@@ -63,6 +68,7 @@ pub struct Pipeline {
     nodes: BTreeMap<String, Node>,
     rules: Arc<Rules>,
     metrics: Arc<Metrics>,
+    forget_ms: u64,
 }
 
 /// A device of `n` for a quarantine record, with the UUID and bus id of its last
@@ -87,7 +93,23 @@ impl Pipeline {
             nodes: BTreeMap::new(),
             rules,
             metrics,
+            forget_ms: DEFAULT_DEVICE_FORGET_MS,
         }
+    }
+
+    /// Forget devices the reachable agent has not reported for `forget` (issue 10: a
+    /// GPU that left, or a device id that changed, must not stay unknown forever).
+    pub fn with_device_forget(mut self, forget: std::time::Duration) -> Self {
+        self.forget_ms = forget.as_millis() as u64;
+        self
+    }
+
+    /// (reachable agents, followed agents).
+    pub fn reach(&self) -> (usize, usize) {
+        (
+            self.nodes.values().filter(|n| n.reach.reachable).count(),
+            self.nodes.len(),
+        )
     }
 
     /// Use new rules from the next evaluation on (windows keep their samples); every
@@ -195,10 +217,7 @@ impl Pipeline {
                 change.merge(self.evaluate(&name, now_ms));
             }
         }
-        let (reachable, total) = (
-            self.nodes.values().filter(|n| n.reach.reachable).count(),
-            self.nodes.len(),
-        );
+        let (reachable, total) = self.reach();
         self.metrics.set_agents(reachable, total);
         self.metrics.set_devices(&self.summary());
         change
@@ -233,6 +252,7 @@ impl Pipeline {
     }
 
     fn evaluate(&mut self, name: &str, now_ms: u64) -> Change {
+        let forget = self.forget_ms;
         let rules = self.rules.clone();
         let metrics = self.metrics.clone();
         let Some(node) = self.nodes.get_mut(name) else {
@@ -249,21 +269,40 @@ impl Pipeline {
         } = node;
         // Only a reachable agent's document is evidence.
         let doc = doc.as_ref().filter(|_| reach.reachable);
+        let mut forgotten = false;
         if let Some(d) = doc {
             for dev in &d.npus {
-                if !devices.contains_key(&dev.reading.id) {
-                    devices.insert(
-                        dev.reading.id.clone(),
-                        Device {
-                            windows: DeviceWindows::default(),
-                            state: DeviceState::new(now_ms),
-                            clean: false,
-                        },
-                    );
+                devices
+                    .entry(dev.reading.id.clone())
+                    .or_insert_with(|| Device {
+                        windows: DeviceWindows::default(),
+                        state: DeviceState::new(now_ms),
+                        clean: false,
+                        reported_ms: now_ms,
+                    })
+                    .reported_ms = now_ms;
+            }
+            // A device the reachable agent has not reported for the forget time has
+            // left the node: dropped, never unknown. (While the agent is unreachable
+            // nothing is forgotten: that blindness is what the unknown guard is for.)
+            let before = devices.len();
+            devices.retain(|id, dev| {
+                let keep = now_ms.saturating_sub(dev.reported_ms) < forget;
+                if !keep {
+                    tracing::info!(node = name, device = %id, "device not reported for the forget time: forgotten");
                 }
+                keep
+            });
+            if devices.len() != before {
+                metrics.devices_forgotten(before - devices.len());
+                *changed_ms = now_ms;
+                forgotten = true;
             }
         }
         let mut change = Change::default();
+        if forgotten {
+            change.nodes.push(name.to_string());
+        }
         // Devices the agent reports, and devices we knew that it no longer reports.
         for (id, dev) in devices.iter_mut() {
             let entry = doc.and_then(|d| d.npus.iter().find(|x| x.reading.id == *id));
@@ -526,6 +565,35 @@ mod tests {
             p.tick(t * 1_000);
         }
         assert_eq!(p.summary().failed, 0);
+    }
+
+    /// Issue 10, finding 7: a device its reachable agent stops reporting is forgotten
+    /// after the forget time (never unknown for ever); while the agent is unreachable
+    /// nothing is forgotten.
+    #[test]
+    fn devices_no_longer_reported_are_forgotten() {
+        let mut p = pipeline().with_device_forget(std::time::Duration::from_secs(60));
+        p.on_document(
+            doc("n1", vec![dev("gpu0", 40.0, None), dev("gpu1", 40.0, None)]),
+            1_000,
+        );
+        // gpu1 disappears; the agent keeps answering.
+        let mut t = 2_000;
+        while t < 60_000 {
+            p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), t);
+            t += 1_000;
+        }
+        assert!(
+            p.device_state("n1", "gpu1").is_some(),
+            "kept within the forget time"
+        );
+        p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), 61_500);
+        assert!(p.device_state("n1", "gpu1").is_none(), "forgotten");
+        assert!(p.unknown_devices("n1", 0, 61_500).is_empty());
+        // An unreachable agent's devices stay, however long.
+        p.on_unreachable("n1", "down", 62_000);
+        p.tick(62_000 + 3_600_000);
+        assert!(p.device_state("n1", "gpu0").is_some());
     }
 
     #[test]

@@ -500,26 +500,41 @@ async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_no
     agg.cancel_token().cancel();
 }
 
+/// One agent of five gone past the tolerance: its node gets the NoSchedule taint and
+/// nothing is evicted. Then two more go: three of five unreachable is the aggregator
+/// cut off more likely than three nodes dead, so the unknown guard stands down
+/// (issue 10, finding 6) and taints nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_eviction() {
     let (server, kube) = api_server().await;
-    let a = agent("n1").await;
-    server
-        .create("nodes", "", NodeFixture::new("n1").build())
-        .unwrap();
+    let mut agents = Vec::new();
+    for i in 1..=5 {
+        let name = format!("n{i}");
+        agents.push(agent(&name).await);
+        server
+            .create("nodes", "", NodeFixture::new(&name).build())
+            .unwrap();
+    }
     server
         .create("pods", "default", PodFixture::new("w", "n1").gpu().build())
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, "state_machine:\n  unknown_after_ms: 1000\n").unwrap();
+    let urls: Vec<String> = agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("n{}=http://{}", i + 1, a.addr))
+        .collect();
     let agg = Launch::configmap(&kube, "r1", 1)
         .args(&[
             "--agents".into(),
-            format!("http://{}", a.addr),
+            urls.join(","),
             "--remediation".into(),
             "enforce".into(),
             "--unknown-tolerance".into(),
+            "1s".into(),
+            "--reconcile-interval".into(),
             "1s".into(),
             "--rules".into(),
             rules.to_str().unwrap().into(),
@@ -527,21 +542,42 @@ async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_evictio
         .start()
         .await;
     until(Duration::from_secs(10), "healthy", || {
-        node_entry(&server, 1, "n1").filter(|e| e.summary.healthy == 4)
+        (1..=5)
+            .all(|i| {
+                node_entry(&server, 1, &format!("n{i}")).is_some_and(|e| e.summary.healthy == 4)
+            })
+            .then_some(())
     })
     .await;
-    a.shutdown().await;
-    let (taint, _) = until(Duration::from_secs(20), "n1 tainted for unknown", || {
-        server.get("nodes", "", "n1").unwrap()["spec"]["taints"]
+    let mut agents = agents.into_iter();
+    agents.next().unwrap().shutdown().await;
+    let taint_of = |n: &str| {
+        server.get("nodes", "", n).unwrap()["spec"]["taints"]
             .as_array()
             .and_then(|t| t.first().cloned())
+    };
+    let (taint, _) = until(Duration::from_secs(20), "n1 tainted for unknown", || {
+        taint_of("n1")
     })
     .await;
     assert_eq!(
         (taint["key"].as_str(), taint["value"].as_str()),
         (Some("nvidia.com/gpu-fault"), Some("unknown"))
     );
+    for a in agents.by_ref().take(2) {
+        a.shutdown().await;
+    }
+    // Well past the tolerance and several reconciles.
     tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(
+        taint_of("n2").is_none() && taint_of("n3").is_none(),
+        "the guard stood down"
+    );
+    let m = metrics(agg.addr).await;
+    assert!(
+        m.contains("faultline_aggregator_unknown_guard_standing_down 1"),
+        "{m}"
+    );
     assert!(
         server.get("pods", "default", "w").is_some(),
         "unknown never evicts"

@@ -51,7 +51,7 @@ fn budget(max_nodes: usize, max_percent: f64, per_domain: Option<(&str, usize)>)
         max_nodes,
         max_percent,
         per_domain: per_domain.map(|(l, n)| (l.to_string(), n)),
-        node_selector: String::new(),
+        ..Budget::default()
     }
 }
 
@@ -553,6 +553,44 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
     assert!(e.evicted.is_empty() && e.blocked.is_empty(), "{e:?}");
     assert!(server.get("pods", "default", "w0").is_some());
     assert_eq!(events(&server, "FaultlineUnknownCordoned"), 1);
+}
+
+/// Issue 10, finding 6: the unknown guard has its own budget. It taints at most
+/// `max_unknown` nodes, and the nodes it tainted do not use the quarantine budget, so
+/// a blind spot cannot hold back real failures.
+#[tokio::test]
+async fn the_unknown_guard_has_its_own_budget() {
+    let (server, client) = setup().await;
+    for n in ["u1", "u2", "f1"] {
+        server
+            .create("nodes", "", NodeFixture::new(n).build())
+            .unwrap();
+    }
+    let b = Budget {
+        max_nodes: 1,
+        max_percent: 100.0,
+        max_unknown: 1,
+        ..Budget::default()
+    };
+    let r = remediator(client, Mode::Enforce).with_budget(b);
+    let unknown = vec![RecordDevice::new("gpu0", "no-fresh-data")];
+    let fence = Fence::unfenced();
+    assert_eq!(
+        r.guard_unknown("u1", unknown.clone(), &fence)
+            .await
+            .unwrap(),
+        Outcome::Isolated
+    );
+    assert!(matches!(
+        r.guard_unknown("u2", unknown, &fence).await.unwrap(),
+        Outcome::HeldBack(_)
+    ));
+    assert!(server.get("nodes", "", "u2").unwrap()["spec"]["taints"].is_null());
+    // The quarantine budget (one node) is still free for a real failure.
+    assert_eq!(
+        r.isolate("f1", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
 }
 
 /// A quarantine past its expiry that cannot be released (manual mode, or the device

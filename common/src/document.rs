@@ -40,6 +40,103 @@ pub struct NodeHealth {
     pub unattributed_xids: Vec<XidEvent>,
 }
 
+/// What an aggregator accepts from an agent. A real agent is far inside every limit;
+/// a document outside one comes from a broken or hostile sender and is refused whole.
+pub mod limits {
+    /// Devices on one node.
+    pub const DEVICES: usize = 512;
+    /// A node name (a DNS-1123 subdomain).
+    pub const NODE_NAME: usize = 253;
+    /// A device id, UUID, bus id, source or reason code.
+    pub const ID: usize = 128;
+    /// Free text: a finding's detail, a source's error, a device's name.
+    pub const TEXT: usize = 4096;
+    /// Findings of one device.
+    pub const FINDINGS: usize = 64;
+    /// Xid events of one device, or unattributed on the node.
+    pub const XIDS: usize = 256;
+    /// Sources of one agent.
+    pub const SOURCES: usize = 32;
+}
+
+impl NodeHealth {
+    /// Whether the document is within [`limits`]; the first limit it breaks.
+    pub fn check_bounds(&self) -> Result<(), String> {
+        fn len(what: &str, v: &str, max: usize) -> Result<(), String> {
+            if v.len() > max {
+                Err(format!("{what} is {} bytes (at most {max})", v.len()))
+            } else {
+                Ok(())
+            }
+        }
+        fn count(what: &str, n: usize, max: usize) -> Result<(), String> {
+            if n > max {
+                Err(format!("{n} {what} (at most {max})"))
+            } else {
+                Ok(())
+            }
+        }
+        if self.node.is_empty() {
+            return Err("no node name".into());
+        }
+        len("node", &self.node, limits::NODE_NAME)?;
+        count("devices", self.npus.len(), limits::DEVICES)?;
+        count("sources", self.sources.len(), limits::SOURCES)?;
+        count(
+            "unattributed Xids",
+            self.unattributed_xids.len(),
+            limits::XIDS,
+        )?;
+        let xid = |x: &XidEvent| -> Result<(), String> {
+            len(
+                "Xid bus id",
+                x.pci_bus_id.as_deref().unwrap_or(""),
+                limits::ID,
+            )?;
+            len("Xid source", &x.source, limits::ID)?;
+            len("Xid message", &x.message, limits::TEXT)
+        };
+        for x in &self.unattributed_xids {
+            xid(x)?;
+        }
+        for s in &self.sources {
+            len("source name", &s.name, limits::ID)?;
+            len(
+                "source error",
+                s.last_error.as_deref().unwrap_or(""),
+                limits::TEXT,
+            )?;
+        }
+        for d in &self.npus {
+            let r = &d.reading;
+            len("device id", &r.id, limits::ID)?;
+            len("device uuid", r.uuid.as_deref().unwrap_or(""), limits::ID)?;
+            len(
+                "device bus id",
+                r.pci_bus_id.as_deref().unwrap_or(""),
+                limits::ID,
+            )?;
+            len("device source", &r.source, limits::ID)?;
+            len("device name", r.name.as_deref().unwrap_or(""), limits::TEXT)?;
+            len(
+                "device reason",
+                d.reason.as_deref().unwrap_or(""),
+                limits::ID,
+            )?;
+            count("findings", d.findings.len(), limits::FINDINGS)?;
+            count("Xids", d.recent_xids.len(), limits::XIDS)?;
+            for f in &d.findings {
+                len("finding code", &f.code, limits::ID)?;
+                len("finding detail", &f.detail, limits::TEXT)?;
+            }
+            for x in &d.recent_xids {
+                xid(x)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One device in the document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceHealth {
@@ -125,6 +222,51 @@ pub struct SourceStatus {
 mod tests {
     use super::*;
     use crate::reading::Vendor;
+
+    fn node_doc(devices: usize) -> NodeHealth {
+        NodeHealth {
+            schema_version: SCHEMA_VERSION.into(),
+            generation: 1,
+            timestamp: "2026-12-01T00:00:00Z".into(),
+            node: "n1".into(),
+            agent_version: "0".into(),
+            npus: (0..devices)
+                .map(|i| DeviceHealth {
+                    reading: DeviceReading::new(format!("gpu{i}"), Vendor::Nvidia, "sim"),
+                    status: DeviceStatus::Healthy,
+                    reason: None,
+                    findings: vec![],
+                    ecc_errors: None,
+                    pcie_link_status: None,
+                    sampled_at: None,
+                    sample_age_ms: None,
+                    recent_xids: vec![],
+                })
+                .collect(),
+            summary: Summary::default(),
+            sources: vec![],
+            unattributed_xids: vec![],
+        }
+    }
+
+    /// Issue 10, finding 1: an agent's document is bounded in devices and strings.
+    #[test]
+    fn documents_outside_the_limits_are_refused() {
+        assert_eq!(node_doc(8).check_bounds(), Ok(()));
+        assert!(node_doc(limits::DEVICES + 1)
+            .check_bounds()
+            .unwrap_err()
+            .contains("devices"));
+        let mut d = node_doc(1);
+        d.npus[0].reading.id = "x".repeat(limits::ID + 1);
+        assert!(d.check_bounds().unwrap_err().contains("device id"));
+        let mut d = node_doc(1);
+        d.node = String::new();
+        assert!(d.check_bounds().is_err());
+        let mut d = node_doc(1);
+        d.node = "n".repeat(254);
+        assert!(d.check_bounds().is_err());
+    }
 
     #[test]
     fn device_entry_keeps_the_seed_field_names() {

@@ -87,7 +87,26 @@ pub struct Dispatch {
     /// while they hold). Owned by this dispatcher alone.
     pending: BTreeMap<String, (Instant, Vec<RecordDevice>)>,
     settled: mpsc::UnboundedSender<Settled>,
-    unknown_tolerance: Duration,
+    unknown: UnknownGuard,
+    /// The unknown guard stood down at its last look.
+    standing_down: bool,
+}
+
+/// When the unknown guard acts.
+#[derive(Debug, Clone, Copy)]
+pub struct UnknownGuard {
+    /// Devices unknown this long may get their node the NoSchedule taint.
+    pub tolerance: Duration,
+    /// More than this share of followed agents unreachable: the aggregator is the one
+    /// cut off (a bad rollout, a NetworkPolicy), and the guard stands down.
+    pub standdown_share: f64,
+}
+
+impl UnknownGuard {
+    /// Whether the guard stands down with `reachable` of `total` agents answering.
+    pub fn stands_down(&self, reachable: usize, total: usize) -> bool {
+        total > 0 && (total - reachable) as f64 > self.standdown_share * total as f64
+    }
 }
 
 impl Dispatch {
@@ -96,7 +115,7 @@ impl Dispatch {
         remediator: Arc<Remediator>,
         shards: Shards,
         metrics: Arc<Metrics>,
-        unknown_tolerance: Duration,
+        unknown: UnknownGuard,
     ) -> (Self, mpsc::UnboundedReceiver<Settled>) {
         let (settled, rx) = mpsc::unbounded_channel();
         (
@@ -107,7 +126,8 @@ impl Dispatch {
                 in_flight: InFlight::default(),
                 pending: BTreeMap::new(),
                 settled,
-                unknown_tolerance,
+                unknown,
+                standing_down: false,
             },
             rx,
         )
@@ -148,6 +168,17 @@ impl Dispatch {
     /// The reconcile: every known, pending and quarantined node looked at again, the
     /// unknown guard, and the list of quarantined nodes refreshed.
     pub fn reconcile(&mut self, pipeline: &Pipeline) {
+        let (reachable, total) = pipeline.reach();
+        let down = self.unknown.stands_down(reachable, total);
+        if down != self.standing_down {
+            if down {
+                tracing::warn!(reachable, total, share = self.unknown.standdown_share, "the unknown guard stands down: too many agents are unreachable from this aggregator to blame the nodes");
+            } else {
+                tracing::info!(reachable, total, "the unknown guard is back");
+            }
+            self.standing_down = down;
+        }
+        self.metrics.set_unknown_standing_down(down);
         let mut nodes: Vec<String> = pipeline.node_names().cloned().collect();
         let window = self.remediator.dedup_window();
         self.pending.retain(|_, (t, _)| t.elapsed() < window);
@@ -162,7 +193,9 @@ impl Dispatch {
             }
         }
         self.remediate(pipeline, nodes, false);
-        self.guard_unknown(pipeline);
+        if !self.standing_down {
+            self.guard_unknown(pipeline);
+        }
         let r = self.remediator.clone();
         tokio::spawn(async move {
             if let Err(e) = r.list_quarantined().await {
@@ -231,7 +264,7 @@ impl Dispatch {
         let now = now_ms();
         for node in pipeline.node_names() {
             let devices =
-                pipeline.unknown_devices(node, self.unknown_tolerance.as_millis() as u64, now);
+                pipeline.unknown_devices(node, self.unknown.tolerance.as_millis() as u64, now);
             if devices.is_empty() || !self.shards.holds_node(node) {
                 continue;
             }

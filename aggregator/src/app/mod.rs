@@ -337,7 +337,11 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                     held: held.clone(),
                     count: cfg.shards,
                 };
-                let (d, rx) = Dispatch::new(r, shards, metrics.clone(), cfg.unknown_tolerance);
+                let unknown = dispatch::UnknownGuard {
+                    tolerance: cfg.unknown_tolerance,
+                    standdown_share: cfg.unknown_standdown_share,
+                };
+                let (d, rx) = Dispatch::new(r, shards, metrics.clone(), unknown);
                 dispatch = Some(d);
                 settled = Some(rx);
             }
@@ -365,7 +369,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
     }
 
     tracing::info!(%addr, agents = cfg.agents.len(), out = %cfg.out.display(), "faultline aggregator running");
-    let pipeline = Pipeline::new(rules.borrow().clone(), metrics.clone());
+    let pipeline = Pipeline::new(rules.borrow().clone(), metrics.clone())
+        .with_device_forget(cfg.device_forget);
     let timing = WriteTiming {
         interval: cfg.write_interval,
         urgent_spacing: cfg.urgent_spacing,

@@ -78,6 +78,19 @@ pub enum FetchError {
     /// The body is not a node document.
     #[error("not a node document: {0}")]
     Parse(String),
+    /// The document is outside the limits (`faultline_common::document::limits`).
+    #[error("document refused: {0}")]
+    Invalid(String),
+    /// The agent speaks for another node than the one followed at its address.
+    #[error(
+        "identity mismatch: followed as node {expected:?}, the document is for {got:?}; refused"
+    )]
+    Identity {
+        /// The node followed at this address.
+        expected: String,
+        /// The node the document names.
+        got: String,
+    },
 }
 
 impl FetchError {
@@ -90,6 +103,8 @@ impl FetchError {
             FetchError::Body(_) => "body",
             FetchError::Status { .. } => "status",
             FetchError::Parse(_) => "parse",
+            FetchError::Invalid(_) => "invalid",
+            FetchError::Identity { .. } => "identity",
         }
     }
 }
@@ -120,9 +135,30 @@ async fn fetch(client: &AgentClient, url: &str) -> Result<NodeHealth, FetchError
     serde_json::from_slice(&body).map_err(|e| FetchError::Parse(e.to_string()))
 }
 
-/// Follow one agent until cancelled. `node` names it before its first answer; an agent
-/// without a name that cannot be reached is counted and logged, never published (its
-/// URL is not a node, and not a valid ConfigMap key).
+/// The document, if it may be accepted from the agent followed as `pinned`: within the
+/// limits, and for that node. The first document of an agent followed without a name
+/// pins it.
+fn admit(doc: NodeHealth, pinned: &mut Option<String>) -> Result<NodeHealth, FetchError> {
+    doc.check_bounds().map_err(FetchError::Invalid)?;
+    match pinned {
+        Some(expected) if *expected != doc.node => Err(FetchError::Identity {
+            expected: expected.clone(),
+            got: doc.node,
+        }),
+        Some(_) => Ok(doc),
+        None => {
+            *pinned = Some(doc.node.clone());
+            Ok(doc)
+        }
+    }
+}
+
+/// Follow one agent until cancelled. `node` is the node followed at this address (the
+/// discovered Node, or `--agents NODE=URL`); without one, the first document names and
+/// pins it. A document for any other node is refused, counted and logged, and the
+/// followed node's agent counts as unreachable: no agent speaks for another node
+/// (issue 10). An agent without a name that cannot be reached is counted and logged,
+/// never published (its URL is not a node, and not a valid ConfigMap key).
 pub async fn follow(
     base: String,
     mut node: Option<String>,
@@ -145,12 +181,12 @@ pub async fn follow(
             _ = cancel.cancelled() => return,
             r = fetch(&client, &url) => r,
         };
+        let r = r.and_then(|doc| admit(doc, &mut node));
         match r {
             Ok(doc) => {
                 metrics.agent_poll("ok");
                 backoff = Duration::from_millis(500);
                 generation = Some(doc.generation);
-                node = Some(doc.node.clone());
                 if tx.send(AgentEvent::Document(Box::new(doc))).await.is_err() {
                     return;
                 }
@@ -158,9 +194,14 @@ pub async fn follow(
             Err(error) => {
                 metrics.agent_poll("error");
                 metrics.agent_poll_error(error.metric_label());
+                let refused = matches!(error, FetchError::Identity { .. } | FetchError::Invalid(_));
                 let error = error.to_string();
                 generation = None;
-                tracing::debug!(agent = %base, %error, "agent unreachable");
+                if refused {
+                    tracing::warn!(agent = %base, %error, "agent document refused");
+                } else {
+                    tracing::debug!(agent = %base, %error, "agent unreachable");
+                }
                 match &node {
                     Some(node) => {
                         let gone = AgentEvent::Unreachable {
@@ -184,5 +225,111 @@ pub async fn follow(
                 backoff = (backoff * 2).min(Duration::from_secs(10));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use axum::routing::get;
+
+    /// An agent that says it serves whatever node `name` holds at each answer.
+    async fn agent(name: Arc<Mutex<String>>) -> String {
+        let app = axum::Router::new().route(
+            "/v1/health",
+            get(move || {
+                let name = name.lock().unwrap().clone();
+                async move {
+                    axum::Json(NodeHealth {
+                        schema_version: faultline_common::document::SCHEMA_VERSION.into(),
+                        generation: 1,
+                        timestamp: "2026-12-01T00:00:00Z".into(),
+                        node: name,
+                        agent_version: "0".into(),
+                        npus: vec![],
+                        summary: Default::default(),
+                        sources: vec![],
+                        unattributed_xids: vec![],
+                    })
+                }
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        url
+    }
+
+    async fn next(rx: &mut mpsc::Receiver<AgentEvent>) -> AgentEvent {
+        tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .expect("an event within 20 s")
+            .expect("the follower is running")
+    }
+
+    /// Issue 10, finding 1: the agent at a discovered node's address cannot speak for
+    /// another node; its document is refused and counted, and the followed node's
+    /// agent counts as unreachable.
+    #[tokio::test]
+    async fn an_agent_cannot_speak_for_another_node() {
+        let url = agent(Arc::new(Mutex::new("victim".into()))).await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let metrics = Arc::new(Metrics::new());
+        let cancel = CancellationToken::new();
+        tokio::spawn(follow(
+            url,
+            Some("n1".into()),
+            client(),
+            tx,
+            metrics.clone(),
+            cancel.clone(),
+        ));
+        match next(&mut rx).await {
+            AgentEvent::Unreachable { node, error } => {
+                assert_eq!(node, "n1");
+                assert!(error.contains("identity mismatch"), "{error}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(metrics
+            .encode()
+            .contains(r#"agent_poll_errors_total{kind="identity"} 1"#));
+        cancel.cancel();
+    }
+
+    /// Issue 10, finding 1: without a name from discovery or `--agents NODE=URL`, the
+    /// first document pins the node; a later document for another node is refused (a
+    /// name that changes on every answer cannot grow the pipeline).
+    #[tokio::test]
+    async fn the_first_document_pins_the_node() {
+        let name = Arc::new(Mutex::new("a".to_string()));
+        let url = agent(name.clone()).await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let cancel = CancellationToken::new();
+        tokio::spawn(follow(
+            url,
+            None,
+            client(),
+            tx,
+            Arc::new(Metrics::new()),
+            cancel.clone(),
+        ));
+        match next(&mut rx).await {
+            AgentEvent::Document(d) => assert_eq!(d.node, "a"),
+            other => panic!("{other:?}"),
+        }
+        *name.lock().unwrap() = "b".into();
+        // The long poll returns the next document after the agent's poll wait at the
+        // latest; the test agent answers at once.
+        match next(&mut rx).await {
+            AgentEvent::Unreachable { node, error } => {
+                assert_eq!(node, "a");
+                assert!(error.contains("\"b\""), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+        cancel.cancel();
     }
 }

@@ -44,7 +44,9 @@ impl BudgetGuard {
         self.turn.lock().await
     }
 
-    /// Why quarantining `node` now would exceed the budget, if it would.
+    /// Why quarantining `node` now would exceed the budget, if it would. Nodes the
+    /// unknown guard tainted do not count: they have their own budget
+    /// ([`BudgetGuard::unknown_refusal`]).
     pub async fn refusal(
         &self,
         nodes: &Api<Node>,
@@ -53,10 +55,13 @@ impl BudgetGuard {
         // A consistent read: a count from a lagging cache could miss a quarantine just
         // made and let one more through (this list is one per new quarantine, not per
         // pass).
-        let quarantined = nodes
+        let quarantined: Vec<Node> = nodes
             .list(&ListParams::default().labels(DEVICES_LABEL))
             .await?
-            .items;
+            .items
+            .into_iter()
+            .filter(|n| !unknown_only(n))
+            .collect();
         if quarantined.len() >= self.budget.max_nodes {
             return Ok(self.budget.refusal(node, &quarantined, || 0));
         }
@@ -68,6 +73,34 @@ impl BudgetGuard {
         let total = nodes.list(&lp).await?.items.len();
         Ok(self.budget.refusal(node, &quarantined, || total))
     }
+
+    /// Why the unknown guard may not taint one more node, if it may not: it has
+    /// `max_unknown` nodes tainted already (a consistent read, as above).
+    pub async fn unknown_refusal(
+        &self,
+        nodes: &Api<Node>,
+    ) -> Result<Option<String>, RemediateError> {
+        let tainted = nodes
+            .list(&ListParams::default().labels(&format!("{DEVICES_LABEL}=unknown")))
+            .await?
+            .items
+            .len();
+        Ok((tainted >= self.budget.max_unknown).then(|| {
+            format!(
+                "{tainted} nodes tainted for unknown devices, unknown-guard budget {}",
+                self.budget.max_unknown
+            )
+        }))
+    }
+}
+
+/// Whether the devices label says only the unknown guard acted on `node`.
+fn unknown_only(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(DEVICES_LABEL))
+        .is_some_and(|v| v == "unknown")
 }
 
 /// The circuit breaker: when very many nodes fail within a short time it is usually the

@@ -285,7 +285,7 @@ impl Remediator {
             return Ok(Outcome::AlreadyDone);
         }
         let _turn = self.budget.turn().await;
-        if let Some(why) = self.budget.refusal(&self.nodes, &live.node).await? {
+        if let Some(why) = self.budget.unknown_refusal(&self.nodes).await? {
             return self.hold_back(node, why, &devices).await;
         }
         let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();

@@ -35,6 +35,9 @@ pub struct Budget {
     pub per_domain: Option<(String, usize)>,
     /// Label selector of the accelerator nodes (the percentage's base).
     pub node_selector: String,
+    /// Nodes the unknown guard taints at most (its own budget: a blind spot cannot use
+    /// up the room real failures need).
+    pub max_unknown: usize,
 }
 
 impl Default for Budget {
@@ -44,6 +47,7 @@ impl Default for Budget {
             max_percent: 10.0,
             per_domain: None,
             node_selector: String::new(),
+            max_unknown: 2,
         }
     }
 }

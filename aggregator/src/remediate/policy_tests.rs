@@ -252,6 +252,7 @@ fn budget_arithmetic() {
         max_percent: 10.0,
         per_domain: Some(("rack".into(), 1)),
         node_selector: String::new(),
+        max_unknown: 2,
     };
     let q = |n: usize| -> Vec<Node> {
         (0..n)
