@@ -93,6 +93,60 @@ fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// 1,000 stalled connections (half with a half-sent request head, half silent) held
+/// open against an agent with the default HTTP limits: `/v1/health` latency over 200
+/// sequential requests meanwhile, resident memory, and how long until the agent has
+/// closed every stalled connection (issue 10).
+async fn stalled_connections(addr: SocketAddr, pid: u32) -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let before = proc_status(pid, "VmRSS:").unwrap_or(0);
+    let t0 = Instant::now();
+    let mut stalled = Vec::new();
+    for i in 0..1000 {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        if i % 2 == 0 {
+            s.write_all(b"GET /v1/health HTTP/1.1\r\nhost: x\r\n")
+                .await?;
+        }
+        stalled.push(s);
+    }
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let url = format!("http://{addr}/v1/health");
+    let mut lat = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        get(&client, &url).await?;
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    let rss = proc_status(pid, "VmRSS:").unwrap_or(0);
+    let mut closed_after = Duration::ZERO;
+    for mut s in stalled {
+        let mut b = [0u8; 256];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(120), s.read(&mut b)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(_)) => continue,
+                Err(_) => bail!("a stalled connection was still open after 120 s"),
+            }
+        }
+        closed_after = t0.elapsed();
+    }
+    println!(
+        "| /v1/health with 1,000 stalled connections open (200 sequential requests) | p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms |",
+        pct(&lat, 0.50).as_secs_f64() * 1e3,
+        pct(&lat, 0.99).as_secs_f64() * 1e3,
+        lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+    );
+    println!(
+        "| resident memory with 1,000 stalled connections | {:.1} MiB (before {:.1} MiB); all closed by the agent {:.1} s after they opened |",
+        rss as f64 / 1024.0,
+        before as f64 / 1024.0,
+        closed_after.as_secs_f64()
+    );
+    Ok(())
+}
+
 async fn cpu_per_sample(
     agent: &str,
     label: &str,
@@ -271,6 +325,7 @@ async fn main() -> Result<()> {
         rss as f64 / 1024.0,
         hwm as f64 / 1024.0
     );
+    stalled_connections(addr, pid).await?;
     drop(p);
     let _ = std::fs::remove_dir_all(&state_dir);
     Ok(())

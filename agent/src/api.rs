@@ -32,6 +32,26 @@ pub struct ApiState {
     pub store: Arc<Store>,
     pub metrics: Arc<Metrics>,
     pub sim: Option<Arc<SimControl>>,
+    /// Long polls waiting now, at most [`MAX_WAITERS`].
+    pub waiters: Arc<tokio::sync::Semaphore>,
+}
+
+/// Long polls held open at once; past this a poll waits at most [`SHORT_WAIT`], so
+/// many pollers cannot pile up (issue 10). The aggregator holds one per agent.
+pub const MAX_WAITERS: usize = 256;
+/// How long a poll past [`MAX_WAITERS`] waits.
+pub const SHORT_WAIT: Duration = Duration::from_secs(1);
+
+impl ApiState {
+    /// The state over `store`, with the long-poll cap.
+    pub fn new(store: Arc<Store>, metrics: Arc<Metrics>, sim: Option<Arc<SimControl>>) -> Self {
+        ApiState {
+            store,
+            metrics,
+            sim,
+            waiters: Arc::new(tokio::sync::Semaphore::new(MAX_WAITERS)),
+        }
+    }
 }
 
 /// An error answer: its HTTP status and message, sent as [`ErrorBody`] JSON
@@ -153,7 +173,12 @@ async fn health(
     let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let pretty = pretty(&q.format)?;
     if let Some(seen) = q.wait_generation {
-        let wait = Duration::from_millis(q.timeout_ms.unwrap_or(30_000)).min(MAX_WAIT);
+        let mut wait = Duration::from_millis(q.timeout_ms.unwrap_or(30_000)).min(MAX_WAIT);
+        let permit = s.waiters.clone().try_acquire_owned().ok();
+        if permit.is_none() {
+            s.metrics.long_poll_shortened();
+            wait = wait.min(SHORT_WAIT);
+        }
         let mut rx = s.store.subscribe();
         // Waits only while the generation is the one the client saw. Any other value,
         // higher or lower (the agent restarted and counts from 1 again), answers at once.

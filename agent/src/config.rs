@@ -111,6 +111,15 @@ pub struct Args {
     /// Address of the HTTP API.
     #[arg(long, env = "FAULTLINE_LISTEN", default_value = "0.0.0.0:8081")]
     pub listen: SocketAddr,
+    /// HTTP connections open at most; one more is closed at once.
+    #[arg(long, env = "FAULTLINE_HTTP_MAX_CONNECTIONS", default_value_t = 2048)]
+    pub http_max_connections: usize,
+    /// A request's head must arrive within this.
+    #[arg(long, env = "FAULTLINE_HTTP_HEADER_TIMEOUT", default_value = "10s")]
+    pub http_header_timeout: String,
+    /// A connection with nothing in flight and no bytes for this long is closed.
+    #[arg(long, env = "FAULTLINE_HTTP_IDLE_TIMEOUT", default_value = "60s")]
+    pub http_idle_timeout: String,
     /// Node name (default: $NODE_NAME from the downward API, then the hostname).
     #[arg(long, env = "FAULTLINE_NODE_NAME")]
     pub node_name: Option<String>,
@@ -159,6 +168,7 @@ pub struct Config {
     pub cache_ttl: Duration,
     pub max_abandoned: u32,
     pub listen: SocketAddr,
+    pub http: faultline_common::server::Limits,
     pub node_name: String,
     pub node_file: Option<PathBuf>,
     pub fail_on_init_error: bool,
@@ -325,6 +335,12 @@ impl Config {
             cache_ttl,
             max_abandoned: a.max_abandoned.max(1),
             listen: a.listen,
+            http: faultline_common::server::Limits {
+                max_connections: a.http_max_connections.max(1),
+                header_timeout: duration("http-header-timeout", &a.http_header_timeout)?,
+                idle_timeout: duration("http-idle-timeout", &a.http_idle_timeout)?,
+                ..Default::default()
+            },
             node_name,
             node_file: a.node_file,
             fail_on_init_error: a.fail_on_init_error,

@@ -170,25 +170,25 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
         ));
     }
 
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
+    let limits = cfg.http;
+    let listener = faultline_common::server::bind(cfg.listen, limits.backlog)
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
-    let app = api::router(api::ApiState {
-        store: store.clone(),
-        metrics: metrics.clone(),
-        sim: sim_control,
-    });
+    let app = api::router(api::ApiState::new(
+        store.clone(),
+        metrics.clone(),
+        sim_control,
+    ));
     let server = {
         let cancel = cancel.clone();
-        tokio::spawn(async move {
-            let r = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { cancel.cancelled().await })
-                .await;
-            if let Err(e) = r {
-                tracing::error!(error = %e, "HTTP server stopped");
-            }
-        })
+        let stats = metrics.server.clone();
+        tokio::spawn(faultline_common::server::serve(
+            listener,
+            app,
+            limits,
+            stats,
+            async move { cancel.cancelled().await },
+        ))
     };
     tracing::info!(%addr, node = %cfg.node_name, sources = ?cfg.sources, "faultline agent serving");
     Ok(Agent {

@@ -56,6 +56,8 @@ struct HttpLabels {
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
+    /// The HTTP server's connection counts, served with the rest.
+    pub server: std::sync::Arc<faultline_common::server::Stats>,
     source_up: Family<SourceLabel, Gauge>,
     sample_seconds: Family<SourceLabel, Histogram>,
     errors: Family<ErrorLabels, Counter>,
@@ -69,6 +71,7 @@ pub struct Metrics {
     kmsg_lines: Family<LineLabels, Counter>,
     http: Family<HttpLabels, Counter>,
     killed_children: Counter,
+    long_polls_shortened: Counter,
     killed_seen: AtomicU64,
 }
 
@@ -82,7 +85,10 @@ impl Metrics {
     /// A registry with every metric registered under `faultline_agent_`.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("faultline_agent");
+        let server = std::sync::Arc::new(faultline_common::server::Stats::default());
+        registry.register_collector(Box::new(server.clone()));
         let m = Metrics {
+            server,
             source_up: Family::default(),
             sample_seconds: Family::new_with_constructor(|| {
                 Histogram::new([
@@ -100,6 +106,7 @@ impl Metrics {
             kmsg_lines: Family::default(),
             http: Family::default(),
             killed_children: Counter::default(),
+            long_polls_shortened: Counter::default(),
             killed_seen: AtomicU64::new(0),
             registry: Registry::default(),
         };
@@ -127,6 +134,11 @@ impl Metrics {
             "abandoned_calls_started",
             "Calls abandoned after their timeout, since start",
             m.abandoned_total.clone(),
+        );
+        registry.register(
+            "long_polls_shortened",
+            "Long polls that waited at most a second: too many were open",
+            m.long_polls_shortened.clone(),
         );
         registry.register(
             "killed_children",
@@ -263,6 +275,11 @@ impl Metrics {
                     .set((d.status == s) as i64);
             }
         }
+    }
+
+    /// A long poll past the waiter cap: it waits at most a second.
+    pub fn long_poll_shortened(&self) {
+        self.long_polls_shortened.inc();
     }
 
     /// The Prometheus text exposition.

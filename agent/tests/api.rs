@@ -441,3 +441,56 @@ async fn every_flag_reads_its_environment_variable() {
     // Every simulated temperature is over 20 C.
     assert_eq!(doc.summary.degraded, 3);
 }
+
+/// Issue 10, finding 2: 1,000 stalled connections (500 half-sent request heads, 500
+/// that send nothing) neither stop the agent answering `/v1/health` nor stay open: the
+/// header and idle timeouts close them all. (Latency and memory under this load are
+/// measured in benches/agent_bench.rs, not asserted here.)
+#[tokio::test]
+async fn stalled_connections_are_closed_and_the_agent_keeps_answering() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let agent = sim_agent(&["--http-header-timeout", "2s", "--http-idle-timeout", "3s"]);
+    wait_for(&agent, Duration::from_secs(10), "eight devices", |d| {
+        d.npus.len() == 8
+    })
+    .await;
+    let mut stalled = Vec::new();
+    for i in 0..1000 {
+        let mut s = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
+        if i % 2 == 0 {
+            s.write_all(b"GET /v1/health HTTP/1.1\r\nhost: x\r\n")
+                .await
+                .unwrap();
+        }
+        stalled.push(s);
+    }
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        request("GET", &agent.url("/v1/health"), None),
+    )
+    .await
+    .expect("answered while 1,000 connections stall");
+    assert_eq!(r.status, 200);
+    let m = request("GET", &agent.url("/metrics"), None).await.body;
+    assert!(m.contains("faultline_agent_http_connections_open"), "{m}");
+    // Every stalled connection is closed by the agent (end of file or a reset).
+    let t = Instant::now();
+    for mut s in stalled {
+        let mut b = [0u8; 512];
+        loop {
+            let left = Duration::from_secs(30).saturating_sub(t.elapsed());
+            match tokio::time::timeout(left, s.read(&mut b)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(_)) => continue,
+                Err(_) => panic!("a stalled connection was still open after 30 s"),
+            }
+        }
+    }
+    let m = request("GET", &agent.url("/metrics"), None).await.body;
+    let closed: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("faultline_agent_http_connections_idle_closed_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(closed >= 1000, "{closed} counted closed\n{m}");
+}

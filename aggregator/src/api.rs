@@ -22,6 +22,9 @@ use crate::metrics::Metrics;
 /// A request for the whole document, answered by the core loop.
 pub type DocumentAsk = oneshot::Sender<Arc<FaultDocument>>;
 
+/// A document and its JSON.
+pub type Rendered = (Arc<FaultDocument>, axum::body::Bytes);
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct ApiState {
@@ -35,6 +38,9 @@ pub struct ApiState {
     pub ready: Arc<AtomicBool>,
     /// The alert intake, when on.
     pub intake: Option<Arc<Intake>>,
+    /// The last document served and its JSON: a document shared by many requests is
+    /// serialized once.
+    pub rendered: Arc<Mutex<Option<Rendered>>>,
 }
 
 /// An error answer: a status and a message, as `{"error": ..., "status": ...}`.
@@ -138,17 +144,40 @@ async fn faults(State(s): State<ApiState>) -> Result<Response, ApiError> {
         return Err(not_yet());
     }
     let cached = s.latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    if let Some(d) = cached {
-        return Ok(Json(d.as_ref().clone()).into_response());
+    let doc = match cached {
+        Some(d) => d,
+        None => {
+            let (tx, rx) = oneshot::channel();
+            if s.asks.send(tx).await.is_err() {
+                return Err(not_yet());
+            }
+            match tokio::time::timeout(Duration::from_secs(10), rx).await {
+                Ok(Ok(d)) => d,
+                _ => return Err(not_yet()),
+            }
+        }
+    };
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        rendered(&s, doc)?,
+    )
+        .into_response())
+}
+
+/// The JSON of `doc`, serialized once however many requests share it.
+fn rendered(s: &ApiState, doc: Arc<FaultDocument>) -> Result<axum::body::Bytes, ApiError> {
+    let mut r = s.rendered.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((d, bytes)) = r.as_ref() {
+        if Arc::ptr_eq(d, &doc) {
+            return Ok(bytes.clone());
+        }
     }
-    let (tx, rx) = oneshot::channel();
-    if s.asks.send(tx).await.is_err() {
-        return Err(not_yet());
-    }
-    match tokio::time::timeout(Duration::from_secs(10), rx).await {
-        Ok(Ok(d)) => Ok(Json(d.as_ref().clone()).into_response()),
-        _ => Err(not_yet()),
-    }
+    let bytes = axum::body::Bytes::from(
+        serde_json::to_vec(doc.as_ref())
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
+    );
+    *r = Some((doc, bytes.clone()));
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -167,6 +196,7 @@ mod tests {
                 asks,
                 ready: Default::default(),
                 intake: None,
+                rendered: Default::default(),
             },
             rx,
         )

@@ -34,6 +34,8 @@ struct SinkLabels {
 /// Every metric of the aggregator.
 pub struct Metrics {
     registry: Registry,
+    /// The HTTP server's connection counts, served with the rest.
+    pub server: std::sync::Arc<faultline_common::server::Stats>,
     rules_reloads: Family<ResultLabel, Counter>,
     agent_polls: Family<ResultLabel, Counter>,
     agent_poll_errors: Family<KindLabel, Counter>,
@@ -101,7 +103,10 @@ impl Metrics {
     /// A registry with every metric under `faultline_aggregator_`.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("faultline_aggregator");
+        let server = std::sync::Arc::new(faultline_common::server::Stats::default());
+        registry.register_collector(Box::new(server.clone()));
         let m = Metrics {
+            server,
             registry: Registry::default(),
             rules_reloads: Family::default(),
             agent_polls: Family::default(),

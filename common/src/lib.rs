@@ -16,6 +16,8 @@ pub mod reading;
 pub mod rules;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod state;
 pub mod time;
 pub mod xid;

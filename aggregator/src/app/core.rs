@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use faultline_common::fault::FaultDocument;
 use faultline_common::rules::Rules;
 use faultline_common::time::now_ms;
 use rand::Rng;
@@ -70,6 +71,9 @@ pub struct Core {
     dirty: bool,
     urgent: bool,
     sequence: u64,
+    /// The whole document built for `GET /v1/faults`, shared by every asker until the
+    /// next sequence (issue 10: a burst of requests builds it once).
+    asked: Option<(u64, Arc<FaultDocument>)>,
     last_write: Option<Instant>,
     spacing: Duration,
     writing: Option<tokio::task::JoinHandle<()>>,
@@ -109,6 +113,7 @@ impl Core {
             dirty: true,
             urgent: false,
             sequence: 0,
+            asked: None,
             last_write: None,
             writing: None,
             failed: Arc::new(AtomicBool::new(false)),
@@ -164,7 +169,7 @@ impl Core {
                 }
                 // GET /v1/faults with the ConfigMap sink: the whole document, now.
                 Some(reply) = inputs.asks.recv() => {
-                    let _ = reply.send(Arc::new(document(&self.pipeline, self.sequence, &self.replica, 0, 1)));
+                    let _ = reply.send(self.whole_document());
                 }
                 r = inputs.rules.changed(), if rules_open => {
                     match r {
@@ -176,6 +181,18 @@ impl Core {
             }
         }
         self.finish().await;
+    }
+
+    /// The whole document for this sequence, built at most once per sequence.
+    fn whole_document(&mut self) -> Arc<FaultDocument> {
+        match &self.asked {
+            Some((seq, d)) if *seq == self.sequence => d.clone(),
+            _ => {
+                let d = Arc::new(document(&self.pipeline, self.sequence, &self.replica, 0, 1));
+                self.asked = Some((self.sequence, d.clone()));
+                d
+            }
+        }
     }
 
     fn on_agent(&mut self, ev: AgentEvent) {

@@ -266,8 +266,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
     let agents = follow_agents(&cfg, watch.as_ref(), &metrics, &cancel)?;
 
     // Bound first: the shard Leases advertise where this replica's API is.
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
+    let limits = faultline_common::server::Limits::default();
+    let listener = faultline_common::server::bind(cfg.listen, limits.backlog)
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
     // Leases (and the notifier's queue) outlive the core loop: on a stop, in-flight
@@ -358,14 +358,17 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
         asks: asks_tx,
         ready: ready.clone(),
         intake: intake.map(Arc::new),
+        rendered: Default::default(),
     });
     {
         let cancel = cancel.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { cancel.cancelled().await })
-                .await;
-        });
+        tokio::spawn(faultline_common::server::serve(
+            listener,
+            app,
+            limits,
+            metrics.server.clone(),
+            async move { cancel.cancelled().await },
+        ));
     }
 
     tracing::info!(%addr, agents = cfg.agents.len(), out = %cfg.out.display(), "faultline aggregator running");

@@ -1,0 +1,452 @@
+//! The HTTP server both binaries use, bounded against slow and idle clients (issue 10):
+//! `axum::serve` has no header-read timeout, no request timeout and no connection cap,
+//! so a few hundred half-sent requests could hold a process's memory and sockets.
+//!
+//! - The listen backlog is [`Limits::backlog`] (1,024), not the default 128: a burst of
+//!   connections from a fleet does not leave clients in SYN retries.
+//! - At most [`Limits::max_connections`] connections are open; one more is accepted and
+//!   closed at once (counted), so the backlog keeps moving and the client fails fast.
+//! - A request's head must arrive within [`Limits::header_timeout`] (hyper's
+//!   `header_read_timeout`), and its head is at most [`Limits::max_head_bytes`].
+//! - A request is answered within [`Limits::request_timeout`] (503 otherwise).
+//! - A connection with no request in flight and no bytes either way for
+//!   [`Limits::idle_timeout`] is closed.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode};
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::Semaphore;
+use tower::ServiceExt;
+
+/// The bounds of one server.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// The listen backlog.
+    pub backlog: u32,
+    /// A request head must arrive within this.
+    pub header_timeout: Duration,
+    /// A request must be answered within this (long polls included).
+    pub request_timeout: Duration,
+    /// A connection idle this long (nothing in flight, no bytes) is closed.
+    pub idle_timeout: Duration,
+    /// Largest request head (request line and headers).
+    pub max_head_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 2048,
+            backlog: 1024,
+            header_timeout: Duration::from_secs(10),
+            // Above the agent's longest long poll (60 s).
+            request_timeout: Duration::from_secs(75),
+            idle_timeout: Duration::from_secs(60),
+            max_head_bytes: 64 << 10,
+        }
+    }
+}
+
+/// What the server has done, for the binaries' metrics.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Connections open now.
+    pub open: AtomicUsize,
+    /// Connections closed at once because the cap was reached.
+    pub refused: AtomicU64,
+    /// Connections closed for idleness.
+    pub idle_closed: AtomicU64,
+    /// Requests answered 503 for taking longer than the request timeout.
+    pub timed_out: AtomicU64,
+}
+
+impl prometheus_client::collector::Collector for Stats {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let open = ConstGauge::new(self.open.load(Ordering::Relaxed) as i64);
+        let e = encoder.encode_descriptor(
+            "http_connections_open",
+            "HTTP connections open now",
+            None,
+            open.metric_type(),
+        )?;
+        open.encode(e)?;
+        for (name, help, v) in [
+            (
+                "http_connections_refused",
+                "HTTP connections closed at once: the connection cap was reached",
+                &self.refused,
+            ),
+            (
+                "http_connections_idle_closed",
+                "HTTP connections closed for idleness (or a request head that never came)",
+                &self.idle_closed,
+            ),
+            (
+                "http_requests_timed_out",
+                "HTTP requests answered 503 past the request timeout",
+                &self.timed_out,
+            ),
+        ] {
+            let c = ConstCounter::new(v.load(Ordering::Relaxed));
+            let e = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+            c.encode(e)?;
+        }
+        Ok(())
+    }
+}
+
+/// Bind `addr` with `backlog`.
+pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
+/// The last time bytes moved on a connection, and its requests in flight.
+#[derive(Debug)]
+struct Activity {
+    start: Instant,
+    /// Milliseconds since `start` at the last read or write.
+    last_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last)
+    }
+}
+
+/// A TCP stream that records activity.
+struct Tracked {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Counts a request in flight while it lives.
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn new(a: &Arc<Activity>) -> Self {
+        a.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(a.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.touch();
+    }
+}
+
+/// Serve `router` on `listener` within `limits` until `shutdown` completes; then open
+/// connections finish their requests (bounded by the request timeout).
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    stats: Arc<Stats>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut shutdown => break,
+            a = listener.accept() => a,
+        };
+        let (stream, _) = match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends: wait a moment instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            stats.refused.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (router, stats, mut stop) = (router.clone(), stats.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            stats.open.fetch_add(1, Ordering::Relaxed);
+            connection(stream, router, limits, &stats, &mut stop).await;
+            stats.open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+    let _ = stop_tx.send(true);
+    // Let open connections finish what they are answering.
+    let _ = tokio::time::timeout(
+        limits.request_timeout,
+        slots.acquire_many(limits.max_connections as u32),
+    )
+    .await;
+}
+
+async fn connection(
+    stream: TcpStream,
+    router: Router,
+    limits: Limits,
+    stats: &Stats,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) {
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(Tracked {
+        inner: stream,
+        activity: activity.clone(),
+    });
+    let act = activity.clone();
+    let request_timeout = limits.request_timeout;
+    let timed_out = Arc::new(AtomicU64::new(0));
+    let timed_out_in = timed_out.clone();
+    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let (router, act, timed_out) = (router.clone(), act.clone(), timed_out_in.clone());
+        async move {
+            let _busy = InFlight::new(&act);
+            match tokio::time::timeout(request_timeout, router.oneshot(req.map(Body::new))).await {
+                Ok(Ok(resp)) => Ok::<Response<Body>, Infallible>(resp),
+                Ok(Err(never)) => match never {},
+                Err(_) => {
+                    timed_out.fetch_add(1, Ordering::Relaxed);
+                    let mut r = Response::new(Body::from(
+                        "{\"error\":\"the request took too long\",\"status\":503}",
+                    ));
+                    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    Ok(r)
+                }
+            }
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(limits.max_head_bytes.max(8192))
+        .keep_alive(true)
+        .serve_connection(io, svc);
+    tokio::pin!(conn);
+    let check = (limits.idle_timeout / 4).max(Duration::from_millis(50));
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                // hyper's header_read_timeout: a head that never (fully) came.
+                if r.is_err_and(|e| e.is_timeout()) {
+                    stats.idle_closed.fetch_add(1, Ordering::Relaxed);
+                }
+                break;
+            }
+            _ = tokio::time::sleep(check), if !closing => {
+                let idle = activity.in_flight.load(Ordering::Relaxed) == 0
+                    && activity.idle_for() >= limits.idle_timeout;
+                if idle {
+                    stats.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+            _ = stop.changed(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
+    stats
+        .timed_out
+        .fetch_add(timed_out.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start(limits: Limits) -> (SocketAddr, Arc<Stats>) {
+        let listener = bind("127.0.0.1:0".parse().unwrap(), limits.backlog).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new()
+            .route("/ok", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    "late"
+                }),
+            );
+        let stats = Arc::new(Stats::default());
+        tokio::spawn(serve(
+            listener,
+            router,
+            limits,
+            stats.clone(),
+            std::future::pending(),
+        ));
+        (addr, stats)
+    }
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out).await;
+        out
+    }
+
+    /// Closed by the server: a read returns end of file (or a reset) before `within`.
+    async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+        let mut b = [0u8; 1024];
+        loop {
+            match tokio::time::timeout(within, s.read(&mut b)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// A request head sent slowly (slowloris) and a connection that sends nothing are
+    /// both closed; the server keeps answering others meanwhile.
+    #[tokio::test]
+    async fn slow_and_idle_connections_are_closed() {
+        let limits = Limits {
+            header_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_millis(600),
+            ..Limits::default()
+        };
+        let (addr, stats) = start(limits).await;
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .unwrap();
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        assert!(get(addr, "/ok").await.ends_with("ok"));
+        assert!(
+            closed_within(&mut slow, Duration::from_secs(5)).await,
+            "slow head"
+        );
+        assert!(
+            closed_within(&mut silent, Duration::from_secs(5)).await,
+            "silent"
+        );
+        let _ = stats;
+    }
+
+    /// Past the connection cap one more connection is closed at once (and counted);
+    /// once the others go, the server answers again.
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_refused() {
+        let limits = Limits {
+            max_connections: 4,
+            ..Limits::default()
+        };
+        let (addr, stats) = start(limits).await;
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut extra, Duration::from_secs(2)).await);
+        assert_eq!(stats.refused.load(Ordering::Relaxed), 1);
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(get(addr, "/ok").await.ends_with("ok"));
+    }
+
+    /// A request that outlives the request timeout is answered 503.
+    #[tokio::test]
+    async fn a_request_past_its_deadline_is_a_503() {
+        let limits = Limits {
+            request_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let (addr, _) = start(limits).await;
+        let r = get(addr, "/slow").await;
+        assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+    }
+}
