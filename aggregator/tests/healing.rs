@@ -964,6 +964,18 @@ async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
         "--intake-token-file",
         token_file.to_str().unwrap(),
     ];
+    // The replicas' Pods: the intake forwards only to a holder whose Pod has the IP
+    // its Lease advertises (issue 10, finding 4).
+    for r in ["r1", "r2"] {
+        server
+            .create(
+                "pods",
+                NS,
+                json!({"metadata": {"name": r}, "spec": {"containers": [{"name": "c", "image": "x"}]},
+                    "status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}}),
+            )
+            .unwrap();
+    }
     let r1 = Launch::healing(&kube, "r1").args(&args).start().await;
     let lease = holds(&server, "r1").await;
     assert_eq!(
@@ -987,6 +999,29 @@ async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
     })
     .await;
     assert_eq!(record(&server, "n1").unwrap()["actor"], "r1");
+    // A Lease edited to advertise an address that is not the holder's Pod gets
+    // nothing, not even the token: the sender is told to retry.
+    let mut pod = server.get("pods", NS, "r1").unwrap();
+    pod["status"]["podIP"] = json!("10.9.9.9");
+    pod["status"]["podIPs"] = json!([{"ip": "10.9.9.9"}]);
+    server
+        .update("pods", NS, "r1", pod, Some("status"))
+        .unwrap();
+    let (code, body) = call(
+        "POST",
+        &url,
+        Some("s3cret"),
+        alert.replace("GPU-abc", "GPU-xyz"),
+    )
+    .await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("not its running Pod's IP"),
+        "{body}"
+    );
     // The holder gone (no Lease renewal, no answer): the sender is told to retry.
     r1.abort();
     let (code, body) = call(

@@ -303,6 +303,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
                     held: held.clone(),
                     shards: cfg.shards,
                     leases: Api::namespaced(kube.clone(), &cfg.namespace),
+                    pods: Api::namespaced(kube.clone(), &cfg.namespace),
                     name: cfg.name.clone(),
                     me: cfg.replica.clone(),
                 })

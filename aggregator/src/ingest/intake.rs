@@ -324,6 +324,9 @@ pub struct Route {
     pub shards: u32,
     /// The shard Leases.
     pub leases: kube::Api<k8s_openapi::api::coordination::v1::Lease>,
+    /// The replicas' Pods (the Leases' namespace): a holder's advertised URL must be
+    /// its own Pod's IP.
+    pub pods: kube::Api<k8s_openapi::api::core::v1::Pod>,
     /// The Leases' base name.
     pub name: String,
     /// This replica.
@@ -349,15 +352,70 @@ pub struct Intake {
     counts: Mutex<HashMap<Key, Seen>>,
     acted: Mutex<HashMap<Key, Instant>>,
     route: Option<Route>,
+    /// The token as last read, with the file's modification time and size: the file
+    /// is read again only when it changes (a rotated Secret).
+    token: Mutex<Option<(std::time::SystemTime, u64, String)>>,
     client: hyper_util::client::legacy::Client<
         hyper_util::client::legacy::connect::HttpConnector,
         http_body_util::Full<hyper::body::Bytes>,
     >,
 }
 
-/// Equal in constant time for equal lengths.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Largest reply accepted from the holder a request was handed to.
+const MAX_FORWARD_REPLY: usize = 64 << 10;
+
+/// Whether `given` equals `secret`, in time that depends on `given`'s length only: no
+/// early exit, and a length mismatch is folded into the result.
+fn same(given: &[u8], secret: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != secret.len());
+    for (i, g) in given.iter().enumerate() {
+        let s = if secret.is_empty() {
+            0
+        } else {
+            secret[i % secret.len()]
+        };
+        diff |= g ^ s;
+    }
+    diff == 0 && !secret.is_empty()
+}
+
+/// The alerts (and the bearer token) go only to a replica: the Lease's holder must be a
+/// running Pod of this namespace whose IP is the host of the URL it advertises. A Lease
+/// edited to point elsewhere gets nothing (issue 10, finding 4).
+async fn verify_peer(
+    pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
+    holder: &str,
+    url: &str,
+) -> Result<(), String> {
+    let host = url
+        .parse::<hyper::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_string()))
+        .ok_or_else(|| format!("the holder {holder} advertises a URL without a host: {url}"))?;
+    let pod = pods
+        .get_opt(holder)
+        .await
+        .map_err(|e| format!("cannot read the Pod of {holder}: {e}"))?
+        .ok_or_else(|| {
+            format!("the holder {holder} is not a Pod of this namespace; nothing is forwarded")
+        })?;
+    let status = pod.status.unwrap_or_default();
+    let running =
+        status.phase.as_deref() == Some("Running") && pod.metadata.deletion_timestamp.is_none();
+    let ips: Vec<String> = status
+        .pod_ips
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| p.ip)
+        .chain(status.pod_ip)
+        .collect();
+    if !running || !ips.iter().any(|ip| *ip == host) {
+        return Err(format!(
+            "the holder {holder} advertises {url}, which is not its running Pod's IP ({}); nothing is forwarded",
+            ips.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 impl Intake {
@@ -370,6 +428,7 @@ impl Intake {
             counts: Default::default(),
             acted: Default::default(),
             route: None,
+            token: Default::default(),
             client: hyper_util::client::legacy::Client::builder(
                 hyper_util::rt::TokioExecutor::new(),
             )
@@ -412,6 +471,7 @@ impl Intake {
             .as_ref()
             .and_then(|a| a.get(URL_ANNOTATION))
             .ok_or_else(|| format!("the holder of shard {shard} ({holder}) advertises no URL"))?;
+        verify_peer(&route.pods, &holder, url).await?;
         let body: Vec<Value> = alerts
             .iter()
             .map(|a| json!({"node_name": a.node, "gpu_uuid": a.uuid, "bus_id": a.bus_id, "metric": a.metric, "value": a.value, "occurrence": a.occurrence}))
@@ -429,10 +489,18 @@ impl Intake {
             .map_err(|_| format!("{holder} at {url} did not answer within 5s"))?
             .map_err(|e| format!("{holder} at {url}: {e}"))?;
         let status = resp.status();
-        let bytes = http_body_util::BodyExt::collect(resp.into_body())
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+        // A summary is small; a reply past the limit is refused, not buffered.
+        let bytes = tokio::time::timeout(
+            Duration::from_secs(5),
+            http_body_util::BodyExt::collect(http_body_util::Limited::new(
+                resp.into_body(),
+                MAX_FORWARD_REPLY,
+            )),
+        )
+        .await
+        .map_err(|_| format!("{holder} at {url}: the reply did not arrive within 5s"))?
+        .map_err(|e| format!("{holder} at {url}: {e}"))?
+        .to_bytes();
         if status != StatusCode::ACCEPTED {
             return Err(format!("{holder} at {url} answered {status}"));
         }
@@ -497,9 +565,9 @@ impl Intake {
 
     /// The token, when the request carries it.
     fn authorize(&self, headers: &HeaderMap) -> Result<String, IntakeError> {
-        let token = match std::fs::read_to_string(&self.cfg.token_file) {
-            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
-            Ok(_) | Err(_) => {
+        let token = match self.token() {
+            Some(t) => t,
+            None => {
                 tracing::error!(file = %self.cfg.token_file.display(), "intake token file missing or empty: every alert is refused");
                 return Err(IntakeError::Unavailable(
                     "the intake's token is not configured".into(),
@@ -519,6 +587,29 @@ impl Intake {
             }
             Some(_) => Ok(token),
         }
+    }
+
+    /// The token from the file: cached, read again when the file's modification time or
+    /// size changes. `None` when the file is missing or empty.
+    fn token(&self) -> Option<String> {
+        let meta = std::fs::metadata(&self.cfg.token_file).ok()?;
+        let stamp = (meta.modified().ok()?, meta.len());
+        let mut cached = self.token.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((m, l, t)) = cached.as_ref() {
+            if (*m, *l) == stamp {
+                return Some(t.clone());
+            }
+        }
+        let t = std::fs::read_to_string(&self.cfg.token_file)
+            .ok()?
+            .trim()
+            .to_string();
+        if t.is_empty() {
+            *cached = None;
+            return None;
+        }
+        *cached = Some((stamp.0, stamp.1, t.clone()));
+        Some(t)
     }
 
     /// Firing alerts of shards held elsewhere go to their holder first; if that fails
@@ -672,6 +763,45 @@ mod tests {
             dedup,
         };
         (Intake::new(cfg, metrics.clone(), tx), rx, metrics)
+    }
+
+    fn bearer(t: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            format!("Bearer {t}").parse().unwrap(),
+        );
+        h
+    }
+
+    /// Issue 10, finding 4: the token is compared without an early exit (a prefix, a
+    /// longer or an empty token all fail), read from its file once, and read again when
+    /// the file changes (a rotated Secret): the old token is refused from then on.
+    #[test]
+    fn the_token_is_compared_in_full_and_follows_its_file() {
+        assert!(same(b"s3cret", b"s3cret"));
+        for wrong in [&b"s3cre"[..], b"s3crets", b"", b"S3cret", b"s3cret\0"] {
+            assert!(!same(wrong, b"s3cret"), "{wrong:?}");
+        }
+        assert!(!same(b"", b""), "an empty secret matches nothing");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "first-token\n").unwrap();
+        let (mut i, _rx, _m) = intake(1, Duration::from_secs(60), Duration::from_secs(60));
+        i.cfg.token_file = file.clone();
+        assert!(i.authorize(&bearer("first-token")).is_ok());
+        assert!(matches!(
+            i.authorize(&bearer("nope")),
+            Err(IntakeError::Unauthorized(_))
+        ));
+        std::fs::write(&file, "rotated-token-2\n").unwrap();
+        assert!(i.authorize(&bearer("rotated-token-2")).is_ok());
+        assert!(i.authorize(&bearer("first-token")).is_err());
+        std::fs::remove_file(&file).unwrap();
+        assert!(matches!(
+            i.authorize(&bearer("rotated-token-2")),
+            Err(IntakeError::Unavailable(..))
+        ));
     }
 
     /// A firing alert of metric `xid` for `GPU-1` on `node`.
