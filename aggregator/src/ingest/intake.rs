@@ -409,7 +409,7 @@ async fn verify_peer(
         .map(|p| p.ip)
         .chain(status.pod_ip)
         .collect();
-    if !running || !ips.iter().any(|ip| *ip == host) {
+    if !running || !ips.contains(&host) {
         return Err(format!(
             "the holder {holder} advertises {url}, which is not its running Pod's IP ({}); nothing is forwarded",
             ips.join(", ")
