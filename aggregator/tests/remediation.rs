@@ -555,6 +555,51 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
     assert_eq!(events(&server, "FaultlineUnknownCordoned"), 1);
 }
 
+/// Issue 10, finding 5: the breaker counts cluster-wide. Two replicas (two breakers
+/// over one ConfigMap) each seeing some failures trip it together at the threshold, a
+/// restarted replica (a new breaker) keeps the count, concurrent notes lose none
+/// (compare-and-swap), and a person's close starts the count afresh.
+#[tokio::test]
+async fn the_breaker_counts_across_replicas_and_restarts() {
+    let (server, client) = setup().await;
+    let breaker = || {
+        faultline_aggregator::remediate::Breaker::new(
+            kube::Api::namespaced(client.clone(), "faultline"),
+            "faultline-breaker".into(),
+            4,
+            std::time::Duration::from_secs(300),
+        )
+    };
+    let (a, b) = (breaker(), breaker());
+    // Concurrent notes from both replicas: none lost.
+    let (x, y) = tokio::join!(a.note_failure("n1"), b.note_failure("n2"));
+    assert!(!x.unwrap() && !y.unwrap());
+    assert!(!a.note_failure("n1").await.unwrap(), "a node counts once");
+    // Replica b restarts: a new breaker, the same count.
+    let b = breaker();
+    assert!(!b.note_failure("n3").await.unwrap());
+    assert!(
+        a.note_failure("n4").await.unwrap(),
+        "the fourth node trips it"
+    );
+    assert!(b.is_open().await.unwrap());
+    let cm = server
+        .get("configmaps", "faultline", "faultline-breaker")
+        .unwrap();
+    assert_eq!(cm["data"]["state"], "open");
+    let failures: serde_json::Map<String, Value> =
+        serde_json::from_str(cm["data"]["failures"].as_str().unwrap()).unwrap();
+    assert_eq!(failures.len(), 4);
+    // A person closes it (by hand, without clearing the count): counting starts afresh.
+    let mut cm = cm;
+    cm["data"]["state"] = json!("closed");
+    server
+        .update("configmaps", "faultline", "faultline-breaker", cm, None)
+        .unwrap();
+    assert!(!b.note_failure("n5").await.unwrap());
+    assert!(!a.is_open().await.unwrap());
+}
+
 /// Issue 10, finding 6: the unknown guard has its own budget. It taints at most
 /// `max_unknown` nodes, and the nodes it tainted do not use the quarantine budget, so
 /// a blind spot cannot hold back real failures.

@@ -220,7 +220,7 @@ impl Core {
         self.urgent |= c.urgent;
         if c.urgent {
             if let Some(d) = &self.dispatch {
-                d.remediate(&self.pipeline, c.alarming.clone(), true);
+                d.remediate(&self.pipeline, c.alarming.clone());
             }
         }
         self.alarming.extend(c.alarming);

@@ -152,7 +152,7 @@ impl Dispatch {
         if !list.iter().any(|d| d.is(&v.device.id)) {
             list.push(v.device);
         }
-        self.remediate(pipeline, vec![v.node], true);
+        self.remediate(pipeline, vec![v.node]);
     }
 
     /// A pass settled some pending verdicts.
@@ -192,7 +192,7 @@ impl Dispatch {
                 nodes.push(n);
             }
         }
-        self.remediate(pipeline, nodes, false);
+        self.remediate(pipeline, nodes);
         if !self.standing_down {
             self.guard_unknown(pipeline);
         }
@@ -205,9 +205,8 @@ impl Dispatch {
     }
 
     /// One pass per node of `nodes` that has failed devices or a quarantine, in the
-    /// shard holder only. `fresh`: the nodes just turned failed (they may feed the
-    /// circuit breaker).
-    pub fn remediate(&self, pipeline: &Pipeline, nodes: Vec<String>, fresh: bool) {
+    /// shard holder only.
+    pub fn remediate(&self, pipeline: &Pipeline, nodes: Vec<String>) {
         let quarantined: BTreeSet<String> =
             self.remediator.known_quarantined().into_iter().collect();
         for node in nodes {
@@ -249,7 +248,6 @@ impl Dispatch {
                 devices,
                 extra,
                 unverified,
-                fresh,
             };
             tokio::spawn(async move {
                 let _slot = slot;
@@ -305,7 +303,6 @@ struct NodePass {
     /// Alerts naming a device the node's agent does not report: acted on only if the
     /// kubelet reports it for a pod of the node.
     unverified: Vec<RecordDevice>,
-    fresh: bool,
 }
 
 impl NodePass {
@@ -326,7 +323,10 @@ impl NodePass {
                 }
             }
         }
-        if self.fresh && !self.devices.is_empty() {
+        // Every pass that finds failed devices on a node without a failure record
+        // counts it for the breaker, a reconcile's or a verdict's as much as a fresh
+        // transition's (counted once per node within the window, cluster-wide).
+        if !self.devices.is_empty() {
             if let Err(e) = r.note_new_failure(node).await {
                 tracing::warn!(node = %node, error = %e, "cannot update the circuit breaker");
             }

@@ -223,7 +223,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 a => bail!("breaker {a:?}: expected close or open"),
             };
             let cms: Api<ConfigMap> = Api::namespaced(client, &namespace);
-            let patch = serde_json::json!({"data": {"state": state, "reason": format!("set {state} by {}", std::env::var("USER").unwrap_or_else(|_| "a person".into()))}});
+            // Closing also clears the failures counted (kept in the same ConfigMap).
+            let by = std::env::var("USER").unwrap_or_else(|_| "a person".into());
+            let patch = serde_json::json!({"data": {
+                "state": state,
+                "reason": format!("set {state} by {by}"),
+                "since": faultline_common::time::now_rfc3339(),
+                "failures": "{}",
+            }});
             cms.patch(
                 &format!("{name}-breaker"),
                 &PatchParams::default(),

@@ -6,8 +6,7 @@
 //! - [`EvictionRate`]: evictions per minute;
 //! - [`HeldBack`]: the nodes a budget holds back now, announced once each.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -108,15 +107,41 @@ fn unknown_only(node: &Node) -> bool {
 /// the breaker opens: a ConfigMap `<name>-breaker` with `state: open`, which every
 /// replica reads before acting. Nothing is isolated or evicted until a person closes it
 /// (`faultline breaker close`).
+///
+/// The failures counted live in the same ConfigMap (`failures`: node → when), updated
+/// by compare-and-swap on its resourceVersion, so the threshold is cluster-wide (not
+/// per replica) and survives restarts (issue 10, finding 5).
 pub struct Breaker {
     api: Api<ConfigMap>,
     name: String,
     nodes: usize,
     window: Duration,
-    /// Nodes that failed lately, oldest first; owned by this breaker.
-    recent: Mutex<VecDeque<(String, Instant)>>,
-    /// Open when last read: a person closing it also clears the failures counted.
-    was_open: AtomicBool,
+}
+
+/// Attempts at one compare-and-swap before giving up for this pass.
+const CAS_ATTEMPTS: usize = 8;
+
+/// The breaker's stored state.
+#[derive(Debug, Default)]
+struct BreakerState {
+    open: bool,
+    /// Nodes counted, with when (RFC 3339).
+    failures: BTreeMap<String, String>,
+}
+
+impl BreakerState {
+    fn of(cm: Option<&ConfigMap>) -> Self {
+        let Some(data) = cm.and_then(|c| c.data.as_ref()) else {
+            return BreakerState::default();
+        };
+        BreakerState {
+            open: data.get("state").map(String::as_str) == Some("open"),
+            failures: data
+                .get("failures")
+                .and_then(|f| serde_json::from_str(f).ok())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 impl Breaker {
@@ -127,65 +152,66 @@ impl Breaker {
             name,
             nodes: nodes.max(1),
             window,
-            recent: Default::default(),
-            was_open: Default::default(),
         }
     }
 
     /// Whether it is open now (a person has not closed it).
     pub async fn is_open(&self) -> Result<bool, RemediateError> {
-        let open = self
-            .api
-            .get_opt(&self.name)
-            .await?
-            .and_then(|cm| cm.data)
-            .is_some_and(|d| d.get("state").map(String::as_str) == Some("open"));
-        if self.was_open.swap(open, Ordering::AcqRel) && !open {
-            // Closed by a person: count afresh, or the next failure reopens it.
-            self.recent
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clear();
-        }
-        Ok(open)
+        Ok(BreakerState::of(self.api.get_opt(&self.name).await?.as_ref()).open)
     }
 
-    /// Count `node` as failed at `now`; how many distinct nodes failed in the window.
-    fn count(&self, node: &str, now: Instant) -> usize {
-        let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        while r
-            .front()
-            .is_some_and(|(_, t)| now.duration_since(*t) > self.window)
-        {
-            r.pop_front();
-        }
-        if !r.iter().any(|(n, _)| n == node) {
-            r.push_back((node.to_string(), now));
-        }
-        r.len()
-    }
-
-    /// Note that `node` failed now; opens the breaker when too many did. Whether it
-    /// tripped.
+    /// Note that `node` failed now, in the shared count; opens the breaker when
+    /// `nodes` distinct nodes failed within the window. Whether it is open after.
     pub async fn note_failure(&self, node: &str) -> Result<bool, RemediateError> {
-        self.is_open().await?;
-        let count = self.count(node, Instant::now());
-        let trip = count >= self.nodes;
-        if trip && !self.is_open().await? {
-            let data = BTreeMap::from([
-                ("state".to_string(), "open".to_string()),
-                ("since".to_string(), now_rfc3339()),
-                (
-                    "reason".to_string(),
+        let mut last = None;
+        for _ in 0..CAS_ATTEMPTS {
+            let cur = self.api.get_opt(&self.name).await?;
+            let mut state = BreakerState::of(cur.as_ref());
+            if state.open {
+                return Ok(true);
+            }
+            // A closed breaker holding a full count was closed by a person: the count
+            // starts afresh, or the next failure would reopen it at once.
+            if state.failures.len() >= self.nodes {
+                state.failures.clear();
+            }
+            let window = self.window.as_secs_f64();
+            state
+                .failures
+                .retain(|_, at| faultline_common::time::age_secs(at).is_some_and(|a| a <= window));
+            if state.failures.contains_key(node) {
+                return Ok(false);
+            }
+            state.failures.insert(node.to_string(), now_rfc3339());
+            let count = state.failures.len();
+            let trip = count >= self.nodes;
+            let mut data = cur
+                .as_ref()
+                .and_then(|c| c.data.clone())
+                .unwrap_or_default();
+            data.insert(
+                "failures".into(),
+                serde_json::to_string(&state.failures).unwrap_or_default(),
+            );
+            if trip {
+                data.insert("state".into(), "open".into());
+                data.insert("since".into(), now_rfc3339());
+                data.insert(
+                    "reason".into(),
                     format!("{count} nodes failed within {}s", self.window.as_secs()),
-                ),
-            ]);
-            match self.api.get_opt(&self.name).await? {
-                Some(mut cur) => {
-                    cur.data = Some(data);
+                );
+            } else {
+                data.entry("state".into())
+                    .or_insert_with(|| "closed".into());
+            }
+            let written = match cur {
+                // The resourceVersion read above makes the replace a compare-and-swap.
+                Some(mut cm) => {
+                    cm.data = Some(data);
                     self.api
-                        .replace(&self.name, &PostParams::default(), &cur)
-                        .await?;
+                        .replace(&self.name, &PostParams::default(), &cm)
+                        .await
+                        .map(|_| ())
                 }
                 None => {
                     let cm = ConfigMap {
@@ -196,12 +222,25 @@ impl Breaker {
                         data: Some(data),
                         ..Default::default()
                     };
-                    self.api.create(&PostParams::default(), &cm).await?;
+                    self.api
+                        .create(&PostParams::default(), &cm)
+                        .await
+                        .map(|_| ())
                 }
+            };
+            match written {
+                Ok(()) => {
+                    if trip {
+                        tracing::error!(count, window = ?self.window, "circuit breaker opened: remediation stopped until a person closes it");
+                    }
+                    return Ok(trip);
+                }
+                // Another replica wrote first: read again and recount.
+                Err(kube::Error::Api(e)) if e.code == 409 => last = Some(e),
+                Err(e) => return Err(e.into()),
             }
-            tracing::error!(count, window = ?self.window, "circuit breaker opened: remediation stopped until a person closes it");
         }
-        Ok(trip)
+        Err(kube::Error::Api(last.expect("a conflict was seen")).into())
     }
 }
 
