@@ -42,6 +42,8 @@ target/release/faultline-test-apiserver --listen "127.0.0.1:$((BASE + 20))" >"$W
 PIDS+=($!)
 wait_until 10 "the test API server answers" curl -sf "$KUBE/version"
 post() { curl -sf -X POST "$KUBE$1" -H 'content-type: application/json' -d "$2" >/dev/null; }
+# The UUID of simulated GPU $2 of the agent on port $1.
+uuid_of() { curl -sf "http://127.0.0.1:$1/v1/health/gpu$2" | python3 -c 'import json,sys; print(json.load(sys.stdin)["uuid"])'; }
 patch_status() { curl -sf -X PATCH "$KUBE$1/status" -H 'content-type: application/merge-patch+json' -d "$2" >/dev/null; }
 post /api/v1/namespaces '{"metadata":{"name":"faultline"}}'
 
@@ -49,20 +51,22 @@ AGENTS=()
 for i in 1 2 3; do
   port=$((BASE + i - 1))
   post /api/v1/nodes "{\"metadata\":{\"name\":\"gpu-node-$i\",\"labels\":{\"nvidia.com/gpu.present\":\"true\"}},\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"127.0.0.1\"}],\"capacity\":{\"nvidia.com/gpu\":\"8\"}}}"
-  # Two 4-GPU jobs per node; the kubelet reports which GPUs each holds (KEP-4680).
-  for half in a b; do
-    first=$([[ $half == a ]] && echo 0 || echo 4)
-    ids=$(for g in $(seq $first $((first + 3))); do printf '{"resourceID":"GPU-5157e000-0000-4000-8000-%012x","health":"Healthy"},' "$g"; done)
-    # A new pod starts Pending (the API server drops a client's status); its kubelet
-    # then reports it running, Ready, with the GPUs it holds.
-    post /api/v1/namespaces/default/pods "{\"metadata\":{\"name\":\"train-$i$half\",\"labels\":{\"app\":\"train\"}},\"spec\":{\"nodeName\":\"gpu-node-$i\",\"containers\":[{\"name\":\"trainer\",\"image\":\"trainer\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"4\"}}}]}}"
-    patch_status /api/v1/namespaces/default/pods/train-$i$half "{\"status\":{\"phase\":\"Running\",\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\"}],\"containerStatuses\":[{\"name\":\"trainer\",\"ready\":true,\"restartCount\":0,\"image\":\"trainer\",\"imageID\":\"\",\"allocatedResourcesStatus\":[{\"name\":\"nvidia.com/gpu\",\"resources\":[${ids%,}]}]}]}}"
-  done
   extra=()
   [[ $i == 1 ]] && extra=(--sim-scenario deploy/scenarios/demo.json)
   target/release/faultline-agent --source sim --sim-devices 8 --sim-seed "$i" "${extra[@]}" \
     --listen "127.0.0.1:$port" --node-name "gpu-node-$i" >"$WORK/agent-$i.log" 2>&1 &
   PIDS+=($!)
+  wait_until 10 "agent $i answers" curl -sf "http://127.0.0.1:$port/v1/health"
+  # Two 4-GPU jobs per node; the kubelet reports which GPUs each holds (KEP-4680), by
+  # the UUIDs the node's agent reports (each simulated node has its own).
+  for half in a b; do
+    first=$([[ $half == a ]] && echo 0 || echo 4)
+    ids=$(for g in $(seq $first $((first + 3))); do printf '{"resourceID":"%s","health":"Healthy"},' "$(uuid_of "$port" "$g")"; done)
+    # A new pod starts Pending (the API server drops a client's status); its kubelet
+    # then reports it running, Ready, with the GPUs it holds.
+    post /api/v1/namespaces/default/pods "{\"metadata\":{\"name\":\"train-$i$half\",\"labels\":{\"app\":\"train\"}},\"spec\":{\"nodeName\":\"gpu-node-$i\",\"containers\":[{\"name\":\"trainer\",\"image\":\"trainer\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"4\"}}}]}}"
+    patch_status /api/v1/namespaces/default/pods/train-$i$half "{\"status\":{\"phase\":\"Running\",\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\"}],\"containerStatuses\":[{\"name\":\"trainer\",\"ready\":true,\"restartCount\":0,\"image\":\"trainer\",\"imageID\":\"\",\"allocatedResourcesStatus\":[{\"name\":\"nvidia.com/gpu\",\"resources\":[${ids%,}]}]}]}}"
+  done
   AGENTS+=("http://127.0.0.1:$port")
 done
 AGG="http://127.0.0.1:$((BASE + 10))"
@@ -139,7 +143,7 @@ pod_exists train-2a || fail "pod train-2a was evicted, but its GPUs are healthy"
 echo "  pod default/train-2a (GPUs 0-3, healthy) stays"
 
 echo "== alert intake: seed 000's GPUAlert for gpu-node-3's GPU 2 (held by train-3a), 3 samples (the threshold)"
-alert='{"cluster":"demo","node_name":"gpu-node-3","gpu_uuid":"GPU-5157e000-0000-4000-8000-000000000002","bus_id":"00000000:3B:00.0","metric":"xid_error","value":"Xid 79","time":1699999999}'
+alert="{\"cluster\":\"demo\",\"node_name\":\"gpu-node-3\",\"gpu_uuid\":\"$(uuid_of $((BASE + 2)) 2)\",\"bus_id\":\"00000000:3B:00.0\",\"metric\":\"xid_error\",\"value\":\"Xid 79\",\"time\":1699999999}"
 intake() { curl -s -X POST "$AGG/v1/alerts" -H "authorization: Bearer $1" -H 'content-type: application/json' -d "$2"; }
 # expect WHAT NEEDLE TEXT: TEXT must contain NEEDLE.
 expect() { [[ "$3" == *"$2"* ]] || fail "$1: expected $2 in $3"; }

@@ -10,6 +10,7 @@ pub mod api;
 pub mod config;
 pub mod metrics;
 pub mod node_file;
+pub mod reaper;
 pub mod sampler;
 pub mod sources;
 pub mod store;
@@ -58,6 +59,10 @@ impl Agent {
 
 /// Start every configured source, the upkeep tick, the node file writer and the API.
 pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
+    // As PID 1 (no init in the container), orphaned tool descendants are ours to reap.
+    if reaper::start(false) {
+        tracing::info!("running as PID 1: reaping orphaned children");
+    }
     let metrics = Arc::new(Metrics::new());
     let store = Store::new(
         StoreConfig {
@@ -105,9 +110,13 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
                     Some(p) => sources::sim::SimSource::load_scenario(p)?,
                     None => Vec::new(),
                 };
-                let seed = cfg.sim_seed.unwrap_or_else(faultline_common::time::now_ms);
-                let sim =
-                    sources::sim::SimSource::new(cfg.sim_devices, cfg.sim_vendor, seed, scenario);
+                let sim = sources::sim::SimSource::new(
+                    &cfg.node_name,
+                    cfg.sim_devices,
+                    cfg.sim_vendor,
+                    cfg.sim_seed,
+                    scenario,
+                );
                 sim_control = Some(sim.control());
                 polled.push(Arc::new(sim));
             }

@@ -173,6 +173,46 @@ async fn critical_xid_events_arrive_through_the_event_set() {
     assert_eq!(doc.summary.failed, 1, "only the Xid 79 device");
 }
 
+/// Issue 10, finding 8: after a driver reset the agent starts NVML over, and its Xid
+/// event thread with it. The old handle's event set answers only errors
+/// (`sets_die_on_reinit`): events after the reset arrive only through the new one.
+#[tokio::test]
+async fn the_event_thread_restarts_with_the_handle() {
+    let base = "device_count=2\nsets_die_on_reinit=1\n";
+    let state = StateFile::new(base);
+    let agent = nvml_agent(&state, &[]);
+    wait_for(&agent, Duration::from_secs(10), "healthy", |d| {
+        d.summary.healthy == 2
+    })
+    .await;
+    // The driver loses its state: the device count fails (999 = NVML_ERROR_UNKNOWN),
+    // the handle is dropped, and the next sample initialises NVML again.
+    state.set(&format!("{base}error.nvmlDeviceGetCount_v2=999\n"));
+    wait_for(&agent, Duration::from_secs(10), "the count failed", |d| {
+        d.sources.iter().any(|s| s.name == "nvml" && !s.up)
+    })
+    .await;
+    state.set(base);
+    wait_for(&agent, Duration::from_secs(10), "back", |d| {
+        d.sources.iter().any(|s| s.name == "nvml" && s.up) && d.summary.healthy == 2
+    })
+    .await;
+    state.set(&format!("{base}event.1=1:79\n"));
+    let doc = wait_for(
+        &agent,
+        Duration::from_secs(15),
+        "xid 79 after the reset",
+        |d| d.summary.failed == 1,
+    )
+    .await;
+    assert_eq!(device(&doc, "gpu1").reason.as_deref(), Some("xid-79"));
+    let starts = agent
+        .log_text()
+        .matches("NVML event thread started")
+        .count();
+    assert!(starts >= 2, "{}", agent.log_text());
+}
+
 #[tokio::test]
 async fn a_broken_gpu_does_not_cost_the_others_their_xid_events() {
     // gpu1 refuses event registration (999 = NVML_ERROR_UNKNOWN); nvml-wrapper then

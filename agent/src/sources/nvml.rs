@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,7 +52,9 @@ pub struct NvmlSource {
     /// Identity of each index seen before, so a lost GPU is still named.
     known: Mutex<HashMap<u32, Identity>>,
     events: Option<EventStream>,
-    events_started: AtomicBool,
+    /// Stops the event thread of the current handle: a new handle (after a driver
+    /// reset) gets a new thread, never the old one's stale event set.
+    events_running: Mutex<Option<CancellationToken>>,
 }
 
 /// Where the event thread delivers Xids and counts its errors.
@@ -88,7 +89,7 @@ impl NvmlSource {
             nvml: Mutex::new(None),
             known: Mutex::new(HashMap::new()),
             events,
-            events_started: AtomicBool::new(false),
+            events_running: Mutex::new(None),
         }
     }
 
@@ -113,15 +114,41 @@ impl NvmlSource {
         let Some(stream) = &self.events else {
             return;
         };
-        if self.events_started.swap(true, Ordering::AcqRel) {
+        let mut running = self
+            .events_running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if running.as_ref().is_some_and(|t| !t.is_cancelled()) {
             return;
         }
-        let (nvml, stream) = (nvml.clone(), stream.clone());
+        let token = stream.cancel.child_token();
+        let (nvml, stream) = (
+            nvml.clone(),
+            EventStream {
+                cancel: token.clone(),
+                ..stream.clone()
+            },
+        );
         let spawned = std::thread::Builder::new()
             .name("nvml-events".into())
             .spawn(move || event_loop(&nvml, &stream));
-        if spawned.is_err() {
-            self.events_started.store(false, Ordering::Release);
+        if spawned.is_ok() {
+            tracing::info!("NVML event thread started on the current handle");
+            *running = Some(token);
+        }
+    }
+
+    /// Drop the handle (the driver lost its state): the next sample starts NVML over,
+    /// and its event thread with it.
+    fn reset_handle(&self) {
+        *self.nvml.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Some(t) = self
+            .events_running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            t.cancel();
         }
     }
 
@@ -491,7 +518,7 @@ impl Source for NvmlSource {
                     e,
                     NvmlError::Uninitialized | NvmlError::Unknown | NvmlError::DriverNotLoaded
                 ) {
-                    *self.nvml.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    self.reset_handle();
                 }
                 return Err(ProbeError::Call(format!("device count: {e}")));
             }

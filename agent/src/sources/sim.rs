@@ -153,6 +153,12 @@ impl SimControl {
             !(o.device == f.device && o.request.fault == f.request.fault)
                 || f.request.fault == FaultKind::Xid
         });
+        // Xid events pile up while nothing samples them: bounded (issue 10).
+        if faults.len() >= MAX_FAULTS {
+            return Err(format!(
+                "{MAX_FAULTS} faults in force already; clear some (DELETE /v1/sim/faults)"
+            ));
+        }
         faults.push(f.clone());
         tracing::info!(device = %f.device, fault = ?f.request.fault, "sim: fault injected");
         Ok(f)
@@ -181,9 +187,32 @@ struct Noise {
     power: Vec<f64>,
 }
 
+/// Faults in force at once at most.
+pub const MAX_FAULTS: usize = 256;
+
+/// The UUID prefix of a node's simulated GPUs: derived from the node's name and the
+/// seed (FNV-1a), so no two nodes share a UUID and a node keeps its own across
+/// restarts. Alerts, KEP-4680 matching and dedup across nodes are tested honestly.
+pub fn uuid_prefix(node: &str, seed: u64) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in node.bytes().chain(seed.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!(
+        "GPU-5157e000-{:04x}-4{:03x}-8{:03x}-{:04x}",
+        (h >> 48) & 0xffff,
+        (h >> 36) & 0xfff,
+        (h >> 24) & 0xfff,
+        (h >> 8) & 0xffff
+    )
+}
+
 /// The simulated source.
 pub struct SimSource {
     vendor: Vendor,
+    /// `uuid_prefix` of this node; a device's UUID adds its index (8 hex digits).
+    uuid_prefix: String,
     control: std::sync::Arc<SimControl>,
     noise: Mutex<Noise>,
     scenario: Mutex<Vec<ScenarioStep>>,
@@ -191,8 +220,18 @@ pub struct SimSource {
 }
 
 impl SimSource {
-    /// `n` devices of `vendor`, noise seeded by `seed`, with an optional scenario.
-    pub fn new(n: u32, vendor: Vendor, seed: u64, scenario: Vec<ScenarioStep>) -> Self {
+    /// `n` devices of `vendor` on `node`, noise seeded by `seed` (default: the clock),
+    /// with an optional scenario. UUIDs follow the node and `seed` (default 0), never
+    /// the clock: a node keeps them across restarts.
+    pub fn new(
+        node: &str,
+        n: u32,
+        vendor: Vendor,
+        seed: Option<u64>,
+        scenario: Vec<ScenarioStep>,
+    ) -> Self {
+        let uuids = uuid_prefix(node, seed.unwrap_or(0));
+        let seed = seed.unwrap_or_else(faultline_common::time::now_ms);
         let prefix = if vendor == Vendor::Ascend {
             "npu"
         } else {
@@ -204,6 +243,7 @@ impl SimSource {
         let power = (0..n).map(|_| rng.random_range(180.0..420.0)).collect();
         SimSource {
             vendor,
+            uuid_prefix: uuids,
             control: std::sync::Arc::new(SimControl {
                 ids,
                 faults: Mutex::new(Vec::new()),
@@ -323,7 +363,7 @@ impl Source for SimSource {
                 }
                 _ => {
                     r.name = Some("NVIDIA H100 80GB HBM3 (simulated)".into());
-                    r.uuid = Some(format!("GPU-5157e000-0000-4000-8000-{i:012x}"));
+                    r.uuid = Some(format!("{}{i:08x}", self.uuid_prefix));
                     r.throttle = Some(Throttle::default());
                     r.remapped_rows = Some(RemappedRows::default());
                     r.nvlink = Some(NvLinkState {
@@ -416,6 +456,44 @@ impl Source for SimSource {
 mod tests {
     use super::*;
 
+    /// Issue 10, finding 8: no two simulated nodes share a GPU UUID; a node keeps its
+    /// own across restarts (the UUIDs follow the name and seed, not the clock); and
+    /// injected faults are bounded.
+    #[test]
+    fn uuids_are_unique_per_node_and_faults_bounded() {
+        let uuids = |node: &str, seed: Option<u64>| -> Vec<String> {
+            SimSource::new(node, 8, Vendor::Nvidia, seed, vec![])
+                .sample(Duration::from_secs(1))
+                .unwrap()
+                .devices
+                .into_iter()
+                .map(|d| d.uuid.unwrap())
+                .collect()
+        };
+        let a = uuids("gpu-node-1", None);
+        let b = uuids("gpu-node-2", None);
+        assert!(a.iter().all(|u| !b.contains(u)), "{a:?} {b:?}");
+        assert_eq!(a, uuids("gpu-node-1", None), "stable across restarts");
+        assert_ne!(a, uuids("gpu-node-1", Some(3)));
+        let mut all: Vec<&String> = a.iter().collect();
+        all.dedup();
+        assert_eq!(all.len(), 8);
+        let s = SimSource::new("n1", 1, Vendor::Nvidia, Some(1), vec![]);
+        let xid = || FaultRequest {
+            xid: Some(79),
+            ..req("gpu0", FaultKind::Xid)
+        };
+        for _ in 0..MAX_FAULTS {
+            s.control().inject(xid()).unwrap();
+        }
+        assert!(s
+            .control()
+            .inject(xid())
+            .unwrap_err()
+            .contains("faults in force"));
+        assert_eq!(s.control().clear(), MAX_FAULTS);
+    }
+
     fn req(device: &str, fault: FaultKind) -> FaultRequest {
         FaultRequest {
             device: Some(device.into()),
@@ -428,7 +506,7 @@ mod tests {
 
     #[test]
     fn noise_stays_plausible_and_faults_show() {
-        let s = SimSource::new(4, Vendor::Nvidia, 7, vec![]);
+        let s = SimSource::new("n1", 4, Vendor::Nvidia, Some(7), vec![]);
         for _ in 0..50 {
             let out = s.sample(Duration::from_secs(1)).unwrap();
             assert_eq!(out.devices.len(), 4);
@@ -445,7 +523,7 @@ mod tests {
 
     #[test]
     fn an_xid_fault_is_delivered_once() {
-        let s = SimSource::new(2, Vendor::Nvidia, 1, vec![]);
+        let s = SimSource::new("n1", 2, Vendor::Nvidia, Some(1), vec![]);
         let mut r = req("1", FaultKind::Xid);
         r.xid = Some(48);
         s.control().inject(r).unwrap();
@@ -458,7 +536,7 @@ mod tests {
 
     #[test]
     fn bad_injections_are_rejected_with_a_reason() {
-        let s = SimSource::new(2, Vendor::Nvidia, 1, vec![]);
+        let s = SimSource::new("n1", 2, Vendor::Nvidia, Some(1), vec![]);
         let c = s.control();
         assert!(c
             .inject(req("gpu9", FaultKind::Lost))
@@ -479,7 +557,7 @@ mod tests {
             r#"[{"at_s": 0, "device": "npu1", "fault": "high-temp", "value": 97}]"#,
         )
         .unwrap();
-        let s = SimSource::new(2, Vendor::Ascend, 1, steps);
+        let s = SimSource::new("n1", 2, Vendor::Ascend, Some(1), steps);
         let out = s.sample(Duration::from_secs(1)).unwrap();
         assert_eq!(out.devices[1].temperature_c, Some(97.0));
     }
