@@ -919,4 +919,43 @@ mod tests {
         long.node = "n".repeat(MAX_NAME + 1);
         assert_eq!(intake.one(long).await, AlertOutcome::Unattributed);
     }
+
+    /// Bodies that look like the intake's two formats, with odd values in every field.
+    fn body() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let v = || {
+            prop_oneof![
+                Just(Value::Null),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>().prop_map(
+                    |f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)
+                ),
+                ".{0,300}".prop_map(Value::from),
+                Just(json!({"nested": [1, 2]})),
+            ]
+        };
+        (v(), v(), v(), v(), v(), any::<bool>()).prop_map(|(node, uuid, metric, value, time, am)| {
+            if am {
+                json!({"version": "4", "status": "firing", "alerts": [{"status": "firing",
+                    "labels": {"node": node, "gpu_uuid": uuid, "alertname": metric},
+                    "annotations": {"value": value}, "startsAt": time, "fingerprint": "f"}]})
+                .to_string()
+            } else {
+                json!([{"node_name": node, "gpu_uuid": uuid, "metric": metric, "value": value, "time": time}])
+                    .to_string()
+            }
+        })
+    }
+
+    proptest::proptest! {
+        /// Issue 10: the intake's parser never panics, on any bytes or on either
+        /// format with odd values; an alert comes out only for a body's own entries.
+        #[test]
+        fn the_intake_parser_never_panics(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400), b in body()) {
+            let _ = parse(&raw);
+            if let Ok(alerts) = parse(b.as_bytes()) {
+                proptest::prop_assert!(alerts.len() <= 1);
+            }
+        }
+    }
 }
