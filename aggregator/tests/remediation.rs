@@ -555,6 +555,48 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
     assert_eq!(events(&server, "FaultlineUnknownCordoned"), 1);
 }
 
+/// Found by the randomized schedules (issue 10): a held-back node whose announcement the
+/// API refused (a 500 on the Event) is announced by the next pass, not left silent.
+#[tokio::test]
+async fn a_refused_held_back_announcement_is_made_by_the_next_pass() {
+    let (server, client) = setup().await;
+    for n in ["h1", "h2"] {
+        server
+            .create("nodes", "", NodeFixture::new(n).build())
+            .unwrap();
+    }
+    let r = remediator(client, Mode::Enforce).with_budget(budget(1, 100.0, None));
+    let fence = Fence::unfenced();
+    assert_eq!(
+        r.isolate("h1", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    server.set_faults(Faults {
+        write_error_rate: 1.0,
+        ..Default::default()
+    });
+    assert!(matches!(
+        r.isolate("h2", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::HeldBack(_)
+    ));
+    assert_eq!(
+        events(&server, "FaultlineHeldBack"),
+        0,
+        "the API refused it"
+    );
+    server.set_faults(Faults::default());
+    assert!(matches!(
+        r.isolate("h2", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::HeldBack(_)
+    ));
+    assert_eq!(events(&server, "FaultlineHeldBack"), 1);
+    assert!(matches!(
+        r.isolate("h2", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::HeldBack(_)
+    ));
+    assert_eq!(events(&server, "FaultlineHeldBack"), 1, "still one");
+}
+
 /// Issue 10, finding 5: the breaker counts cluster-wide. Two replicas (two breakers
 /// over one ConfigMap) each seeing some failures trip it together at the threshold, a
 /// restarted replica (a new breaker) keeps the count, concurrent notes lose none

@@ -241,23 +241,29 @@ impl Remediator {
             m.set_held_back(hold.count);
         }
         self.announce.metric("quarantine", "held-back");
-        // One Event per node and hour at most, across replicas and restarts.
+        // One Event per node and hour at most, across replicas and restarts: the
+        // Event's name says so. It is asked for on every pass that holds the node back,
+        // not only the first: an announcement the API refused (a 500) is made by the
+        // next pass, never lost (found by the randomized schedules, issue 10).
         let hour = now_rfc3339().get(..13).unwrap_or_default().to_string();
         if hold.first_for_node {
             tracing::warn!(node, %why, "quarantine held back by the budget");
-            self.announce
-                .event(
-                    node,
-                    "FaultlineHeldBack",
-                    &format!("{}/{hour}", fingerprint(node, devices)),
-                    format!("not quarantined: {why}"),
-                    true,
-                    devices,
-                )
-                .await;
         }
+        self.announce
+            .event(
+                node,
+                "FaultlineHeldBack",
+                &format!("{}/{hour}", fingerprint(node, devices)),
+                format!("not quarantined: {why}"),
+                true,
+                devices,
+            )
+            .await;
         if hold.first_overall {
             tracing::error!(%why, "quarantine budget exhausted: further failed nodes are held back");
+        }
+        // The one alert for the budget, asked for while a single node is held back.
+        if hold.count == 1 {
             self.announce.event(node, "FaultlineBudgetExhausted", &hour, format!("quarantine budget exhausted ({why}); failed nodes are held back until quarantines are released"), true, devices).await;
         }
         Ok(Outcome::HeldBack(why))

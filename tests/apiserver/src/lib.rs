@@ -228,6 +228,11 @@ pub struct Call {
     pub uri: String,
     /// Answered status.
     pub status: u16,
+    /// The bearer token the call carried, if any: which client made it.
+    pub token: Option<String>,
+    /// When the call was carried out (milliseconds since the Unix epoch, taken after
+    /// the server acted on it, before a late answer's delay).
+    pub at_ms: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -447,6 +452,11 @@ impl ApiServer {
         let mut g = self.lock();
         g.rng = rand::rngs::StdRng::seed_from_u64(f.seed);
         g.faults = f;
+    }
+
+    /// The faults injected now.
+    pub fn faults(&self) -> Faults {
+        self.lock().faults.clone()
     }
 
     /// The calls received so far.
@@ -1018,14 +1028,24 @@ async fn dispatch(
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
-    if let Some(d) = late {
-        tokio::time::sleep(d).await;
-    }
+    let at_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(String::from);
     s.lock().calls.push(Call {
         method: method.to_string(),
         uri: uri.to_string(),
         status: resp.status().as_u16(),
+        token,
+        at_ms,
     });
+    if let Some(d) = late {
+        tokio::time::sleep(d).await;
+    }
     resp
 }
 
