@@ -214,13 +214,24 @@ impl Metrics {
         self.abandoned.get_or_create(&l).set(in_flight as i64);
     }
 
-    /// An Xid was seen.
+    /// An Xid was seen. The labels are bucketed (issue 10): an Xid the catalog knows is
+    /// its number, any other is `other`; a source outside the agent's own is `other`,
+    /// so no input can grow the metric without bound.
     pub fn count_xid(&self, e: &XidEvent, ignored: bool) {
+        let xid = if faultline_common::xid::name_of(e.xid).is_some() {
+            e.xid.to_string()
+        } else {
+            "other".into()
+        };
+        let source = match e.source.as_str() {
+            s @ ("kmsg" | "nvml-event" | "nvml" | "dcmi" | "npu-smi" | "exec" | "sim") => s,
+            _ => "other",
+        };
         self.xids
             .get_or_create(&XidLabels {
-                xid: e.xid.to_string(),
+                xid,
                 class: format!("{:?}", e.class).to_lowercase(),
-                source: e.source.clone(),
+                source: source.into(),
                 ignored: ignored.to_string(),
             })
             .inc();
@@ -294,5 +305,49 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use faultline_common::xid::{class_of, XidEvent};
+
+    /// Issue 10: Xid metric labels are bucketed, whatever a line or a tool says.
+    #[test]
+    fn xid_labels_are_bucketed() {
+        let m = Metrics::new();
+        for (xid, source) in [
+            (79, "kmsg"),
+            (4_000_000_000, "kmsg"),
+            (79, "made-up"),
+            (123_456, "x"),
+        ] {
+            m.count_xid(
+                &XidEvent {
+                    xid,
+                    class: class_of(xid),
+                    pci_bus_id: None,
+                    at_ms: 0,
+                    source: source.into(),
+                    message: String::new(),
+                },
+                false,
+            );
+        }
+        let text = m.encode();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("faultline_agent_xid_events_total{"))
+            .collect();
+        assert!(
+            series
+                .iter()
+                .all(|l| !l.contains("4000000000") && !l.contains("made-up")),
+            "{series:?}"
+        );
+        assert!(text.contains("xid=\"79\""), "{text}");
+        assert!(text.contains("xid=\"other\""), "{text}");
+        assert!(series.len() <= 4, "{series:?}");
     }
 }
