@@ -82,6 +82,8 @@ pub struct Store {
     inner: Mutex<Inner>,
     generation: watch::Sender<u64>,
     metrics: Arc<Metrics>,
+    /// Added to the clock (ms): tests move time forward instead of sleeping.
+    skew_ms: std::sync::atomic::AtomicU64,
 }
 
 fn empty(r: &DeviceReading) -> bool {
@@ -109,7 +111,23 @@ impl Store {
             }),
             generation,
             metrics,
+            skew_ms: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Now, on the store's clock: the monotonic instant and the wall clock in ms.
+    fn now(&self) -> (Instant, u64) {
+        let skew = self.skew_ms.load(std::sync::atomic::Ordering::Relaxed);
+        (
+            Instant::now() + Duration::from_millis(skew),
+            now_ms() + skew,
+        )
+    }
+
+    /// Move the store's clock forward by `d` (tests: time passes without a sleep).
+    pub fn advance_clock(&self, d: Duration) {
+        self.skew_ms
+            .fetch_add(d.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -162,8 +180,7 @@ impl Store {
 
     /// A source returned a sample.
     pub fn apply_sample(&self, source: &'static str, sample: SourceSample) {
-        let now = Instant::now();
-        let now_ms = now_ms();
+        let (now, now_ms) = self.now();
         let mut logged = Vec::new();
         let mut inner = self.lock();
         let mut changed = false;
@@ -321,8 +338,7 @@ impl Store {
     /// Xid window running out) so watchers hear of it; drop events past retention and
     /// devices missing for long.
     pub fn tick(&self) {
-        let now = Instant::now();
-        let now_ms = now_ms();
+        let (now, now_ms) = self.now();
         let mut inner = self.lock();
         let retention = self.cfg.xid_policy.retention.as_millis() as u64;
         let before = inner.events.len();
@@ -356,8 +372,7 @@ impl Store {
     /// per-device gauges, pass the document's devices to
     /// [`Metrics::observe_devices`](crate::metrics::Metrics::observe_devices).
     pub fn render(&self) -> NodeHealth {
-        let now = Instant::now();
-        let now_ms = now_ms();
+        let (now, now_ms) = self.now();
         let inner = self.lock();
         let mut attributed: Vec<&str> = Vec::new();
         let mut npus = Vec::with_capacity(inner.devices.len());
@@ -556,7 +571,7 @@ mod tests {
         let g = s.generation();
         s.tick();
         assert_eq!(s.generation(), g, "nothing changed");
-        std::thread::sleep(Duration::from_millis(80));
+        s.advance_clock(Duration::from_millis(80));
         s.tick();
         assert!(s.generation() > g, "stale must be announced");
         assert_eq!(status(&s, "gpu0").0, DeviceStatus::Unknown);
@@ -578,7 +593,7 @@ mod tests {
         s.tick();
         assert_eq!(status(&s, "gpu0").0, DeviceStatus::Failed);
         let g = s.generation();
-        std::thread::sleep(Duration::from_millis(150));
+        s.advance_clock(Duration::from_millis(150));
         s.tick();
         assert!(
             s.generation() > g,
