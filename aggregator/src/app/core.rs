@@ -85,6 +85,28 @@ pub struct Core {
     last_reconcile: Instant,
 }
 
+/// When the next write is due after one at `last` (`None`: now): `urgent_spacing`
+/// after it when a device turned failed since, `spacing` (the jittered interval) when
+/// anything else changed, the heartbeat otherwise. Changes between two writes are one
+/// write: urgency and dirtiness are flags, not a queue.
+fn write_due(
+    last: Option<Instant>,
+    urgent: bool,
+    dirty: bool,
+    spacing: Duration,
+    t: &WriteTiming,
+) -> Option<Instant> {
+    let last = last?;
+    let wait = if urgent {
+        t.urgent_spacing
+    } else if dirty {
+        spacing
+    } else {
+        t.heartbeat
+    };
+    Some(last + wait)
+}
+
 fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::rng().random_range(1.0..1.2))
 }
@@ -124,18 +146,15 @@ impl Core {
 
     /// When the next write is due.
     fn due(&self) -> tokio::time::Instant {
-        match self.last_write {
+        match write_due(
+            self.last_write,
+            self.urgent,
+            self.dirty,
+            self.spacing,
+            &self.timing,
+        ) {
             None => tokio::time::Instant::now(),
-            Some(t) => {
-                let wait = if self.urgent {
-                    self.timing.urgent_spacing
-                } else if self.dirty {
-                    self.spacing
-                } else {
-                    self.timing.heartbeat
-                };
-                tokio::time::Instant::from_std(t + wait)
-            }
+            Some(t) => tokio::time::Instant::from_std(t),
         }
     }
 
@@ -294,5 +313,56 @@ async fn recv_settled(rx: &mut Option<mpsc::UnboundedReceiver<Settled>>) -> Opti
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing() -> WriteTiming {
+        WriteTiming {
+            interval: Duration::from_secs(1),
+            urgent_spacing: Duration::from_millis(50),
+            heartbeat: Duration::from_secs(30),
+            reconcile: Duration::from_secs(10),
+            shutdown: Duration::from_secs(20),
+        }
+    }
+
+    /// Issue 14, guardrail 9: a failed device is written `--urgent-spacing` after the
+    /// last write, whatever the interval; other changes wait for the jittered interval;
+    /// nothing changed waits for the heartbeat; the first write is at once.
+    #[test]
+    fn write_scheduling() {
+        let t = timing();
+        let last = Instant::now();
+        let spacing = jittered(t.interval);
+        assert!(
+            write_due(None, false, false, spacing, &t).is_none(),
+            "first: now"
+        );
+        assert_eq!(
+            write_due(Some(last), true, true, spacing, &t),
+            Some(last + t.urgent_spacing)
+        );
+        assert_eq!(
+            write_due(Some(last), false, true, spacing, &t),
+            Some(last + spacing)
+        );
+        assert_eq!(
+            write_due(Some(last), false, false, spacing, &t),
+            Some(last + t.heartbeat)
+        );
+    }
+
+    /// The interval is jittered within 1.0-1.2 of itself, so a fleet of replicas does
+    /// not write in lockstep.
+    #[test]
+    fn the_interval_is_jittered_within_a_fifth() {
+        let d = Duration::from_secs(1);
+        let all: Vec<Duration> = (0..200).map(|_| jittered(d)).collect();
+        assert!(all.iter().all(|j| *j >= d && *j < d.mul_f64(1.2)));
+        assert!(all.iter().any(|j| *j != all[0]), "it varies");
     }
 }
