@@ -454,6 +454,13 @@ impl ApiServer {
         g.faults = f;
     }
 
+    /// Compact the history, as etcd compaction does: a watch from a resourceVersion
+    /// before now is answered 410 Gone ("too old resource version",
+    /// staging/src/k8s.io/apiserver/pkg/storage/cacher/watch_cache.go).
+    pub fn compact(&self) {
+        self.lock().history.clear();
+    }
+
     /// The faults injected now.
     pub fn faults(&self) -> Faults {
         self.lock().faults.clone()

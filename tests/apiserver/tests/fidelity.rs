@@ -354,3 +354,56 @@ async fn patches_without_a_resource_version_never_conflict() {
     );
     assert_eq!(e.code, 409);
 }
+
+/// staging/src/k8s.io/apiserver/pkg/storage/cacher/cache_watcher.go: a BOOKMARK only
+/// for a watch that asked for them (`allowWatchBookmarks`), and nothing on a quiet
+/// watch otherwise; staging/src/k8s.io/apiserver/pkg/storage/cacher/watch_cache.go: a
+/// watch from a resourceVersion older than the (compacted) history is 410 Gone.
+#[tokio::test]
+async fn bookmarks_when_asked_and_gone_after_compaction() {
+    let (s, c, _cancel) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "default");
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "a"}, "data": {"v": "1"}})).unwrap();
+    let first = cms.create(&PostParams::default(), &cm).await.unwrap();
+    let rv = first.metadata.resource_version.clone().unwrap();
+    let events = |wp: WatchParams, rv: String| {
+        let cms = cms.clone();
+        async move {
+            let mut out = Vec::new();
+            let mut stream = cms.watch(&wp, &rv).await.unwrap().boxed();
+            while let Ok(Some(ev)) =
+                tokio::time::timeout(Duration::from_secs(5), stream.next()).await
+            {
+                out.push(ev.unwrap());
+            }
+            out
+        }
+    };
+    let asked = events(WatchParams::default().timeout(1), rv.clone()).await;
+    assert!(
+        asked.iter().any(|e| matches!(e, WatchEvent::Bookmark(_))),
+        "{asked:?}"
+    );
+    let quiet = events(
+        WatchParams::default().timeout(1).disable_bookmarks(),
+        rv.clone(),
+    )
+    .await;
+    assert!(quiet.is_empty(), "{quiet:?}");
+    for v in 2..5 {
+        cms.patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"v": v.to_string()}})),
+        )
+        .await
+        .unwrap();
+    }
+    s.compact();
+    let gone = events(WatchParams::default().timeout(5), rv).await;
+    match gone.first() {
+        Some(WatchEvent::Error(e)) => assert_eq!(e.code, 410, "{e:?}"),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+}
