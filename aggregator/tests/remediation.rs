@@ -687,10 +687,13 @@ async fn the_unknown_guard_has_its_own_budget() {
 async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest() {
     use faultline_aggregator::remediate::{ReleasePolicy, ReleaseRequest};
     let (server, client) = setup().await;
-    let r = remediator(client, Mode::Enforce).with_release(ReleasePolicy {
-        expiry: std::time::Duration::from_secs(1),
-        ..ReleasePolicy::default()
-    });
+    let clock = faultline_common::time::Clock::default();
+    let r = remediator(client, Mode::Enforce)
+        .with_release(ReleasePolicy {
+            expiry: std::time::Duration::from_secs(1),
+            ..ReleasePolicy::default()
+        })
+        .with_clock(clock.clone());
     let mut two = failed("gpu3");
     two.extend(failed("gpu5"));
     assert_eq!(
@@ -716,7 +719,8 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
         Outcome::Waiting(_)
     ));
     assert_eq!(record(&server)["expiry"], first);
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // Past the expiry, on the remediator's clock (moved, not slept).
+    clock.advance(std::time::Duration::from_millis(1100));
     assert!(matches!(
         r.release_pass("gpu-1", &[], 0, &Fence::unfenced())
             .await
@@ -779,14 +783,17 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
         .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
         .unwrap();
     let fence = Fence::unfenced();
-    let deadline = std::time::Duration::from_millis(50);
+    let deadline = std::time::Duration::from_secs(600);
+    let clock = faultline_common::time::Clock::default();
     // Not configured: left alone after the deadline.
-    let r = remediator(client.clone(), Mode::Enforce).with_resources(vec![], deadline);
+    let r = remediator(client.clone(), Mode::Enforce)
+        .with_resources(vec![], deadline)
+        .with_clock(clock.clone());
     r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
         .await
         .unwrap();
     assert_eq!(r.evict("gpu-1", &fence).await.unwrap().blocked.len(), 1);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    clock.advance(deadline + std::time::Duration::from_secs(1));
     assert_eq!(r.evict("gpu-1", &fence).await.unwrap().given_up.len(), 1);
     assert!(server.get("pods", "default", "guarded").is_some());
     assert_eq!(events(&server, "FaultlineEvictionBlocked"), 1);
@@ -797,7 +804,8 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
         .unwrap();
     let r = remediator(client, Mode::Enforce)
         .with_resources(vec![], deadline)
-        .with_force_delete(true);
+        .with_force_delete(true)
+        .with_clock(clock.clone());
     r.isolate("gpu-1", failed("gpu5"), &Fence::unfenced())
         .await
         .unwrap();
@@ -809,7 +817,7 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
         .update("poddisruptionbudgets", "default", "guarded", pdb, None)
         .unwrap();
     assert_eq!(r.evict("gpu-1", &fence).await.unwrap().blocked.len(), 1);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    clock.advance(deadline + std::time::Duration::from_secs(1));
     let out = r.evict("gpu-1", &fence).await.unwrap();
     assert_eq!(out.evicted.len(), 1, "{out:?}");
     // Deleted with its grace period: Terminating, then gone once its kubelet stops it.
@@ -919,9 +927,11 @@ async fn a_load_shedding_429_is_not_a_budget() {
     server
         .create("pods", "default", pod("train", true, Some("GPU-1234")))
         .unwrap();
+    let clock = faultline_common::time::Clock::default();
     let r = remediator(client, Mode::Enforce)
-        .with_resources(vec![], std::time::Duration::from_millis(50))
-        .with_force_delete(true);
+        .with_resources(vec![], std::time::Duration::from_secs(600))
+        .with_force_delete(true)
+        .with_clock(clock.clone());
     r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
         .await
         .unwrap();
@@ -933,7 +943,8 @@ async fn a_load_shedding_429_is_not_a_budget() {
     for _ in 0..3 {
         let out = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
         assert_eq!(out.blocked.len(), 1, "{out:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+        // Well past the deadline each time, were it counting.
+        clock.advance(std::time::Duration::from_secs(700));
     }
     assert!(
         server.get("pods", "default", "train").is_some(),

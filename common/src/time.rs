@@ -68,6 +68,42 @@ pub fn age_secs(at: &str) -> Option<f64> {
     age_secs_at(at, now_ms())
 }
 
+/// The clock a component judges time by: the system's, moved forward by hand in tests
+/// (issue 14: tests move time instead of sleeping). Clones share one offset.
+#[derive(Debug, Clone, Default)]
+pub struct Clock {
+    offset_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Clock {
+    /// Milliseconds since the epoch, on this clock.
+    pub fn now_ms(&self) -> u64 {
+        now_ms() + self.offset_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Now as RFC 3339, on this clock.
+    pub fn rfc3339(&self) -> String {
+        rfc3339_ms(self.now_ms())
+    }
+
+    /// `d` from now as RFC 3339, on this clock.
+    pub fn rfc3339_after(&self, d: Duration) -> String {
+        let d = d.min(Duration::from_secs(100 * 365 * 86_400));
+        rfc3339_ms(self.now_ms().saturating_add(d.as_millis() as u64))
+    }
+
+    /// Seconds since `at` (RFC 3339), on this clock.
+    pub fn age_secs(&self, at: &str) -> Option<f64> {
+        age_secs_at(at, self.now_ms())
+    }
+
+    /// Move this clock (and its clones) forward by `d`.
+    pub fn advance(&self, d: Duration) {
+        self.offset_ms
+            .fetch_add(d.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,6 @@
 //! try waits another cool-down.
 
 use faultline_common::fault::fnv1a64;
-use faultline_common::time::{now_ms, now_rfc3339};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Toleration;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -85,13 +84,13 @@ impl Remediator {
         match record.canary.clone() {
             Some(c) if c.state == CanaryState::Running => {
                 let job = jobs.get_opt(c.job_name()).await?;
-                match canary_verdict(&c, job.as_ref(), canary.timeout, now_ms()) {
+                match canary_verdict(&c, job.as_ref(), canary.timeout, self.clock.now_ms()) {
                     CanaryState::Succeeded => {
                         let mut r = release;
                         r.reason = format!("{}; canary {} succeeded", r.reason, c.job);
                         record.canary = Some(CanaryRun {
                             state: CanaryState::Succeeded,
-                            finished: Some(now_rfc3339()),
+                            finished: Some(self.clock.rfc3339()),
                             ..c
                         });
                         self.release_record(live, record, r, false, fence).await
@@ -99,12 +98,12 @@ impl Remediator {
                     CanaryState::Failed => {
                         record.canary = Some(CanaryRun {
                             state: CanaryState::Failed,
-                            finished: Some(now_rfc3339()),
+                            finished: Some(self.clock.rfc3339()),
                             ..c.clone()
                         });
                         record.act(
                             format!("canary {} failed", c.job),
-                            &now_rfc3339(),
+                            &self.clock.rfc3339(),
                             &self.actor,
                         );
                         let mut patch = NodePatch::on(&live.node);
@@ -123,7 +122,8 @@ impl Remediator {
                 }
             }
             last => {
-                if let Some(why) = canary_retry_wait(last.as_ref(), self.release.cooldown, now_ms())
+                if let Some(why) =
+                    canary_retry_wait(last.as_ref(), self.release.cooldown, self.clock.now_ms())
                 {
                     return Ok(Outcome::Waiting(why));
                 }
@@ -168,7 +168,7 @@ impl Remediator {
             Err(e) => return Err(e.into()),
         }
         let job_ref = format!("{}/{name}", canary.namespace);
-        let now = now_rfc3339();
+        let now = self.clock.rfc3339();
         record.canary = Some(CanaryRun {
             job: job_ref.clone(),
             started: now.clone(),

@@ -19,7 +19,6 @@
 
 use std::time::Duration;
 
-use faultline_common::time::{age_secs, now_rfc3339};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams};
 
@@ -140,7 +139,11 @@ impl Remediator {
                     record.eviction_blocked.remove(&key);
                     record.eviction_failed.remove(&key);
                     record.evicted.push(key.clone());
-                    record.act(format!("evict {ns}/{name}"), &now_rfc3339(), &self.actor);
+                    record.act(
+                        format!("evict {ns}/{name}"),
+                        &self.clock.rfc3339(),
+                        &self.actor,
+                    );
                     self.announce.metric("evict", "ok");
                     self.announce
                         .event(
@@ -322,10 +325,10 @@ impl Remediator {
         let since = record
             .eviction_blocked
             .entry(key.to_string())
-            .or_insert_with(now_rfc3339)
+            .or_insert_with(|| self.clock.rfc3339())
             .clone();
         record.eviction_failed.remove(key);
-        let waited = age_secs(&since).unwrap_or(0.0).max(0.0);
+        let waited = self.clock.age_secs(&since).unwrap_or(0.0).max(0.0);
         match blocked(
             Duration::from_secs_f64(waited),
             self.eviction_deadline,
@@ -352,7 +355,7 @@ impl Remediator {
                 record.evicted.push(key.to_string());
                 record.act(
                     format!("delete {ns}/{name} (budget refused past the deadline)"),
-                    &now_rfc3339(),
+                    &self.clock.rfc3339(),
                     &self.actor,
                 );
                 self.announce.event(node, "FaultlinePodDeleted", key, format!("{ns}/{name}: its disruption budget refused eviction for {}s; deleted (--force-delete-after-deadline)", waited as u64), true, &record.devices).await;

@@ -8,7 +8,6 @@
 //! NoSchedule taint valued `unknown`, never an eviction) and holding a node back when a
 //! budget is spent.
 
-use faultline_common::time::{now_ms, now_rfc3339};
 use k8s_openapi::api::core::v1::Taint;
 
 use super::announce::audit;
@@ -31,7 +30,7 @@ impl Remediator {
             live.record.as_ref(),
             devices,
             self.release.dedup_window,
-            now_ms(),
+            self.clock.now_ms(),
         )
     }
 
@@ -141,7 +140,7 @@ impl Remediator {
             return Ok(Outcome::Announced);
         }
 
-        let now = now_rfc3339();
+        let now = self.clock.rfc3339();
         let mut record = existing.unwrap_or_else(|| self.new_record(node, vec![], &now));
         record.unknown_only = false;
         record.devices = devices;
@@ -204,7 +203,8 @@ impl Remediator {
     /// answered 409. Only while the record is young: Events expire (1 h by default), and
     /// an old quarantine was announced long ago.
     async fn announce_again(&self, record: Option<&QuarantineRecord>) {
-        let Some(r) = record.filter(|r| !r.unknown_only && young(r, now_ms(), ANNOUNCE_RETRY_SECS))
+        let Some(r) = record
+            .filter(|r| !r.unknown_only && young(r, self.clock.now_ms(), ANNOUNCE_RETRY_SECS))
         else {
             return;
         };
@@ -245,7 +245,12 @@ impl Remediator {
         // Event's name says so. It is asked for on every pass that holds the node back,
         // not only the first: an announcement the API refused (a 500) is made by the
         // next pass, never lost (found by the randomized schedules, issue 10).
-        let hour = now_rfc3339().get(..13).unwrap_or_default().to_string();
+        let hour = self
+            .clock
+            .rfc3339()
+            .get(..13)
+            .unwrap_or_default()
+            .to_string();
         if hold.first_for_node {
             tracing::warn!(node, %why, "quarantine held back by the budget");
         }
@@ -316,7 +321,7 @@ impl Remediator {
                 .await;
             return Ok(Outcome::Announced);
         }
-        let now = now_rfc3339();
+        let now = self.clock.rfc3339();
         // The label only if nobody else set it: what faultline did not add it never removes.
         let label_free = !live.has_label(DEVICES_LABEL);
         let mut record = QuarantineRecord {

@@ -8,7 +8,6 @@
 //! `--quarantine-expiry` and announced (seed 004: a failed check extends the
 //! quarantine; nothing is released without proof).
 
-use faultline_common::time::{now_ms, now_rfc3339};
 use k8s_openapi::api::core::v1::Taint;
 
 use super::announce::audit;
@@ -51,7 +50,7 @@ impl Remediator {
             .release_check(&live, record.clone(), views, at_ms, fence)
             .await?;
         if let (Outcome::Waiting(why), true, Mode::Enforce) =
-            (&outcome, expired(&record, now_ms()), self.mode)
+            (&outcome, expired(&record, self.clock.now_ms()), self.mode)
         {
             self.extend(node, why, fence).await?;
         }
@@ -67,7 +66,7 @@ impl Remediator {
         };
         let old = r.expiry.clone().unwrap_or_default();
         r.expiry = Some(self.expiry_from_now());
-        r.act(format!("extend: {why}"), &now_rfc3339(), &self.actor);
+        r.act(format!("extend: {why}"), &self.clock.rfc3339(), &self.actor);
         let mut patch = NodePatch::on(&live.node);
         patch.record(&r);
         self.apply(node, patch, fence).await?;
@@ -193,7 +192,7 @@ impl Remediator {
                 .await;
             return Ok(Outcome::Announced);
         }
-        let at = now_rfc3339();
+        let at = self.clock.rfc3339();
         let mut patch = NodePatch::on(&live.node);
         patch.clear_request(&live.node);
         record.act(format!("release {what}: {}", req.reason), &at, &req.actor);

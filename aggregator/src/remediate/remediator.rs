@@ -12,7 +12,6 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use faultline_common::time::rfc3339_after;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
@@ -58,6 +57,9 @@ pub struct Remediator {
     pub(super) announce: Announcer,
     /// Nodes with a record, as last listed (the release pass's work list).
     quarantined: Mutex<BTreeSet<String>>,
+    /// The clock decisions are judged by (deadlines, expiry, cool-downs, canaries);
+    /// tests move it instead of sleeping.
+    pub(super) clock: faultline_common::time::Clock,
 }
 
 impl Remediator {
@@ -91,7 +93,14 @@ impl Remediator {
                 time_added: None,
             },
             actor: actor.to_string(),
+            clock: Default::default(),
         }
+    }
+
+    /// Judge time by `clock` (tests: a clock they move forward).
+    pub fn with_clock(mut self, clock: faultline_common::time::Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Accelerator resource names to look for in pods (default: NVIDIA and Ascend).
@@ -225,7 +234,7 @@ impl Remediator {
 
     /// When a record made now is due for review.
     pub(super) fn expiry_from_now(&self) -> String {
-        rfc3339_after(self.release.expiry)
+        self.clock.rfc3339_after(self.release.expiry)
     }
 
     /// List the nodes with a record (they carry the devices label), remember them and
