@@ -81,6 +81,12 @@ impl Clock {
         now_ms() + self.offset_ms.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// A monotonic now on this clock, for windows kept as `Instant`s.
+    pub fn instant(&self) -> std::time::Instant {
+        std::time::Instant::now()
+            + Duration::from_millis(self.offset_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Now as RFC 3339, on this clock.
     pub fn rfc3339(&self) -> String {
         rfc3339_ms(self.now_ms())

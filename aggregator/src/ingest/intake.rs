@@ -355,6 +355,8 @@ pub struct Intake {
     /// The token as last read, with the file's modification time and size: the file
     /// is read again only when it changes (a rotated Secret).
     token: Mutex<Option<(std::time::SystemTime, u64, String)>>,
+    /// The clock the windows are judged by (tests move it instead of sleeping).
+    clock: faultline_common::time::Clock,
     client: hyper_util::client::legacy::Client<
         hyper_util::client::legacy::connect::HttpConnector,
         http_body_util::Full<hyper::body::Bytes>,
@@ -429,6 +431,7 @@ impl Intake {
             acted: Default::default(),
             route: None,
             token: Default::default(),
+            clock: Default::default(),
             client: hyper_util::client::legacy::Client::builder(
                 hyper_util::rt::TokioExecutor::new(),
             )
@@ -668,7 +671,7 @@ impl Intake {
             return AlertOutcome::Unattributed;
         }
         let key: Key = (a.node.clone(), device.clone(), a.metric.clone());
-        let now = Instant::now();
+        let now = self.clock.instant();
         let mut evicted = 0;
         let outcome = {
             // Both maps under their locks at once (counts, then acted): the alert that
@@ -879,16 +882,19 @@ mod tests {
     /// Issue 14, guardrail 7: the N-within-W window and the dedup window run out.
     #[tokio::test]
     async fn the_counting_window_and_the_dedup_window_expire() {
-        let (intake, mut rx, _) = intake(2, Duration::from_millis(300), Duration::from_millis(600));
+        let (mut intake, mut rx, _) =
+            intake(2, Duration::from_millis(300), Duration::from_millis(600));
+        let clock = faultline_common::time::Clock::default();
+        intake.clock = clock.clone();
         let alert = || alert_on("n1");
         assert_eq!(intake.one(alert()).await, AlertOutcome::Counted);
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        clock.advance(Duration::from_millis(400));
         // The first one left the window: this one is the first again.
         assert_eq!(intake.one(alert()).await, AlertOutcome::Counted);
         assert!(rx.try_recv().is_err());
         assert_eq!(intake.one(alert()).await, AlertOutcome::Acted);
         assert_eq!(intake.one(alert()).await, AlertOutcome::Duplicate);
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        clock.advance(Duration::from_millis(700));
         // Past the dedup window the key counts afresh.
         assert_eq!(intake.one(alert()).await, AlertOutcome::Counted);
         assert_eq!(intake.one(alert()).await, AlertOutcome::Acted);
