@@ -37,24 +37,32 @@ fn line() -> impl Strategy<Value = String> {
 /// rule, restated): a kmsg record of facility 0, a `kernel:` tag, or a bare line.
 fn is_kernel_nvrm(line: &str) -> bool {
     let s = line.trim_start();
-    let msg = if let Some((head, msg)) = s.split_once(';') {
+    // A kmsg record (`prio,seq,usec,...;message`): the kernel's only at facility 0.
+    if let Some((head, msg)) = s.split_once(';') {
         let f: Vec<&str> = head.split(',').collect();
         if f.len() >= 3 && f[1].parse::<u64>().is_ok() && f[2].parse::<u64>().is_ok() {
-            match f[0].parse::<u32>() {
-                Ok(p) if p >> 3 == 0 => msg,
-                _ => return false,
+            if let Ok(p) = f[0].parse::<u32>() {
+                return p >> 3 == 0 && nvrm_xid(msg);
             }
-        } else {
-            s
         }
-    } else if let Some(i) = s.find(" kernel: ") {
-        &s[i + " kernel: ".len()..]
-    } else {
-        s
-    };
+    }
+    // A bare kernel line, or the kernel's tag in syslog or journal text.
+    if s.starts_with('[') || s.starts_with("NVRM: ") {
+        return nvrm_xid(s);
+    }
+    match s.split_once(" kernel: ") {
+        Some((before, msg)) if !before.split_whitespace().any(|w| w.ends_with(':')) => {
+            nvrm_xid(msg)
+        }
+        _ => false,
+    }
+}
+
+/// `NVRM: Xid` starts the message (after a `[timestamp]`, if any).
+fn nvrm_xid(msg: &str) -> bool {
     let msg = msg.trim_start();
     let msg = match msg.strip_prefix('[') {
-        Some(rest) => rest.split_once("] ").map_or(msg, |(_, m)| m),
+        Some(rest) => rest.split_once(']').map_or(msg, |(_, m)| m.trim_start()),
         None => msg,
     };
     msg.starts_with("NVRM: Xid")
