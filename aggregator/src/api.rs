@@ -122,9 +122,28 @@ async fn metrics_text(State(s): State<ApiState>) -> Response {
         .into_response()
 }
 
-async fn alerts(State(s): State<ApiState>, headers: HeaderMap, body: axum::body::Body) -> Response {
+/// `?threshold=N` on the receiver URL: the sender says N alerts are enough.
+#[derive(Debug, serde::Deserialize)]
+struct AlertsQuery {
+    threshold: Option<usize>,
+}
+
+async fn alerts(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    q: Result<axum::extract::Query<AlertsQuery>, axum::extract::rejection::QueryRejection>,
+    body: axum::body::Body,
+) -> Response {
+    let threshold = match q {
+        Ok(axum::extract::Query(q)) => q.threshold,
+        Err(e) => {
+            let r = ApiError::new(StatusCode::BAD_REQUEST, e.body_text()).into_response();
+            s.metrics.intake_response(r.status().as_u16());
+            return r;
+        }
+    };
     let r = match &s.intake {
-        Some(i) => match i.handle(&headers, body).await {
+        Some(i) => match i.handle(&headers, threshold, body).await {
             Ok(summary) => (StatusCode::ACCEPTED, Json(summary)).into_response(),
             Err(e) => ApiError::from(e).into_response(),
         },

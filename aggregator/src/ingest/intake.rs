@@ -184,6 +184,9 @@ struct GpuAlert {
     /// Set by a replica handing the alert over: its occurrence id.
     #[serde(default)]
     occurrence: Option<String>,
+    /// "This many are enough" from the sender (also `?threshold=` on the URL).
+    #[serde(default)]
+    threshold: Option<usize>,
 }
 
 /// One alert, whatever format it came in.
@@ -198,6 +201,10 @@ struct Alert {
     /// What makes a re-sent copy the same occurrence (GPUAlert's `time`; Alertmanager's
     /// fingerprint and start within a 30 s slot): counted once within the window.
     occurrence: Option<String>,
+    /// The sender says this many alerts are enough (at most `--intake-threshold`): an
+    /// alert a Prometheus rule already judged (`for:`) needs no second opinion. From
+    /// the label `faultline_threshold` or `?threshold=` on the receiver URL.
+    threshold: Option<usize>,
 }
 
 fn text(v: &Value) -> String {
@@ -224,6 +231,7 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
             value: a.value.as_ref().map(text),
             firing: true,
             occurrence: a.occurrence.or_else(|| a.time.map(|t| t.to_string())),
+            threshold: a.threshold,
         })
     };
     match v {
@@ -267,6 +275,7 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
                         a["fingerprint"].as_str().unwrap_or_default(),
                         a["startsAt"].as_str().unwrap_or_default(),
                     )),
+                    threshold: label(&["faultline_threshold"]).and_then(|t| t.parse().ok()),
                 });
             }
             Ok(out)
@@ -477,7 +486,7 @@ impl Intake {
         verify_peer(&route.pods, &holder, url).await?;
         let body: Vec<Value> = alerts
             .iter()
-            .map(|a| json!({"node_name": a.node, "gpu_uuid": a.uuid, "bus_id": a.bus_id, "metric": a.metric, "value": a.value, "occurrence": a.occurrence}))
+            .map(|a| json!({"node_name": a.node, "gpu_uuid": a.uuid, "bus_id": a.bus_id, "metric": a.metric, "value": a.value, "occurrence": a.occurrence, "threshold": a.threshold}))
             .collect();
         let req = hyper::Request::post(format!("{}/v1/alerts", url.trim_end_matches('/')))
             .header("content-type", "application/json")
@@ -514,6 +523,7 @@ impl Intake {
     pub async fn handle(
         &self,
         headers: &HeaderMap,
+        threshold: Option<usize>,
         body: Body,
     ) -> Result<IntakeSummary, IntakeError> {
         let token = self.authorize(headers)?;
@@ -535,7 +545,10 @@ impl Intake {
         let bytes = axum::body::to_bytes(body, limit)
             .await
             .map_err(|_| IntakeError::TooLarge(limit))?;
-        let alerts = parse(&bytes).map_err(IntakeError::BadRequest)?;
+        let mut alerts = parse(&bytes).map_err(IntakeError::BadRequest)?;
+        for a in &mut alerts {
+            a.threshold = a.threshold.or(threshold);
+        }
         let mut out = IntakeSummary {
             received: alerts.len() as u64,
             ..Default::default()
@@ -711,7 +724,12 @@ impl Intake {
                 }
             }
             q.push_back((now, a.occurrence.clone()));
-            if q.len() < self.cfg.threshold.max(1) {
+            // The sender may say fewer are enough, never more than configured.
+            let threshold = a
+                .threshold
+                .map_or(self.cfg.threshold, |t| t.min(self.cfg.threshold))
+                .max(1);
+            if q.len() < threshold {
                 AlertOutcome::Counted
             } else {
                 counts.remove(&key);
@@ -817,7 +835,35 @@ mod tests {
             value: Some("79".into()),
             firing: true,
             occurrence: None,
+            threshold: None,
         }
+    }
+
+    /// Issue 12: a sender may say one alert is enough (Alertmanager's label
+    /// `faultline_threshold`, or `?threshold=` on the URL), never more than configured;
+    /// re-sends of that one firing alert still count once.
+    #[tokio::test]
+    async fn a_sender_may_lower_the_threshold() {
+        let (intake, mut rx, _) = intake(3, Duration::from_secs(300), Duration::from_secs(900));
+        let am = br#"{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"FaultlineDeviceFailed","node":"n1","gpu_uuid":"GPU-1","faultline_threshold":"1"},"annotations":{},"startsAt":"2026-12-01T00:00:00Z","fingerprint":"abc"}]}"#;
+        let a = parse(am).unwrap().remove(0);
+        assert_eq!(a.threshold, Some(1));
+        assert_eq!(intake.one(a.clone()).await, AlertOutcome::Acted);
+        assert_eq!(rx.try_recv().unwrap().node, "n1");
+        assert_eq!(intake.one(a).await, AlertOutcome::Duplicate, "a re-send");
+        // Asking for more than configured does not raise it; without it, 3 are needed.
+        let mut high = alert_on("n2");
+        high.threshold = Some(10);
+        for want in [
+            AlertOutcome::Counted,
+            AlertOutcome::Counted,
+            AlertOutcome::Acted,
+        ] {
+            assert_eq!(intake.one(high.clone()).await, want);
+        }
+        let mut zero = alert_on("n3");
+        zero.threshold = Some(0);
+        assert_eq!(intake.one(zero).await, AlertOutcome::Acted, "0 means 1");
     }
 
     #[test]
