@@ -15,15 +15,33 @@ set -euo pipefail
 cd "$(dirname "$0")"
 BASE="${FAULTLINE_DEMO_PORT:-18081}"
 WORK="$(mktemp -d)"
-cargo build --locked --release -q -p faultline-agent -p faultline-aggregator -p faultline-test-apiserver
 PIDS=()
+# The log file of each process started, by pid: a process that dies is named.
+declare -A LOGS=()
 cleanup() { kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 fail() {
   echo "demo: FAILED: $*" >&2
-  for log in "$WORK"/*.log; do echo "--- last lines of $log" >&2; tail -n 20 "$log" >&2; done
+  for pid in "${PIDS[@]}"; do
+    kill -0 "$pid" 2>/dev/null || echo "demo: $(basename "${LOGS[$pid]}" .log) (pid $pid) is not running" >&2
+  done
+  for log in "$WORK"/*.log; do
+    [ -f "$log" ] || continue
+    echo "--- last lines of $log" >&2
+    tail -n 20 "$log" >&2
+  done
   exit 1
 }
+# started LOG: remember the process just started in the background and its log.
+started() { PIDS+=($!); LOGS[$!]=$1; }
+# The ports the demo listens on must be free (FAULTLINE_DEMO_PORT moves them all).
+for port in $BASE $((BASE + 1)) $((BASE + 2)) $((BASE + 10)) $((BASE + 11)) $((BASE + 20)); do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    fail "port $port is in use by another process; set FAULTLINE_DEMO_PORT to another base (now $BASE)"
+  fi
+done
+echo "== building the agent, the aggregator and the test API server (release; the first build on a fresh clone takes about 6 minutes on 2 cores)"
+cargo build --locked --release -q -p faultline-agent -p faultline-aggregator -p faultline-test-apiserver
 # wait_until SECONDS WHAT COMMAND...: run COMMAND every 20 ms until it succeeds; fail
 # the demo when it has not within SECONDS.
 wait_until() {
@@ -39,7 +57,7 @@ ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 
 KUBE="http://127.0.0.1:$((BASE + 20))"
 target/release/faultline-test-apiserver --listen "127.0.0.1:$((BASE + 20))" >"$WORK/apiserver.log" 2>&1 &
-PIDS+=($!)
+started "$WORK/apiserver.log"
 wait_until 10 "the test API server answers" curl -sf "$KUBE/version"
 post() { curl -sf -X POST "$KUBE$1" -H 'content-type: application/json' -d "$2" >/dev/null; }
 # The UUID of simulated GPU $2 of the agent on port $1.
@@ -55,7 +73,7 @@ for i in 1 2 3; do
   [[ $i == 1 ]] && extra=(--sim-scenario deploy/scenarios/demo.json)
   target/release/faultline-agent --source sim --sim-devices 8 --sim-seed "$i" "${extra[@]}" \
     --listen "127.0.0.1:$port" --node-name "gpu-node-$i" >"$WORK/agent-$i.log" 2>&1 &
-  PIDS+=($!)
+  started "$WORK/agent-$i.log"
   wait_until 10 "agent $i answers" curl -sf "http://127.0.0.1:$port/v1/health"
   # Two 4-GPU jobs per node; the kubelet reports which GPUs each holds (KEP-4680), by
   # the UUIDs the node's agent reports (each simulated node has its own).
@@ -76,14 +94,14 @@ target/release/faultline-aggregator --sink configmap --kube-server "$KUBE" --nam
   --remediation enforce --max-quarantined-percent 100 --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
   --intake-token-file "$WORK/intake-token" --reconcile-interval 2s --publish-namespaces default \
   >"$WORK/aggregator.log" 2>&1 &
-PIDS+=($!)
+started "$WORK/aggregator.log"
 # A second aggregator with the file sink: the same documents in a directory laid out the
 # way kubelet lays out a mounted ConfigMap, for a local consumer.
 OUT="$WORK/config"
 target/release/faultline-aggregator --sink file --out "$OUT" \
   --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 11))" --replica demo-file \
   >"$WORK/aggregator-file.log" 2>&1 &
-PIDS+=($!)
+started "$WORK/aggregator-file.log"
 
 cm() { curl -sf "$KUBE/api/v1/namespaces/faultline/configmaps/faultline-shard-0"; }
 wait_until 20 "the aggregator writes the shard ConfigMap" cm
