@@ -54,6 +54,7 @@ pub struct Metrics {
     lease_errors: Counter,
     discovery_errors: Counter,
     devices_forgotten: Counter,
+    nodes_refused: Counter,
     unknown_standing_down: Gauge,
     nudges: Family<ResultLabel, Counter>,
     actions: Family<ActionLabels, Counter>,
@@ -128,6 +129,7 @@ impl Metrics {
             lease_errors: Counter::default(),
             discovery_errors: Counter::default(),
             devices_forgotten: Counter::default(),
+            nodes_refused: Counter::default(),
             unknown_standing_down: Gauge::default(),
             nudges: Family::default(),
             actions: Family::default(),
@@ -269,6 +271,11 @@ impl Metrics {
             "devices_forgotten",
             "Devices dropped after their reachable agent stopped reporting them for --device-forget",
             m.devices_forgotten.clone(),
+        );
+        registry.register(
+            "nodes_refused",
+            "New nodes not followed: the pipeline follows its maximum (50,000)",
+            m.nodes_refused.clone(),
         );
         registry.register(
             "unknown_guard_standing_down",
@@ -472,6 +479,11 @@ impl Metrics {
     /// Devices forgotten: their agent stopped reporting them (`--device-forget`).
     pub fn devices_forgotten(&self, n: usize) {
         self.devices_forgotten.inc_by(n as u64);
+    }
+
+    /// A new node refused: the pipeline follows its maximum.
+    pub fn node_refused(&self) {
+        self.nodes_refused.inc();
     }
 
     /// Whether the unknown guard stands down (too many agents unreachable).

@@ -30,6 +30,10 @@ struct Device {
     reported_ms: u64,
 }
 
+/// Nodes followed at most: past it a new node is refused, logged and counted (issue 10;
+/// the 20,000-node target with room to spare).
+pub const MAX_NODES: usize = 50_000;
+
 /// How long a device its reachable agent no longer reports is kept (`--device-forget`).
 pub const DEFAULT_DEVICE_FORGET_MS: u64 = 3_600_000;
 
@@ -69,6 +73,7 @@ pub struct Pipeline {
     rules: Arc<Rules>,
     metrics: Arc<Metrics>,
     forget_ms: u64,
+    max_nodes: usize,
 }
 
 /// A device of `n` for a quarantine record, with the UUID and bus id of its last
@@ -94,7 +99,14 @@ impl Pipeline {
             rules,
             metrics,
             forget_ms: DEFAULT_DEVICE_FORGET_MS,
+            max_nodes: MAX_NODES,
         }
+    }
+
+    /// Follow at most `n` nodes (tests; the default is [`MAX_NODES`]).
+    pub fn with_max_nodes(mut self, n: usize) -> Self {
+        self.max_nodes = n;
+        self
     }
 
     /// Forget devices the reachable agent has not reported for `forget` (issue 10: a
@@ -121,8 +133,18 @@ impl Pipeline {
         }
     }
 
-    /// Make sure a node is known (discovered before its agent answered).
-    pub fn ensure_node(&mut self, node: &str, now_ms: u64) {
+    /// Make sure a node is known (discovered before its agent answered). False when it
+    /// is new and the pipeline already follows [`MAX_NODES`]: refused, counted.
+    pub fn ensure_node(&mut self, node: &str, now_ms: u64) -> bool {
+        if !self.nodes.contains_key(node) && self.nodes.len() >= self.max_nodes {
+            self.metrics.node_refused();
+            tracing::warn!(
+                node,
+                max = self.max_nodes,
+                "too many nodes: this one is not followed"
+            );
+            return false;
+        }
         self.nodes.entry(node.to_string()).or_insert_with(|| Node {
             devices: BTreeMap::new(),
             doc: None,
@@ -136,6 +158,7 @@ impl Pipeline {
             last_eval_ms: None,
             changed_ms: now_ms,
         });
+        true
     }
 
     /// Forget a node (it left the cluster or the shard).
@@ -151,7 +174,9 @@ impl Pipeline {
     /// An agent answered with its document.
     pub fn on_document(&mut self, doc: NodeHealth, now_ms: u64) -> Change {
         let name = doc.node.clone();
-        self.ensure_node(&name, now_ms);
+        if !self.ensure_node(&name, now_ms) {
+            return Change::default();
+        }
         let hard = doc.npus.iter().any(|d| d.status == DeviceStatus::Failed);
         let node = self.nodes.get_mut(&name).expect("just ensured");
         let reach_changed = !node.reach.reachable;
@@ -182,7 +207,9 @@ impl Pipeline {
 
     /// An agent could not be reached.
     pub fn on_unreachable(&mut self, node: &str, error: &str, now_ms: u64) -> Change {
-        self.ensure_node(node, now_ms);
+        if !self.ensure_node(node, now_ms) {
+            return Change::default();
+        }
         let n = self.nodes.get_mut(node).expect("just ensured");
         let was = n.reach.reachable;
         n.reach.reachable = false;
@@ -565,6 +592,25 @@ mod tests {
             p.tick(t * 1_000);
         }
         assert_eq!(p.summary().failed, 0);
+    }
+
+    /// Issue 10, finding 1: the nodes followed are capped; past the cap a new node's
+    /// documents change nothing, and known nodes go on.
+    #[test]
+    fn nodes_past_the_cap_are_refused() {
+        let mut p = pipeline().with_max_nodes(2);
+        for n in ["a", "b", "c"] {
+            p.on_document(doc(n, vec![dev("gpu0", 40.0, None)]), 1_000);
+        }
+        assert_eq!(p.node_names().cloned().collect::<Vec<_>>(), ["a", "b"]);
+        assert!(p.on_unreachable("d", "down", 2_000).nodes.is_empty());
+        assert!(!p
+            .on_document(
+                doc("a", vec![dev("gpu0", 40.0, Some("row-remap-failure"))]),
+                3_000
+            )
+            .nodes
+            .is_empty());
     }
 
     /// Issue 10, finding 7: a device its reachable agent stops reporting is forgotten
