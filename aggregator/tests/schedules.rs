@@ -1,7 +1,7 @@
 //! Randomized fault schedules (issue 10): a seeded simulation runs the real remediation
 //! code (several `Remediator` replicas, each with its own credentials, fenced by its
 //! own view of the shard Lease) against the Kubernetes API test server under the RBAC of
-//! deploy/aggregator.yaml, through a random schedule of device failures and recoveries,
+//! deploy/base/aggregator.yaml, through a random schedule of device failures and recoveries,
 //! agents going dark, Lease takeovers while passes are in flight, replicas killed and
 //! restarted, skewed replica clocks, and API latency, 5xx, 409s, API Priority and
 //! Fairness 429s and Node churn. After every schedule it checks:
@@ -117,7 +117,7 @@ impl Sim {
             .create("namespaces", "", json!({"metadata": {"name": "faultline"}}))
             .unwrap();
         let manifest =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/aggregator.yaml");
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/aggregator.yaml");
         server
             .load_manifests(&std::fs::read_to_string(manifest).unwrap())
             .unwrap();

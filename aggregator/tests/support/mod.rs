@@ -224,7 +224,7 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-/// The user the aggregator runs as in a cluster (deploy/aggregator.yaml).
+/// The user the aggregator runs as in a cluster (deploy/base/aggregator.yaml).
 pub const AGGREGATOR_USER: &str = "system:serviceaccount:faultline:faultline-aggregator";
 
 /// Files holding the bearer tokens of the test API server's users: the aggregator's
@@ -256,7 +256,7 @@ pub fn admin_token_file() -> &'static Path {
 pub const ADMIN_TOKEN: &str = "admin-token";
 
 /// The Kubernetes API test server on loopback, with the namespace `faultline`, the RBAC
-/// objects of deploy/aggregator.yaml and RBAC enforced: the aggregator runs with
+/// objects of deploy/base/aggregator.yaml and RBAC enforced: the aggregator runs with
 /// exactly the permissions its manifest grants (issue 9). Its URL.
 pub async fn api_server() -> (faultline_test_apiserver::ApiServer, String) {
     let server = faultline_test_apiserver::ApiServer::new();
@@ -267,11 +267,11 @@ pub async fn api_server() -> (faultline_test_apiserver::ApiServer, String) {
             serde_json::json!({"metadata": {"name": "faultline"}}),
         )
         .unwrap();
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/aggregator.yaml");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/aggregator.yaml");
     let loaded = server
         .load_manifests(&std::fs::read_to_string(manifest).unwrap())
         .unwrap();
-    assert!(loaded >= 4, "the RBAC objects of deploy/aggregator.yaml");
+    assert!(loaded >= 4, "the RBAC objects of deploy/base/aggregator.yaml");
     server.enforce_rbac(&[
         ("aggregator-token", AGGREGATOR_USER),
         (ADMIN_TOKEN, faultline_test_apiserver::rbac::ADMIN),
@@ -353,7 +353,7 @@ impl Drop for ChildGuard {
 }
 
 /// Nothing the aggregator asked was refused by RBAC: the shipped manifest grants every
-/// call the code made (a missing verb in deploy/aggregator.yaml fails here).
+/// call the code made (a missing verb in deploy/base/aggregator.yaml fails here).
 pub fn assert_no_forbidden(server: &faultline_test_apiserver::ApiServer) {
     let refused: Vec<String> = server
         .calls()
