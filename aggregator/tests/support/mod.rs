@@ -271,7 +271,10 @@ pub async fn api_server() -> (faultline_test_apiserver::ApiServer, String) {
     let loaded = server
         .load_manifests(&std::fs::read_to_string(manifest).unwrap())
         .unwrap();
-    assert!(loaded >= 4, "the RBAC objects of deploy/base/aggregator.yaml");
+    assert!(
+        loaded >= 4,
+        "the RBAC objects of deploy/base/aggregator.yaml"
+    );
     server.enforce_rbac(&[
         ("aggregator-token", AGGREGATOR_USER),
         (ADMIN_TOKEN, faultline_test_apiserver::rbac::ADMIN),
