@@ -32,4 +32,23 @@ for anchor in $(grep -o 'runbooks.md#[a-z0-9-]*' "$dir/faultline-rules.yaml" | c
   fi
 done
 [ "$missing" = 0 ]
-echo "prometheus rules ok: $(grep -c 'alert:' "$dir/faultline-rules.yaml") alerts checked, unit tests passed, runbooks found"
+# Every query of the Grafana dashboard is valid PromQL: written into a rules file as
+# recording rules, which promtool parses.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 - deploy/grafana/faultline-dashboard.json "$tmp/dashboard-queries.yaml" <<'PY'
+import json, sys
+dash = json.load(open(sys.argv[1]))
+lines = ["groups:", "  - name: dashboard-queries", "    rules:"]
+n = 0
+for panel in dash["panels"]:
+    for t in panel.get("targets", []):
+        n += 1
+        lines.append(f"      - record: dashboard:query_{n}")
+        lines.append("        expr: " + json.dumps(t["expr"]))
+if n == 0:
+    sys.exit("the dashboard has no queries")
+open(sys.argv[2], "w").write("\n".join(lines) + "\n")
+PY
+promtool check rules "$tmp/dashboard-queries.yaml"
+echo "prometheus rules ok: $(grep -c 'alert:' "$dir/faultline-rules.yaml") alerts checked, unit tests passed, runbooks found, dashboard queries parse"

@@ -187,6 +187,9 @@ struct GpuAlert {
     /// "This many are enough" from the sender (also `?threshold=` on the URL).
     #[serde(default)]
     threshold: Option<usize>,
+    /// The device as the node's agent names it (`gpu3`), when no UUID or bus id is given.
+    #[serde(default)]
+    device: Option<String>,
 }
 
 /// One alert, whatever format it came in.
@@ -205,6 +208,9 @@ struct Alert {
     /// alert a Prometheus rule already judged (`for:`) needs no second opinion. From
     /// the label `faultline_threshold` or `?threshold=` on the receiver URL.
     threshold: Option<usize>,
+    /// The device as the node's agent names it (the label `device` of faultline's own
+    /// metrics), used when the alert carries no UUID or bus id.
+    device: Option<String>,
 }
 
 fn text(v: &Value) -> String {
@@ -232,6 +238,7 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
             firing: true,
             occurrence: a.occurrence.or_else(|| a.time.map(|t| t.to_string())),
             threshold: a.threshold,
+            device: a.device.filter(|s| !s.is_empty()),
         })
     };
     match v {
@@ -276,6 +283,7 @@ fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
                         a["startsAt"].as_str().unwrap_or_default(),
                     )),
                     threshold: label(&["faultline_threshold"]).and_then(|t| t.parse().ok()),
+                    device: label(&["device"]),
                 });
             }
             Ok(out)
@@ -486,7 +494,7 @@ impl Intake {
         verify_peer(&route.pods, &holder, url).await?;
         let body: Vec<Value> = alerts
             .iter()
-            .map(|a| json!({"node_name": a.node, "gpu_uuid": a.uuid, "bus_id": a.bus_id, "metric": a.metric, "value": a.value, "occurrence": a.occurrence, "threshold": a.threshold}))
+            .map(|a| json!({"node_name": a.node, "gpu_uuid": a.uuid, "bus_id": a.bus_id, "metric": a.metric, "value": a.value, "occurrence": a.occurrence, "threshold": a.threshold, "device": a.device}))
             .collect();
         let req = hyper::Request::post(format!("{}/v1/alerts", url.trim_end_matches('/')))
             .header("content-type", "application/json")
@@ -665,7 +673,12 @@ impl Intake {
 
     /// Count one alert.
     async fn one(&self, a: Alert) -> AlertOutcome {
-        let Some(device) = a.uuid.clone().or_else(|| a.bus_id.clone()) else {
+        let Some(device) = a
+            .uuid
+            .clone()
+            .or_else(|| a.bus_id.clone())
+            .or_else(|| a.device.clone())
+        else {
             // A node-level alert names no device: nothing to isolate on a guess.
             tracing::info!(node = %a.node, metric = %a.metric, "alert without a device: not acted on");
             return AlertOutcome::Unattributed;
@@ -836,6 +849,7 @@ mod tests {
             firing: true,
             occurrence: None,
             threshold: None,
+            device: None,
         }
     }
 
@@ -848,6 +862,11 @@ mod tests {
         let am = br#"{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"FaultlineDeviceFailed","node":"n1","gpu_uuid":"GPU-1","faultline_threshold":"1"},"annotations":{},"startsAt":"2026-12-01T00:00:00Z","fingerprint":"abc"}]}"#;
         let a = parse(am).unwrap().remove(0);
         assert_eq!(a.threshold, Some(1));
+        // faultline's own rules name the device as the agent does (`device="gpu3"`).
+        let own = br#"{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"FaultlineDeviceFailed","node":"n9","device":"gpu3","faultline_threshold":"1"},"annotations":{},"startsAt":"2026-12-01T00:00:00Z","fingerprint":"def"}]}"#;
+        let o = parse(own).unwrap().remove(0);
+        assert_eq!(intake.one(o).await, AlertOutcome::Acted);
+        assert_eq!(rx.try_recv().unwrap().device.id, "gpu3");
         assert_eq!(intake.one(a.clone()).await, AlertOutcome::Acted);
         assert_eq!(rx.try_recv().unwrap().node, "n1");
         assert_eq!(intake.one(a).await, AlertOutcome::Duplicate, "a re-send");
