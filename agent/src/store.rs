@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use faultline_common::classify::Finding;
-use faultline_common::time::{now_ms, rfc3339_ms};
+use faultline_common::time::{rfc3339_ms, Clock};
 use faultline_common::xid::XidVerdict;
 use faultline_common::{
     classify, Classification, DeviceHealth, DeviceReading, DeviceStatus, NodeHealth, SourceStatus,
@@ -82,8 +82,9 @@ pub struct Store {
     inner: Mutex<Inner>,
     generation: watch::Sender<u64>,
     metrics: Arc<Metrics>,
-    /// Added to the clock (ms): tests move time forward instead of sleeping.
-    skew_ms: std::sync::atomic::AtomicU64,
+    /// The clock staleness and Xid windows are judged by; tests move it forward
+    /// instead of sleeping.
+    clock: Clock,
 }
 
 fn empty(r: &DeviceReading) -> bool {
@@ -111,23 +112,18 @@ impl Store {
             }),
             generation,
             metrics,
-            skew_ms: std::sync::atomic::AtomicU64::new(0),
+            clock: Clock::default(),
         })
     }
 
     /// Now, on the store's clock: the monotonic instant and the wall clock in ms.
     fn now(&self) -> (Instant, u64) {
-        let skew = self.skew_ms.load(std::sync::atomic::Ordering::Relaxed);
-        (
-            Instant::now() + Duration::from_millis(skew),
-            now_ms() + skew,
-        )
+        (self.clock.instant(), self.clock.now_ms())
     }
 
     /// Move the store's clock forward by `d` (tests: time passes without a sleep).
     pub fn advance_clock(&self, d: Duration) {
-        self.skew_ms
-            .fetch_add(d.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.clock.advance(d);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -517,6 +513,7 @@ impl EventSink for Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use faultline_common::time::now_ms;
     use faultline_common::xid::{class_of, XidThreshold};
     use faultline_common::Vendor;
 

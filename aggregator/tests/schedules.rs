@@ -112,26 +112,12 @@ fn token(i: usize) -> String {
 
 impl Sim {
     async fn new(seed: u64) -> Sim {
-        let server = ApiServer::new();
-        server
-            .create("namespaces", "", json!({"metadata": {"name": "faultline"}}))
-            .unwrap();
-        let manifest =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/aggregator.yaml");
-        server
-            .load_manifests(&std::fs::read_to_string(manifest).unwrap())
-            .unwrap();
-        let tokens: Vec<(String, &str)> =
-            (0..REPLICAS).map(|i| (token(i), AGGREGATOR_USER)).collect();
-        let pairs: Vec<(&str, &str)> = tokens.iter().map(|(t, u)| (t.as_str(), *u)).collect();
-        server.enforce_rbac(&pairs);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(faultline_test_apiserver::serve(
-            listener,
-            server.clone(),
-            tokio_util::sync::CancellationToken::new(),
-        ));
+        let tokens: Vec<String> = (0..REPLICAS).map(token).collect();
+        let users: Vec<(&str, &str)> = tokens
+            .iter()
+            .map(|t| (t.as_str(), AGGREGATOR_USER))
+            .collect();
+        let (server, url) = support::api_server_for(&users).await;
         for i in 0..NODES {
             server
                 .create("nodes", "", NodeFixture::new(&node(i)).ready(true).build())

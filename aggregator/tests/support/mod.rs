@@ -259,6 +259,17 @@ pub const ADMIN_TOKEN: &str = "admin-token";
 /// objects of deploy/base/aggregator.yaml and RBAC enforced: the aggregator runs with
 /// exactly the permissions its manifest grants (issue 9). Its URL.
 pub async fn api_server() -> (faultline_test_apiserver::ApiServer, String) {
+    api_server_for(&[
+        ("aggregator-token", AGGREGATOR_USER),
+        (ADMIN_TOKEN, faultline_test_apiserver::rbac::ADMIN),
+    ])
+    .await
+}
+
+/// [`api_server`] with these users by bearer token.
+pub async fn api_server_for(
+    tokens: &[(&str, &str)],
+) -> (faultline_test_apiserver::ApiServer, String) {
     let server = faultline_test_apiserver::ApiServer::new();
     server
         .create(
@@ -275,10 +286,7 @@ pub async fn api_server() -> (faultline_test_apiserver::ApiServer, String) {
         loaded >= 4,
         "the RBAC objects of deploy/base/aggregator.yaml"
     );
-    server.enforce_rbac(&[
-        ("aggregator-token", AGGREGATOR_USER),
-        (ADMIN_TOKEN, faultline_test_apiserver::rbac::ADMIN),
-    ]);
+    server.enforce_rbac(tokens);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(faultline_test_apiserver::serve(

@@ -1,37 +1,19 @@
 //! The test API server against real clients: the `kube` crate (what faultline uses) and
 //! `kubectl`.
 
+mod common;
+
 use std::time::Duration;
 
-use faultline_test_apiserver::{ApiServer, Faults};
+use common::{client, start};
+use faultline_test_apiserver::Faults;
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
-use kube::Client;
 use serde_json::json;
-
-async fn start() -> (ApiServer, String, tokio_util::sync::CancellationToken) {
-    let server = ApiServer::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let cancel = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(faultline_test_apiserver::serve(
-        listener,
-        server.clone(),
-        cancel.clone(),
-    ));
-    (server, url, cancel)
-}
-
-fn client(url: &str) -> Client {
-    let mut cfg = kube::Config::new(url.parse().unwrap());
-    // kube retries 429 by itself (up to 15 times); these tests look at each answer.
-    cfg.default_retry = false;
-    Client::try_from(cfg).unwrap()
-}
 
 fn err_code(e: kube::Error) -> u16 {
     match e {

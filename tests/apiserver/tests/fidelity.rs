@@ -2,6 +2,8 @@
 //! test naming the upstream file it follows (issue 9). Driven through the real `kube`
 //! client.
 
+mod common;
+
 use std::time::Duration;
 
 use faultline_test_apiserver::{ApiServer, Faults};
@@ -15,19 +17,8 @@ use kube::Client;
 use serde_json::{json, Value};
 
 async fn start() -> (ApiServer, Client, tokio_util::sync::CancellationToken) {
-    let server = ApiServer::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let cancel = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(faultline_test_apiserver::serve(
-        listener,
-        server.clone(),
-        cancel.clone(),
-    ));
-    let mut cfg = kube::Config::new(url.parse().unwrap());
-    // kube retries 429 by itself; these tests look at each answer.
-    cfg.default_retry = false;
-    (server, Client::try_from(cfg).unwrap(), cancel)
+    let (server, url, cancel) = common::start().await;
+    (server, common::client(&url), cancel)
 }
 
 fn api_error(e: kube::Error) -> Box<kube::core::Status> {
