@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod app;
+pub mod cli;
 pub mod config;
 pub mod ingest;
 pub mod metrics;

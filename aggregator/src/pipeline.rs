@@ -9,7 +9,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use faultline_common::fault::{AgentReach, FaultSummary, NodeFaults, NpuFault, FAULT_VERSION};
+use faultline_common::fault::{
+    AgentReach, FaultSummary, NodeFaults, NpuFault, SourceReach, FAULT_VERSION,
+};
 use faultline_common::rules::{DeviceWindows, Rules};
 use faultline_common::state::{step, DeviceState};
 use faultline_common::time::rfc3339_ms as rfc3339;
@@ -153,6 +155,7 @@ impl Pipeline {
                 reachable: false,
                 last_seen: None,
                 error: Some("not polled yet".into()),
+                sources: Vec::new(),
             },
             reachable_since_ms: None,
             last_eval_ms: None,
@@ -184,6 +187,7 @@ impl Pipeline {
             reachable: true,
             last_seen: Some(rfc3339(now_ms)),
             error: None,
+            sources: Vec::new(),
         };
         if reach_changed {
             node.reachable_since_ms = Some(now_ms);
@@ -390,7 +394,22 @@ impl Pipeline {
             version: FAULT_VERSION.into(),
             timestamp: rfc3339(n.changed_ms),
             node: name.to_string(),
-            agent: n.reach.clone(),
+            agent: AgentReach {
+                sources: n
+                    .doc
+                    .as_ref()
+                    .map(|d| {
+                        d.sources
+                            .iter()
+                            .map(|s| SourceReach {
+                                name: s.name.clone(),
+                                up: s.up,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                ..n.reach.clone()
+            },
             summary: FaultSummary::of(npus.iter().map(|d| &d.status)),
             npus,
         })

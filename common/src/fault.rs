@@ -112,6 +112,19 @@ pub struct AgentReach {
     /// The last error, while unreachable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The agent's sources and whether each is up, from its last document.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<SourceReach>,
+}
+
+/// One of an agent's sources (`nvml`, `kmsg`, `dcmi`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SourceReach {
+    /// The source's name.
+    pub name: String,
+    /// Its last attempt succeeded.
+    pub up: bool,
 }
 
 /// One device's smoothed state.
@@ -265,6 +278,7 @@ mod tests {
                 reachable: true,
                 last_seen: None,
                 error: None,
+                sources: Vec::new(),
             },
             npus: vec![NpuFault {
                 id: "npu1".into(),
