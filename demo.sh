@@ -185,6 +185,14 @@ echo "$status" | sed 's/^/  /'
 for n in gpu-node-1 gpu-node-2 gpu-node-3; do
   expect "faultline status lists $n" "$n " "$status"
 done
+echo "== faultline describe gpu-node-2 (also: kubectl faultline describe ...)"
+described=$(target/release/faultline describe gpu-node-2 --kube-server "$KUBE")
+echo "$described" | sed 's/^/  /'
+expect "describe shows gpu5 failed" " gpu5 " "$(echo "$described" | grep ' failed ')"
+expect "describe shows the quarantine record" "Quarantine:" "$described"
+agents=$(target/release/faultline agents --kube-server "$KUBE")
+echo "$agents" | sed 's/^/  /'
+expect "faultline agents lists gpu-node-1's agent as reachable" "gpu-node-1  true" "$agents"
 echo "== the PCIe link of gpu-node-2/gpu5 is repaired; an SRE releases the node"
 curl -sf -X DELETE "${AGENTS[1]}/v1/sim/faults" >/dev/null
 target/release/faultline release --node gpu-node-2 --by sre-demo --reason "PCIe link reseated" --kube-server "$KUBE" | sed 's/^/  /'
@@ -206,6 +214,8 @@ cat <<TXT
   kubectl --server $KUBE get node gpu-node-2 -o yaml     # taint, label, condition, faultline.io/quarantine
   kubectl --server $KUBE get events -n default
   target/release/faultline status --kube-server $KUBE
+  target/release/faultline agents -o wide --kube-server $KUBE
+  target/release/faultline describe gpu-node-3 -o yaml --kube-server $KUBE
   target/release/faultline release --node gpu-node-3 --by me --kube-server $KUBE
   kubectl --server $KUBE get cm faultline-shard-0 -n faultline -o jsonpath='{.data.gpu-node-2\.json}'
   ls -la $OUT; cat $OUT/gpu-node-2.json   # the file sink: ..data -> ..<timestamp>/, a key per node

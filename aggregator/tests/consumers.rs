@@ -1,0 +1,240 @@
+//! The consumer kit (`consumers/`) against the real file sink, laid out as kubelet lays
+//! out a ConfigMap volume (`..data` swapped by rename, `atomic_writer.go`), while the
+//! documents change under it; and against the agent's node file, replaced by rename as
+//! on a hostPath. Each consumer (Python, shell/jq, the Rust crate, the example Job)
+//! ignores other nodes' faults and reacts to its own node's failed device.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn need(tool: &str) {
+    let found = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    assert!(found, "{tool} is needed (.ci/run installs it)");
+}
+
+fn spawn(cmd: &mut Command) -> ChildGuard {
+    ChildGuard(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn python(args: &[&str]) -> ChildGuard {
+    spawn(
+        Command::new("python3")
+            .arg(root().join("consumers/python/faultline_consumer.py"))
+            .args(args),
+    )
+}
+
+fn shell(args: &[&str]) -> ChildGuard {
+    spawn(Command::new(root().join("consumers/shell/faultline-watch.sh")).args(args))
+}
+
+fn train(dir: &Path, ckpt: &Path) -> ChildGuard {
+    spawn(
+        Command::new("python3")
+            .arg(root().join("consumers/job/train.py"))
+            .env("NODE_NAME", "n2")
+            .env("FAULTLINE_DIR", dir)
+            .env("CHECKPOINT_DIR", ckpt)
+            .env("STEP_SECONDS", "0.01")
+            .env("CHECKPOINT_EVERY", "10"),
+    )
+}
+
+/// Wait (at most `within`) for the child to exit; its exit code and standard output.
+async fn exited(c: &mut ChildGuard, what: &str, within: Duration) -> (Option<i32>, String) {
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Some(s) = c.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not exit within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut out = String::new();
+    std::io::Read::read_to_string(c.0.stdout.as_mut().unwrap(), &mut out).unwrap();
+    (status.code(), out)
+}
+
+fn running(c: &mut Child) -> bool {
+    c.try_wait().unwrap().is_none()
+}
+
+async fn agent_with_file(node: &str, file: &Path) -> faultline_agent::Agent {
+    let cfg = faultline_agent::config::Config::parse_from([
+        "faultline-agent",
+        "--source",
+        "sim",
+        "--sim-devices",
+        "4",
+        "--interval",
+        "100ms",
+        "--listen",
+        "127.0.0.1:0",
+        "--node-name",
+        node,
+        "--node-file",
+        file.to_str().unwrap(),
+    ])
+    .unwrap();
+    faultline_agent::start(cfg).await.unwrap()
+}
+
+async fn fail(agent: &faultline_agent::Agent, device: &str) {
+    let body = format!(r#"{{"device":"{device}","fault":"row-remap-failure"}}"#);
+    assert_eq!(post(agent.addr, "/v1/sim/faults", &body).await, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_consumer_reacts_to_its_own_nodes_failed_device_while_documents_change() {
+    need("python3");
+    need("jq");
+    let host = tempfile::tempdir().unwrap();
+    let node_file = host.path().join("fault.json");
+    let (a1, a2) = (agent("n1").await, agent("n2").await);
+    let a3 = agent_with_file("n3", &node_file).await;
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path();
+    let _agg = Launch::file(&[&a1, &a2, &a3], dir).start().await;
+    until(
+        Duration::from_secs(20),
+        "n2 and n3 published healthy",
+        || {
+            let t = std::fs::read_to_string(dir.join("n2.json")).ok()?;
+            let t: serde_json::Value = serde_json::from_str(&t).ok()?;
+            let f = std::fs::read_to_string(&node_file).ok()?;
+            (t["summary"]["healthy"] == 4 && f.contains("\"n3\"")).then_some(())
+        },
+    )
+    .await;
+    let d = dir.to_str().unwrap();
+    let f = node_file.to_str().unwrap();
+    let on_n2 = ["--node", "n2", "--exit-on-failed", "--interval", "0.1"];
+    let mut py = python(&[&["--dir", d][..], &on_n2].concat());
+    let mut sh = shell(&[&["--dir", d][..], &on_n2].concat());
+    let mut py_file = python(&["--file", f, "--exit-on-failed", "--interval", "0.1"]);
+    let mut sh_file = shell(&["--file", f, "--exit-on-failed", "--interval", "0.1"]);
+    let ckpt = tempfile::tempdir().unwrap();
+    let mut job = train(dir, ckpt.path());
+    let rust_dir = dir.to_path_buf();
+    let rust = tokio::task::spawn_blocking(move || {
+        let mut w = faultline_consumer::Watch::entry(&rust_dir, "n2").unwrap();
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while Instant::now() < deadline {
+            if let Some(Some(e)) = w.next(Duration::from_secs(1)).unwrap() {
+                let failed: Vec<String> = e.failed().iter().map(|d| d.id.clone()).collect();
+                seen.push(failed.clone());
+                if !failed.is_empty() {
+                    return (seen, e);
+                }
+            }
+        }
+        panic!("the Rust consumer saw no failed device: {seen:?}");
+    });
+
+    // Another node's device fails: the shard's documents are rewritten (..data swapped)
+    // and no consumer of n2 or n3 reacts.
+    let data_before = std::fs::read_link(dir.join("..data")).unwrap();
+    fail(&a1, "gpu3").await;
+    until(Duration::from_secs(10), "n1's failure published", || {
+        let t = std::fs::read_to_string(dir.join("n1.json")).ok()?;
+        t.contains("\"failed\"").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_ne!(
+        std::fs::read_link(dir.join("..data")).unwrap(),
+        data_before,
+        "the file sink swapped ..data while the consumers watched"
+    );
+    for (c, what) in [
+        (&mut py, "python"),
+        (&mut sh, "shell"),
+        (&mut py_file, "python --file"),
+        (&mut sh_file, "shell --file"),
+        (&mut job, "train.py"),
+    ] {
+        assert!(running(&mut c.0), "{what} reacted to another node's fault");
+    }
+    assert!(
+        !rust.is_finished(),
+        "the Rust consumer reacted to another node's fault"
+    );
+
+    // n2's gpu1 and n3's gpu2 fail.
+    fail(&a2, "gpu1").await;
+    fail(&a3, "gpu2").await;
+    let within = Duration::from_secs(15);
+    for (c, what, node, dev) in [
+        (&mut py, "python", "n2", "gpu1"),
+        (&mut sh, "shell", "n2", "gpu1"),
+        (&mut py_file, "python --file", "n3", "gpu2"),
+        (&mut sh_file, "shell --file", "n3", "gpu2"),
+    ] {
+        let (code, text) = exited(c, what, within).await;
+        assert_eq!(code, Some(3), "{what}: {text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], format!("{node} gpu0 healthy -"), "{what}: {text}");
+        assert_eq!(
+            *lines.last().unwrap(),
+            format!("FAILED {node} {dev} row-remap-failure"),
+            "{what}: {text}"
+        );
+        assert!(
+            !text.contains("n1 "),
+            "{what} printed another node's devices: {text}"
+        );
+    }
+    let (seen, entry) = tokio::time::timeout(within, rust).await.unwrap().unwrap();
+    assert_eq!(seen[0], Vec::<String>::new(), "first: all healthy");
+    assert_eq!(entry.node, "n2");
+    assert_eq!(entry.failed()[0].id, "gpu1");
+    assert_eq!(
+        entry.failed()[0].reason.as_deref(),
+        Some("row-remap-failure")
+    );
+
+    // The example Job: checkpoint, exit 42; the next pod resumes from the checkpoint.
+    let (code, text) = exited(&mut job, "train.py", within).await;
+    assert_eq!(code, Some(42), "{text}");
+    assert!(
+        text.contains("device failed on n2: gpu1 (row-remap-failure)"),
+        "{text}"
+    );
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.path().join("ckpt.json")).unwrap()).unwrap();
+    let step = saved["step"].as_u64().unwrap();
+    assert!(step > 0, "it trained before the fault: {saved}");
+    let mut again = train(dir, ckpt.path());
+    let (code, text) = exited(&mut again, "train.py again", within).await;
+    assert_eq!(code, Some(42), "{text}");
+    assert!(
+        text.starts_with(&format!("resumed from step {step}\n")),
+        "{text}"
+    );
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# faultline-watch.sh: react to your own node's device health from a shell (bash + jq).
+#
+#   faultline-watch.sh --dir /config --node "$NODE_NAME" [--exit-on-failed]   # shard ConfigMaps
+#   faultline-watch.sh --file /config/fault.json [--exit-on-failed]          # the agent's node file
+#   options: --device ID (repeatable: id, UUID or bus id)  --interval SECONDS (0.5)
+#
+# Prints one line per device whenever a status changes: "<node> <device> <status>
+# <reason or ->"; "<node> - unknown not-published" while the node has no entry. With
+# --exit-on-failed it prints "FAILED <node> <device> <reason>" and exits 3.
+#
+# Files are swapped, never rewritten (kubelet's ..data symlink, the agent's rename), so
+# the path is re-read on every look and what it says is compared: no file is held open.
+set -u
+dir= file= node=${NODE_NAME:-} interval=0.5 exit_on_failed= devices='[]'
+while [ $# -gt 0 ]; do
+  case $1 in
+    --dir) dir=$2; shift 2 ;;
+    --file) file=$2; shift 2 ;;
+    --node) node=$2; shift 2 ;;
+    --device) devices=$(jq -c --arg d "$2" '. + [$d]' <<<"$devices"); shift 2 ;;
+    --interval) interval=$2; shift 2 ;;
+    --exit-on-failed) exit_on_failed=1; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "faultline-watch: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+command -v jq >/dev/null || { echo "faultline-watch: jq is needed" >&2; exit 2; }
+if [ -n "$dir" ]; then
+  [ -n "$node" ] || { echo "faultline-watch: --dir needs --node or \$NODE_NAME" >&2; exit 2; }
+  path=$dir/$node.json
+elif [ -n "$file" ]; then
+  path=$file
+else
+  echo "faultline-watch: --dir or --file" >&2; exit 2
+fi
+
+# The devices of one document, one "<node> <id> <status> <reason>" line each; fails on
+# a document that is not a node document (or is another node's).
+lines() {
+  jq -r --arg node "$node" --argjson only "$devices" '
+    if (.npus | type) != "array" then error("not a faultline node document") else . end
+    | if $node != "" and .node != $node then error("document of node \(.node)") else . end
+    | .node as $n
+    | if (.agent | type) == "object" and .agent.reachable == false
+      then "\($n) - unknown agent-unreachable"
+      else .npus[]
+        | select(($only | length) == 0 or ([.id, .uuid, .pci_bus_id] - ($only) | length) < 3)
+        | "\($n) \(.id) \(if (.status | IN("healthy","degraded","failed","unknown")) then .status else "unknown" end) \(.reason // "-")"
+      end'
+}
+
+last=
+while :; do
+  if text=$(cat "$path" 2>/dev/null); then
+    if now=$(lines <<<"$text" 2>/dev/null); then :; else
+      echo "faultline-watch: $path: not a node document of ${node:-this node}; keeping the last" >&2
+      now=$last
+    fi
+  else
+    now="${node:--} - unknown not-published"
+  fi
+  if [ "$now" != "$last" ]; then
+    last=$now
+    printf '%s\n' "$now"
+    if [ -n "$exit_on_failed" ] && failed=$(grep -E '^[^ ]+ [^ ]+ failed ' <<<"$now"); then
+      sed 's/^\([^ ]*\) \([^ ]*\) failed /FAILED \1 \2 /' <<<"$failed"
+      exit 3
+    fi
+  fi
+  sleep "$interval"
+done
