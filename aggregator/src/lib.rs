@@ -26,4 +26,4 @@ pub mod remediate;
 pub mod rules_file;
 pub mod shard;
 
-pub use app::{connect, start, Aggregator};
+pub use app::{connect, start, start_with_clock, Aggregator};

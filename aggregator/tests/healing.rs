@@ -572,6 +572,8 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     .unwrap();
     let a1 = agent("n1").await;
     let agents = format!("http://{}", a1.addr);
+    // The default cool-down (10 min), judged on a clock the test moves.
+    let clock = faultline_common::time::Clock::default();
     let agg = Launch::healing(&kube, "r1")
         .args(&[
             "--agents",
@@ -580,12 +582,10 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
             "auto",
             "--release-healthy-samples",
             "5",
-            "--release-cooldown",
-            "4s",
             "--canary-job",
             canary.to_str().unwrap(),
         ])
-        .start()
+        .start_on(&clock)
         .await;
     fail(&a1, "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
@@ -605,6 +605,19 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     )
     .await;
     assert!(code < 300);
+    until(Duration::from_secs(10), "gpu1 published healthy", || {
+        let cm = server.get("configmaps", NS, "faultline-shard-0")?;
+        let entry: Value = serde_json::from_str(cm["data"]["n1.json"].as_str()?).ok()?;
+        (entry["summary"]["failed"] == 0).then_some(())
+    })
+    .await;
+    // Healthy, the clean samples counted, but within the cool-down: no canary.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        server.list("jobs", NS).is_empty(),
+        "no canary within the cool-down"
+    );
+    clock.advance(Duration::from_secs(10 * 60));
     let (job, _) = until(Duration::from_secs(20), "canary job", || {
         server.list("jobs", NS).into_iter().next()
     })
@@ -636,8 +649,8 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     let started = ms(&Value::String(started));
     let healthy_for = started.saturating_sub(ms(&gpu1["since"]));
     assert!(
-        healthy_for >= 4_000,
-        "canary started {healthy_for} ms after gpu1 turned healthy; the cool-down is 4 s"
+        healthy_for >= 600_000,
+        "canary started {healthy_for} ms after gpu1 turned healthy; the cool-down is 10 min"
     );
     assert_eq!(
         our_taints(&server, "n1"),
@@ -666,24 +679,24 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         || (events(&server, "n1", "FaultlineCanaryFailed") == 1).then_some(()),
     )
     .await;
-    let failed_at = std::time::Instant::now();
     assert_eq!(
         our_taints(&server, "n1"),
         1,
         "a failed canary keeps the quarantine"
     );
-    let (job, _) = until(Duration::from_secs(20), "a second canary", || {
+    let second = || {
         server
             .list("jobs", NS)
             .into_iter()
             .find(|j| j["metadata"]["name"] != first.as_str())
-    })
-    .await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
-        failed_at.elapsed() >= Duration::from_secs(3),
-        "the second canary came {:?} after the failure; the cool-down is 4 s",
-        failed_at.elapsed()
+        second().is_none(),
+        "no second canary within the cool-down after the failure"
     );
+    clock.advance(Duration::from_secs(10 * 60));
+    let (job, _) = until(Duration::from_secs(20), "a second canary", second).await;
     assert_eq!(our_taints(&server, "n1"), 1);
     // The Job controller's part: the Job succeeds.
     let name = job["metadata"]["name"].as_str().unwrap().to_string();
@@ -1214,16 +1227,11 @@ async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
         .map(|(n, a)| format!("{n}=http://{}", a.addr))
         .collect();
     let urls = urls.join(",");
+    // The default window (5 min), judged on a clock the test moves.
+    let clock = faultline_common::time::Clock::default();
     let agg = Launch::healing(&kube, "r1")
-        .args(&[
-            "--agents",
-            &urls,
-            "--breaker-nodes",
-            "2",
-            "--breaker-window",
-            "3s",
-        ])
-        .start()
+        .args(&["--agents", &urls, "--breaker-nodes", "2"])
+        .start_on(&clock)
         .await;
     let quarantined = |n: &str| our_taints(&server, n) == 1;
     fail(&agents[0], "gpu1").await;
@@ -1232,7 +1240,7 @@ async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
     })
     .await;
     // Past the window: n1 no longer counts, n2 alone does not open the breaker.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    clock.advance(Duration::from_secs(5 * 60 + 1));
     fail(&agents[1], "gpu1").await;
     until(Duration::from_secs(10), "n2 quarantined", || {
         quarantined("n2").then_some(())
@@ -1253,7 +1261,7 @@ async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
     );
     let status = faultline_status(&kube).await;
     assert!(
-        status.starts_with("breaker: open (2 nodes failed within 3s)"),
+        status.starts_with("breaker: open (2 nodes failed within 300s)"),
         "{status}"
     );
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline"))
@@ -1352,9 +1360,11 @@ async fn a_persons_release_holds_for_the_dedup_window_only() {
         .unwrap();
     let a1 = agent("n1").await;
     let agents = format!("n1=http://{}", a1.addr);
+    // The default window (15 min), judged on a clock the test moves.
+    let clock = faultline_common::time::Clock::default();
     let agg = Launch::healing(&kube, "r1")
-        .args(&["--agents", &agents, "--dedup-window", "4s"])
-        .start()
+        .args(&["--agents", &agents])
+        .start_on(&clock)
         .await;
     fail(&a1, "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
@@ -1362,20 +1372,22 @@ async fn a_persons_release_holds_for_the_dedup_window_only() {
     })
     .await;
     faultline_release(&kube, "n1").await;
-    let released = std::time::Instant::now();
     // The agent still says failed; passes every 500 ms do not undo the release...
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(our_taints(&server, "n1"), 0, "within the dedup window");
+    clock.advance(Duration::from_secs(14 * 60));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        our_taints(&server, "n1"),
+        0,
+        "14 of the window's 15 minutes later"
+    );
     // ...until the window ends.
+    clock.advance(Duration::from_secs(61));
     until(Duration::from_secs(10), "n1 quarantined again", || {
         (our_taints(&server, "n1") == 1).then_some(())
     })
     .await;
-    assert!(
-        released.elapsed() >= Duration::from_secs(3),
-        "quarantined again {:?} after the release; the window is 4 s",
-        released.elapsed()
-    );
     assert_no_forbidden(&server);
     agg.cancel_token().cancel();
     agg.wait().await;

@@ -311,7 +311,11 @@ impl NodePass {
         let (r, node) = (&self.remediator, self.node.as_str());
         let t0 = Instant::now();
         if let Some(views) = &self.views {
-            match r.release_pass(node, views, now_ms(), &self.fence).await {
+            // Cool-downs are judged on the remediator's clock (tests move it).
+            match r
+                .release_pass(node, views, r.clock().now_ms(), &self.fence)
+                .await
+            {
                 Ok(Outcome::Released) => {
                     tracing::debug!(node = %node, "released");
                     return;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use faultline_common::rules::Rules;
+use faultline_common::time::Clock;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use tokio::sync::{mpsc, watch};
@@ -170,6 +171,7 @@ fn remediator(
     kube: &kube::Client,
     notifier: Option<Arc<Notifier>>,
     metrics: &Arc<Metrics>,
+    clock: &Clock,
 ) -> Remediator {
     let breaker = (cfg.breaker_nodes > 0).then(|| {
         Breaker::new(
@@ -178,6 +180,7 @@ fn remediator(
             cfg.breaker_nodes,
             cfg.breaker_window,
         )
+        .with_clock(clock.clone())
     });
     Remediator::new(
         kube.clone(),
@@ -192,6 +195,7 @@ fn remediator(
     .with_release(cfg.release.clone())
     .with_force_delete(cfg.force_delete_after_deadline)
     .with_reporting(notifier, Some(metrics.clone()))
+    .with_clock(clock.clone())
 }
 
 /// What the ConfigMap sink needs: the shard Leases (their task), the publisher.
@@ -251,6 +255,14 @@ fn shard_publisher(
 
 /// Start collectors, the pipeline, publishing, remediation and the API.
 pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
+    start_with_clock(cfg, Clock::default()).await
+}
+
+/// [`start`], with remediation and the intake judging time by `clock`: its windows
+/// (dedup, cool-down, canary retry and timeout, expiry, breaker, intake counts) move
+/// when a test advances it. The pipeline keeps the system clock: it judges the agents'
+/// own timestamps.
+pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggregator> {
     let metrics = Arc::new(Metrics::new());
     let cancel = CancellationToken::new();
     let rules = rules(&cfg, &metrics, &cancel)?;
@@ -285,7 +297,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
     let mut intake = cfg
         .intake
         .clone()
-        .map(|c| Intake::new(c, metrics.clone(), verdict_tx.clone()));
+        .map(|c| Intake::new(c, metrics.clone(), verdict_tx.clone()).with_clock(clock.clone()));
     let latest = Arc::new(std::sync::Mutex::new(None));
     let mut lease_task = None;
     let mut dispatch = None;
@@ -318,7 +330,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
             );
             lease_task = Some(task);
             if cfg.remediation != Mode::Off {
-                let r = Arc::new(remediator(&cfg, kube, notifier.clone(), &metrics));
+                let r = Arc::new(remediator(&cfg, kube, notifier.clone(), &metrics, &clock));
                 // The kubelet's device health (KEP-4680): Unhealthy is a verdict, Unknown an alert.
                 if let (true, Some(watch)) = (cfg.watch_pod_health, watch.as_ref()) {
                     let (tx, rx) = mpsc::channel(1024);

@@ -456,6 +456,12 @@ impl Intake {
         }
     }
 
+    /// Judge the windows by `clock` (tests move it instead of sleeping).
+    pub fn with_clock(mut self, clock: faultline_common::time::Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// Hand alerts of shards held elsewhere to their holder.
     pub fn with_route(mut self, route: Route) -> Self {
         self.route = Some(route);

@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use faultline_common::time::now_rfc3339;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
@@ -116,6 +115,8 @@ pub struct Breaker {
     name: String,
     nodes: usize,
     window: Duration,
+    /// The clock the window is judged by (tests move it instead of sleeping).
+    clock: faultline_common::time::Clock,
 }
 
 /// Attempts at one compare-and-swap before giving up for this pass.
@@ -152,7 +153,14 @@ impl Breaker {
             name,
             nodes: nodes.max(1),
             window,
+            clock: Default::default(),
         }
+    }
+
+    /// Judge the window by `clock`.
+    pub fn with_clock(mut self, clock: faultline_common::time::Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Whether it is open now (a person has not closed it).
@@ -178,11 +186,13 @@ impl Breaker {
             let window = self.window.as_secs_f64();
             state
                 .failures
-                .retain(|_, at| faultline_common::time::age_secs(at).is_some_and(|a| a <= window));
+                .retain(|_, at| self.clock.age_secs(at).is_some_and(|a| a <= window));
             if state.failures.contains_key(node) {
                 return Ok(false);
             }
-            state.failures.insert(node.to_string(), now_rfc3339());
+            state
+                .failures
+                .insert(node.to_string(), self.clock.rfc3339());
             let count = state.failures.len();
             let trip = count >= self.nodes;
             let mut data = cur
@@ -195,7 +205,7 @@ impl Breaker {
             );
             if trip {
                 data.insert("state".into(), "open".into());
-                data.insert("since".into(), now_rfc3339());
+                data.insert("since".into(), self.clock.rfc3339());
                 data.insert(
                     "reason".into(),
                     format!("{count} nodes failed within {}s", self.window.as_secs()),

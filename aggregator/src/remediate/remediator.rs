@@ -97,6 +97,11 @@ impl Remediator {
         }
     }
 
+    /// The clock its decisions are judged by.
+    pub fn clock(&self) -> &faultline_common::time::Clock {
+        &self.clock
+    }
+
     /// Judge time by `clock` (tests: a clock they move forward).
     pub fn with_clock(mut self, clock: faultline_common::time::Clock) -> Self {
         self.clock = clock;

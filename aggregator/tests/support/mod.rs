@@ -112,6 +112,19 @@ impl Launch {
         let cfg = faultline_aggregator::config::Config::parse_from(self.0).unwrap();
         faultline_aggregator::start(cfg).await.unwrap()
     }
+
+    /// Start it with remediation and the intake judging time by `clock`: a test moves
+    /// the clock past a window instead of sleeping through it (issue 14).
+    #[allow(dead_code)]
+    pub async fn start_on(
+        self,
+        clock: &faultline_common::time::Clock,
+    ) -> faultline_aggregator::Aggregator {
+        let cfg = faultline_aggregator::config::Config::parse_from(self.0).unwrap();
+        faultline_aggregator::start_with_clock(cfg, clock.clone())
+            .await
+            .unwrap()
+    }
 }
 
 /// A Node for the test API server, built like controller-rs's fixtures.
