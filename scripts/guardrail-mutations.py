@@ -32,7 +32,7 @@ MUTATIONS = [
      "aggregator/src/shard/lease.rs",
      ".is_some_and(|until| Instant::now() < *until)",
      ".is_some()",
-     ["-p", "faultline-aggregator", "--test", "kubernetes", "a_replica_that_lost_its_lease_writes_nothing_more"]),
+     ["-p", "faultline-aggregator", "--test", "kubernetes", "a_replica_whose_renewals_fail_stops_acting_on_its_own_clock"]),
     ("3 breaker: never trips",
      "aggregator/src/remediate/guards.rs",
      "let trip = count >= self.nodes;",

@@ -355,6 +355,87 @@ async fn a_replica_that_lost_its_lease_writes_nothing_more() {
     agg.cancel_token().cancel();
 }
 
+/// Issue 14, guardrail 2: a replica whose renewals go unanswered (every Lease call
+/// refused, as in a partition from the API server) stops acting once its Lease runs out
+/// on its own clock (duration less a margin), though nobody else holds it: no taint, no
+/// ConfigMap write. Without the self-expiry it would act on a Lease it may have lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_renewals_fail_stops_acting_on_its_own_clock() {
+    let (server, kube) = api_server().await;
+    server
+        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
+        .unwrap();
+    let a = agent("n1").await;
+    let agg = Launch::healing(&kube, "r1")
+        .args(&[
+            "--agents".into(),
+            format!("n1=http://{}", a.addr),
+            "--heartbeat".into(),
+            "1s".into(),
+        ])
+        .start()
+        .await;
+    until(Duration::from_secs(10), "r1 writes", || {
+        shard_doc(&server, 0).filter(|d| d.writer == "r1")
+    })
+    .await;
+    // Every Lease call is refused from now on (429, as API Priority and Fairness does).
+    server.set_faults(faultline_test_apiserver::Faults {
+        throttle_rate: 1.0,
+        throttle_match: "/leases".into(),
+        ..Default::default()
+    });
+    // The Lease is 3 s, renewed every 500 ms, with a 1.5 s margin: r1 stops counting it
+    // as held within 2 s of its last renewal.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let rv_before = server.get("configmaps", NS, "faultline-shard-0").unwrap()["metadata"]
+        ["resourceVersion"]
+        .clone();
+    assert_eq!(
+        post(
+            a.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
+        )
+        .await,
+        201
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let node = server.get("nodes", "", "n1").unwrap();
+    assert!(
+        node["spec"]["taints"]
+            .as_array()
+            .is_none_or(|t| t.is_empty()),
+        "r1 tainted n1 on a Lease it could not renew: {}",
+        node["spec"]
+    );
+    let cm: Value = server.get("configmaps", NS, "faultline-shard-0").unwrap();
+    assert_eq!(
+        cm["metadata"]["resourceVersion"], rv_before,
+        "r1 wrote on a Lease it could not renew"
+    );
+    let m = metrics(agg.addr).await;
+    assert!(
+        m.contains("faultline_aggregator_lease_held{shard=\"0\"} 0"),
+        "{m}"
+    );
+    // Answered again: r1 renews (nobody else took it) and acts.
+    server.set_faults(Default::default());
+    until(
+        Duration::from_secs(10),
+        "r1 acts once it holds the Lease again",
+        || {
+            let node = server.get("nodes", "", "n1")?;
+            node["spec"]["taints"]
+                .as_array()
+                .filter(|t| !t.is_empty())
+                .map(|_| ())
+        },
+    )
+    .await;
+    agg.cancel_token().cancel();
+}
+
 async fn metrics(addr: std::net::SocketAddr) -> String {
     get_text(&format!("http://{addr}/metrics")).await
 }
