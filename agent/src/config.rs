@@ -147,6 +147,13 @@ pub struct Args {
     /// Log format: text or json.
     #[arg(long, env = "FAULTLINE_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    /// Ascend fault codes graded by the site: lines `CODE LEVEL [STATUS [REASON]]` over
+    /// the built-in MindCluster table (common/src/ascend_fault_codes.tsv).
+    #[arg(long, env = "FAULTLINE_ASCEND_FAULT_CODES")]
+    pub ascend_fault_codes: Option<PathBuf>,
+    /// What a RoCE link that is down makes of an Ascend chip: degraded or failed.
+    #[arg(long, env = "FAULTLINE_ROCE_LINK_DOWN", default_value = "degraded")]
+    pub roce_link_down: String,
 }
 
 /// The checked configuration.
@@ -175,6 +182,8 @@ pub struct Config {
     pub thresholds: Thresholds,
     pub xid_policy: XidPolicy,
     pub log_json: bool,
+    /// The Ascend fault-code table in force (built-in, with the site's overrides).
+    pub fault_codes: std::sync::Arc<faultline_common::ascend::Catalog>,
 }
 
 fn duration(flag: &str, v: &str) -> anyhow::Result<Duration> {
@@ -346,7 +355,21 @@ impl Config {
             fail_on_init_error: a.fail_on_init_error,
             thresholds: Thresholds {
                 temp_degraded_c: a.temp_threshold,
+                roce_down_failed: match a.roce_link_down.as_str() {
+                    "degraded" => false,
+                    "failed" => true,
+                    v => bail!("--roce-link-down {v:?}: expected degraded or failed"),
+                },
             },
+            fault_codes: std::sync::Arc::new(match &a.ascend_fault_codes {
+                Some(p) => {
+                    let text = std::fs::read_to_string(p)
+                        .with_context(|| format!("--ascend-fault-codes {}", p.display()))?;
+                    faultline_common::ascend::Catalog::with_overrides(&text)
+                        .map_err(|e| anyhow::anyhow!("--ascend-fault-codes {}: {e}", p.display()))?
+                }
+                None => faultline_common::ascend::Catalog::builtin().clone(),
+            }),
             xid_policy,
             log_json,
         })

@@ -95,12 +95,15 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
                     metrics: metrics.clone(),
                 }),
             ))),
-            SourceKind::Dcmi => polled.push(Arc::new(sources::dcmi::DcmiSource::new(
-                cfg.dcmi_lib.clone(),
-            ))),
-            SourceKind::NpuSmi => polled.push(Arc::new(sources::npu_smi::NpuSmiSource::new(
-                cfg.npu_smi.clone(),
-            ))),
+            SourceKind::Dcmi => polled.push(Arc::new(
+                sources::dcmi::DcmiSource::new(cfg.dcmi_lib.clone())
+                    .with_fault_codes(cfg.fault_codes.clone())
+                    .with_metrics(metrics.clone()),
+            )),
+            SourceKind::NpuSmi => polled.push(Arc::new(
+                sources::npu_smi::NpuSmiSource::new(cfg.npu_smi.clone())
+                    .with_fault_codes(cfg.fault_codes.clone()),
+            )),
             SourceKind::Exec => {
                 let argv = cfg.exec.clone().context("exec source without --exec")?;
                 polled.push(Arc::new(sources::exec::ExecSource::new(argv)));

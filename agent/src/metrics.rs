@@ -53,6 +53,18 @@ struct HttpLabels {
     code: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FaultEventLabels {
+    source: String,
+    assertion: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FaultModeLabels {
+    source: String,
+    mode: String,
+}
+
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
@@ -69,6 +81,8 @@ pub struct Metrics {
     status: Family<StatusLabels, Gauge>,
     xids: Family<XidLabels, Counter>,
     kmsg_lines: Family<LineLabels, Counter>,
+    fault_events: Family<FaultEventLabels, Counter>,
+    fault_event_mode: Family<FaultModeLabels, Gauge>,
     http: Family<HttpLabels, Counter>,
     killed_children: Counter,
     long_polls_shortened: Counter,
@@ -104,6 +118,8 @@ impl Metrics {
             status: Family::default(),
             xids: Family::default(),
             kmsg_lines: Family::default(),
+            fault_events: Family::default(),
+            fault_event_mode: Family::default(),
             http: Family::default(),
             killed_children: Counter::default(),
             long_polls_shortened: Counter::default(),
@@ -168,11 +184,43 @@ impl Metrics {
             m.kmsg_lines.clone(),
         );
         registry.register(
+            "fault_events",
+            "Vendor fault events received (Ascend DCMI subscription), by assertion",
+            m.fault_events.clone(),
+        );
+        registry.register(
+            "fault_event_mode",
+            "1 for how a source learns of faults: events (subscribed) or polling (the fallback)",
+            m.fault_event_mode.clone(),
+        );
+        registry.register(
             "http_requests",
             "HTTP requests by path and code",
             m.http.clone(),
         );
         Metrics { registry, ..m }
+    }
+
+    /// A vendor fault event arrived (`assertion`: occur, recover, one-off).
+    pub fn count_fault_event(&self, source: &str, assertion: &str) {
+        self.fault_events
+            .get_or_create(&FaultEventLabels {
+                source: source.to_string(),
+                assertion: assertion.to_string(),
+            })
+            .inc();
+    }
+
+    /// How `source` learns of faults now: `events` or `polling`.
+    pub fn set_fault_event_mode(&self, source: &str, mode: &str) {
+        for m in ["events", "polling"] {
+            self.fault_event_mode
+                .get_or_create(&FaultModeLabels {
+                    source: source.to_string(),
+                    mode: m.to_string(),
+                })
+                .set(i64::from(m == mode));
+        }
     }
 
     /// Source up or down.

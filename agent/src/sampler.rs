@@ -143,6 +143,7 @@ pub async fn run(
     } else {
         cfg.timeout
     };
+    let wake = source.wake();
     let caller = Caller::new(source, metrics.clone());
     let mut discarded_first = !warm_up;
     let mut backoff = cfg.interval;
@@ -152,6 +153,13 @@ pub async fn run(
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep_until(next) => {}
+            // A fault event: sample now rather than at the end of the interval.
+            _ = async {
+                match &wake {
+                    Some(n) => n.notified().await,
+                    None => std::future::pending().await,
+                }
+            } => {}
         }
         let started = Instant::now();
         let mut result = Err(ProbeError::Call("not attempted".into()));

@@ -72,13 +72,25 @@ async fn dcmi_reads_chips_and_the_vendor_verdict() {
     assert_eq!(n0.reading.pci_bus_id.as_deref(), Some("0000:c1:00.0"));
     assert_eq!(n0.status.as_str(), "healthy");
     let n1 = device(&doc, "npu1");
+    // Graded by code as MindCluster does: 80E18402 is SeparateNPU (failed), 80E01801
+    // RestartBusiness (degraded); the health level (critical) no longer decides.
     assert_eq!(
         (n1.status.as_str(), n1.reason.as_deref()),
-        ("failed", Some("vendor-health-critical"))
+        ("failed", Some("ascend-separate-npu"))
     );
+    let vh = n1.reading.vendor_health.as_ref().unwrap();
+    assert_eq!(vh.error_codes, vec!["80E01801", "80E18402"]);
+    let levels: Vec<_> = vh
+        .graded
+        .iter()
+        .map(|g| (g.code.as_str(), g.level.map(|l| l.as_str())))
+        .collect();
     assert_eq!(
-        n1.reading.vendor_health.as_ref().unwrap().error_codes,
-        vec!["80E01801", "80E18402"]
+        levels,
+        [
+            ("80E18402", Some("SeparateNPU")),
+            ("80E01801", Some("RestartBusiness"))
+        ]
     );
 
     // A card that drops answers "not ready" (-8012): lost, a hard fault.
@@ -145,9 +157,10 @@ async fn npu_smi_table_and_health_details() {
     })
     .await;
     let n3 = device(&doc, "npu3");
+    // npu-smi's codes graded with the same table: 80E01801 is RestartBusiness.
     assert_eq!(
         (n3.status.as_str(), n3.reason.as_deref()),
-        ("degraded", Some("vendor-health-alarm"))
+        ("degraded", Some("hbm-double-bit"))
     );
     assert_eq!(
         n3.reading.vendor_health.as_ref().unwrap().error_codes,

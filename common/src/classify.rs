@@ -11,12 +11,16 @@ use crate::xid::XidVerdict;
 pub struct Thresholds {
     /// At or above this core temperature a device is degraded (seed 003: 85 C).
     pub temp_degraded_c: f64,
+    /// A RoCE link that is down fails the chip (default: degrades it).
+    #[serde(default)]
+    pub roce_down_failed: bool,
 }
 
 impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
             temp_degraded_c: 85.0,
+            roce_down_failed: false,
         }
     }
 }
@@ -82,6 +86,13 @@ pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> 
     };
     use DeviceStatus::*;
 
+    // A chip still booting after a reset: not failed, not healthy, just not yet.
+    if r.booting && !r.lost {
+        return Classification::unknown(
+            "booting",
+            "the chip is still booting (boot status below 16)",
+        );
+    }
     if r.lost {
         add(
             "gpu-lost",
@@ -152,28 +163,8 @@ pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> 
         }
     }
     if let Some(vh) = &r.vendor_health {
-        let codes = if vh.error_codes.is_empty() {
-            String::new()
-        } else {
-            format!(", error codes {}", vh.error_codes.join(","))
-        };
-        match vh.level {
-            VendorHealthLevel::Critical => add(
-                "vendor-health-critical",
-                Failed,
-                format!("vendor health {}{codes}", vh.raw),
-            ),
-            VendorHealthLevel::Alarm => add(
-                "vendor-health-alarm",
-                Degraded,
-                format!("vendor health {}{codes}", vh.raw),
-            ),
-            VendorHealthLevel::Warning => add(
-                "vendor-health-warning",
-                Degraded,
-                format!("vendor health {}{codes}", vh.raw),
-            ),
-            VendorHealthLevel::Ok => {}
+        for x in vendor_findings(vh) {
+            add(&x.code, x.status, x.detail);
         }
     }
     if let Some(temp) = r.temperature_c {
@@ -205,6 +196,13 @@ pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> 
         } else if th.hw_slowdown {
             add("hw-slowdown", Degraded, "hardware slowdown asserted".into());
         }
+    }
+    if let Some(link) = r.roce.filter(|l| !l.up) {
+        add(
+            "roce-link-down",
+            if t.roce_down_failed { Failed } else { Degraded },
+            format!("RoCE network health {} (0 or 6 is up)", link.result),
+        );
     }
     if let Some(nv) = &r.nvlink {
         if !nv.down.is_empty() {
@@ -251,9 +249,84 @@ pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> 
     let status = f.first().map(|x| x.status).unwrap_or(Healthy);
     Classification {
         status,
-        reason: f.first().map(|x| x.code.clone()),
+        // A healthy device has findings at most (a NotHandleFault code), no reason.
+        reason: f
+            .first()
+            .filter(|x| x.status != Healthy)
+            .map(|x| x.code.clone()),
         findings: f,
     }
+}
+
+/// The vendor's verdict: graded codes decide (MindCluster grades by code, not by the
+/// health level); the level then says at most degraded.
+fn vendor_findings(vh: &crate::reading::VendorHealth) -> Vec<Finding> {
+    use DeviceStatus::*;
+    let mut f = Vec::new();
+    let mut add = |code: &str, status: DeviceStatus, detail: String| {
+        f.push(Finding {
+            code: code.to_string(),
+            status,
+            detail,
+        })
+    };
+    let codes = if vh.error_codes.is_empty() {
+        String::new()
+    } else {
+        format!(", error codes {}", vh.error_codes.join(","))
+    };
+    // Graded codes decide (MindCluster grades by code, not by the health level);
+    // the level then says at most degraded.
+    let graded = !vh.graded.is_empty();
+    for (reason, status, list) in group_graded(&vh.graded) {
+        add(
+            &reason,
+            status,
+            format!("fault code {list} (vendor health {})", vh.raw),
+        );
+    }
+    match vh.level {
+        VendorHealthLevel::Critical => add(
+            "vendor-health-critical",
+            if graded { Degraded } else { Failed },
+            format!("vendor health {}{codes}", vh.raw),
+        ),
+        VendorHealthLevel::Alarm => add(
+            "vendor-health-alarm",
+            Degraded,
+            format!("vendor health {}{codes}", vh.raw),
+        ),
+        VendorHealthLevel::Warning => add(
+            "vendor-health-warning",
+            Degraded,
+            format!("vendor health {}{codes}", vh.raw),
+        ),
+        VendorHealthLevel::Ok => {}
+    }
+    f
+}
+
+/// Graded codes as one finding per reason (a chip may report 128 codes; a document
+/// holds at most 64 findings): reason, status, the codes with their levels.
+fn group_graded(g: &[crate::ascend::GradedCode]) -> Vec<(String, DeviceStatus, String)> {
+    let mut out: Vec<(String, DeviceStatus, String)> = Vec::new();
+    for c in g {
+        let item = match c.level {
+            Some(l) => format!("{} ({})", c.code, l.as_str()),
+            None => format!("{} (in no table)", c.code),
+        };
+        match out
+            .iter_mut()
+            .find(|(r, s, _)| *r == c.reason && *s == c.status)
+        {
+            Some((_, _, list)) => {
+                list.push_str(", ");
+                list.push_str(&item);
+            }
+            None => out.push((c.reason.clone(), c.status, item)),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -375,6 +448,7 @@ mod tests {
                         level: VendorHealthLevel::Critical,
                         raw: "Critical".into(),
                         error_codes: vec!["0x80E01801".into()],
+                        graded: vec![],
                     })
                 },
                 DeviceStatus::Failed,
@@ -420,5 +494,33 @@ mod tests {
             (c.status, c.reason.as_deref()),
             (DeviceStatus::Failed, Some("xid-79"))
         );
+    }
+
+    #[test]
+    fn graded_codes_decide_and_many_codes_stay_within_the_findings_bound() {
+        let cat = crate::ascend::Catalog::builtin();
+        let mut r = healthy();
+        // 128 codes (the library's most): NotHandle ones and one SeparateNPU.
+        let mut codes: Vec<String> = (0..127)
+            .map(|i| format!("{:08X}", 0x9000_0000u32 + i))
+            .collect();
+        codes.push("80E18402".into());
+        r.vendor_health = Some(VendorHealth {
+            level: VendorHealthLevel::Critical,
+            raw: "Critical".into(),
+            graded: cat.grade_all(codes.iter().map(String::as_str)),
+            error_codes: codes,
+        });
+        let c = classify(&r, None, &Thresholds::default());
+        assert_eq!(c.status, DeviceStatus::Failed);
+        assert_eq!(c.reason.as_deref(), Some("ascend-separate-npu"));
+        assert!(c.findings.len() <= 4, "{:?}", c.findings);
+        // With graded codes the level says at most degraded.
+        let crit = c
+            .findings
+            .iter()
+            .find(|f| f.code == "vendor-health-critical")
+            .unwrap();
+        assert_eq!(crit.status, DeviceStatus::Degraded);
     }
 }

@@ -57,6 +57,8 @@ pub mod limits {
     pub const XIDS: usize = 256;
     /// Sources of one agent.
     pub const SOURCES: usize = 32;
+    /// Vendor error codes of one device (DCMI returns at most 128).
+    pub const CODES: usize = 128;
 }
 
 impl NodeHealth {
@@ -124,6 +126,18 @@ impl NodeHealth {
                 limits::ID,
             )?;
             count("findings", d.findings.len(), limits::FINDINGS)?;
+            if let Some(vh) = &r.vendor_health {
+                len("vendor health", &vh.raw, limits::ID)?;
+                count("error codes", vh.error_codes.len(), limits::CODES)?;
+                count("graded codes", vh.graded.len(), limits::CODES)?;
+                for c in &vh.error_codes {
+                    len("error code", c, limits::ID)?;
+                }
+                for g in &vh.graded {
+                    len("graded code", &g.code, limits::ID)?;
+                    len("graded reason", &g.reason, limits::ID)?;
+                }
+            }
             count("Xids", d.recent_xids.len(), limits::XIDS)?;
             for f in &d.findings {
                 len("finding code", &f.code, limits::ID)?;

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod ascend;
 pub mod classify;
 pub mod document;
 pub mod fault;
@@ -25,7 +26,7 @@ pub mod xid;
 pub use classify::{classify, Classification, Finding, Thresholds};
 pub use document::{DeviceHealth, NodeHealth, SourceStatus, Summary, SCHEMA_VERSION};
 pub use reading::{
-    normalize_bus_id, DeviceReading, DeviceStatus, EccCounts, NvLinkState, PcieLink, RemappedRows,
-    RetiredPages, Throttle, Vendor, VendorHealth, VendorHealthLevel,
+    normalize_bus_id, AscendIds, DeviceReading, DeviceStatus, EccCounts, NvLinkState, PcieLink,
+    RemappedRows, RetiredPages, RoceLink, Throttle, Vendor, VendorHealth, VendorHealthLevel,
 };
 pub use xid::{XidClass, XidEvent, XidPolicy, XidThreshold, XidVerdict};

@@ -175,6 +175,38 @@ pub struct VendorHealth {
     /// Error codes the device reported (hex as the vendor prints them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub error_codes: Vec<String>,
+    /// Those codes graded by the fault-code table (Ascend: MindCluster's levels), worst
+    /// first. When there are any, they decide the chip's status, not the level above.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub graded: Vec<crate::ascend::GradedCode>,
+}
+
+/// An Ascend chip's ids: the physical id names it (`npu<phy_id>`, as npu-exporter keys
+/// chips); the others are kept for people and for DCMI calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AscendIds {
+    /// Physical id (`dcmi_get_device_phyid_from_logicid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phy_id: Option<u32>,
+    /// Logic id (what DCMI v2 calls `dev_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logic_id: Option<u32>,
+    /// Card (NPU id) and chip on it, where the API has them (DCMI v1, npu-smi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub card: Option<i32>,
+    /// Chip on the card.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chip: Option<i32>,
+}
+
+/// RoCE network health of an Ascend chip (`dcmi_get_device_network_health`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoceLink {
+    /// The raw `dcmi_rdfx_detect_result` (0 OK, 2 receive timeout, 3 unreachable, 6
+    /// starting, ...).
+    pub result: u32,
+    /// 0 or 6.
+    pub up: bool,
 }
 
 /// One device as one source saw it. Every metric is optional: a source fills what it
@@ -240,6 +272,15 @@ pub struct DeviceReading {
     /// Metrics this sample failed to read, as `metric: error`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub probe_errors: Vec<String>,
+    /// Still booting (Ascend boot status below 16): nothing it says means anything yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub booting: bool,
+    /// RoCE link health (Ascend training chips).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roce: Option<RoceLink>,
+    /// Ascend ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ascend: Option<AscendIds>,
 }
 
 impl DeviceReading {
@@ -266,6 +307,9 @@ impl DeviceReading {
             reported_status: None,
             reported_reason: None,
             probe_errors: Vec::new(),
+            booting: false,
+            roce: None,
+            ascend: None,
         }
     }
 }

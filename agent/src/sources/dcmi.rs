@@ -1,7 +1,24 @@
 //! `dcmi`: Huawei Ascend NPUs through `libdcmi.so`, loaded at run time with the C
 //! signatures Huawei's own device plugin uses (Ascend/mind-cluster
-//! `component/ascend-common/devmanager/dcmi/dcmi.go`; see
-//! `tests/fixtures/dcmi/SIGNATURES.md` for each prototype and its source).
+//! `component/ascend-common/devmanager/dcmi/`; `tests/fixtures/dcmi/SIGNATURES.md` and
+//! `MINDCLUSTER.md` give each prototype and its source).
+//!
+//! - **API version** (`devmanager_common.go` `DetectDcmiApiVersion`): `dcmi_init`, else
+//!   `dcmiv2_init`. On Ascend 950 hosts (Atlas 350/850/950) `dcmi_init` answers -8255
+//!   and only the `dcmiv2_*` family works; there a chip is one `dev_id`, its logic id,
+//!   and `dcmiv2_get_device_list` takes the list first, the count second.
+//! - **Ids**: a chip is `npu<physical id>` (as npu-exporter keys chips), learned once and
+//!   kept, so a failed lookup never renames it; logic id, card and chip are fields.
+//! - **Fault codes** are read on every sample whatever the health level, and graded by
+//!   MindCluster's table (`faultline_common::ascend`). With a fault-event subscription
+//!   (`dcmi_subscribe_fault_event`, every device), an event wakes the sampler at once
+//!   and its code counts for a minute even if the next poll misses it; if subscribing
+//!   fails, polling the codes every sample is the fallback (`fault_event_mode`).
+//! - **Boot status** below 16 (`DCMI_SYSTEM_START_FINISH`): the chip is booting, unknown.
+//! - **RoCE network health** has its own 1 s bound on its own thread (the call blocks
+//!   after a card drop; Huawei bounds it the same way); 0 and 6 are up.
+//! - **ECC** switched off (`enable_flag` 0) is no reading, not zero errors; an HBM error
+//!   other than "not supported" is reported, not hidden by trying DDR.
 //!
 //! Units: temperature in C, power in 0.1 W. Health: 0 OK, 1 minor (Warning), 2 major
 //! (Alarm), 3 critical. `-8012` (not ready) from the health call is how the plugin
@@ -10,23 +27,34 @@
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_ushort};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use faultline_common::{DeviceReading, EccCounts, Vendor, VendorHealth, VendorHealthLevel};
+use faultline_common::ascend::{roce_healthy, Catalog, BOOT_FINISHED};
+use faultline_common::{
+    AscendIds, DeviceReading, EccCounts, RoceLink, Vendor, VendorHealth, VendorHealthLevel,
+};
 use libloading::{Library, Symbol};
 
 use super::{ProbeError, Source, SourceSample};
+use crate::metrics::Metrics;
 
 const NOT_SUPPORTED: c_int = -8255;
 const NOT_READY: c_int = -8012;
 const MAX_CARDS: usize = 64;
+/// `HiAIMaxCardNum * HiAIMaxDeviceNum`: the most chips a host has.
+const MAX_CHIPS: usize = 256;
 const MAX_ERROR_CODES: usize = 128;
 const DEVICE_TYPE_DDR: c_int = 0;
 const DEVICE_TYPE_HBM: c_int = 2;
 const CHIP_NAME_LEN: usize = 32;
+/// Huawei's bound on `dcmi_get_device_network_health` (`DcmiApiTimeout`).
+const NETWORK_HEALTH_BOUND: Duration = Duration::from_secs(1);
+/// How long an event's code counts without the poll confirming it.
+const EVENT_CODE_TTL: Duration = Duration::from_secs(60);
 
 /// `struct dcmi_ecc_info`, with room for the two trailing fields of mind-cluster's
 /// longer header (the library writes 28 or 36 bytes).
@@ -68,42 +96,236 @@ struct ChipInfo {
     aicore_cnt: c_uint,
 }
 
+/// `struct dcmi_event_filter` (48 bytes, passed by value). All zero: no filter.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct EventFilter {
+    filter_flag: c_ulonglong,
+    event_id: c_uint,
+    severity: u8,
+    node_type: u8,
+    resv: [u8; 32],
+}
+
+/// `struct dcmi_dms_fault_event` (352 bytes).
+#[repr(C)]
+struct FaultEvent {
+    event_id: c_uint,
+    deviceid: c_ushort,
+    node_type: u8,
+    node_id: u8,
+    sub_node_type: u8,
+    sub_node_id: u8,
+    severity: u8,
+    assertion: u8,
+    event_serial_num: c_int,
+    notify_serial_num: c_int,
+    alarm_raised_time: c_ulonglong,
+    event_name: [c_char; 256],
+    additional_info: [c_char; 32],
+    tail: [u8; 32],
+}
+
+/// `struct dcmi_event` (360 bytes): a type and, for type 0, the fault event.
+#[repr(C)]
+struct DcmiEvent {
+    kind: c_int,
+    dms: FaultEvent,
+}
+
+const _: () = assert!(std::mem::size_of::<EventFilter>() == 48);
+const _: () = assert!(std::mem::size_of::<FaultEvent>() == 352);
+const _: () = assert!(std::mem::size_of::<DcmiEvent>() == 360);
+
+type Callback = extern "C" fn(*mut DcmiEvent);
 type FnInit = unsafe extern "C" fn() -> c_int;
-type FnCardList = unsafe extern "C" fn(*mut c_int, *mut c_int, c_int) -> c_int;
+/// v1 `dcmi_get_card_list(int *card_num, int *card_list, int list_len)` and v2
+/// `dcmiv2_get_device_list(int *device_list, int *device_cnt, int list_len)`: the same C
+/// types, the first two in the opposite roles.
+type FnList = unsafe extern "C" fn(*mut c_int, *mut c_int, c_int) -> c_int;
 type FnDevNum = unsafe extern "C" fn(c_int, *mut c_int) -> c_int;
 type FnLogicId = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
-type FnHealth = unsafe extern "C" fn(c_int, c_int, *mut c_uint) -> c_int;
-type FnErrorCodes = unsafe extern "C" fn(c_int, c_int, *mut c_int, *mut c_uint, c_uint) -> c_int;
-type FnInt = unsafe extern "C" fn(c_int, c_int, *mut c_int) -> c_int;
-type FnEcc = unsafe extern "C" fn(c_int, c_int, c_int, *mut EccInfo) -> c_int;
+type FnPhyFromLogic = unsafe extern "C" fn(c_uint, *mut c_uint) -> c_int;
+type V1Uint = unsafe extern "C" fn(c_int, c_int, *mut c_uint) -> c_int;
+type V2Uint = unsafe extern "C" fn(c_int, *mut c_uint) -> c_int;
+type V1Int = unsafe extern "C" fn(c_int, c_int, *mut c_int) -> c_int;
+type V2Int = unsafe extern "C" fn(c_int, *mut c_int) -> c_int;
+type V1Codes = unsafe extern "C" fn(c_int, c_int, *mut c_int, *mut c_uint, c_uint) -> c_int;
+type V2Codes = unsafe extern "C" fn(c_int, *mut c_int, *mut c_uint, c_uint) -> c_int;
+type V1Ecc = unsafe extern "C" fn(c_int, c_int, c_int, *mut EccInfo) -> c_int;
+type V2Ecc = unsafe extern "C" fn(c_int, c_int, *mut EccInfo) -> c_int;
 type FnPcie = unsafe extern "C" fn(c_int, c_int, *mut PcieInfoAll) -> c_int;
 type FnChip = unsafe extern "C" fn(c_int, c_int, *mut ChipInfo) -> c_int;
+type V1Subscribe = unsafe extern "C" fn(c_int, c_int, EventFilter, Callback) -> c_int;
+type V2Subscribe = unsafe extern "C" fn(c_int, EventFilter, Callback) -> c_int;
 
-/// The loaded library.
+/// Which DCMI family the host answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    /// `dcmi_*`: (card, chip) pairs (910, 910B, 910_93, 310P).
+    V1,
+    /// `dcmiv2_*`: one `dev_id`, the logic id (Ascend 950).
+    V2,
+}
+
+/// How one chip is addressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Addr {
+    V1 { card: c_int, chip: c_int },
+    V2 { dev: c_int },
+}
+
+/// The loaded library and the family that initialised.
 struct Dcmi {
     lib: Library,
+    api: Api,
+}
+
+fn fn_name(name: &[u8]) -> String {
+    String::from_utf8_lossy(name.strip_suffix(b"\0").unwrap_or(name)).into_owned()
 }
 
 impl Dcmi {
     /// Look a function up. A missing symbol is an error of that call, not of the load.
     fn sym<T>(&self, name: &[u8]) -> Result<Symbol<'_, T>, String> {
         // SAFETY: every `T` used with this is the exact C prototype of `name` from
-        // Huawei's dcmi_interface_api.h (see SIGNATURES.md).
-        unsafe { self.lib.get::<T>(name) }.map_err(|e| {
-            format!(
-                "{}: {e}",
-                String::from_utf8_lossy(name.strip_suffix(b"\0").unwrap_or(name))
-            )
-        })
+        // Huawei's dcmi_interface_api.h (see SIGNATURES.md and MINDCLUSTER.md).
+        unsafe { self.lib.get::<T>(name) }.map_err(|e| format!("{}: {e}", fn_name(name)))
+    }
+
+    /// An unsigned out-parameter call, v1 `(card, chip, *out)` or v2 `(dev, *out)`:
+    /// the return code and the value.
+    fn uint(&self, a: Addr, v1: &[u8], v2: &[u8]) -> Result<(c_int, c_uint), String> {
+        let mut v: c_uint = 0;
+        let rc = match a {
+            // SAFETY: ids and one valid out-pointer, as in the header.
+            Addr::V1 { card, chip } => unsafe { self.sym::<V1Uint>(v1)?(card, chip, &mut v) },
+            // SAFETY: as above, the v2 prototype.
+            Addr::V2 { dev } => unsafe { self.sym::<V2Uint>(v2)?(dev, &mut v) },
+        };
+        Ok((rc, v))
+    }
+
+    /// A signed out-parameter call.
+    fn int(&self, a: Addr, v1: &[u8], v2: &[u8]) -> Result<(c_int, c_int), String> {
+        let mut v: c_int = 0;
+        let rc = match a {
+            // SAFETY: ids and one valid out-pointer, as in the header.
+            Addr::V1 { card, chip } => unsafe { self.sym::<V1Int>(v1)?(card, chip, &mut v) },
+            // SAFETY: as above, the v2 prototype.
+            Addr::V2 { dev } => unsafe { self.sym::<V2Int>(v2)?(dev, &mut v) },
+        };
+        Ok((rc, v))
+    }
+
+    /// The chip's fault codes.
+    fn codes(&self, a: Addr) -> Result<(c_int, Vec<c_uint>), String> {
+        let mut n: c_int = 0;
+        let mut codes = [0 as c_uint; MAX_ERROR_CODES];
+        let len = MAX_ERROR_CODES as c_uint;
+        let rc = match a {
+            // SAFETY: the buffer holds MAX_ERROR_CODES entries and we say so.
+            Addr::V1 { card, chip } => unsafe {
+                self.sym::<V1Codes>(b"dcmi_get_device_errorcode_v2\0")?(
+                    card,
+                    chip,
+                    &mut n,
+                    codes.as_mut_ptr(),
+                    len,
+                )
+            },
+            // SAFETY: as above; the v2 name is `_error_code_list`.
+            Addr::V2 { dev } => unsafe {
+                self.sym::<V2Codes>(b"dcmiv2_get_device_error_code_list\0")?(
+                    dev,
+                    &mut n,
+                    codes.as_mut_ptr(),
+                    len,
+                )
+            },
+        };
+        let n = (n.max(0) as usize).min(MAX_ERROR_CODES);
+        Ok((rc, codes[..n].to_vec()))
+    }
+
+    fn ecc(&self, a: Addr, ty: c_int) -> Result<(c_int, EccInfo), String> {
+        let mut e = EccInfo::default();
+        let rc = match a {
+            // SAFETY: `e` is zeroed and at least as large as either header's struct.
+            Addr::V1 { card, chip } => unsafe {
+                self.sym::<V1Ecc>(b"dcmi_get_device_ecc_info\0")?(card, chip, ty, &mut e)
+            },
+            // SAFETY: as above.
+            Addr::V2 { dev } => unsafe {
+                self.sym::<V2Ecc>(b"dcmiv2_get_device_ecc_info\0")?(dev, ty, &mut e)
+            },
+        };
+        Ok((rc, e))
     }
 }
 
-fn rc(what: &str, rc: c_int) -> Result<(), String> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(format!("{what}: dcmi error {rc}"))
-    }
+/// A chip's network-health probe: at most one call in flight, however long it blocks.
+#[derive(Default)]
+struct NetProbe {
+    busy: AtomicBool,
+}
+
+/// What the source remembers of a chip between samples.
+#[derive(Default, Clone)]
+struct ChipMemo {
+    logic: Option<c_int>,
+    phy: Option<u32>,
+    not_ready: u32,
+    net: Arc<NetProbe>,
+}
+
+/// Codes from fault events, per logic id: (code, when, still asserted).
+type EventCodes = HashMap<u32, Vec<(u32, Instant)>>;
+
+/// Where the library's callback delivers (one subscription per process).
+struct EventTarget {
+    wake: Arc<tokio::sync::Notify>,
+    codes: Arc<Mutex<EventCodes>>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+static EVENT_TARGET: Mutex<Option<EventTarget>> = Mutex::new(None);
+
+/// The callback DCMI calls on its own thread for every fault event.
+extern "C" fn on_fault_event(ev: *mut DcmiEvent) {
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: the library passes an event valid for the call; we only read it.
+        let Some(ev) = (unsafe { ev.as_ref() }) else {
+            return;
+        };
+        if ev.kind != 0 {
+            return;
+        }
+        let e = &ev.dms;
+        let g = EVENT_TARGET.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(t) = g.as_ref() else {
+            return;
+        };
+        let assertion = match e.assertion {
+            0 => "recover",
+            1 => "occur",
+            2 => "one-off",
+            _ => "other",
+        };
+        if let Some(m) = &t.metrics {
+            m.count_fault_event("dcmi", assertion);
+        }
+        // Event id 0 carries nothing; 0x8C2FA009 is "reset finished": re-read only.
+        if e.event_id != 0 && e.event_id != 0x8C2F_A009 {
+            let mut codes = t.codes.lock().unwrap_or_else(|p| p.into_inner());
+            let list = codes.entry(u32::from(e.deviceid)).or_default();
+            list.retain(|(c, _)| *c != e.event_id);
+            if e.assertion != 0 {
+                list.push((e.event_id, Instant::now()));
+            }
+        }
+        t.wake.notify_one();
+    });
 }
 
 /// The DCMI source.
@@ -112,20 +334,16 @@ pub struct DcmiSource {
     /// The library, loaded once and kept loaded (an init that failed is retried on the
     /// same handle; unloading a vendor library that started threads is not safe).
     lib: Mutex<Option<Arc<Dcmi>>>,
-    ready: std::sync::atomic::AtomicBool,
-    /// Per (card, chip): logic id once known, so a transient error cannot rename a chip,
-    /// and the run of "not ready" answers.
-    chips: Mutex<HashMap<(c_int, c_int), ChipMemo>>,
+    /// Per chip address: ids once known, the run of "not ready" answers, the network
+    /// probe.
+    chips: Mutex<HashMap<Addr, ChipMemo>>,
+    fault_codes: Arc<Catalog>,
+    metrics: Option<Arc<Metrics>>,
+    /// Subscribe to fault events (tests of the polling path turn it off).
+    events: bool,
+    wake: Arc<tokio::sync::Notify>,
+    event_codes: Arc<Mutex<EventCodes>>,
 }
-
-#[derive(Default, Clone, Copy)]
-struct ChipMemo {
-    logic: Option<c_int>,
-    not_ready: u32,
-}
-
-/// "Not ready" answers in a row before a chip is reported lost (one may be a blip).
-const NOT_READY_LOST_AFTER: u32 = 3;
 
 impl DcmiSource {
     /// Load `path` on first use.
@@ -133,207 +351,433 @@ impl DcmiSource {
         DcmiSource {
             path,
             lib: Mutex::new(None),
-            ready: std::sync::atomic::AtomicBool::new(false),
             chips: Mutex::new(HashMap::new()),
+            fault_codes: Arc::new(Catalog::builtin().clone()),
+            metrics: None,
+            events: true,
+            wake: Arc::new(tokio::sync::Notify::new()),
+            event_codes: Arc::default(),
         }
+    }
+
+    /// Grade fault codes with this table (the built-in one by default).
+    pub fn with_fault_codes(mut self, fault_codes: Arc<Catalog>) -> Self {
+        self.fault_codes = fault_codes;
+        self
+    }
+
+    /// Count fault events and the subscription mode here.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Whether to subscribe to fault events (default: yes).
+    pub fn with_events(mut self, events: bool) -> Self {
+        self.events = events;
+        self
     }
 
     fn handle(&self) -> Result<Arc<Dcmi>, ProbeError> {
-        use std::sync::atomic::Ordering;
         let mut g = self.lib.lock().unwrap_or_else(|p| p.into_inner());
-        let d = match g.as_ref() {
-            Some(d) => d.clone(),
-            None => {
-                // SAFETY: loading a shared library runs its initialisers; libdcmi.so is
-                // the vendor's library named by the operator, which we are here to call.
-                let lib = unsafe { Library::new(&self.path) }
-                    .map_err(|e| ProbeError::Init(format!("{}: {e}", self.path.display())))?;
-                let d = Arc::new(Dcmi { lib });
-                *g = Some(d.clone());
-                d
+        if let Some(d) = g.as_ref() {
+            return Ok(d.clone());
+        }
+        // SAFETY: loading a shared library runs its initialisers; libdcmi.so is the
+        // vendor's library named by the operator, which we are here to call.
+        let lib = unsafe { Library::new(&self.path) }
+            .map_err(|e| ProbeError::Init(format!("{}: {e}", self.path.display())))?;
+        let init = |name: &[u8]| -> Result<(), String> {
+            // SAFETY: dcmi_init(void) and dcmiv2_init(void) take no arguments.
+            let f = unsafe { lib.get::<FnInit>(name) }
+                .map_err(|e| format!("{}: {e}", fn_name(name)))?;
+            // SAFETY: as above.
+            match unsafe { f() } {
+                0 => Ok(()),
+                r => Err(format!("{}: dcmi error {r}", fn_name(name))),
             }
         };
-        if !self.ready.load(Ordering::Acquire) {
-            let init = d.sym::<FnInit>(b"dcmi_init\0").map_err(ProbeError::Init)?;
-            // SAFETY: dcmi_init(void) takes no arguments.
-            let r = unsafe { init() };
-            if r != 0 {
-                return Err(ProbeError::Init(format!("dcmi_init: dcmi error {r}")));
-            }
-            self.ready.store(true, Ordering::Release);
-        }
+        // DetectDcmiApiVersion: v1 first; any failure tries v2 (-8255 on a 950 host).
+        let api = match init(b"dcmi_init\0") {
+            Ok(()) => Api::V1,
+            Err(v1) => match init(b"dcmiv2_init\0") {
+                Ok(()) => {
+                    tracing::info!(%v1, "DCMI v1 refused; using the dcmiv2 API (Ascend 950)");
+                    Api::V2
+                }
+                Err(v2) => return Err(ProbeError::Init(format!("{v1}; {v2}"))),
+            },
+        };
+        let d = Arc::new(Dcmi { lib, api });
+        *g = Some(d.clone());
+        drop(g);
+        self.subscribe(&d);
         Ok(d)
     }
 
-    fn memo(&self, card: c_int, chip: c_int) -> ChipMemo {
-        self.chips
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&(card, chip))
-            .copied()
-            .unwrap_or_default()
+    /// Subscribe every device's fault events, once; polling stays the fallback.
+    fn subscribe(&self, d: &Dcmi) {
+        let mode = |m: &str| {
+            if let Some(metrics) = &self.metrics {
+                metrics.set_fault_event_mode("dcmi", m);
+            }
+        };
+        if !self.events {
+            mode("polling");
+            return;
+        }
+        *EVENT_TARGET.lock().unwrap_or_else(|p| p.into_inner()) = Some(EventTarget {
+            wake: self.wake.clone(),
+            codes: self.event_codes.clone(),
+            metrics: self.metrics.clone(),
+        });
+        let filter = EventFilter {
+            filter_flag: 0,
+            event_id: 0,
+            severity: 0,
+            node_type: 0,
+            resv: [0; 32],
+        };
+        let r = match d.api {
+            // SAFETY: (-1, -1) is every device; the filter by value; the callback is
+            // a plain extern "C" function that lives as long as the process.
+            Api::V1 => d
+                .sym::<V1Subscribe>(b"dcmi_subscribe_fault_event\0")
+                .map(|f| unsafe { f(-1, -1, filter, on_fault_event) }),
+            // SAFETY: as above; -1 is every device.
+            Api::V2 => d
+                .sym::<V2Subscribe>(b"dcmiv2_subscribe_fault_event\0")
+                .map(|f| unsafe { f(-1, filter, on_fault_event) }),
+        };
+        match r {
+            Ok(0) => {
+                tracing::info!("subscribed to DCMI fault events");
+                mode("events");
+            }
+            Ok(rc) => {
+                tracing::warn!(
+                    rc,
+                    "DCMI fault-event subscription refused; polling the codes"
+                );
+                mode("polling");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no DCMI fault-event subscription; polling the codes");
+                mode("polling");
+            }
+        }
     }
 
-    fn set_memo(&self, card: c_int, chip: c_int, m: ChipMemo) {
+    fn memo(&self, a: Addr) -> ChipMemo {
         self.chips
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert((card, chip), m);
+            .entry(a)
+            .or_default()
+            .clone()
+    }
+
+    fn set_memo(&self, a: Addr, m: &ChipMemo) {
+        self.chips
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(a, m.clone());
+    }
+
+    /// Codes events reported for `logic` within the last minute, still asserted.
+    fn event_codes_of(&self, logic: Option<c_int>) -> Vec<u32> {
+        let Some(logic) = logic.and_then(|l| u32::try_from(l).ok()) else {
+            return Vec::new();
+        };
+        let mut g = self.event_codes.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(list) = g.get_mut(&logic) else {
+            return Vec::new();
+        };
+        list.retain(|(_, at)| at.elapsed() < EVENT_CODE_TTL);
+        list.iter().map(|(c, _)| *c).collect()
+    }
+
+    /// The chips of the host.
+    fn addresses(&self, d: &Dcmi, out: &mut SourceSample) -> Result<Vec<Addr>, ProbeError> {
+        let list = match d.api {
+            Api::V1 => d.sym::<FnList>(b"dcmi_get_card_list\0"),
+            Api::V2 => d.sym::<FnList>(b"dcmiv2_get_device_list\0"),
+        }
+        .map_err(ProbeError::Call)?;
+        let mut n: c_int = 0;
+        let mut ids = [0 as c_int; MAX_CHIPS];
+        let rc = match d.api {
+            // SAFETY: (count, list, capacity), the buffer holds MAX_CARDS ints.
+            Api::V1 => unsafe { list(&mut n, ids.as_mut_ptr(), MAX_CARDS as c_int) },
+            // SAFETY: (list, count, capacity): list first in v2; MAX_CHIPS ints.
+            Api::V2 => unsafe { list(ids.as_mut_ptr(), &mut n, MAX_CHIPS as c_int) },
+        };
+        if rc != 0 {
+            let name = match d.api {
+                Api::V1 => "dcmi_get_card_list",
+                Api::V2 => "dcmiv2_get_device_list",
+            };
+            return Err(ProbeError::Call(format!("{name}: dcmi error {rc}")));
+        }
+        let n = (n.max(0) as usize).min(MAX_CHIPS);
+        if d.api == Api::V2 {
+            return Ok(ids[..n].iter().map(|&dev| Addr::V2 { dev }).collect());
+        }
+        let chips = d
+            .sym::<FnDevNum>(b"dcmi_get_device_num_in_card\0")
+            .map_err(ProbeError::Call)?;
+        let mut addrs = Vec::new();
+        for &card in &ids[..n.min(MAX_CARDS)] {
+            let mut m: c_int = 0;
+            // SAFETY: card id and one valid out-pointer.
+            let rc = unsafe { chips(card, &mut m) };
+            if rc != 0 {
+                let mut r = DeviceReading::new(format!("npu{card}-0"), Vendor::Ascend, "dcmi");
+                r.probe_errors
+                    .push(format!("dcmi_get_device_num_in_card: dcmi error {rc}"));
+                out.devices.push(r);
+                continue;
+            }
+            // The plugin accepts 1..=4 chips; an id at or above the count is the MCU.
+            addrs.extend((0..m.clamp(0, 4)).map(|chip| Addr::V1 { card, chip }));
+        }
+        Ok(addrs)
+    }
+
+    /// Logic and physical ids, learned once and kept.
+    fn learn_ids(&self, d: &Dcmi, a: Addr, memo: &mut ChipMemo, errors: &mut Vec<String>) {
+        if memo.logic.is_none() {
+            match a {
+                Addr::V2 { dev } => memo.logic = Some(dev),
+                Addr::V1 { card, chip } => {
+                    let mut logic: c_int = -1;
+                    match d.sym::<FnLogicId>(b"dcmi_get_device_logic_id\0") {
+                        // SAFETY: out-pointer first, then card and chip ids, as in the header.
+                        Ok(f) => match unsafe { f(&mut logic, card, chip) } {
+                            0 if (0..MAX_CHIPS as c_int).contains(&logic) => {
+                                memo.logic = Some(logic)
+                            }
+                            rc => errors.push(format!("logic id: dcmi error {rc} ({logic})")),
+                        },
+                        Err(e) => errors.push(e),
+                    }
+                }
+            }
+        }
+        if memo.phy.is_some() {
+            return;
+        }
+        let mut phy: c_uint = u32::MAX;
+        let rc = match (a, memo.logic) {
+            (Addr::V2 { dev }, _) => d
+                .sym::<V2Uint>(b"dcmiv2_get_chip_phy_id_by_dev_id\0")
+                // SAFETY: dev_id and one valid out-pointer.
+                .map(|f| unsafe { f(dev, &mut phy) }),
+            (Addr::V1 { .. }, Some(logic)) => d
+                .sym::<FnPhyFromLogic>(b"dcmi_get_device_phyid_from_logicid\0")
+                // SAFETY: the logic id and one valid out-pointer.
+                .map(|f| unsafe { f(logic as c_uint, &mut phy) }),
+            (Addr::V1 { .. }, None) => return,
+        };
+        match rc {
+            Ok(0) if (phy as usize) < MAX_CHIPS => memo.phy = Some(phy),
+            Ok(rc) => errors.push(format!("physical id: dcmi error {rc} ({phy})")),
+            // A library without the lookup: the logic id is the only stable id there is.
+            Err(_) => memo.phy = memo.logic.map(|l| l as u32),
+        }
     }
 }
 
-fn read_chip(src: &DcmiSource, d: &Dcmi, card: c_int, chip: c_int) -> DeviceReading {
-    let mut memo = src.memo(card, chip);
-    if memo.logic.is_none() {
-        let mut logic: c_int = -1;
-        let ok = d
-            .sym::<FnLogicId>(b"dcmi_get_device_logic_id\0")
-            // SAFETY: out-pointer first, then card and chip ids, as in the header.
-            .map(|f| unsafe { f(&mut logic, card, chip) } == 0 && logic >= 0)
-            .unwrap_or(false);
-        if ok {
-            memo.logic = Some(logic);
-        }
-    }
-    let id = match memo.logic {
-        Some(l) => format!("npu{l}"),
-        None => format!("npu{card}-{chip}"),
+fn read_chip(src: &DcmiSource, d: &Arc<Dcmi>, a: Addr) -> DeviceReading {
+    let mut memo = src.memo(a);
+    let mut errors = Vec::new();
+    src.learn_ids(d, a, &mut memo, &mut errors);
+    // One id per chip: its physical id. Until it is known (the lookup failed every
+    // time so far), a provisional id, named as such.
+    let id = match (memo.phy, a) {
+        (Some(p), _) => format!("npu{p}"),
+        (None, Addr::V1 { card, chip }) => format!("npu{card}-{chip}"),
+        (None, Addr::V2 { dev }) => format!("npu-dev{dev}"),
     };
     let mut r = DeviceReading::new(id, Vendor::Ascend, "dcmi");
-    r.index = memo.logic.map(|l| l as u32);
+    r.index = memo.phy;
+    r.probe_errors = errors;
+    r.ascend = Some(AscendIds {
+        phy_id: memo.phy,
+        logic_id: memo.logic.map(|l| l as u32),
+        card: match a {
+            Addr::V1 { card, .. } => Some(card),
+            Addr::V2 { .. } => None,
+        },
+        chip: match a {
+            Addr::V1 { chip, .. } => Some(chip),
+            Addr::V2 { .. } => None,
+        },
+    });
     let note = |r: &mut DeviceReading, e: String| r.probe_errors.push(e);
 
+    // A chip still booting after a reset answers nothing worth judging.
+    match d.uint(
+        a,
+        b"dcmi_get_device_boot_status\0",
+        b"dcmiv2_get_device_boot_status\0",
+    ) {
+        Ok((0, s)) if s != BOOT_FINISHED => {
+            r.booting = true;
+            src.set_memo(a, &memo);
+            return r;
+        }
+        Ok((0 | NOT_SUPPORTED, _)) | Err(_) => {}
+        Ok((rc, _)) => note(&mut r, format!("boot status: dcmi error {rc}")),
+    }
+
     // Health first: a dropped card answers "not ready" and nothing else is worth asking.
-    match d.sym::<FnHealth>(b"dcmi_get_device_health\0") {
-        Ok(f) => {
-            let mut h: c_uint = 0;
-            // SAFETY: card, chip, one valid out-pointer.
-            match unsafe { f(card, chip, &mut h) } {
-                0 => {
-                    let (level, raw) = match h {
-                        0 => (Some(VendorHealthLevel::Ok), "OK"),
-                        1 => (Some(VendorHealthLevel::Warning), "Warning"),
-                        2 => (Some(VendorHealthLevel::Alarm), "Alarm"),
-                        3 => (Some(VendorHealthLevel::Critical), "Critical"),
-                        _ => (None, ""),
-                    };
-                    match level {
-                        Some(level) => {
-                            r.vendor_health = Some(VendorHealth {
-                                level,
-                                raw: raw.into(),
-                                error_codes: vec![],
-                            })
-                        }
-                        None => note(&mut r, format!("health: unexpected value {h:#x}")),
-                    }
+    match d.uint(
+        a,
+        b"dcmi_get_device_health\0",
+        b"dcmiv2_get_device_health\0",
+    ) {
+        Ok((0, h)) => {
+            let (level, raw) = match h {
+                0 => (Some(VendorHealthLevel::Ok), "OK"),
+                1 => (Some(VendorHealthLevel::Warning), "Warning"),
+                2 => (Some(VendorHealthLevel::Alarm), "Alarm"),
+                3 => (Some(VendorHealthLevel::Critical), "Critical"),
+                _ => (None, ""),
+            };
+            match level {
+                Some(level) => {
+                    r.vendor_health = Some(VendorHealth {
+                        level,
+                        raw: raw.into(),
+                        error_codes: vec![],
+                        graded: vec![],
+                    })
                 }
-                NOT_READY => {
-                    // How Huawei's plugin spots a card that dropped off; a single answer
-                    // may be a blip, so it takes a few in a row.
-                    memo.not_ready += 1;
-                    src.set_memo(card, chip, memo);
-                    if memo.not_ready >= NOT_READY_LOST_AFTER {
-                        r.lost = true;
-                    } else {
-                        r.probe_errors
-                            .push(format!("health: not ready ({} in a row)", memo.not_ready));
-                    }
-                    return r;
-                }
-                e => note(&mut r, format!("health: dcmi error {e}")),
+                None => note(&mut r, format!("health: unexpected value {h:#x}")),
             }
         }
+        Ok((NOT_READY, _)) => {
+            // How Huawei's plugin spots a card that dropped off; a single answer may be
+            // a blip, so it takes a few in a row.
+            memo.not_ready += 1;
+            src.set_memo(a, &memo);
+            if memo.not_ready >= NOT_READY_LOST_AFTER {
+                r.lost = true;
+            } else {
+                r.probe_errors
+                    .push(format!("health: not ready ({} in a row)", memo.not_ready));
+            }
+            return r;
+        }
+        Ok((e, _)) => note(&mut r, format!("health: dcmi error {e}")),
         Err(e) => note(&mut r, e),
     }
     // Without the chip's own verdict its other numbers do not make it healthy: report
     // only the errors, and its last good reading ages into unknown.
     if r.vendor_health.is_none() {
-        src.set_memo(card, chip, memo);
+        src.set_memo(a, &memo);
         return r;
     }
     memo.not_ready = 0;
-    src.set_memo(card, chip, memo);
+    src.set_memo(a, &memo);
 
-    if let Some(vh) = r
-        .vendor_health
-        .as_mut()
-        .filter(|v| v.level != VendorHealthLevel::Ok)
-    {
-        match d.sym::<FnErrorCodes>(b"dcmi_get_device_errorcode_v2\0") {
-            Ok(f) => {
-                let mut n: c_int = 0;
-                let mut codes = [0 as c_uint; MAX_ERROR_CODES];
-                // SAFETY: the buffer holds MAX_ERROR_CODES entries and we say so.
-                let e = unsafe {
-                    f(
-                        card,
-                        chip,
-                        &mut n,
-                        codes.as_mut_ptr(),
-                        MAX_ERROR_CODES as c_uint,
-                    )
-                };
-                if e == 0 {
-                    let n = (n.max(0) as usize).min(MAX_ERROR_CODES);
-                    vh.error_codes = codes[..n].iter().map(|c| format!("{c:08X}")).collect();
-                } else {
-                    r.probe_errors.push(format!("error codes: dcmi error {e}"));
-                }
-            }
-            Err(e) => r.probe_errors.push(e),
+    // Fault codes on every sample, whatever the level (MindCluster grades by code),
+    // with those fault events reported within the last minute.
+    let mut codes: Vec<u32> = match d.codes(a) {
+        Ok((0, c)) => c,
+        Ok((rc, _)) => {
+            note(&mut r, format!("error codes: dcmi error {rc}"));
+            Vec::new()
+        }
+        Err(e) => {
+            note(&mut r, e);
+            Vec::new()
+        }
+    };
+    for c in src.event_codes_of(memo.logic) {
+        if !codes.contains(&c) {
+            codes.push(c);
         }
     }
+    if let Some(vh) = r.vendor_health.as_mut() {
+        vh.error_codes = codes.iter().map(|c| format!("{c:08X}")).collect();
+        vh.graded = src
+            .fault_codes
+            .grade_all(vh.error_codes.iter().map(String::as_str));
+    }
 
-    let int_call = |r: &mut DeviceReading, name: &[u8]| -> Option<c_int> {
-        let f = match d.sym::<FnInt>(name) {
-            Ok(f) => f,
+    let int_call = |r: &mut DeviceReading, v1: &[u8], v2: &[u8]| -> Option<c_int> {
+        match d.int(a, v1, v2) {
+            Ok((0, v)) => Some(v),
+            Ok((NOT_SUPPORTED, _)) => None,
+            Ok((e, _)) => {
+                r.probe_errors
+                    .push(format!("{}: dcmi error {e}", fn_name(v1)));
+                None
+            }
             Err(e) => {
                 r.probe_errors.push(e);
-                return None;
-            }
-        };
-        let mut v: c_int = 0;
-        // SAFETY: card, chip, one valid out-pointer to an int.
-        match unsafe { f(card, chip, &mut v) } {
-            0 => Some(v),
-            NOT_SUPPORTED => None,
-            e => {
-                let n =
-                    String::from_utf8_lossy(name.strip_suffix(b"\0").unwrap_or(name)).into_owned();
-                r.probe_errors.push(format!("{n}: dcmi error {e}"));
                 None
             }
         }
     };
-    r.temperature_c = int_call(&mut r, b"dcmi_get_device_temperature\0")
-        .filter(|t| *t > -275)
-        .map(f64::from);
-    r.power_w = int_call(&mut r, b"dcmi_get_device_power_info\0")
-        .filter(|p| *p >= 0)
-        .map(|p| f64::from(p) / 10.0);
+    r.temperature_c = int_call(
+        &mut r,
+        b"dcmi_get_device_temperature\0",
+        b"dcmiv2_get_device_temperature\0",
+    )
+    .filter(|t| *t > -275)
+    .map(f64::from);
+    r.power_w = int_call(
+        &mut r,
+        b"dcmi_get_device_power_info\0",
+        b"dcmiv2_get_device_power_info\0",
+    )
+    .filter(|p| *p >= 0)
+    .map(|p| f64::from(p) / 10.0);
 
-    if let Ok(f) = d.sym::<FnEcc>(b"dcmi_get_device_ecc_info\0") {
-        // HBM on 910-class chips; DDR on the others.
-        for ty in [DEVICE_TYPE_HBM, DEVICE_TYPE_DDR] {
-            let mut e = EccInfo::default();
-            // SAFETY: `e` is zeroed and at least as large as either header's struct.
-            let code = unsafe { f(card, chip, ty, &mut e) };
-            if code == 0 {
-                r.ecc = Some(EccCounts {
-                    volatile_corrected: e.single_bit_error_cnt.into(),
-                    volatile_uncorrected: e.double_bit_error_cnt.into(),
-                    aggregate_corrected: e.total_single_bit_error_cnt.into(),
-                    aggregate_uncorrected: e.total_double_bit_error_cnt.into(),
-                });
-                break;
+    read_ecc(d, a, &mut r);
+    if let Addr::V1 { card, chip } = a {
+        read_v1_identity(d, card, chip, &mut r);
+    }
+    match network_health(d, a, &memo.net) {
+        Ok(link) => r.roce = link,
+        Err(e) => note(&mut r, e),
+    }
+    r
+}
+
+/// HBM on 910-class chips (DDR answers -8255 there), DDR on 310P (HBM answers -8255).
+/// ECC switched off is no reading; an HBM error other than "not supported" is reported
+/// rather than hidden by asking DDR.
+fn read_ecc(d: &Dcmi, a: Addr, r: &mut DeviceReading) {
+    for (ty, name) in [(DEVICE_TYPE_HBM, "hbm"), (DEVICE_TYPE_DDR, "ddr")] {
+        match d.ecc(a, ty) {
+            Ok((0, e)) => {
+                if e.enable_flag != 0 {
+                    r.ecc = Some(EccCounts {
+                        volatile_corrected: e.single_bit_error_cnt.into(),
+                        volatile_uncorrected: e.double_bit_error_cnt.into(),
+                        aggregate_corrected: e.total_single_bit_error_cnt.into(),
+                        aggregate_uncorrected: e.total_double_bit_error_cnt.into(),
+                    });
+                }
+                return;
             }
-            if code != NOT_SUPPORTED && ty == DEVICE_TYPE_DDR {
-                r.probe_errors.push(format!("ecc: dcmi error {code}"));
+            Ok((NOT_SUPPORTED, _)) => continue,
+            Ok((rc, _)) => {
+                r.probe_errors
+                    .push(format!("ecc ({name}): dcmi error {rc}"));
+                return;
             }
+            Err(_) => return,
         }
     }
+}
 
+/// Bus id and chip name (v1 calls).
+fn read_v1_identity(d: &Dcmi, card: c_int, chip: c_int, r: &mut DeviceReading) {
     if let Ok(f) = d.sym::<FnPcie>(b"dcmi_get_device_pcie_info_v2\0") {
         let mut p = PcieInfoAll::default();
         // SAFETY: `p` is a zeroed struct of the header's 64-byte layout.
@@ -344,7 +788,6 @@ fn read_chip(src: &DcmiSource, d: &Dcmi, card: c_int, chip: c_int) -> DeviceRead
             ));
         }
     }
-
     if let Ok(f) = d.sym::<FnChip>(b"dcmi_get_device_chip_info\0") {
         let mut c = ChipInfo {
             chip_type: [0; CHIP_NAME_LEN],
@@ -364,8 +807,53 @@ fn read_chip(src: &DcmiSource, d: &Dcmi, card: c_int, chip: c_int) -> DeviceRead
             }
         }
     }
-    r
 }
+
+/// RoCE network health within [`NETWORK_HEALTH_BOUND`], on its own thread: the call
+/// can block for a long time after a card drop (`dcmi.go` `DcGetDeviceNetWorkHealth`).
+/// A call still blocked from an earlier sample is not joined by another.
+fn network_health(
+    d: &Arc<Dcmi>,
+    a: Addr,
+    probe: &Arc<NetProbe>,
+) -> Result<Option<RoceLink>, String> {
+    if probe.busy.swap(true, Ordering::AcqRel) {
+        return Err("network health: an earlier call is still blocked".into());
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let (d2, p2) = (d.clone(), probe.clone());
+    let spawned = std::thread::Builder::new()
+        .name("dcmi-net-health".into())
+        .spawn(move || {
+            let r = d2.uint(
+                a,
+                b"dcmi_get_device_network_health\0",
+                b"dcmiv2_get_device_network_health\0",
+            );
+            p2.busy.store(false, Ordering::Release);
+            let _ = tx.send(r);
+        });
+    if let Err(e) = spawned {
+        probe.busy.store(false, Ordering::Release);
+        return Err(format!("network health: cannot start a thread: {e}"));
+    }
+    match rx.recv_timeout(NETWORK_HEALTH_BOUND) {
+        Ok(Ok((0, v))) => Ok(Some(RoceLink {
+            result: v,
+            up: roce_healthy(v),
+        })),
+        // Not a training card, or no such call in this library.
+        Ok(Ok((NOT_SUPPORTED, _))) | Ok(Err(_)) => Ok(None),
+        Ok(Ok((rc, _))) => Err(format!("network health: dcmi error {rc}")),
+        Err(_) => Err(format!(
+            "network health: no answer within {}s",
+            NETWORK_HEALTH_BOUND.as_secs()
+        )),
+    }
+}
+
+/// "Not ready" answers in a row before a chip is reported lost (one may be a blip).
+const NOT_READY_LOST_AFTER: u32 = 3;
 
 impl Source for DcmiSource {
     fn name(&self) -> &'static str {
@@ -374,41 +862,18 @@ impl Source for DcmiSource {
 
     fn sample(&self, _timeout: Duration) -> Result<SourceSample, ProbeError> {
         let d = self.handle()?;
-        let list = d
-            .sym::<FnCardList>(b"dcmi_get_card_list\0")
-            .map_err(ProbeError::Call)?;
-        let mut n: c_int = 0;
-        let mut cards = [0 as c_int; MAX_CARDS];
-        // SAFETY: the buffer holds MAX_CARDS ints and we say so.
-        rc("dcmi_get_card_list", unsafe {
-            list(&mut n, cards.as_mut_ptr(), MAX_CARDS as c_int)
-        })
-        .map_err(ProbeError::Call)?;
-        let n = (n.max(0) as usize).min(MAX_CARDS);
-        let chips = d
-            .sym::<FnDevNum>(b"dcmi_get_device_num_in_card\0")
-            .map_err(ProbeError::Call)?;
         let mut out = SourceSample::default();
-        for &card in &cards[..n] {
-            let mut m: c_int = 0;
-            // SAFETY: card id and one valid out-pointer.
-            if let Err(e) = rc("dcmi_get_device_num_in_card", unsafe {
-                chips(card, &mut m)
-            }) {
-                let mut r = DeviceReading::new(format!("npu{card}-0"), Vendor::Ascend, "dcmi");
-                r.probe_errors.push(e);
-                out.devices.push(r);
-                continue;
-            }
-            // The plugin accepts 1..=4 chips; an id at or above the count is the MCU.
-            for chip in 0..m.clamp(0, 4) {
-                out.devices.push(read_chip(self, &d, card, chip));
-            }
+        for a in self.addresses(&d, &mut out)? {
+            out.devices.push(read_chip(self, &d, a));
         }
         Ok(out)
     }
 
     fn needs_warm_up(&self) -> bool {
         true
+    }
+
+    fn wake(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.events.then(|| self.wake.clone())
     }
 }

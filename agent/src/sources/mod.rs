@@ -79,6 +79,11 @@ pub trait Source: Send + Sync + 'static {
     fn enforces_timeout(&self) -> bool {
         false
     }
+    /// Notified when the source wants a sample now, before its interval ends (a fault
+    /// event from the vendor library).
+    fn wake(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
 }
 
 /// Where streaming sources deliver what they see and their own up/down status. The

@@ -359,6 +359,7 @@ impl Source for SimSource {
                         level: VendorHealthLevel::Ok,
                         raw: "OK".into(),
                         error_codes: vec![],
+                        graded: vec![],
                     });
                 }
                 _ => {
@@ -428,6 +429,7 @@ impl Source for SimSource {
                             level: VendorHealthLevel::Critical,
                             raw: "Critical".into(),
                             error_codes: vec!["0x80E01801".into()],
+                            graded: vec![],
                         })
                     }
                     FaultKind::Xid => {

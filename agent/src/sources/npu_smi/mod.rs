@@ -26,6 +26,7 @@ pub struct NpuSmiSource {
     samples: Mutex<u64>,
     ecc: Mutex<HashMap<String, EccCounts>>,
     multi_chip: std::sync::atomic::AtomicBool,
+    fault_codes: std::sync::Arc<faultline_common::ascend::Catalog>,
 }
 
 impl NpuSmiSource {
@@ -36,7 +37,17 @@ impl NpuSmiSource {
             samples: Mutex::new(0),
             ecc: Mutex::new(HashMap::new()),
             multi_chip: std::sync::atomic::AtomicBool::new(false),
+            fault_codes: std::sync::Arc::new(faultline_common::ascend::Catalog::builtin().clone()),
         }
+    }
+
+    /// Grade `-t health` codes with this table (the built-in one by default).
+    pub fn with_fault_codes(
+        mut self,
+        fault_codes: std::sync::Arc<faultline_common::ascend::Catalog>,
+    ) -> Self {
+        self.fault_codes = fault_codes;
+        self
     }
 
     fn run(&self, args: &[&str], deadline: Instant) -> Result<String, ProbeError> {
@@ -97,6 +108,7 @@ impl Source for NpuSmiSource {
                         level: VendorHealthLevel::Ok,
                         raw: c.health.clone(),
                         error_codes: vec![],
+                        graded: vec![],
                     })
                 }
                 level => {
@@ -105,13 +117,20 @@ impl Source for NpuSmiSource {
                         .run(&["info", "-t", "health", "-i", &i, "-c", &ch], deadline)
                         .and_then(|t| parser::parse_health(&t).map_err(ProbeError::Parse))
                     {
-                        Ok(h) => r.vendor_health = Some(h),
+                        Ok(mut h) => {
+                            // Graded as MindCluster grades them: the codes decide.
+                            h.graded = self
+                                .fault_codes
+                                .grade_all(h.error_codes.iter().map(String::as_str));
+                            r.vendor_health = Some(h)
+                        }
                         Err(e) => {
                             r.probe_errors.push(format!("health: {e}"));
                             r.vendor_health = level.map(|level| VendorHealth {
                                 level,
                                 raw: c.health.clone(),
                                 error_codes: vec![],
+                                graded: vec![],
                             });
                         }
                     }

@@ -129,6 +129,7 @@ pub fn parse_health(text: &str) -> Result<VendorHealth, String> {
         level,
         raw,
         error_codes: codes,
+        graded: vec![],
     })
 }
 

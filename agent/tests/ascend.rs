@@ -1,0 +1,336 @@
+//! Issue 13, Ascend depth, through the real agent binary and the C double of libdcmi
+//! (`tests/fixtures/dcmi/fake_dcmi.c`): a 950 host (dcmiv2 only), codes graded whatever
+//! the health level, fault events that arrive at once, RoCE health bounded by 1 s,
+//! booting chips, ECC switched off, and one stable id per chip. The behaviour each test
+//! follows is cited from Ascend/mind-cluster and the driver (MINDCLUSTER.md).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn dcmi_agent(state: &StateFile, extra: &[&str], env: &[(&str, &str)]) -> AgentProc {
+    let lib = fake_dcmi().to_str().unwrap().to_string();
+    let mut flags = vec![
+        "--source",
+        "dcmi",
+        "--dcmi-lib",
+        lib.as_str(),
+        "--interval",
+        "100ms",
+        "--timeout",
+        "3s",
+        "--cache-ttl",
+        "5s",
+    ];
+    flags.extend_from_slice(extra);
+    let mut all = vec![("FAKE_DCMI_STATE", state.p())];
+    all.extend_from_slice(env);
+    spawn_agent(&flags, &all)
+}
+
+/// `DetectDcmiApiVersion` (devmanager_common.go): dcmi_init refused (-8255 on a 950
+/// host), dcmiv2_init works; chips are listed list-first by dcmiv2_get_device_list and
+/// named by their physical id (dcmiv2_get_chip_phy_id_by_dev_id).
+#[tokio::test]
+async fn a_950_host_is_served_through_the_v2_api() {
+    let state = StateFile::new(
+        "api=v2\ncard_count=2\n\
+         card.0.chip.0.logic_id=0\ncard.0.chip.0.phy_id=4\ncard.0.chip.0.temp=52\n\
+         card.1.chip.0.logic_id=1\ncard.1.chip.0.phy_id=5\ncard.1.chip.0.health=0\n\
+         card.1.chip.0.errorcodes=8C03A000\n",
+    );
+    let agent = dcmi_agent(&state, &[], &[]);
+    let doc = wait_for(&agent, Duration::from_secs(10), "two chips", |d| {
+        d.npus.len() == 2 && d.summary.unknown == 0
+    })
+    .await;
+    let ids: Vec<&str> = doc.npus.iter().map(|d| d.reading.id.as_str()).collect();
+    assert_eq!(ids, ["npu4", "npu5"]);
+    let n4 = device(&doc, "npu4");
+    assert_eq!(n4.reading.temperature_c, Some(52.0));
+    assert_eq!(n4.status.as_str(), "healthy");
+    let ids4 = n4.reading.ascend.unwrap();
+    assert_eq!(
+        (ids4.phy_id, ids4.logic_id, ids4.card),
+        (Some(4), Some(0), None)
+    );
+    // Health OK, a RestartNPU code: graded by the code, not the level.
+    assert_eq!(
+        status_of(&doc, "npu5"),
+        ("failed".into(), Some("ascend-restart-npu".into()))
+    );
+}
+
+/// MindCluster reads codes whatever the health level (fault_code.go grades by code):
+/// an OK chip with a SeparateNPU code is failed, with a NotHandleFault code healthy
+/// (a finding, no reason), with a code in no table degraded, never failed.
+#[tokio::test]
+async fn codes_are_graded_on_every_sample_whatever_the_health_level() {
+    let state = StateFile::new(
+        "card_count=3\n\
+         card.0.chip.0.errorcodes=80E18402\n\
+         card.1.chip.0.errorcodes=A4025021\n\
+         card.2.chip.0.errorcodes=12345678\n",
+    );
+    let overrides = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(overrides.path(), "# site\nA4025021 SubHealthFault\n").unwrap();
+    let agent = dcmi_agent(&state, &[], &[]);
+    let doc = wait_for(&agent, Duration::from_secs(10), "three chips", |d| {
+        d.npus.len() == 3 && d.summary.unknown == 0
+    })
+    .await;
+    assert_eq!(
+        status_of(&doc, "npu0"),
+        ("failed".into(), Some("ascend-separate-npu".into()))
+    );
+    assert_eq!(status_of(&doc, "npu1"), ("healthy".into(), None));
+    assert_eq!(device(&doc, "npu1").findings[0].code, "ascend-not-handle");
+    assert_eq!(
+        status_of(&doc, "npu2"),
+        ("degraded".into(), Some("ascend-unknown-fault-code".into()))
+    );
+    drop(agent);
+    // A site's table raises A4025021 to SubHealthFault.
+    let path = overrides.path().to_str().unwrap().to_string();
+    let agent = dcmi_agent(&state, &["--ascend-fault-codes", &path], &[]);
+    let doc = wait_for(&agent, Duration::from_secs(10), "three chips", |d| {
+        d.npus.len() == 3 && d.summary.unknown == 0
+    })
+    .await;
+    assert_eq!(
+        status_of(&doc, "npu1"),
+        ("degraded".into(), Some("ascend-subhealth".into()))
+    );
+}
+
+/// dcmi_subscribe_fault_event (manager.go subscribeNpuFaultEvent): an event wakes the
+/// sampler at once; with a 30 s interval the chip is failed within a second of the
+/// event. A refused subscription falls back to polling, and says so in the metrics.
+#[tokio::test]
+async fn a_fault_event_arrives_at_once_and_a_refused_subscription_polls() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events");
+    std::fs::write(&events, "").unwrap();
+    let state = StateFile::new(&format!("card_count=2\nevents_file={}\n", events.display()));
+    let lib = fake_dcmi().to_str().unwrap().to_string();
+    let flags = [
+        "--source",
+        "dcmi",
+        "--dcmi-lib",
+        lib.as_str(),
+        "--interval",
+        "30s",
+        "--cache-ttl",
+        "120s",
+    ];
+    let agent = spawn_agent(&flags, &[("FAKE_DCMI_STATE", state.p())]);
+    // The first reading is discarded (warm-up); the second comes when the event wakes
+    // the sampler, so wait for readiness only through the event below.
+    let m = wait_metrics(
+        &agent,
+        "faultline_agent_fault_event_mode{source=\"dcmi\",mode=\"events\"} 1",
+    )
+    .await;
+    assert!(m.contains("mode=\"polling\"} 0"), "{m}");
+    let t0 = Instant::now();
+    std::fs::write(&events, "1 80E18402 2 1\n").unwrap();
+    let doc = wait_for(
+        &agent,
+        Duration::from_secs(5),
+        "npu1 failed by the event",
+        |d| device_opt(d, "npu1").is_some_and(|n| n.status.as_str() == "failed"),
+    )
+    .await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "the event woke the sampler (interval 30 s)"
+    );
+    assert_eq!(
+        status_of(&doc, "npu1").1.as_deref(),
+        Some("ascend-separate-npu")
+    );
+    assert_eq!(status_of(&doc, "npu0").0, "healthy");
+    let m = request("GET", &agent.url("/metrics"), None).await.body;
+    assert!(
+        m.contains("faultline_agent_fault_events_total{source=\"dcmi\",assertion=\"occur\"} 1"),
+        "{m}"
+    );
+    drop(agent);
+
+    state.set("card_count=2\nsubscribe_error=-8255\n");
+    let agent = spawn_agent(&flags, &[("FAKE_DCMI_STATE", state.p())]);
+    wait_metrics(
+        &agent,
+        "faultline_agent_fault_event_mode{source=\"dcmi\",mode=\"polling\"} 1",
+    )
+    .await;
+}
+
+async fn wait_metrics(agent: &AgentProc, line: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = request("GET", &agent.url("/metrics"), None).await.body;
+        if m.contains(line) {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "no {line} in {m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// dcmi_get_device_network_health: 0 and 6 are up (collector_for_npu.go
+/// getNetworkHealthy); a down link degrades the chip (reason roce-link-down), or fails
+/// it with --roce-link-down failed; a call that blocks is given up after 1 s
+/// (dcmi.go DcGetDeviceNetWorkHealth) and the chip keeps its other readings.
+#[tokio::test]
+async fn roce_link_health_is_bounded_and_graded_by_policy() {
+    let state = StateFile::new(
+        "card_count=3\ncard.0.chip.0.net_health=6\ncard.1.chip.0.net_health=3\n\
+         card.2.chip.0.net_health_hang_ms=20000\n",
+    );
+    let agent = dcmi_agent(&state, &[], &[]);
+    let doc = wait_for(
+        &agent,
+        Duration::from_secs(15),
+        "the hung probe noted",
+        |d| {
+            d.npus.len() == 3
+                && d.summary.unknown == 0
+                && device(d, "npu2")
+                    .reading
+                    .probe_errors
+                    .iter()
+                    .any(|e| e.contains("network health"))
+        },
+    )
+    .await;
+    assert_eq!(
+        status_of(&doc, "npu0").0,
+        "healthy",
+        "6: the probe is starting"
+    );
+    assert_eq!(device(&doc, "npu0").reading.roce.unwrap().result, 6);
+    assert_eq!(
+        status_of(&doc, "npu1"),
+        ("degraded".into(), Some("roce-link-down".into()))
+    );
+    let n2 = device(&doc, "npu2");
+    assert_eq!(
+        n2.status.as_str(),
+        "healthy",
+        "a blocked probe is no verdict"
+    );
+    assert!(n2.reading.temperature_c.is_some());
+    drop(agent);
+    let agent = dcmi_agent(&state, &["--roce-link-down", "failed"], &[]);
+    let doc = wait_for(&agent, Duration::from_secs(15), "npu1 graded", |d| {
+        d.npus.len() == 3 && status_of(d, "npu1").1.as_deref() == Some("roce-link-down")
+    })
+    .await;
+    assert_eq!(status_of(&doc, "npu1").0, "failed");
+}
+
+/// dcmi_get_device_boot_status below 16 (DCMI_SYSTEM_START_FINISH, the value Huawei's
+/// plugin waits for after a reset): the chip is booting, unknown, never failed, even
+/// when it also reports critical health.
+#[tokio::test]
+async fn a_booting_chip_is_unknown_until_it_has_started() {
+    let state =
+        StateFile::new("card_count=2\ncard.1.chip.0.boot_status=2\ncard.1.chip.0.health=3\n");
+    let agent = dcmi_agent(&state, &[], &[]);
+    let doc = wait_for(&agent, Duration::from_secs(10), "npu1 booting", |d| {
+        d.npus.len() == 2 && status_of(d, "npu1").1.as_deref() == Some("booting")
+    })
+    .await;
+    assert_eq!(status_of(&doc, "npu1").0, "unknown");
+    assert!(device(&doc, "npu1").reading.booting);
+    state.set("card_count=2\n");
+    wait_for(&agent, Duration::from_secs(10), "npu1 started", |d| {
+        status_of(d, "npu1").0 == "healthy"
+    })
+    .await;
+}
+
+/// ECC switched off (enable_flag 0) is no reading, not zero errors; an HBM read error
+/// other than -8255 is reported, not hidden by asking DDR (the library's support
+/// matrix: dcmi_inner_info_get.c).
+#[tokio::test]
+async fn ecc_switched_off_is_no_reading_and_an_hbm_error_is_not_hidden() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("calls.log");
+    let state = StateFile::new(
+        "card_count=2\ncard.0.chip.0.ecc.enable=0\ncard.0.chip.0.ecc.double=7\n\
+         card.1.chip.0.error.dcmi_get_device_ecc_info=-8005\n",
+    );
+    let agent = dcmi_agent(&state, &[], &[("FAKE_DCMI_LOG", log.to_str().unwrap())]);
+    let doc = wait_for(&agent, Duration::from_secs(10), "two chips", |d| {
+        d.npus.len() == 2 && d.summary.unknown == 0
+    })
+    .await;
+    let n0 = device(&doc, "npu0");
+    assert_eq!(n0.reading.ecc, None, "switched off: no counters");
+    assert_eq!(n0.status.as_str(), "healthy");
+    let n1 = device(&doc, "npu1");
+    assert!(
+        n1.reading
+            .probe_errors
+            .iter()
+            .any(|e| e == "ecc (hbm): dcmi error -8005"),
+        "{:?}",
+        n1.reading.probe_errors
+    );
+    // Only HBM was asked (the fake logs the card; the type is not logged, so count).
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let ecc_calls_chip1 = calls
+        .lines()
+        .filter(|l| *l == "dcmi_get_device_ecc_info 1 0")
+        .count();
+    let health_calls_chip1 = calls
+        .lines()
+        .filter(|l| *l == "dcmi_get_device_health 1 0")
+        .count();
+    assert!(
+        ecc_calls_chip1 <= health_calls_chip1,
+        "one ECC call per sample: {ecc_calls_chip1} for {health_calls_chip1} samples"
+    );
+}
+
+/// One id per chip, its physical id (npu-exporter keys chips by it), learned once:
+/// a later failed lookup does not rename the chip; logic id, card and chip are kept.
+#[tokio::test]
+async fn a_chip_keeps_its_physical_id_through_a_failed_lookup() {
+    let state = StateFile::new(
+        "card_count=2\ncard.0.chip.0.logic_id=1\ncard.0.chip.0.phy_id=6\n\
+         card.1.chip.0.logic_id=0\ncard.1.chip.0.phy_id=7\n",
+    );
+    let agent = dcmi_agent(&state, &[], &[]);
+    let doc = wait_for(&agent, Duration::from_secs(10), "two chips", |d| {
+        d.npus.len() == 2 && d.summary.unknown == 0
+    })
+    .await;
+    let ids: Vec<&str> = doc.npus.iter().map(|d| d.reading.id.as_str()).collect();
+    assert_eq!(ids, ["npu6", "npu7"]);
+    let a = device(&doc, "npu6").reading.ascend.unwrap();
+    assert_eq!((a.logic_id, a.card, a.chip), (Some(1), Some(0), Some(0)));
+    state.set(
+        "card_count=2\ncard.0.chip.0.logic_id=1\ncard.0.chip.0.phy_id=6\n\
+         card.1.chip.0.logic_id=0\ncard.1.chip.0.phy_id=7\n\
+         error.dcmi_get_device_logic_id=-8005\nerror.dcmi_get_device_phyid_from_logicid=-8005\n\
+         card.0.chip.0.temp=71\n",
+    );
+    let doc = wait_for(&agent, Duration::from_secs(10), "a new sample", |d| {
+        device_opt(d, "npu6").is_some_and(|n| n.reading.temperature_c == Some(71.0))
+    })
+    .await;
+    let ids: Vec<&str> = doc.npus.iter().map(|d| d.reading.id.as_str()).collect();
+    assert_eq!(ids, ["npu6", "npu7"], "the lookups failed; the ids stay");
+}
+
+fn device_opt<'a>(
+    doc: &'a faultline_common::NodeHealth,
+    id: &str,
+) -> Option<&'a faultline_common::DeviceHealth> {
+    doc.npus.iter().find(|d| d.reading.id == id)
+}

@@ -1,0 +1,370 @@
+//! Ascend fault codes graded as MindCluster's device plugin grades them (issue 13).
+//!
+//! A chip reports fault codes (DCMI `dcmi_get_device_errorcode_v2`, npu-smi `-t health`)
+//! whatever its health level says; the plugin decides what to do from the codes, each
+//! listed at a level in `faultCode.json` (NotHandleFault ... SeparateNPU). The table is
+//! `ascend_fault_codes.tsv`, one row per code with its level, our status, the reason and
+//! the source; a site overrides rows with a file of the same columns.
+//!
+//! One difference, on purpose: the plugin separates a chip on a code it has never seen
+//! (unless the fault event said the severity was minor); we call it degraded, reason
+//! `ascend-unknown-fault-code`, since we never fail a device on a guess.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::reading::DeviceStatus;
+
+const CATALOG_TSV: &str = include_str!("ascend_fault_codes.tsv");
+
+/// The reason of a code in no row.
+pub const UNKNOWN_CODE_REASON: &str = "ascend-unknown-fault-code";
+
+/// MindCluster's fault levels, least severe first (`getMostSeriousFaultType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Level {
+    /// Nothing to do.
+    NotHandleFault,
+    /// Sub-health: keep watching.
+    SubHealthFault,
+    /// The job should be restarted.
+    RestartRequest,
+    /// The business (job) must be restarted.
+    RestartBusiness,
+    /// Reset the NPU once it is free.
+    FreeRestartNPU,
+    /// Reset the NPU now.
+    RestartNPU,
+    /// Isolate the NPU once its job ends.
+    PreSeparateNPU,
+    /// Isolate the NPU.
+    SeparateNPU,
+    /// Isolated until a person says otherwise (the plugin's frequency rules).
+    ManuallySeparateNPU,
+}
+
+impl Level {
+    /// The plugin's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::NotHandleFault => "NotHandleFault",
+            Level::SubHealthFault => "SubHealthFault",
+            Level::RestartRequest => "RestartRequest",
+            Level::RestartBusiness => "RestartBusiness",
+            Level::FreeRestartNPU => "FreeRestartNPU",
+            Level::RestartNPU => "RestartNPU",
+            Level::PreSeparateNPU => "PreSeparateNPU",
+            Level::SeparateNPU => "SeparateNPU",
+            Level::ManuallySeparateNPU => "ManuallySeparateNPU",
+        }
+    }
+
+    /// Parse the plugin's name.
+    pub fn parse(s: &str) -> Option<Level> {
+        [
+            Level::NotHandleFault,
+            Level::SubHealthFault,
+            Level::RestartRequest,
+            Level::RestartBusiness,
+            Level::FreeRestartNPU,
+            Level::RestartNPU,
+            Level::PreSeparateNPU,
+            Level::SeparateNPU,
+            Level::ManuallySeparateNPU,
+        ]
+        .into_iter()
+        .find(|l| l.as_str() == s)
+    }
+
+    /// Our status for a level, where a row does not say: the chip must not take work
+    /// (failed) for RestartNPU and the separations; PreSeparateNPU and FreeRestartNPU,
+    /// which the plugin keeps in use until the job ends, and the restarts and
+    /// sub-health are degraded; NotHandleFault is a finding on a healthy chip.
+    pub fn default_status(self) -> DeviceStatus {
+        match self {
+            Level::NotHandleFault => DeviceStatus::Healthy,
+            Level::SubHealthFault
+            | Level::RestartRequest
+            | Level::RestartBusiness
+            | Level::FreeRestartNPU
+            | Level::PreSeparateNPU => DeviceStatus::Degraded,
+            Level::RestartNPU | Level::SeparateNPU | Level::ManuallySeparateNPU => {
+                DeviceStatus::Failed
+            }
+        }
+    }
+
+    /// Our reason for a level, where a row does not say.
+    pub fn default_reason(self) -> &'static str {
+        match self {
+            Level::NotHandleFault => "ascend-not-handle",
+            Level::SubHealthFault => "ascend-subhealth",
+            Level::RestartRequest => "ascend-restart-request",
+            Level::RestartBusiness => "ascend-restart-business",
+            Level::FreeRestartNPU => "ascend-free-restart-npu",
+            Level::RestartNPU => "ascend-restart-npu",
+            Level::PreSeparateNPU => "ascend-pre-separate-npu",
+            Level::SeparateNPU => "ascend-separate-npu",
+            Level::ManuallySeparateNPU => "ascend-manually-separate-npu",
+        }
+    }
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// MindCluster's level.
+    pub level: Level,
+    /// Our status.
+    pub status: DeviceStatus,
+    /// Our reason.
+    pub reason: String,
+}
+
+/// One code of a chip, graded: what the agent serves next to the code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GradedCode {
+    /// The code, upper-case hex (`8C03A000`).
+    pub code: String,
+    /// MindCluster's level; `null` for a code in no row.
+    pub level: Option<Level>,
+    /// What it makes of the chip.
+    pub status: DeviceStatus,
+    /// Why.
+    pub reason: String,
+}
+
+/// The table: the built-in rows, with a site's overrides on top.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Catalog {
+    rows: BTreeMap<u32, Row>,
+}
+
+fn parse_status(s: &str) -> Option<DeviceStatus> {
+    match s {
+        "failed" => Some(DeviceStatus::Failed),
+        "degraded" => Some(DeviceStatus::Degraded),
+        "healthy" => Some(DeviceStatus::Healthy),
+        _ => None,
+    }
+}
+
+/// A code as the vendor prints it (`8C03A000`, `0x8c03a000`), as a number.
+pub fn parse_code(s: &str) -> Option<u32> {
+    let s = s.trim();
+    let s = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    if s.is_empty() || s.len() > 8 {
+        return None;
+    }
+    u32::from_str_radix(s, 16).ok()
+}
+
+impl Catalog {
+    /// The built-in table (`ascend_fault_codes.tsv`).
+    pub fn builtin() -> &'static Catalog {
+        static C: std::sync::OnceLock<Catalog> = std::sync::OnceLock::new();
+        C.get_or_init(|| {
+            let mut c = Catalog {
+                rows: BTreeMap::new(),
+            };
+            c.apply(CATALOG_TSV)
+                .expect("the built-in Ascend fault-code table parses");
+            c
+        })
+    }
+
+    /// The built-in table with `overrides` (the same columns: `code level [status
+    /// [reason]]`, tab or space separated, `#` comments) applied on top.
+    pub fn with_overrides(overrides: &str) -> Result<Catalog, String> {
+        let mut c = Catalog::builtin().clone();
+        c.apply(overrides)?;
+        Ok(c)
+    }
+
+    fn apply(&mut self, text: &str) -> Result<(), String> {
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let f: Vec<&str> = if line.contains('\t') {
+                line.split('\t').map(str::trim).collect()
+            } else {
+                line.split_whitespace().collect()
+            };
+            let bad = |what: &str| format!("line {}: {what}: {line:?}", n + 1);
+            let code = f
+                .first()
+                .and_then(|c| parse_code(c))
+                .ok_or_else(|| bad("not a 32-bit hex code"))?;
+            let level = f
+                .get(1)
+                .and_then(|l| Level::parse(l))
+                .ok_or_else(|| bad("unknown level (NotHandleFault ... ManuallySeparateNPU)"))?;
+            let status = match f.get(2).filter(|s| !s.is_empty()) {
+                Some(s) => {
+                    parse_status(s).ok_or_else(|| bad("status: failed, degraded or healthy"))?
+                }
+                None => level.default_status(),
+            };
+            let reason = f
+                .get(3)
+                .filter(|s| !s.is_empty())
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| level.default_reason().to_string());
+            if reason.len() > 64
+                || !reason
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-')
+            {
+                return Err(bad("reason: at most 64 of [a-zA-Z0-9-]"));
+            }
+            self.rows.insert(
+                code,
+                Row {
+                    level,
+                    status,
+                    reason,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// The row of `code`, if there is one.
+    pub fn row(&self, code: u32) -> Option<&Row> {
+        self.rows.get(&code)
+    }
+
+    /// Rows in the table.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Grade one code.
+    pub fn grade(&self, code: u32) -> GradedCode {
+        match self.row(code) {
+            Some(r) => GradedCode {
+                code: format!("{code:08X}"),
+                level: Some(r.level),
+                status: r.status,
+                reason: r.reason.clone(),
+            },
+            None => GradedCode {
+                code: format!("{code:08X}"),
+                level: None,
+                status: DeviceStatus::Degraded,
+                reason: UNKNOWN_CODE_REASON.to_string(),
+            },
+        }
+    }
+
+    /// Grade the codes a chip reported (as printed), skipping what is not a code;
+    /// the worst first.
+    pub fn grade_all<'a>(&self, codes: impl IntoIterator<Item = &'a str>) -> Vec<GradedCode> {
+        let mut out: Vec<GradedCode> = codes
+            .into_iter()
+            .filter_map(parse_code)
+            .filter(|c| *c != 0)
+            .map(|c| self.grade(c))
+            .collect();
+        out.sort_by_key(|g| {
+            (
+                std::cmp::Reverse(status_rank(g.status)),
+                std::cmp::Reverse(g.level),
+            )
+        });
+        out.dedup_by(|a, b| a.code == b.code);
+        out
+    }
+}
+
+fn status_rank(s: DeviceStatus) -> u8 {
+    match s {
+        DeviceStatus::Healthy => 0,
+        DeviceStatus::Unknown => 1,
+        DeviceStatus::Degraded => 2,
+        DeviceStatus::Failed => 3,
+    }
+}
+
+/// RoCE network health as `dcmi_get_device_network_health` reports it
+/// (`enum dcmi_rdfx_detect_result`): 0 (OK) and 6 (the detection task is starting)
+/// count as healthy, as in npu-exporter's `getNetworkHealthy`.
+pub fn roce_healthy(result: u32) -> bool {
+    matches!(result, 0 | 6)
+}
+
+/// `dcmi_get_device_boot_status`: only 16 (`DCMI_SYSTEM_START_FINISH`) is started; 0-3
+/// are still booting (Huawei's plugin waits for 16 after a reset).
+pub const BOOT_FINISHED: u32 = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_has_every_level_and_the_plugins_precedence() {
+        let c = Catalog::builtin();
+        assert!(c.len() > 790, "{}", c.len());
+        // npu-smi's example (MINDCLUSTER.md 10.1): A4025021 NotHandle, 8C03A000
+        // RestartNPU, 8C084E00 FreeRestartNPU: the chip is failed for RestartNPU.
+        let g = c.grade_all(["A4025021", "8C03A000", "8C084E00"]);
+        assert_eq!(g[0].code, "8C03A000");
+        assert_eq!(g[0].level, Some(Level::RestartNPU));
+        assert_eq!(g[0].status, DeviceStatus::Failed);
+        assert_eq!(g[1].level, Some(Level::FreeRestartNPU));
+        assert_eq!(g[1].status, DeviceStatus::Degraded);
+        assert_eq!(g[2].status, DeviceStatus::Healthy);
+        // A2301001 is in RestartBusiness and SeparateNPU: the most severe wins.
+        assert_eq!(c.grade(0xA230_1001).level, Some(Level::SeparateNPU));
+        assert_eq!(c.grade(0x40F8_4E00).reason, "card-drop");
+    }
+
+    #[test]
+    fn an_unknown_code_is_degraded_never_failed() {
+        let g = Catalog::builtin().grade(0x1234_5678);
+        assert_eq!((g.level, g.status), (None, DeviceStatus::Degraded));
+        assert_eq!(g.reason, UNKNOWN_CODE_REASON);
+    }
+
+    #[test]
+    fn a_site_overrides_levels_and_bad_lines_are_refused() {
+        let c = Catalog::with_overrides(
+            "# ours\n8C084E00 SeparateNPU\n0x12345678\tRestartNPU\tdegraded\tsite-thing\n",
+        )
+        .unwrap();
+        assert_eq!(c.grade(0x8C08_4E00).status, DeviceStatus::Failed);
+        let g = c.grade(0x1234_5678);
+        assert_eq!(
+            (g.status, g.reason.as_str()),
+            (DeviceStatus::Degraded, "site-thing")
+        );
+        assert!(Catalog::with_overrides("XYZ SeparateNPU").is_err());
+        assert!(Catalog::with_overrides("8C084E00 Broken").is_err());
+        assert!(Catalog::with_overrides("8C084E00 SeparateNPU sick").is_err());
+        assert!(Catalog::with_overrides("8C084E00 SeparateNPU failed bad/reason").is_err());
+    }
+
+    #[test]
+    fn codes_parse_as_printed() {
+        assert_eq!(parse_code("8C03A000"), Some(0x8C03_A000));
+        assert_eq!(parse_code("0x8c03a000"), Some(0x8C03_A000));
+        assert_eq!(
+            parse_code("200001002"),
+            None,
+            "the plugin's synthetic codes"
+        );
+        assert_eq!(parse_code("NA"), None);
+        assert!(roce_healthy(0) && roce_healthy(6) && !roce_healthy(3));
+    }
+}
