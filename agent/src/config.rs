@@ -151,6 +151,10 @@ pub struct Args {
     /// the built-in MindCluster table (common/src/ascend_fault_codes.tsv).
     #[arg(long, env = "FAULTLINE_ASCEND_FAULT_CODES")]
     pub ascend_fault_codes: Option<PathBuf>,
+    /// Where the Ascend `davinciN` device nodes are (npu-smi names chips by their
+    /// physical id, the N).
+    #[arg(long, env = "FAULTLINE_DAVINCI_DIR", default_value = "/dev")]
+    pub davinci_dir: PathBuf,
     /// What a RoCE link that is down makes of an Ascend chip: degraded or failed.
     #[arg(long, env = "FAULTLINE_ROCE_LINK_DOWN", default_value = "degraded")]
     pub roce_link_down: String,
@@ -184,6 +188,7 @@ pub struct Config {
     pub log_json: bool,
     /// The Ascend fault-code table in force (built-in, with the site's overrides).
     pub fault_codes: std::sync::Arc<faultline_common::ascend::Catalog>,
+    pub davinci_dir: PathBuf,
 }
 
 fn duration(flag: &str, v: &str) -> anyhow::Result<Duration> {
@@ -361,6 +366,7 @@ impl Config {
                     v => bail!("--roce-link-down {v:?}: expected degraded or failed"),
                 },
             },
+            davinci_dir: a.davinci_dir.clone(),
             fault_codes: std::sync::Arc::new(match &a.ascend_fault_codes {
                 Some(p) => {
                     let text = std::fs::read_to_string(p)

@@ -102,7 +102,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
             )),
             SourceKind::NpuSmi => polled.push(Arc::new(
                 sources::npu_smi::NpuSmiSource::new(cfg.npu_smi.clone())
-                    .with_fault_codes(cfg.fault_codes.clone()),
+                    .with_fault_codes(cfg.fault_codes.clone())
+                    .with_davinci_dir(cfg.davinci_dir.clone()),
             )),
             SourceKind::Exec => {
                 let argv = cfg.exec.clone().context("exec source without --exec")?;

@@ -334,3 +334,126 @@ fn device_opt<'a>(
 ) -> Option<&'a faultline_common::DeviceHealth> {
     doc.npus.iter().find(|d| d.reading.id == id)
 }
+
+/// The `dcmi` and `npu-smi` sources name a chip alike: `npu<physical id>`. DCMI asks
+/// dcmi_get_device_phyid_from_logicid; npu-smi asks `info -t phyid-remap -p N` for each
+/// /dev/davinciN (npu_chip_info.c; the node index is the physical id).
+#[tokio::test]
+async fn the_dcmi_and_npu_smi_sources_name_a_chip_alike() {
+    let state = StateFile::new(
+        "card_count=2\ncard.0.chip.0.logic_id=0\ncard.0.chip.0.phy_id=4\n\
+         card.1.chip.0.logic_id=1\ncard.1.chip.0.phy_id=5\n",
+    );
+    let by_dcmi = dcmi_agent(&state, &[], &[]);
+    let doc = wait_for(&by_dcmi, Duration::from_secs(10), "two chips", |d| {
+        d.npus.len() == 2
+    })
+    .await;
+    let dcmi_ids: Vec<String> = doc.npus.iter().map(|d| d.reading.id.clone()).collect();
+
+    // The same host through npu-smi: NPU 0 and 1 in the table, davinci4 and davinci5.
+    let tools = tempfile::tempdir().unwrap();
+    let table: String = std::fs::read_to_string(test_path("data/npu-smi/info_910b_8.txt"))
+        .unwrap()
+        .lines()
+        .take(12)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(tools.path().join("info.txt"), table).unwrap();
+    let dev = tools.path().join("dev");
+    std::fs::create_dir(&dev).unwrap();
+    for (phy, npu) in [(4, 0), (5, 1)] {
+        std::fs::write(dev.join(format!("davinci{phy}")), "").unwrap();
+        std::fs::write(
+            tools.path().join(format!("phyid-remap_{phy}.txt")),
+            format!(
+                "\t{:<30}:{phy}\n\t{:<30}:{npu}\n\t{:<30}:{npu}\n\t{:<30}:0\n",
+                "Chip Physical ID", "Chip Logic ID", "NPU ID", "Chip ID"
+            ),
+        )
+        .unwrap();
+    }
+    std::fs::write(dev.join("davinci_manager"), "").unwrap();
+    let smi = test_path("fixtures/bin/npu-smi");
+    let by_smi = spawn_agent(
+        &[
+            "--source",
+            "npu-smi",
+            "--npu-smi",
+            smi.to_str().unwrap(),
+            "--davinci-dir",
+            dev.to_str().unwrap(),
+            "--interval",
+            "100ms",
+            "--timeout",
+            "3s",
+        ],
+        &[("FAKE_TOOL_DIR", tools.path().to_str().unwrap())],
+    );
+    let doc = wait_for(&by_smi, Duration::from_secs(15), "two chips", |d| {
+        d.npus.len() == 2
+    })
+    .await;
+    let smi_ids: Vec<String> = doc.npus.iter().map(|d| d.reading.id.clone()).collect();
+    assert_eq!(dcmi_ids, ["npu4", "npu5"]);
+    assert_eq!(
+        smi_ids, dcmi_ids,
+        "one name per chip, whichever source reads it"
+    );
+    let a = device(&doc, "npu5").reading.ascend.unwrap();
+    assert_eq!((a.phy_id, a.card, a.chip), (Some(5), Some(1), Some(0)));
+}
+
+/// A real `-t health` output with three codes (mind-cluster's faultdiag test data,
+/// tests/data/npu-smi/SOURCES.md), graded by the npu-smi source with the same table:
+/// RestartNPU (8C03A000) wins over FreeRestartNPU and NotHandleFault.
+#[tokio::test]
+async fn npu_smi_grades_a_real_health_output_like_dcmi() {
+    let tools = tempfile::tempdir().unwrap();
+    let info =
+        std::fs::read_to_string(test_path("data/npu-smi/info_910b_8_npu3_alarm.txt")).unwrap();
+    std::fs::write(tools.path().join("info.txt"), info).unwrap();
+    std::fs::write(
+        tools.path().join("health_3_0.txt"),
+        std::fs::read_to_string(test_path("data/npu-smi/health_alarm_three_codes_910.txt"))
+            .unwrap(),
+    )
+    .unwrap();
+    let smi = test_path("fixtures/bin/npu-smi");
+    let agent = spawn_agent(
+        &[
+            "--source",
+            "npu-smi",
+            "--npu-smi",
+            smi.to_str().unwrap(),
+            "--interval",
+            "100ms",
+            "--timeout",
+            "3s",
+        ],
+        &[("FAKE_TOOL_DIR", tools.path().to_str().unwrap())],
+    );
+    let doc = wait_for(&agent, Duration::from_secs(15), "npu3 graded", |d| {
+        device_opt(d, "npu3").is_some_and(|n| n.reading.vendor_health.is_some())
+    })
+    .await;
+    assert_eq!(
+        status_of(&doc, "npu3"),
+        ("failed".into(), Some("ascend-restart-npu".into()))
+    );
+    let g = &device(&doc, "npu3")
+        .reading
+        .vendor_health
+        .as_ref()
+        .unwrap()
+        .graded;
+    let levels: Vec<_> = g.iter().map(|g| g.level.map(|l| l.as_str())).collect();
+    assert_eq!(
+        levels,
+        [
+            Some("RestartNPU"),
+            Some("FreeRestartNPU"),
+            Some("NotHandleFault")
+        ]
+    );
+}

@@ -4,6 +4,12 @@
 //! not OK are asked `-t health` for their error codes; ECC counters (`-t ecc`) are
 //! refreshed every [`ECC_EVERY`] samples, since each call is a process start; `-t common`
 //! fills in a temperature the table left out. Every call shares the sample's deadline.
+//!
+//! Chips are named by physical id (`npu<phy>`), as the `dcmi` source and npu-exporter
+//! name them: from the table's `Phy-ID` column (Atlas A3), else from
+//! `npu-smi info -t phyid-remap -p N` for each `/dev/davinciN` (the davinci node index is
+//! the physical id; npu-smi refuses an N without its node), asked once and kept. Where
+//! neither answers, the NPU id (`npuN`, `npuN-C` for several chips) as before.
 
 pub mod parser;
 
@@ -27,6 +33,12 @@ pub struct NpuSmiSource {
     ecc: Mutex<HashMap<String, EccCounts>>,
     multi_chip: std::sync::atomic::AtomicBool,
     fault_codes: std::sync::Arc<faultline_common::ascend::Catalog>,
+    /// Where the `davinciN` device nodes are (`/dev`).
+    davinci_dir: std::path::PathBuf,
+    /// (NPU, chip) -> physical id, once learned.
+    phys: Mutex<HashMap<(u32, u32), u32>>,
+    /// When the davinci nodes were last asked (at most once a minute).
+    phy_scan: Mutex<Option<Instant>>,
 }
 
 impl NpuSmiSource {
@@ -38,7 +50,69 @@ impl NpuSmiSource {
             ecc: Mutex::new(HashMap::new()),
             multi_chip: std::sync::atomic::AtomicBool::new(false),
             fault_codes: std::sync::Arc::new(faultline_common::ascend::Catalog::builtin().clone()),
+            davinci_dir: std::path::PathBuf::from("/dev"),
+            phys: Mutex::new(HashMap::new()),
+            phy_scan: Mutex::new(None),
         }
+    }
+
+    /// Where the `davinciN` device nodes are (default `/dev`).
+    pub fn with_davinci_dir(mut self, dir: std::path::PathBuf) -> Self {
+        self.davinci_dir = dir;
+        self
+    }
+
+    /// Learn the physical ids of `chips`: the table's, else `phyid-remap` for each
+    /// davinci node (once, then at most once a minute while a chip is missing).
+    fn learn_phys(&self, chips: &[parser::InfoChip], deadline: Instant) -> Option<String> {
+        let mut phys = self.phys.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for c in chips {
+            if let Some(p) = c.phy {
+                phys.entry((c.npu, c.chip)).or_insert(p);
+            }
+        }
+        let missing = chips.iter().any(|c| !phys.contains_key(&(c.npu, c.chip)));
+        let due = {
+            let mut last = self.phy_scan.lock().unwrap_or_else(|p| p.into_inner());
+            let due = missing && last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
+            if due {
+                *last = Some(Instant::now());
+            }
+            due
+        };
+        let mut err = None;
+        if due {
+            let nodes: Vec<u32> = std::fs::read_dir(&self.davinci_dir)
+                .map(|d| {
+                    d.filter_map(|e| e.ok())
+                        .filter_map(|e| {
+                            e.file_name()
+                                .to_str()?
+                                .strip_prefix("davinci")?
+                                .parse::<u32>()
+                                .ok()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            for n in nodes.into_iter().filter(|n| *n < 256) {
+                if phys.values().any(|p| *p == n) {
+                    continue;
+                }
+                let p = n.to_string();
+                match self
+                    .run(&["info", "-t", "phyid-remap", "-p", &p], deadline)
+                    .and_then(|t| parser::parse_phyid_remap(&t).map_err(ProbeError::Parse))
+                {
+                    Ok((phy, npu, chip)) => {
+                        phys.entry((npu, chip)).or_insert(phy);
+                    }
+                    Err(e) => err = Some(format!("physical id of davinci{n}: {e}")),
+                }
+            }
+        }
+        *self.phys.lock().unwrap_or_else(|p| p.into_inner()) = phys;
+        err
     }
 
     /// Grade `-t health` codes with this table (the built-in one by default).
@@ -83,16 +157,32 @@ impl Source for NpuSmiSource {
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
         let multi_chip = self.multi_chip.load(std::sync::atomic::Ordering::Relaxed);
+        let phy_error = self.learn_phys(&chips, deadline);
+        let phys = self.phys.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let any_phy = chips.iter().any(|c| phys.contains_key(&(c.npu, c.chip)));
         let mut out = SourceSample::default();
         for c in chips {
-            let id = if multi_chip {
-                format!("npu{}-{}", c.npu, c.chip)
-            } else {
-                format!("npu{}", c.npu)
+            let phy = phys.get(&(c.npu, c.chip)).copied();
+            // One name per chip, the dcmi source's: its physical id. A chip whose id
+            // is not known while others' are gets `npuN-C`, which no physical name
+            // can collide with.
+            let id = match phy {
+                Some(p) => format!("npu{p}"),
+                None if multi_chip || any_phy => format!("npu{}-{}", c.npu, c.chip),
+                None => format!("npu{}", c.npu),
             };
             let (i, ch) = (c.npu.to_string(), c.chip.to_string());
             let mut r = DeviceReading::new(id.clone(), Vendor::Ascend, "npu-smi");
-            r.index = Some(c.npu);
+            r.index = phy.or(Some(c.npu));
+            r.ascend = Some(faultline_common::AscendIds {
+                phy_id: phy,
+                logic_id: None,
+                card: i32::try_from(c.npu).ok(),
+                chip: i32::try_from(c.chip).ok(),
+            });
+            if let (None, Some(e)) = (phy, &phy_error) {
+                r.probe_errors.push(e.clone());
+            }
             r.name = Some(c.name);
             r.pci_bus_id = c.bus_id;
             r.power_w = c.power_w;

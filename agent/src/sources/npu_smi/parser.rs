@@ -20,6 +20,9 @@ pub struct InfoChip {
     pub temp_c: Option<f64>,
     /// Bus id, normalised.
     pub bus_id: Option<String>,
+    /// Physical id, where the table prints one (`Chip  Phy-ID` on Atlas A3,
+    /// `npu_info_print.c`).
+    pub phy: Option<u32>,
 }
 
 /// Map the Health word to a level. `None` for words we do not know.
@@ -42,10 +45,16 @@ pub fn parse_info(text: &str) -> Result<Vec<InfoChip>, String> {
     let mut out = Vec::new();
     // The first row of a chip, waiting for its second row.
     let mut pending: Option<InfoChip> = None;
+    // The second header row names the second number of a chip's second row: `Phy-ID`
+    // (A3) or `Device` (310P); 910B prints the chip alone.
+    let mut phy_column = false;
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if !line.starts_with('|') {
             continue;
+        }
+        if line.starts_with("| Chip") && line.contains("Bus-Id") {
+            phy_column = line.contains("Phy-ID");
         }
         let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
         if cells.len() < 3 {
@@ -74,6 +83,7 @@ pub fn parse_info(text: &str) -> Result<Vec<InfoChip>, String> {
                     power_w: metrics.first().and_then(|s| number(s)),
                     temp_c: metrics.get(1).and_then(|s| number(s)),
                     bus_id: None,
+                    phy: None,
                 });
             }
             Some(mut chip) => {
@@ -83,6 +93,9 @@ pub fn parse_info(text: &str) -> Result<Vec<InfoChip>, String> {
                     return Err(format!("line {}: {:?} is not a bus id", n + 1, cells[1]));
                 }
                 chip.chip = lead;
+                if phy_column {
+                    chip.phy = first.get(1).and_then(|w| w.parse().ok());
+                }
                 out.push(chip);
             }
         }
@@ -101,6 +114,26 @@ fn fields(text: &str) -> impl Iterator<Item = (&str, &str)> {
         let (k, v) = l.split_once(':')?;
         Some((k.trim(), v.trim()))
     })
+}
+
+/// Parse `npu-smi info -t phyid-remap -p PHY` (`npu_chip_info.c`: `Chip Physical ID`,
+/// `Chip Logic ID`, `NPU ID`, `Chip ID`, each `"\t%-30s:%lu"`): (NPU, chip) of the
+/// physical id asked.
+pub fn parse_phyid_remap(text: &str) -> Result<(u32, u32, u32), String> {
+    let (mut phy, mut npu, mut chip) = (None, None, None);
+    for (k, v) in fields(text) {
+        let v = v.parse::<u32>().ok();
+        match k {
+            "Chip Physical ID" | "Chip Phy-ID" => phy = v,
+            "NPU ID" => npu = v,
+            "Chip ID" => chip = v,
+            _ => {}
+        }
+    }
+    match (phy, npu, chip) {
+        (Some(p), Some(n), Some(c)) => Ok((p, n, c)),
+        _ => Err(format!("no physical id, NPU ID and Chip ID in {text:?}")),
+    }
 }
 
 /// Parse `npu-smi info -t health -i N -c C`.
@@ -191,6 +224,25 @@ mod tests {
             env!("CARGO_MANIFEST_DIR")
         );
         std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
+    }
+
+    #[test]
+    fn the_a3_table_names_physical_ids_and_phyid_remap_maps_them() {
+        let c = parse_info(&data("info_a3_2chip_16.txt")).unwrap();
+        let phys: Vec<Option<u32>> = c.iter().map(|c| c.phy).collect();
+        assert_eq!(phys[..4], [Some(0), Some(1), Some(2), Some(3)]);
+        let b = parse_info(&data("info_910b_8.txt")).unwrap();
+        assert!(
+            b.iter().all(|c| c.phy.is_none()),
+            "910B prints no physical id"
+        );
+        // `"\t%-30s:%lu\n"` as npu_chip_info.c prints it.
+        let text = format!(
+            "\t{:<30}:5\n\t{:<30}:1\n\t{:<30}:1\n\t{:<30}:0\n",
+            "Chip Physical ID", "Chip Logic ID", "NPU ID", "Chip ID"
+        );
+        assert_eq!(parse_phyid_remap(&text), Ok((5, 1, 0)));
+        assert!(parse_phyid_remap("Error: no such device").is_err());
     }
 
     #[test]
