@@ -52,6 +52,12 @@ pub struct Metrics {
     invalid_keys: Counter,
     lease_held: Family<ShardLabel, Gauge>,
     lease_errors: Counter,
+    shards_held: Gauge,
+    live_replicas: Gauge,
+    nodes_followed: Gauge,
+    rebalances: Counter,
+    takeovers: Counter,
+    seeded_devices: Counter,
     discovery_errors: Counter,
     devices_forgotten: Counter,
     nodes_refused: Counter,
@@ -127,6 +133,12 @@ impl Metrics {
             invalid_keys: Counter::default(),
             lease_held: Family::default(),
             lease_errors: Counter::default(),
+            shards_held: Gauge::default(),
+            live_replicas: Gauge::default(),
+            nodes_followed: Gauge::default(),
+            rebalances: Counter::default(),
+            takeovers: Counter::default(),
+            seeded_devices: Counter::default(),
             discovery_errors: Counter::default(),
             devices_forgotten: Counter::default(),
             nodes_refused: Counter::default(),
@@ -237,6 +249,7 @@ impl Metrics {
             "Writes not made because this replica does not hold the shard",
             m.writes_skipped.clone(),
         );
+        Self::register_ownership(&mut registry, &m);
         registry.register(
             "lease_held",
             "1 while this replica holds the shard's Lease",
@@ -389,6 +402,66 @@ impl Metrics {
                 shard: shard.to_string(),
             })
             .inc();
+    }
+
+    /// Shard ownership (issue 11).
+    fn register_ownership(registry: &mut Registry, m: &Metrics) {
+        registry.register(
+            "shards_held",
+            "Shards this replica holds (issue 11: it follows only their nodes)",
+            m.shards_held.clone(),
+        );
+        registry.register(
+            "live_replicas",
+            "Replicas counted from their member Leases, this one included",
+            m.live_replicas.clone(),
+        );
+        registry.register(
+            "nodes_followed",
+            "Agents this replica follows: the nodes of the shards it holds",
+            m.nodes_followed.clone(),
+        );
+        registry.register(
+            "shard_rebalances",
+            "Shards handed back to even out the replicas' shares",
+            m.rebalances.clone(),
+        );
+        registry.register(
+            "shard_takeovers",
+            "Shards taken from another holder (its Lease ran out or was handed back)",
+            m.takeovers.clone(),
+        );
+        registry.register(
+            "seeded_devices",
+            "Devices seeded from a taken shard's last published document",
+            m.seeded_devices.clone(),
+        );
+    }
+
+    /// Shards held and replicas counted, after a Lease pass.
+    pub fn set_ownership(&self, shards: usize, live: usize) {
+        self.shards_held.set(shards as i64);
+        self.live_replicas.set(live as i64);
+    }
+
+    /// Agents followed now.
+    pub fn set_nodes_followed(&self, n: usize) {
+        self.nodes_followed.set(n as i64);
+    }
+
+    /// A shard handed back for balance.
+    pub fn rebalance(&self) {
+        self.rebalances.inc();
+    }
+
+    /// A shard taken from another holder.
+    pub fn takeover(&self) {
+        self.takeovers.inc();
+    }
+
+    /// Devices seeded from a published document.
+    pub fn seeded(&self, n: usize) {
+        self.seeded_devices.inc_by(n as u64);
     }
 
     /// Lease ownership of a shard.

@@ -87,6 +87,28 @@ pub struct Verdict {
     pub device: RecordDevice,
 }
 
+/// A shard this replica just took, with what its last holder published: the core loop
+/// seeds each node's devices from it before anything of the shard is written (issue
+/// 11: a takeover changes no published status).
+#[derive(Debug, Clone)]
+pub struct Takeover {
+    /// The shard.
+    pub shard: u32,
+    /// Each node's entry of the shard's last document (none for a shard never written).
+    pub nodes: Vec<faultline_common::fault::NodeFaults>,
+    /// That document's sequence, which the next write continues.
+    pub sequence: u64,
+}
+
+/// A shard this replica hands back: write it once more, then answer.
+#[derive(Debug)]
+pub struct FinalWrite {
+    /// The shard.
+    pub shard: u32,
+    /// Answered once the write is done (or dropped if it cannot be).
+    pub done: tokio::sync::oneshot::Sender<()>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -164,6 +164,43 @@ impl Pipeline {
         true
     }
 
+    /// Seed a node of a shard just taken from what its last holder published (issue
+    /// 11): each device's status, reason and since, windows empty, fresh as of now so
+    /// the rules about missing data count from the takeover. A node already followed
+    /// (fresher than any document) is left as it is. The number of devices seeded.
+    pub fn seed(&mut self, faults: &NodeFaults, now_ms: u64) -> usize {
+        if self.nodes.contains_key(&faults.node) || !self.ensure_node(&faults.node, now_ms) {
+            return 0;
+        }
+        let node = self.nodes.get_mut(&faults.node).expect("just ensured");
+        node.reach = AgentReach {
+            sources: Vec::new(),
+            ..faults.agent.clone()
+        };
+        node.changed_ms =
+            faultline_common::time::parse_rfc3339_ms(&faults.timestamp).unwrap_or(now_ms);
+        for d in &faults.npus {
+            let since_ms = faultline_common::time::parse_rfc3339_ms(&d.since).unwrap_or(now_ms);
+            let mut state = DeviceState::new(since_ms);
+            state.status = d.status;
+            state.reason = d.reason.clone();
+            state.last_fresh_ms = Some(now_ms);
+            if d.status == DeviceStatus::Degraded {
+                state.soft_since_ms = Some(since_ms);
+            }
+            node.devices.insert(
+                d.id.clone(),
+                Device {
+                    windows: DeviceWindows::default(),
+                    state,
+                    clean: d.status == DeviceStatus::Healthy,
+                    reported_ms: now_ms,
+                },
+            );
+        }
+        faults.npus.len()
+    }
+
     /// Forget a node (it left the cluster or the shard).
     pub fn remove_node(&mut self, node: &str) -> bool {
         self.nodes.remove(node).is_some()

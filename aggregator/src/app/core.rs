@@ -24,9 +24,9 @@ use super::dispatch::{Dispatch, Settled};
 use crate::api::DocumentAsk;
 use crate::ingest::AgentEvent;
 use crate::metrics::Metrics;
-use crate::model::Verdict;
+use crate::model::{FinalWrite, Takeover, Verdict};
 use crate::pipeline::{Change, Pipeline};
-use crate::publish::{document, Publisher};
+use crate::publish::{document, Publisher, Stamp};
 
 /// What the core loop listens to.
 pub struct Inputs {
@@ -40,6 +40,10 @@ pub struct Inputs {
     pub rules: watch::Receiver<Arc<Rules>>,
     /// Requests for the whole document.
     pub asks: mpsc::Receiver<DocumentAsk>,
+    /// Shards taken, with what to seed them from (fair sharing).
+    pub takeovers: Option<mpsc::Receiver<Takeover>>,
+    /// Shards to write once more before they are handed back.
+    pub final_writes: Option<mpsc::Receiver<FinalWrite>>,
 }
 
 /// The write timing of the core loop.
@@ -83,6 +87,11 @@ pub struct Core {
     /// Nodes whose pods are nudged once their shard is written.
     alarming: BTreeSet<String>,
     last_reconcile: Instant,
+    /// With fair sharing: the shards seeded since this replica took them; a shard is
+    /// written only once seeded (a takeover changes no published status).
+    seeded: Option<BTreeSet<u32>>,
+    /// Final writes waiting for the next write to finish.
+    final_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// When the next write is due after one at `last` (`None`: now): `urgent_spacing`
@@ -141,7 +150,35 @@ impl Core {
             failed: Arc::new(AtomicBool::new(false)),
             alarming: BTreeSet::new(),
             last_reconcile: Instant::now(),
+            seeded: None,
+            final_waiters: Vec::new(),
         }
+    }
+
+    /// Write a shard only once it is seeded from its last holder's document.
+    pub fn with_seeding(mut self) -> Self {
+        self.seeded = Some(BTreeSet::new());
+        self
+    }
+
+    /// A shard was taken: seed its nodes, then let it be written, at once.
+    fn on_takeover(&mut self, t: Takeover) {
+        let now = now_ms();
+        let mut devices = 0;
+        for n in &t.nodes {
+            devices += self.pipeline.seed(n, now);
+        }
+        tracing::info!(
+            shard = t.shard,
+            nodes = t.nodes.len(),
+            devices,
+            "shard taken; seeded from its last document"
+        );
+        if let Some(s) = self.seeded.as_mut() {
+            s.insert(t.shard);
+        }
+        self.dirty = true;
+        self.last_write = None;
     }
 
     /// When the next write is due.
@@ -170,7 +207,16 @@ impl Core {
             let due = self.due();
             let can_write = self.writing.as_ref().is_none_or(|w| w.is_finished());
             tokio::select! {
+                // Takeovers first: a shard's seed is in before its agents' documents.
+                biased;
+                Some(t) = recv_opt(&mut inputs.takeovers) => self.on_takeover(t),
                 _ = cancel.cancelled() => break,
+                Some(f) = recv_opt(&mut inputs.final_writes) => {
+                    tracing::debug!(shard = f.shard, "final write before handing the shard back");
+                    self.final_waiters.push(f.done);
+                    self.dirty = true;
+                    self.last_write = None;
+                }
                 ev = inputs.agents.recv() => {
                     let Some(ev) = ev else { break };
                     self.on_agent(ev);
@@ -255,10 +301,13 @@ impl Core {
                 d.reconcile(&self.pipeline);
             }
         }
-        // A shard just taken is written at once.
+        // A shard just taken is written at once; one handed back is no longer seeded.
         let held = self.publisher.held();
         if held != self.last_held {
             self.dirty = true;
+            if let Some(s) = self.seeded.as_mut() {
+                s.retain(|x| held.contains(x));
+            }
             self.last_held = held;
         }
     }
@@ -269,14 +318,28 @@ impl Core {
         }
         self.sequence += 1;
         self.ready.store(true, Ordering::Release);
-        self.writing = Some(self.publisher.write(
+        let task = self.publisher.write(
             &self.pipeline,
-            self.sequence,
-            &self.replica,
+            Stamp {
+                sequence: self.sequence,
+                writer: &self.replica,
+                seeded: self.seeded.as_ref(),
+            },
             &mut self.alarming,
             &self.metrics,
             &self.failed,
-        ));
+        );
+        let waiters = std::mem::take(&mut self.final_waiters);
+        self.writing = Some(if waiters.is_empty() {
+            task
+        } else {
+            tokio::spawn(async move {
+                let _ = task.await;
+                for w in waiters {
+                    let _ = w.send(());
+                }
+            })
+        });
         self.last_write = Some(Instant::now());
         self.spacing = jittered(self.timing.interval);
         // A failed write leaves the document dirty for the next round.
@@ -305,6 +368,14 @@ impl Core {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// The next message of an optional channel, or never.
+async fn recv_opt<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -30,7 +30,7 @@ use crate::pipeline::Pipeline;
 use crate::publish::{ConfigMapSink, Nudger, Publisher};
 use crate::remediate::{Breaker, Mode, Remediator};
 use crate::rules_file;
-use crate::shard::{Held, LeaseConfig, ShardLeases, Shards};
+use crate::shard::{Held, LeaseConfig, ShardLeases, Shards, Sharing};
 
 /// A running aggregator.
 pub struct Aggregator {
@@ -117,40 +117,52 @@ fn rules(
 }
 
 /// Follow the agents: the `--agents` list, or the Nodes found by discovery.
+/// Follow the agents: discovered Nodes, or `--agents`. With `ownership` (the
+/// ConfigMap sink), only the nodes of the shards this replica holds; an agent named by
+/// URL alone is followed by every replica until its document names its node.
 fn follow_agents(
     cfg: &Config,
     watch: Option<&kube::Client>,
     metrics: &Arc<Metrics>,
     cancel: &CancellationToken,
+    ownership: Option<discover::Ownership>,
 ) -> anyhow::Result<mpsc::Receiver<AgentEvent>> {
     let (tx, rx) = mpsc::channel::<AgentEvent>(1024);
     let client = collect::client();
+    let followers = discover::Followers::new(
+        cfg.agent_port,
+        client.clone(),
+        tx.clone(),
+        metrics.clone(),
+        cancel.clone(),
+        ownership,
+    );
     if cfg.agents.is_empty() {
         let api: Api<Node> = Api::all(
             watch
                 .cloned()
                 .context("discovery needs the Kubernetes API")?,
         );
-        tokio::spawn(discover::run(
-            api,
-            cfg.node_selector.clone(),
-            cfg.agent_port,
-            client.clone(),
-            tx.clone(),
-            metrics.clone(),
-            cancel.clone(),
-        ));
+        tokio::spawn(discover::run(api, cfg.node_selector.clone(), followers));
+        return Ok(rx);
     }
+    let mut followers = followers;
     for a in &cfg.agents {
-        tokio::spawn(collect::follow(
-            a.url.clone(),
-            a.node.clone(),
-            client.clone(),
-            tx.clone(),
-            metrics.clone(),
-            cancel.clone(),
-        ));
+        match &a.node {
+            Some(node) => followers.add_static(node.clone(), a.url.clone()),
+            None => {
+                tokio::spawn(collect::follow(
+                    a.url.clone(),
+                    None,
+                    client.clone(),
+                    tx.clone(),
+                    metrics.clone(),
+                    cancel.clone(),
+                ));
+            }
+        }
     }
+    tokio::spawn(followers.run_static());
     Ok(rx)
 }
 
@@ -206,6 +218,7 @@ fn shard_publisher(
     url: Option<String>,
     metrics: &Arc<Metrics>,
     lease_cancel: &CancellationToken,
+    share: Sharing,
 ) -> (Publisher, tokio::task::JoinHandle<()>) {
     let leases = ShardLeases {
         api: Api::namespaced(kube.clone(), &cfg.namespace),
@@ -221,6 +234,7 @@ fn shard_publisher(
         metrics: metrics.clone(),
         url,
         observed: Default::default(),
+        share: Some(share),
     };
     let task = tokio::spawn(leases.run(lease_cancel.clone()));
     let nudger = (cfg.nudge_rate > 0.0).then(|| {
@@ -275,7 +289,17 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
     } else {
         (None, None)
     };
-    let agents = follow_agents(&cfg, watch.as_ref(), &metrics, &cancel)?;
+    // Shard ownership (the ConfigMap sink): the Leases decide what this replica holds,
+    // and it follows only those shards' nodes (issue 11).
+    let held = Held::default();
+    let sharing = cfg.sink == SinkKind::ConfigMap;
+    let ownership = sharing.then(|| discover::Ownership {
+        held: held.subscribe(),
+        shards: cfg.shards,
+    });
+    let agents = follow_agents(&cfg, watch.as_ref(), &metrics, &cancel, ownership)?;
+    let (takeover_tx, takeovers) = mpsc::channel(64);
+    let (final_tx, final_writes) = mpsc::channel(16);
 
     // Bound first: the shard Leases advertise where this replica's API is.
     let limits = faultline_common::server::Limits::default();
@@ -309,7 +333,6 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
         },
         (SinkKind::ConfigMap, None) => anyhow::bail!("the configmap sink needs the Kubernetes API"),
         (SinkKind::ConfigMap, Some(kube)) => {
-            let held = Held::default();
             intake = intake.map(|i| {
                 i.with_route(Route {
                     held: held.clone(),
@@ -320,6 +343,11 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
                     me: cfg.replica.clone(),
                 })
             });
+            let share = Sharing::new(
+                Api::namespaced(kube.clone(), &cfg.namespace),
+                takeover_tx.clone(),
+                final_tx.clone(),
+            );
             let (publisher, task) = shard_publisher(
                 &cfg,
                 kube,
@@ -327,6 +355,7 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
                 advertise(&cfg, addr),
                 &metrics,
                 &lease_cancel,
+                share,
             );
             lease_task = Some(task);
             if cfg.remediation != Mode::Off {
@@ -403,12 +432,16 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
         cfg.replica.clone(),
         ready,
     );
+    let core = if sharing { core.with_seeding() } else { core };
+    drop((takeover_tx, final_tx));
     let inputs = Inputs {
         agents,
         verdicts,
         settled,
         rules,
         asks,
+        takeovers: sharing.then_some(takeovers),
+        final_writes: sharing.then_some(final_writes),
     };
     let done = {
         let cancel = cancel.clone();

@@ -1,9 +1,17 @@
 //! In-cluster discovery: the Nodes matching `--node-selector`, each followed at its
 //! InternalIP and the agent port, from a `kube::runtime::watcher` (never a hand-rolled
 //! watch loop). A node that leaves is forgotten; a changed address is followed anew.
+//!
+//! With shard ownership (issue 11) a replica follows only the nodes of the shards it
+//! holds: every node is known, only those are followed, and the set moves with the
+//! Leases (a node whose shard is handed back is forgotten here, seeded by its next
+//! holder).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+use faultline_common::fault::shard_of;
+use tokio::sync::watch;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -31,17 +39,57 @@ pub fn agent_url(node: &Node, port: u16) -> Option<String> {
     })
 }
 
+/// Which nodes this replica follows: those of the shards it holds.
+#[derive(Clone)]
+pub struct Ownership {
+    /// The shards held, as the Lease loop changes them.
+    pub held: watch::Receiver<BTreeSet<u32>>,
+    /// Number of shards.
+    pub shards: u32,
+}
+
+impl Ownership {
+    fn owns(&self, node: &str) -> bool {
+        self.held.borrow().contains(&shard_of(node, self.shards))
+    }
+}
+
 /// The followers of the nodes we know.
-struct Followers {
+pub struct Followers {
     port: u16,
     client: AgentClient,
     tx: mpsc::Sender<AgentEvent>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
+    /// Followed: node -> (url, its follower's token).
     by_node: BTreeMap<String, (String, CancellationToken)>,
+    /// Every node known and its agent's URL, followed or not.
+    known: BTreeMap<String, String>,
+    ownership: Option<Ownership>,
 }
 
 impl Followers {
+    /// Followers sending to `tx`, of the nodes `ownership` says (all without it).
+    pub fn new(
+        port: u16,
+        client: AgentClient,
+        tx: mpsc::Sender<AgentEvent>,
+        metrics: Arc<Metrics>,
+        cancel: CancellationToken,
+        ownership: Option<Ownership>,
+    ) -> Self {
+        Followers {
+            port,
+            client,
+            tx,
+            metrics,
+            cancel,
+            by_node: BTreeMap::new(),
+            known: BTreeMap::new(),
+            ownership,
+        }
+    }
+
     /// Follow `node` (again, if its address changed).
     fn upsert(&mut self, node: &Node) {
         let Some(name) = node.metadata.name.clone() else {
@@ -51,6 +99,15 @@ impl Followers {
             tracing::warn!(node = %name, "node has no InternalIP; not followed");
             return;
         };
+        self.known.insert(name.clone(), url.clone());
+        self.follow(name, url);
+    }
+
+    /// Follow the agent of `name` at `url` if this replica owns the node.
+    pub fn follow(&mut self, name: String, url: String) {
+        if !self.ownership.as_ref().is_none_or(|o| o.owns(&name)) {
+            return;
+        }
         if self.by_node.get(&name).is_some_and(|(u, _)| *u == url) {
             return;
         }
@@ -66,21 +123,79 @@ impl Followers {
             self.metrics.clone(),
             token.clone(),
         ));
-        tracing::info!(node = %name, %url, "following agent");
+        tracing::debug!(node = %name, %url, "following agent");
         self.by_node.insert(name, (url, token));
+        self.metrics.set_nodes_followed(self.by_node.len());
     }
 
     /// Stop following `name` and tell the pipeline it left.
     async fn remove(&mut self, name: &str) {
+        self.known.remove(name);
+        self.unfollow(name, "node left; forgetting it").await;
+    }
+
+    async fn unfollow(&mut self, name: &str, why: &str) {
         if let Some((_, t)) = self.by_node.remove(name) {
             t.cancel();
-            tracing::info!(node = %name, "node left; forgetting it");
+            tracing::debug!(node = %name, "{why}");
+            self.metrics.set_nodes_followed(self.by_node.len());
             let _ = self
                 .tx
                 .send(AgentEvent::Removed {
                     node: name.to_string(),
                 })
                 .await;
+        }
+    }
+
+    /// The shards held changed: follow the nodes of the new ones, forget the others'.
+    pub async fn reconcile(&mut self) {
+        let owned: Vec<(String, String)> = self
+            .known
+            .iter()
+            .map(|(n, u)| (n.clone(), u.clone()))
+            .collect();
+        for (name, url) in owned {
+            self.follow(name, url);
+        }
+        let gone: Vec<String> = self
+            .by_node
+            .keys()
+            .filter(|n| !self.ownership.as_ref().is_none_or(|o| o.owns(n)))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.unfollow(&name, "its shard is held elsewhere now; forgetting it")
+                .await;
+        }
+        tracing::info!(
+            followed = self.by_node.len(),
+            known = self.known.len(),
+            "agents followed for the shards held"
+        );
+    }
+
+    /// A node named on the command line (`--agents NODE=URL`).
+    pub fn add_static(&mut self, name: String, url: String) {
+        self.known.insert(name.clone(), url.clone());
+        self.follow(name, url);
+    }
+
+    /// Run until cancelled, following the nodes of the shards held as they change.
+    pub async fn run_static(mut self) {
+        let Some(mut held) = self.ownership.as_ref().map(|o| o.held.clone()) else {
+            return self.cancel.cancelled().await;
+        };
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                r = held.changed() => {
+                    if r.is_err() {
+                        return self.cancel.cancelled().await;
+                    }
+                    self.reconcile().await;
+                }
+            }
         }
     }
 }
@@ -90,23 +205,9 @@ impl Followers {
 /// relists after a 410 Gone and backs off after errors. `api` must come from a client
 /// without a read timeout: a quiet watch is silent for minutes, and a read timeout would
 /// cut it and relist every Node each time. A relist forgets the nodes that left.
-pub async fn run(
-    api: Api<Node>,
-    selector: String,
-    port: u16,
-    client: AgentClient,
-    tx: mpsc::Sender<AgentEvent>,
-    metrics: Arc<Metrics>,
-    cancel: CancellationToken,
-) {
-    let mut f = Followers {
-        port,
-        client,
-        tx,
-        metrics: metrics.clone(),
-        cancel: cancel.clone(),
-        by_node: BTreeMap::new(),
-    };
+pub async fn run(api: Api<Node>, selector: String, mut f: Followers) {
+    let (metrics, cancel) = (f.metrics.clone(), f.cancel.clone());
+    let mut held = f.ownership.as_ref().map(|o| o.held.clone());
     let mut cfg = watcher::Config::default().any_semantic();
     // Unpaginated: kube sends `resourceVersion=0` (the watch cache) only without a
     // limit, and Nodes are few enough for one answer.
@@ -121,6 +222,19 @@ pub async fn run(
     loop {
         let ev = tokio::select! {
             _ = cancel.cancelled() => return,
+            r = async {
+                match held.as_mut() {
+                    Some(h) => h.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if r.is_ok() {
+                    f.reconcile().await;
+                } else {
+                    held = None;
+                }
+                continue;
+            }
             ev = stream.next() => ev,
         };
         match ev {
@@ -140,7 +254,7 @@ pub async fn run(
             Some(Ok(Event::InitDone)) => {
                 let seen = listing.take().unwrap_or_default();
                 let gone: Vec<String> = f
-                    .by_node
+                    .known
                     .keys()
                     .filter(|n| !seen.contains(*n))
                     .cloned()

@@ -10,4 +10,4 @@ pub mod publisher;
 pub use configmap::{ConfigMapSink, WriteError, MAX_BYTES};
 pub use document::document;
 pub use nudge::Nudger;
-pub use publisher::Publisher;
+pub use publisher::{Publisher, Stamp};

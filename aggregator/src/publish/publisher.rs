@@ -20,6 +20,18 @@ use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::shard::Shards;
 
+/// What one write is: its sequence, its writer, and (with fair sharing) the shards
+/// seeded since they were taken, the only ones it may write.
+#[derive(Clone, Copy)]
+pub struct Stamp<'a> {
+    /// The write's sequence.
+    pub sequence: u64,
+    /// This replica.
+    pub writer: &'a str,
+    /// With fair sharing: the shards seeded since taken.
+    pub seeded: Option<&'a BTreeSet<u32>>,
+}
+
 /// Where documents go.
 pub enum Publisher {
     /// A directory laid out like a ConfigMap volume.
@@ -56,12 +68,16 @@ impl Publisher {
     pub fn write(
         &self,
         pipeline: &Pipeline,
-        sequence: u64,
-        writer: &str,
+        stamp: Stamp<'_>,
         alarming: &mut BTreeSet<String>,
         metrics: &Arc<Metrics>,
         failed: &Arc<AtomicBool>,
     ) -> tokio::task::JoinHandle<()> {
+        let Stamp {
+            sequence,
+            writer,
+            seeded,
+        } = stamp;
         match self {
             Publisher::File { out, latest } => {
                 alarming.clear();
@@ -75,7 +91,13 @@ impl Publisher {
                 shards,
                 nudger,
             } => {
-                let mine = shards.held.shards();
+                // A shard just taken is written once seeded from its last document.
+                let mine: Vec<u32> = shards
+                    .held
+                    .shards()
+                    .into_iter()
+                    .filter(|s| seeded.is_none_or(|r| r.contains(s)))
+                    .collect();
                 for s in (0..shards.count).filter(|s| !mine.contains(s)) {
                     metrics.write_skipped("configmap", s);
                 }

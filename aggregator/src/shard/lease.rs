@@ -10,18 +10,30 @@
 //! replicas cannot make two holders (client-go's `leaderelection.go`: `observedTime`,
 //! `observedRawRecord`, `isLeaseValid`). Defaults follow client-go's leader election:
 //! 15 s duration, 2 s retry period.
+//!
+//! Fair share (issue 11): every replica renews a member Lease (`<name>-member-<me>`)
+//! and counts the live ones, observed the same way. It holds at most
+//! `ceil(shards / live)` shards: it takes free or expired shards up to that, hands one
+//! back when it holds more, or holds the full share while another live replica holds
+//! less than `floor(shards / live)` (a newcomer). A shard handed back is written once
+//! more first; a shard taken is seeded from its last published document before this
+//! replica writes it, so a change of holder changes no published status.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use faultline_common::fault::{NodeFaults, ShardIndex};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::model::{FinalWrite, Takeover};
 
 /// Lease timing.
 #[derive(Debug, Clone, Copy)]
@@ -44,13 +56,29 @@ impl Default for LeaseConfig {
     }
 }
 
-/// Which shards this replica holds, and until when (its own clock).
-#[derive(Clone, Default)]
+/// Which shards this replica holds, and until when (its own clock). Followers of the
+/// agents watch the set (`subscribe`): a replica follows only its shards' nodes.
+#[derive(Clone)]
 pub struct Held {
     inner: Arc<Mutex<BTreeMap<u32, Instant>>>,
+    changes: Arc<watch::Sender<BTreeSet<u32>>>,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Held {
+            inner: Arc::default(),
+            changes: Arc::new(watch::channel(BTreeSet::new()).0),
+        }
+    }
 }
 
 impl Held {
+    /// The set of shards held, as it changes (grants and releases, not expiry).
+    pub fn subscribe(&self) -> watch::Receiver<BTreeSet<u32>> {
+        self.changes.subscribe()
+    }
+
     /// Whether this replica may write `shard` now.
     pub fn holds(&self, shard: u32) -> bool {
         self.inner
@@ -88,6 +116,13 @@ impl Held {
                 g.remove(&shard);
             }
         }
+        let keys: BTreeSet<u32> = g.keys().copied().collect();
+        drop(g);
+        self.changes.send_if_modified(|s| {
+            let changed = *s != keys;
+            *s = keys;
+            changed
+        });
     }
 }
 
@@ -102,7 +137,7 @@ fn now_micro() -> MicroTime {
 
 /// What a replica last saw of a Lease held by another, and when, on its own clock.
 #[derive(Debug, Clone, PartialEq)]
-struct Observed {
+pub struct Observed {
     /// The holder's record as it was (holder, renew and acquire times, duration,
     /// transitions): a change of any of them is the holder alive.
     record: LeaseSpec,
@@ -165,124 +200,459 @@ pub struct ShardLeases {
     pub url: Option<String>,
     /// Others' Leases as observed; owned by this loop.
     pub observed: Observations,
+    /// Fair share, seeding and graceful hand-back (issue 11); `None`: take every shard
+    /// that is free, as one replica alone would.
+    pub share: Option<Sharing>,
+}
+
+/// What fair sharing needs: the shard ConfigMaps to seed from, and the core loop to
+/// hand takeovers and final writes to.
+pub struct Sharing {
+    /// The shard ConfigMaps (`<name>-shard-<i>`) in the aggregator's namespace.
+    pub configmaps: Api<ConfigMap>,
+    /// Takeovers, to the core loop (before the shard counts as held).
+    pub takeovers: mpsc::Sender<Takeover>,
+    /// Final writes, to the core loop (before a shard is handed back).
+    pub final_writes: mpsc::Sender<FinalWrite>,
+    /// Other replicas' member Leases as observed, by name.
+    pub members: BTreeMap<String, Observed>,
+}
+
+impl Sharing {
+    /// Fair sharing through these channels.
+    pub fn new(
+        configmaps: Api<ConfigMap>,
+        takeovers: mpsc::Sender<Takeover>,
+        final_writes: mpsc::Sender<FinalWrite>,
+    ) -> Self {
+        Sharing {
+            configmaps,
+            takeovers,
+            final_writes,
+            members: BTreeMap::new(),
+        }
+    }
 }
 
 /// The annotation on a shard Lease naming its holder's API.
 pub const URL_ANNOTATION: &str = "faultline.io/url";
+/// The label on member Leases: the aggregator's `--name`.
+pub const MEMBER_LABEL: &str = "faultline.io/member-of";
+
+/// One shard as a pass found it.
+enum Seen {
+    /// Ours: renew it (the Lease read, for a compare-and-swap).
+    Mine(Box<Lease>),
+    /// Nobody's (absent, released or run out): the Lease, if there is one, and the
+    /// holder it had.
+    Free(Option<Box<Lease>>, Option<String>),
+    /// Another live holder's.
+    Other(String),
+}
+
+/// The shares of `shards` among `live` replicas: (at most, at least).
+pub fn share(shards: u32, live: usize) -> (usize, usize) {
+    let (s, l) = (shards as usize, live.max(1));
+    (s.div_ceil(l), s / l)
+}
+
+/// Rendezvous order: the shards a replica prefers first, so replicas taking free shards
+/// at once mostly reach for different ones.
+fn preference(me: &str, shard: u32) -> u64 {
+    faultline_common::fault::fnv1a64(format!("{me}/{shard}").as_bytes())
+}
 
 impl ShardLeases {
-    /// One pass over every shard: renew what we hold, take what has expired.
+    /// One pass: renew our member Lease and count the live replicas; renew what we hold;
+    /// take free shards up to our share; hand one back when we hold too many.
     pub async fn pass(&mut self) {
-        let (api, name, me, cfg, held, metrics) = (
-            &self.api,
-            &self.name,
-            self.me.as_str(),
-            &self.cfg,
-            &self.held,
-            &self.metrics,
-        );
+        let live = self.members().await;
+        let mut seen = BTreeMap::new();
         for shard in 0..self.shards {
-            let lname = lease_name(name, shard);
-            let started = Instant::now();
-            let outcome = match api.get_opt(&lname).await {
-                Ok(None) => {
-                    let lease = Lease {
-                        metadata: ObjectMeta {
-                            name: Some(lname.clone()),
-                            annotations: self
-                                .url
-                                .as_ref()
-                                .map(|u| [(URL_ANNOTATION.to_string(), u.clone())].into()),
-                            ..Default::default()
-                        },
-                        spec: Some(LeaseSpec {
-                            holder_identity: Some(me.to_string()),
-                            lease_duration_seconds: Some(cfg.duration.as_secs() as i32),
-                            acquire_time: Some(now_micro()),
-                            renew_time: Some(now_micro()),
-                            lease_transitions: Some(0),
-                            ..Default::default()
-                        }),
-                    };
-                    api.create(&PostParams::default(), &lease)
-                        .await
-                        .map(|_| true)
+            match self.look(shard).await {
+                Ok(s) => {
+                    seen.insert(shard, s);
                 }
-                Ok(Some(mut lease)) => {
-                    let spec = lease.spec.get_or_insert_with(Default::default);
-                    let mine = spec.holder_identity.as_deref() == Some(me);
-                    let expired = !mine
-                        && self
-                            .observed
-                            .expired(shard, spec, cfg.duration, Instant::now());
-                    if mine || expired {
-                        self.observed.forget(shard);
-                        if !mine {
-                            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-                            spec.acquire_time = Some(now_micro());
-                            spec.holder_identity = Some(me.to_string());
-                        }
-                        spec.renew_time = Some(now_micro());
-                        spec.lease_duration_seconds = Some(cfg.duration.as_secs() as i32);
-                        // The holder's URL, or none: never the previous holder's.
-                        match &self.url {
-                            Some(u) => {
-                                lease
-                                    .metadata
-                                    .annotations
-                                    .get_or_insert_with(Default::default)
-                                    .insert(URL_ANNOTATION.to_string(), u.clone());
-                            }
-                            None => {
-                                if let Some(a) = lease.metadata.annotations.as_mut() {
-                                    a.remove(URL_ANNOTATION);
-                                }
-                            }
-                        }
-                        // The resourceVersion we read makes this a compare-and-swap.
-                        api.replace(&lname, &PostParams::default(), &lease)
-                            .await
-                            .map(|_| true)
-                    } else {
-                        Ok(false)
-                    }
-                }
-                Err(e) => Err(e),
-            };
-            let was = held.holds(shard);
-            match outcome {
-                Ok(true) => {
-                    self.held
-                        .set(shard, Some(started + cfg.duration - cfg.margin));
-                    if !was {
-                        tracing::info!(shard, lease = %lname, "shard lease acquired");
-                    }
-                }
-                Ok(false) => {
-                    if was {
-                        tracing::warn!(shard, lease = %lname, "shard lease held by another replica; stopping writes");
-                    }
-                    held.set(shard, None);
-                }
-                // Refused (another replica won the race): ours no more, at once.
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    if was {
-                        tracing::warn!(shard, lease = %lname, "shard lease lost to a conflicting update; stopping writes");
-                    }
-                    held.set(shard, None);
-                }
-                // Could not ask: keep what we have until it runs out on our own clock.
                 Err(e) => {
-                    metrics.lease_error();
-                    tracing::warn!(shard, lease = %lname, error = %e, "lease renewal failed");
+                    // Could not ask: keep what we have until it runs out on our own clock.
+                    self.metrics.lease_error();
+                    self.metrics.set_lease(shard, self.held.holds(shard));
+                    tracing::warn!(shard, error = %e, "lease read failed");
                 }
             }
-            metrics.set_lease(shard, held.holds(shard));
+        }
+        let mine: Vec<u32> = seen
+            .iter()
+            .filter(|(_, s)| matches!(s, Seen::Mine(_)))
+            .map(|(k, _)| *k)
+            .collect();
+        let (most, least) = match (&live, &self.share) {
+            (Some(l), _) => share(self.shards, l.len()),
+            // Alone (no fair sharing): every shard.
+            (None, None) => (self.shards as usize, 0),
+            // The members could not be counted: nothing changes hands this pass.
+            (None, Some(_)) => (mine.len(), 0),
+        };
+        // Hand back: above the share; or at a share above the floor while a live
+        // replica is below it (a newcomer), one per pass.
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for s in seen.values() {
+            if let Seen::Other(h) = s {
+                *counts.entry(h.as_str()).or_default() += 1;
+            }
+        }
+        let starving = live.as_ref().is_some_and(|l| {
+            l.iter()
+                .any(|r| *r != self.me && counts.get(r.as_str()).copied().unwrap_or(0) < least)
+        });
+        let give = if mine.len() > most {
+            mine.len() - most
+        } else if live.is_some() && mine.len() == most && most > least && starving {
+            1
+        } else {
+            0
+        };
+        let mut by_pref = mine.clone();
+        by_pref.sort_by_key(|s| preference(&self.me, *s));
+        let release: BTreeSet<u32> = by_pref.iter().rev().take(give).copied().collect();
+        let mut held_now = mine.len() - release.len();
+        let mut free = Vec::new();
+        for (shard, s) in seen {
+            match s {
+                Seen::Mine(lease) if release.contains(&shard) => {
+                    self.hand_back(shard, *lease).await;
+                }
+                Seen::Mine(lease) => {
+                    let started = Instant::now();
+                    let r = self.renew(shard, *lease).await;
+                    self.outcome(shard, r, started).await;
+                }
+                Seen::Free(lease, previous) => free.push((shard, lease, previous)),
+                Seen::Other(_) => {
+                    if self.held.holds(shard) {
+                        tracing::warn!(
+                            shard,
+                            "shard lease held by another replica; stopping writes"
+                        );
+                    }
+                    self.held.set(shard, None);
+                    self.metrics.set_lease(shard, false);
+                }
+            }
+        }
+        // Free shards, in this replica's order of preference, up to its share.
+        free.sort_by_key(|(s, _, _)| preference(&self.me, *s));
+        for (shard, lease, previous) in free {
+            if held_now >= most {
+                break;
+            }
+            let started = Instant::now();
+            let r = match lease {
+                Some(l) => self.renew(shard, *l).await,
+                None => self.create(shard).await,
+            };
+            if matches!(r, Ok(true)) {
+                held_now += 1;
+                if previous.is_some_and(|p| p != self.me) {
+                    self.metrics.takeover();
+                }
+            }
+            self.outcome(shard, r, started).await;
+        }
+        let n = self.held.shards().len();
+        self.metrics
+            .set_ownership(n, live.as_ref().map_or(1, Vec::len));
+    }
+
+    /// Renew our member Lease and list the live members (us included); `None` when
+    /// fair sharing is off or the list could not be read (then nothing changes hands).
+    async fn members(&mut self) -> Option<Vec<String>> {
+        let sharing = self.share.as_mut()?;
+        let lname = format!("{}-member-{}", self.name, self.me);
+        let spec = LeaseSpec {
+            holder_identity: Some(self.me.clone()),
+            lease_duration_seconds: Some(self.cfg.duration.as_secs() as i32),
+            renew_time: Some(now_micro()),
+            ..Default::default()
+        };
+        let r = match self.api.get_opt(&lname).await {
+            Ok(Some(mut l)) => {
+                l.spec = Some(spec);
+                self.api
+                    .replace(&lname, &PostParams::default(), &l)
+                    .await
+                    .map(|_| ())
+            }
+            Ok(None) => {
+                let l = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(lname.clone()),
+                        labels: Some([(MEMBER_LABEL.to_string(), self.name.clone())].into()),
+                        ..Default::default()
+                    },
+                    spec: Some(spec),
+                };
+                self.api
+                    .create(&PostParams::default(), &l)
+                    .await
+                    .map(|_| ())
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "member lease renewal failed");
+        }
+        let list = match self
+            .api
+            .list(&ListParams::default().labels(&format!("{MEMBER_LABEL}={}", self.name)))
+            .await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                self.metrics.lease_error();
+                tracing::warn!(error = %e, "cannot list member leases; no shard changes hands this pass");
+                return None;
+            }
+        };
+        let now = Instant::now();
+        let mut live = vec![self.me.clone()];
+        let mut names = BTreeSet::new();
+        for l in list.items {
+            let Some(spec) = l.spec else { continue };
+            let Some(who) = spec.holder_identity.clone().filter(|h| !h.is_empty()) else {
+                continue;
+            };
+            names.insert(who.clone());
+            if who == self.me {
+                continue;
+            }
+            // Alive while its record changes, as we observe it on our own clock.
+            let seen = sharing
+                .members
+                .entry(who.clone())
+                .or_insert_with(|| Observed {
+                    record: spec.clone(),
+                    at: now,
+                });
+            if seen.record != spec {
+                *seen = Observed {
+                    record: spec.clone(),
+                    at: now,
+                };
+            }
+            let dur = spec
+                .lease_duration_seconds
+                .map(|s| Duration::from_secs(s.max(1) as u64))
+                .unwrap_or(self.cfg.duration);
+            if spec.renew_time.is_some() && now.duration_since(seen.at) <= dur {
+                live.push(who);
+            }
+        }
+        sharing.members.retain(|k, _| names.contains(k));
+        live.sort();
+        live.dedup();
+        Some(live)
+    }
+
+    /// Read one shard's Lease.
+    async fn look(&mut self, shard: u32) -> Result<Seen, kube::Error> {
+        let lname = lease_name(&self.name, shard);
+        let Some(lease) = self.api.get_opt(&lname).await? else {
+            return Ok(Seen::Free(None, None));
+        };
+        let spec = lease.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        if holder.as_deref() == Some(self.me.as_str()) {
+            self.observed.forget(shard);
+            return Ok(Seen::Mine(Box::new(lease)));
+        }
+        if self
+            .observed
+            .expired(shard, &spec, self.cfg.duration, Instant::now())
+        {
+            return Ok(Seen::Free(Some(Box::new(lease)), holder));
+        }
+        Ok(Seen::Other(holder.unwrap_or_default()))
+    }
+
+    /// Create the Lease of a shard nobody ever held.
+    async fn create(&self, shard: u32) -> Result<bool, kube::Error> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(lease_name(&self.name, shard)),
+                annotations: self
+                    .url
+                    .as_ref()
+                    .map(|u| [(URL_ANNOTATION.to_string(), u.clone())].into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.me.clone()),
+                lease_duration_seconds: Some(self.cfg.duration.as_secs() as i32),
+                acquire_time: Some(now_micro()),
+                renew_time: Some(now_micro()),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        };
+        self.api
+            .create(&PostParams::default(), &lease)
+            .await
+            .map(|_| true)
+    }
+
+    /// Renew our Lease, or take one that is free.
+    async fn renew(&mut self, shard: u32, mut lease: Lease) -> Result<bool, kube::Error> {
+        let lname = lease_name(&self.name, shard);
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        let mine = spec.holder_identity.as_deref() == Some(self.me.as_str());
+        self.observed.forget(shard);
+        if !mine {
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            spec.acquire_time = Some(now_micro());
+            spec.holder_identity = Some(self.me.clone());
+        }
+        spec.renew_time = Some(now_micro());
+        spec.lease_duration_seconds = Some(self.cfg.duration.as_secs() as i32);
+        // The holder's URL, or none: never the previous holder's.
+        match &self.url {
+            Some(u) => {
+                lease
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(URL_ANNOTATION.to_string(), u.clone());
+            }
+            None => {
+                if let Some(a) = lease.metadata.annotations.as_mut() {
+                    a.remove(URL_ANNOTATION);
+                }
+            }
+        }
+        // The resourceVersion we read makes this a compare-and-swap.
+        self.api
+            .replace(&lname, &PostParams::default(), &lease)
+            .await
+            .map(|_| true)
+    }
+
+    /// What a renewal or a take came to.
+    async fn outcome(&self, shard: u32, r: Result<bool, kube::Error>, started: Instant) {
+        let lname = lease_name(&self.name, shard);
+        let was = self.held.holds(shard);
+        match r {
+            Ok(true) => {
+                if !was {
+                    // Seed from the last published document before this replica writes
+                    // the shard, then count it as held.
+                    self.seed(shard).await;
+                    tracing::info!(shard, lease = %lname, "shard lease acquired");
+                }
+                self.held
+                    .set(shard, Some(started + self.cfg.duration - self.cfg.margin));
+            }
+            Ok(false) => {
+                if was {
+                    tracing::warn!(shard, lease = %lname, "shard lease held by another replica; stopping writes");
+                }
+                self.held.set(shard, None);
+            }
+            // Refused (another replica won the race): ours no more, at once.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                if was {
+                    tracing::warn!(shard, lease = %lname, "shard lease lost to a conflicting update; stopping writes");
+                }
+                self.held.set(shard, None);
+            }
+            // Could not ask: keep what we have until it runs out on our own clock.
+            Err(e) => {
+                self.metrics.lease_error();
+                tracing::warn!(shard, lease = %lname, error = %e, "lease renewal failed");
+            }
+        }
+        self.metrics.set_lease(shard, self.held.holds(shard));
+    }
+
+    /// Hand the core loop the shard's last published document (none: nothing to seed).
+    async fn seed(&self, shard: u32) {
+        let Some(sharing) = &self.share else {
+            return;
+        };
+        let cm = lease_name(&self.name, shard);
+        let mut t = Takeover {
+            shard,
+            nodes: Vec::new(),
+            sequence: 0,
+        };
+        match sharing.configmaps.get_opt(&cm).await {
+            Ok(Some(c)) => {
+                let data = c.data.unwrap_or_default();
+                t.sequence = data
+                    .get("fault.json")
+                    .and_then(|j| serde_json::from_str::<ShardIndex>(j).ok())
+                    .map_or(0, |i| i.sequence);
+                for (k, v) in &data {
+                    if k == "fault.json" {
+                        continue;
+                    }
+                    match serde_json::from_str::<NodeFaults>(v) {
+                        Ok(n)
+                            if faultline_common::fault::shard_of(&n.node, self.shards) == shard =>
+                        {
+                            t.nodes.push(n)
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(shard, key = %k, error = %e, "unreadable entry in the shard's document; not seeded")
+                        }
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(shard, error = %e, "cannot read the shard's last document; its devices start unknown")
+            }
+        }
+        let devices: usize = t.nodes.iter().map(|n| n.npus.len()).sum();
+        self.metrics.seeded(devices);
+        let _ = sharing.takeovers.send(t).await;
+    }
+
+    /// Write the shard once more, then release its Lease for another replica.
+    async fn hand_back(&self, shard: u32, mut lease: Lease) {
+        if let Some(sharing) = &self.share {
+            let (done, wait) = oneshot::channel();
+            if sharing
+                .final_writes
+                .send(FinalWrite { shard, done })
+                .await
+                .is_ok()
+            {
+                let _ = tokio::time::timeout(Duration::from_secs(2), wait).await;
+            }
+        }
+        self.held.set(shard, None);
+        self.metrics.set_lease(shard, false);
+        self.metrics.rebalance();
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = None;
+            spec.renew_time = None;
+        }
+        let lname = lease_name(&self.name, shard);
+        match self
+            .api
+            .replace(&lname, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => tracing::info!(shard, "shard handed back to even out the shares"),
+            Err(e) => {
+                tracing::warn!(shard, error = %e, "handing the shard back failed; it runs out instead")
+            }
         }
     }
 
-    /// Renew and acquire until cancelled; on cancel, release what we hold so another
-    /// replica takes over at once.
+    /// Renew and acquire until cancelled; on cancel, release what we hold (and our
+    /// membership) so another replica takes over at once.
     pub async fn run(mut self, cancel: CancellationToken) {
         loop {
             self.pass().await;
@@ -306,6 +676,15 @@ impl ShardLeases {
                     let _ = api.replace(&lname, &PostParams::default(), &lease).await;
                     tracing::info!(shard, "shard lease released");
                 }
+            }
+        }
+        if self.share.is_some() {
+            let lname = format!("{name}-member-{me}");
+            if let Ok(mut lease) = api.get(&lname).await {
+                if let Some(spec) = lease.spec.as_mut() {
+                    spec.renew_time = None;
+                }
+                let _ = api.replace(&lname, &PostParams::default(), &lease).await;
             }
         }
     }

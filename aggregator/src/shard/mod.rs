@@ -4,4 +4,6 @@ pub mod fence;
 pub mod lease;
 
 pub use fence::{Fence, Shards};
-pub use lease::{lease_name, Held, LeaseConfig, ShardLeases, URL_ANNOTATION};
+pub use lease::{
+    lease_name, share, Held, LeaseConfig, ShardLeases, Sharing, MEMBER_LABEL, URL_ANNOTATION,
+};
