@@ -24,6 +24,9 @@ use support::*;
 const NODES: usize = 300;
 const SHARDS: u32 = 6;
 
+/// Shares and writers as last seen, and since when.
+type Settled = (Vec<(i64, i64)>, BTreeMap<u32, String>, Instant);
+
 /// Per node: its document's generation and its failed devices.
 type FleetState = HashMap<String, (u64, BTreeSet<usize>)>;
 
@@ -244,18 +247,34 @@ async fn replicas_share_the_shards_and_take_over_without_a_status_change() {
     let r2 = replica(&kube, "r2", &agents);
     let r3 = replica(&kube, "r3", &agents);
 
-    // Each holds its share (2 of 6) and follows only those shards' nodes.
+    // Each holds its share (2 of 6), writes it, and follows only those shards' nodes;
+    // settled: the same holders and writers for 2 s (four Lease passes).
+    let steady: Mutex<Option<Settled>> = Mutex::new(None);
     let (s, _) = until_async(
         Duration::from_secs(60),
         "every replica at its share",
         || async {
             let s = shares(&[&r1, &r2, &r3]).await;
             let (writers, status) = published(&server);
-            (s.iter().all(|(h, _)| *h == 2)
+            let by_writer = |w: &str| writers.values().filter(|x| *x == w).count();
+            let ok = s.iter().all(|(h, _)| *h == 2)
+                && ["r1", "r2", "r3"].iter().all(|w| by_writer(w) == 2)
                 && s.iter().map(|(_, n)| *n).sum::<i64>() == NODES as i64
-                && writers.len() == SHARDS as usize
-                && status.len() == NODES * 8)
-                .then_some(s)
+                && status.len() == NODES * 8;
+            let mut g = steady.lock().unwrap();
+            match g.as_ref() {
+                _ if !ok => {
+                    *g = None;
+                    None
+                }
+                Some((s0, w0, t)) if *s0 == s && *w0 == writers => {
+                    (t.elapsed() >= Duration::from_secs(2)).then_some(s)
+                }
+                _ => {
+                    *g = Some((s, writers, Instant::now()));
+                    None
+                }
+            }
         },
     )
     .await;
@@ -320,11 +339,17 @@ async fn replicas_share_the_shards_and_take_over_without_a_status_change() {
     .await;
 
     // A new replica gets its share (2 of 6): r2 and r3 hand one shard back each.
+    let handed_before = gauge(&r2, "shard_rebalances_total").await.unwrap_or(0)
+        + gauge(&r3, "shard_rebalances_total").await.unwrap_or(0);
     let r4 = replica(&kube, "r4", &agents);
     let started = Instant::now();
     until_async(Duration::from_secs(60), "r4 at its share", || async {
         let s = shares(&[&r2, &r3, &r4]).await;
-        (s.iter().all(|(h, _)| *h == 2) && s.iter().map(|(_, n)| *n).sum::<i64>() == NODES as i64)
+        let (writers, _) = published(&server);
+        let by_writer = |w: &str| writers.values().filter(|x| *x == w).count();
+        (s.iter().all(|(h, _)| *h == 2)
+            && ["r2", "r3", "r4"].iter().all(|w| by_writer(w) == 2)
+            && s.iter().map(|(_, n)| *n).sum::<i64>() == NODES as i64)
             .then_some(())
     })
     .await;
@@ -339,7 +364,11 @@ async fn replicas_share_the_shards_and_take_over_without_a_status_change() {
     );
     let handed_back = gauge(&r2, "shard_rebalances_total").await.unwrap_or(0)
         + gauge(&r3, "shard_rebalances_total").await.unwrap_or(0);
-    assert_eq!(handed_back, 2, "r2 and r3 handed one shard back each");
+    assert_eq!(
+        handed_back - handed_before,
+        2,
+        "r2 and r3 handed one shard back each"
+    );
     assert!(gauge(&r4, "seeded_devices_total").await.unwrap_or(0) >= 8);
     let taken = gauge(&r2, "shard_takeovers_total").await.unwrap_or(0)
         + gauge(&r3, "shard_takeovers_total").await.unwrap_or(0);

@@ -305,8 +305,12 @@ impl Core {
         let held = self.publisher.held();
         if held != self.last_held {
             self.dirty = true;
+            // Only shards that were held and are not any more: one just seeded is not
+            // held yet (the Lease loop seeds first, then counts it as held).
             if let Some(s) = self.seeded.as_mut() {
-                s.retain(|x| held.contains(x));
+                for gone in self.last_held.iter().filter(|x| !held.contains(x)) {
+                    s.remove(gone);
+                }
             }
             self.last_held = held;
         }

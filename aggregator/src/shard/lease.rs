@@ -216,6 +216,9 @@ pub struct Sharing {
     pub final_writes: mpsc::Sender<FinalWrite>,
     /// Other replicas' member Leases as observed, by name.
     pub members: BTreeMap<String, Observed>,
+    /// After handing a shard back, take none until then: the replica short of its share
+    /// gets the first look (else the one handing back could take its shard again).
+    pub hold_off: Option<Instant>,
 }
 
 impl Sharing {
@@ -230,6 +233,7 @@ impl Sharing {
             takeovers,
             final_writes,
             members: BTreeMap::new(),
+            hold_off: None,
         }
     }
 }
@@ -340,10 +344,21 @@ impl ShardLeases {
                 }
             }
         }
-        // Free shards, in this replica's order of preference, up to its share.
+        // Free shards, in this replica's order of preference, up to its share; none for
+        // two retry periods after handing one back.
+        if !release.is_empty() {
+            if let Some(sh) = self.share.as_mut() {
+                sh.hold_off = Some(Instant::now() + 2 * self.cfg.retry);
+            }
+        }
+        let holding_off = self
+            .share
+            .as_ref()
+            .and_then(|s| s.hold_off)
+            .is_some_and(|t| Instant::now() < t);
         free.sort_by_key(|(s, _, _)| preference(&self.me, *s));
         for (shard, lease, previous) in free {
-            if held_now >= most {
+            if held_now >= most || holding_off {
                 break;
             }
             let started = Instant::now();
