@@ -127,6 +127,9 @@ impl Caller {
 }
 
 /// Sample `source` until `cancel` fires.
+/// The least time between two samples woken by events.
+const WAKE_GAP: Duration = Duration::from_millis(200);
+
 pub async fn run(
     source: Arc<dyn Source>,
     store: Arc<Store>,
@@ -149,18 +152,27 @@ pub async fn run(
     let mut backoff = cfg.interval;
     let mut next = tokio::time::Instant::now();
     let mut last_log: Option<(Instant, String)> = None;
+    let mut last_start: Option<Instant> = None;
+    let mut backing_off = false;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep_until(next) => {}
-            // A fault event: sample now rather than at the end of the interval.
+            // A fault event: sample now rather than at the end of the interval (not while
+            // a source that cannot start backs off).
             _ = async {
                 match &wake {
                     Some(n) => n.notified().await,
                     None => std::future::pending().await,
                 }
-            } => {}
+            }, if !backing_off => {
+                // A storm of events is at most one sample every WAKE_GAP.
+                if let Some(gap) = last_start.map(|t| WAKE_GAP.saturating_sub(t.elapsed())) {
+                    tokio::time::sleep(gap).await;
+                }
+            }
         }
+        last_start = Some(Instant::now());
         let started = Instant::now();
         let mut result = Err(ProbeError::Call("not attempted".into()));
         for attempt in 0..=cfg.retries {
@@ -194,6 +206,7 @@ pub async fn run(
                 }
                 store.set_abandoned(name, abandoned);
                 last_log = None;
+                backing_off = false;
                 next = tokio::time::Instant::now() + cfg.interval;
             }
             Err(e) => {
@@ -210,6 +223,7 @@ pub async fn run(
                     last_log = Some((Instant::now(), msg));
                 }
                 // A source that cannot start is retried with exponential backoff.
+                backing_off = matches!(e, ProbeError::Init(_));
                 let wait = if matches!(e, ProbeError::Init(_)) {
                     let w = backoff;
                     backoff = (backoff * 2).min(Duration::from_secs(60));

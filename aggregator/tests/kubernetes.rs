@@ -278,7 +278,11 @@ async fn a_dead_holder_is_replaced_within_the_lease_duration() {
         shard_doc(&server, 0).filter(|d| d.writer == "r2")
     })
     .await;
-    assert!(doc.nodes.contains_key("n1"));
+    assert!(
+        doc.nodes.contains_key("n1"),
+        "{:?}",
+        doc.nodes.keys().collect::<Vec<_>>()
+    );
     let _ = t0;
     r2.cancel_token().cancel();
 }

@@ -277,13 +277,14 @@ impl Catalog {
             .filter(|c| *c != 0)
             .map(|c| self.grade(c))
             .collect();
+        out.sort_by(|a, b| a.code.cmp(&b.code));
+        out.dedup_by(|a, b| a.code == b.code);
         out.sort_by_key(|g| {
             (
                 std::cmp::Reverse(status_rank(g.status)),
                 std::cmp::Reverse(g.level),
             )
         });
-        out.dedup_by(|a, b| a.code == b.code);
         out
     }
 }
@@ -328,6 +329,8 @@ mod tests {
         // A2301001 is in RestartBusiness and SeparateNPU: the most severe wins.
         assert_eq!(c.grade(0xA230_1001).level, Some(Level::SeparateNPU));
         assert_eq!(c.grade(0x40F8_4E00).reason, "card-drop");
+        // A code reported twice counts once.
+        assert_eq!(c.grade_all(["8C03A000", "A4025021", "8C03A000"]).len(), 2);
     }
 
     #[test]

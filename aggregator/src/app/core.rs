@@ -92,6 +92,8 @@ pub struct Core {
     seeded: Option<BTreeSet<u32>>,
     /// Final writes waiting for the next write to finish.
     final_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// The shards granted at the last tick (fair sharing).
+    last_granted: BTreeSet<u32>,
 }
 
 /// When the next write is due after one at `last` (`None`: now): `urgent_spacing`
@@ -152,6 +154,7 @@ impl Core {
             last_reconcile: Instant::now(),
             seeded: None,
             final_waiters: Vec::new(),
+            last_granted: BTreeSet::new(),
         }
     }
 
@@ -159,6 +162,15 @@ impl Core {
     pub fn with_seeding(mut self) -> Self {
         self.seeded = Some(BTreeSet::new());
         self
+    }
+
+    /// Every takeover already sent.
+    fn drain_takeovers(&mut self, rx: &mut Option<mpsc::Receiver<Takeover>>) {
+        if let Some(rx) = rx.as_mut() {
+            while let Ok(t) = rx.try_recv() {
+                self.on_takeover(t);
+            }
+        }
     }
 
     /// A shard was taken: seed its nodes, then let it be written, at once.
@@ -207,8 +219,6 @@ impl Core {
             let due = self.due();
             let can_write = self.writing.as_ref().is_none_or(|w| w.is_finished());
             tokio::select! {
-                // Takeovers first: a shard's seed is in before its agents' documents.
-                biased;
                 Some(t) = recv_opt(&mut inputs.takeovers) => self.on_takeover(t),
                 _ = cancel.cancelled() => break,
                 Some(f) = recv_opt(&mut inputs.final_writes) => {
@@ -219,6 +229,10 @@ impl Core {
                 }
                 ev = inputs.agents.recv() => {
                     let Some(ev) = ev else { break };
+                    // A shard's seed is in before its agents' documents: the Lease loop
+                    // sends the takeover before it counts the shard as held, and the
+                    // followers start only then.
+                    self.drain_takeovers(&mut inputs.takeovers);
                     self.on_agent(ev);
                 }
                 _ = tick.tick() => self.on_tick(),
@@ -242,7 +256,10 @@ impl Core {
                         Err(_) => rules_open = false,
                     }
                 }
-                _ = tokio::time::sleep_until(due), if can_write => self.write(),
+                _ = tokio::time::sleep_until(due), if can_write => {
+                    self.drain_takeovers(&mut inputs.takeovers);
+                    self.write()
+                }
             }
         }
         self.finish().await;
@@ -301,18 +318,20 @@ impl Core {
                 d.reconcile(&self.pipeline);
             }
         }
-        // A shard just taken is written at once; one handed back is no longer seeded.
+        // A shard just taken is written at once.
         let held = self.publisher.held();
         if held != self.last_held {
             self.dirty = true;
-            // Only shards that were held and are not any more: one just seeded is not
-            // held yet (the Lease loop seeds first, then counts it as held).
-            if let Some(s) = self.seeded.as_mut() {
-                for gone in self.last_held.iter().filter(|x| !held.contains(x)) {
-                    s.remove(gone);
-                }
-            }
             self.last_held = held;
+        }
+        // A shard released is seeded afresh when taken again. Judged on the grants, not
+        // the holds: a hold that ran out on our clock and was renewed is not a new take
+        // (no new seed comes), and a shard just seeded is granted only after its seed.
+        if let (Some(s), Some(granted)) = (self.seeded.as_mut(), self.publisher.granted()) {
+            for gone in self.last_granted.iter().filter(|x| !granted.contains(x)) {
+                s.remove(gone);
+            }
+            self.last_granted = granted;
         }
     }
 

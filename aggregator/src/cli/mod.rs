@@ -222,6 +222,9 @@ async fn release(
     reason: String,
     wait: &str,
 ) -> anyhow::Result<()> {
+    // Parsed before anything is written: a bad --wait must not leave a request behind.
+    let wait =
+        faultline_common::xid::parse_duration(wait).with_context(|| format!("--wait {wait:?}"))?;
     let nodes: Api<Node> = Api::all(client.clone());
     let live = nodes
         .get(node)
@@ -247,8 +250,6 @@ async fn release(
         .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     println!("release of {node} ({value}) requested by {who}");
-    let wait =
-        faultline_common::xid::parse_duration(wait).with_context(|| format!("--wait {wait:?}"))?;
     if wait.is_zero() {
         return Ok(());
     }

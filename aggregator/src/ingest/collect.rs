@@ -158,6 +158,17 @@ fn admit(doc: NodeHealth, pinned: &mut Option<String>) -> Result<NodeHealth, Fet
 /// pins it. A document for any other node is refused, counted and logged, and the
 /// followed node's agent counts as unreachable: no agent speaks for another node
 /// (issue 10). An agent without a name that cannot be reached is counted and logged,
+/// Send `ev` unless the follower was stopped first: whoever stops it (its shard was
+/// handed back) cancels, then sends `Removed`, so a document can never land after the
+/// `Removed` and bring the node back. Whether to go on.
+async fn send(tx: &mpsc::Sender<AgentEvent>, ev: AgentEvent, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => false,
+        r = tx.send(ev) => r.is_ok(),
+    }
+}
+
 /// never published (its URL is not a node, and not a valid ConfigMap key).
 pub async fn follow(
     base: String,
@@ -187,7 +198,7 @@ pub async fn follow(
                 metrics.agent_poll("ok");
                 backoff = Duration::from_millis(500);
                 generation = Some(doc.generation);
-                if tx.send(AgentEvent::Document(Box::new(doc))).await.is_err() {
+                if !send(&tx, AgentEvent::Document(Box::new(doc)), &cancel).await {
                     return;
                 }
             }
@@ -208,7 +219,7 @@ pub async fn follow(
                             node: node.clone(),
                             error,
                         };
-                        if tx.send(gone).await.is_err() {
+                        if !send(&tx, gone, &cancel).await {
                             return;
                         }
                     }

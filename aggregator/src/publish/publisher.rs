@@ -53,6 +53,15 @@ pub enum Publisher {
 }
 
 impl Publisher {
+    /// With shards: those granted to this replica and not released, whether or not their
+    /// hold has run out (`None`: the file sink, which owns every node).
+    pub fn granted(&self) -> Option<BTreeSet<u32>> {
+        match self {
+            Publisher::File { .. } => None,
+            Publisher::ConfigMap { shards, .. } => Some(shards.held.keys()),
+        }
+    }
+
     /// The shards this replica writes now (the file sink writes its one).
     pub fn held(&self) -> Vec<u32> {
         match self {

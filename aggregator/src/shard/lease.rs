@@ -79,6 +79,12 @@ impl Held {
         self.changes.subscribe()
     }
 
+    /// The shards granted and not released, whether or not their hold has run out on
+    /// this replica's clock (the set [`Held::subscribe`] sends).
+    pub fn keys(&self) -> BTreeSet<u32> {
+        self.changes.borrow().clone()
+    }
+
     /// Whether this replica may write `shard` now.
     pub fn holds(&self, shard: u32) -> bool {
         self.inner
@@ -219,6 +225,8 @@ pub struct Sharing {
     /// After handing a shard back, take none until then: the replica short of its share
     /// gets the first look (else the one handing back could take its shard again).
     pub hold_off: Option<Instant>,
+    /// The live replicas of the last pass that could count them.
+    pub last_live: Option<Vec<String>>,
 }
 
 impl Sharing {
@@ -234,6 +242,7 @@ impl Sharing {
             final_writes,
             members: BTreeMap::new(),
             hold_off: None,
+            last_live: None,
         }
     }
 }
@@ -290,12 +299,11 @@ impl ShardLeases {
             .filter(|(_, s)| matches!(s, Seen::Mine(_)))
             .map(|(k, _)| *k)
             .collect();
-        let (most, least) = match (&live, &self.share) {
-            (Some(l), _) => share(self.shards, l.len()),
-            // Alone (no fair sharing): every shard.
-            (None, None) => (self.shards as usize, 0),
-            // The members could not be counted: nothing changes hands this pass.
-            (None, Some(_)) => (mine.len(), 0),
+        let (most, least) = match &live {
+            Some(l) => share(self.shards, l.len()),
+            // Alone (no fair sharing, or the members never counted): every shard; a
+            // shard nobody writes is worse than an uneven share.
+            None => (self.shards as usize, 0),
         };
         // Hand back: above the share; or at a share above the floor while a live
         // replica is below it (a newcomer), one per pass.
@@ -309,23 +317,20 @@ impl ShardLeases {
             l.iter()
                 .any(|r| *r != self.me && counts.get(r.as_str()).copied().unwrap_or(0) < least)
         });
-        let give = if mine.len() > most {
-            mine.len() - most
-        } else if live.is_some() && mine.len() == most && most > least && starving {
-            1
-        } else {
-            0
-        };
+        // One shard per pass at most: each hand-back waits for a final write, and the
+        // shards kept must be renewed in time.
+        let give = usize::from(
+            mine.len() > most || (live.is_some() && mine.len() == most && most > least && starving),
+        );
         let mut by_pref = mine.clone();
         by_pref.sort_by_key(|s| preference(&self.me, *s));
         let release: BTreeSet<u32> = by_pref.iter().rev().take(give).copied().collect();
         let mut held_now = mine.len() - release.len();
         let mut free = Vec::new();
+        let mut handing_back = Vec::new();
         for (shard, s) in seen {
             match s {
-                Seen::Mine(lease) if release.contains(&shard) => {
-                    self.hand_back(shard, *lease).await;
-                }
+                Seen::Mine(lease) if release.contains(&shard) => handing_back.push((shard, lease)),
                 Seen::Mine(lease) => {
                     let started = Instant::now();
                     let r = self.renew(shard, *lease).await;
@@ -343,6 +348,10 @@ impl ShardLeases {
                     self.metrics.set_lease(shard, false);
                 }
             }
+        }
+        // The kept shards are renewed; now the one handed back goes.
+        for (shard, lease) in handing_back {
+            self.hand_back(shard, *lease).await;
         }
         // Free shards, in this replica's order of preference, up to its share; none for
         // two retry periods after handing one back.
@@ -425,8 +434,8 @@ impl ShardLeases {
             Ok(l) => l,
             Err(e) => {
                 self.metrics.lease_error();
-                tracing::warn!(error = %e, "cannot list member leases; no shard changes hands this pass");
-                return None;
+                tracing::warn!(error = %e, "cannot list member leases; counting the replicas as last counted");
+                return sharing.last_live.clone();
             }
         };
         let now = Instant::now();
@@ -466,6 +475,22 @@ impl ShardLeases {
         sharing.members.retain(|k, _| names.contains(k));
         live.sort();
         live.dedup();
+        // Member Leases of replicas long gone (a crash leaves one behind, and a new pod
+        // has a new name): removed once unchanged for ten durations.
+        let stale: Vec<String> = sharing
+            .members
+            .iter()
+            .filter(|(_, o)| now.duration_since(o.at) > 10 * self.cfg.duration)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for who in stale {
+            let lname = format!("{}-member-{who}", self.name);
+            if self.api.delete(&lname, &Default::default()).await.is_ok() {
+                sharing.members.remove(&who);
+                tracing::info!(replica = %who, "removed the member lease of a replica long gone");
+            }
+        }
+        sharing.last_live = Some(live.clone());
         Some(live)
     }
 
@@ -661,7 +686,7 @@ impl ShardLeases {
         {
             Ok(_) => tracing::info!(shard, "shard handed back to even out the shares"),
             Err(e) => {
-                tracing::warn!(shard, error = %e, "handing the shard back failed; it runs out instead")
+                tracing::warn!(shard, error = %e, "handing the shard back failed; the next pass finds it ours again")
             }
         }
     }
@@ -694,13 +719,10 @@ impl ShardLeases {
             }
         }
         if self.share.is_some() {
-            let lname = format!("{name}-member-{me}");
-            if let Ok(mut lease) = api.get(&lname).await {
-                if let Some(spec) = lease.spec.as_mut() {
-                    spec.renew_time = None;
-                }
-                let _ = api.replace(&lname, &PostParams::default(), &lease).await;
-            }
+            // Gone: the others count one replica fewer at their next pass.
+            let _ = api
+                .delete(&format!("{name}-member-{me}"), &Default::default())
+                .await;
         }
     }
 }

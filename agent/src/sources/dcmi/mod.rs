@@ -27,19 +27,23 @@
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_ushort};
+use std::ffi::{c_int, c_uint};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use faultline_common::ascend::{roce_healthy, Catalog, BOOT_FINISHED};
+use faultline_common::ascend::{Catalog, BOOT_FINISHED};
 use faultline_common::{
-    AscendIds, DeviceReading, EccCounts, RoceLink, Vendor, VendorHealth, VendorHealthLevel,
+    AscendIds, DeviceReading, EccCounts, Vendor, VendorHealth, VendorHealthLevel,
 };
 use libloading::{Library, Symbol};
 
 use super::{ProbeError, Source, SourceSample};
+use net::{finish_network_health, start_network_health, NetAnswer};
+
+mod ffi;
+mod net;
 use crate::metrics::Metrics;
 
 const NOT_SUPPORTED: c_int = -8255;
@@ -50,114 +54,13 @@ const MAX_CHIPS: usize = 256;
 const MAX_ERROR_CODES: usize = 128;
 const DEVICE_TYPE_DDR: c_int = 0;
 const DEVICE_TYPE_HBM: c_int = 2;
-const CHIP_NAME_LEN: usize = 32;
+
 /// Huawei's bound on `dcmi_get_device_network_health` (`DcmiApiTimeout`).
 const NETWORK_HEALTH_BOUND: Duration = Duration::from_secs(1);
 /// How long an event's code counts without the poll confirming it.
 const EVENT_CODE_TTL: Duration = Duration::from_secs(60);
 
-/// `struct dcmi_ecc_info`, with room for the two trailing fields of mind-cluster's
-/// longer header (the library writes 28 or 36 bytes).
-#[repr(C)]
-#[derive(Default)]
-struct EccInfo {
-    enable_flag: c_int,
-    single_bit_error_cnt: c_uint,
-    double_bit_error_cnt: c_uint,
-    total_single_bit_error_cnt: c_uint,
-    total_double_bit_error_cnt: c_uint,
-    single_bit_isolated_pages_cnt: c_uint,
-    double_bit_isolated_pages_cnt: c_uint,
-    single_bit_next_isolated_pages_cnt: c_uint,
-    double_bit_next_isolated_pages_cnt: c_uint,
-}
-
-/// `struct dcmi_pcie_info_all` (64 bytes).
-#[repr(C)]
-#[derive(Default)]
-struct PcieInfoAll {
-    venderid: c_uint,
-    subvenderid: c_uint,
-    deviceid: c_uint,
-    subdeviceid: c_uint,
-    domain: c_int,
-    bdf_busid: c_uint,
-    bdf_deviceid: c_uint,
-    bdf_funcid: c_uint,
-    reserve: [u8; 32],
-}
-
-/// `struct dcmi_chip_info` (100 bytes).
-#[repr(C)]
-struct ChipInfo {
-    chip_type: [u8; CHIP_NAME_LEN],
-    chip_name: [u8; CHIP_NAME_LEN],
-    chip_ver: [u8; CHIP_NAME_LEN],
-    aicore_cnt: c_uint,
-}
-
-/// `struct dcmi_event_filter` (48 bytes, passed by value). All zero: no filter.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct EventFilter {
-    filter_flag: c_ulonglong,
-    event_id: c_uint,
-    severity: u8,
-    node_type: u8,
-    resv: [u8; 32],
-}
-
-/// `struct dcmi_dms_fault_event` (352 bytes).
-#[repr(C)]
-struct FaultEvent {
-    event_id: c_uint,
-    deviceid: c_ushort,
-    node_type: u8,
-    node_id: u8,
-    sub_node_type: u8,
-    sub_node_id: u8,
-    severity: u8,
-    assertion: u8,
-    event_serial_num: c_int,
-    notify_serial_num: c_int,
-    alarm_raised_time: c_ulonglong,
-    event_name: [c_char; 256],
-    additional_info: [c_char; 32],
-    tail: [u8; 32],
-}
-
-/// `struct dcmi_event` (360 bytes): a type and, for type 0, the fault event.
-#[repr(C)]
-struct DcmiEvent {
-    kind: c_int,
-    dms: FaultEvent,
-}
-
-const _: () = assert!(std::mem::size_of::<EventFilter>() == 48);
-const _: () = assert!(std::mem::size_of::<FaultEvent>() == 352);
-const _: () = assert!(std::mem::size_of::<DcmiEvent>() == 360);
-
-type Callback = extern "C" fn(*mut DcmiEvent);
-type FnInit = unsafe extern "C" fn() -> c_int;
-/// v1 `dcmi_get_card_list(int *card_num, int *card_list, int list_len)` and v2
-/// `dcmiv2_get_device_list(int *device_list, int *device_cnt, int list_len)`: the same C
-/// types, the first two in the opposite roles.
-type FnList = unsafe extern "C" fn(*mut c_int, *mut c_int, c_int) -> c_int;
-type FnDevNum = unsafe extern "C" fn(c_int, *mut c_int) -> c_int;
-type FnLogicId = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
-type FnPhyFromLogic = unsafe extern "C" fn(c_uint, *mut c_uint) -> c_int;
-type V1Uint = unsafe extern "C" fn(c_int, c_int, *mut c_uint) -> c_int;
-type V2Uint = unsafe extern "C" fn(c_int, *mut c_uint) -> c_int;
-type V1Int = unsafe extern "C" fn(c_int, c_int, *mut c_int) -> c_int;
-type V2Int = unsafe extern "C" fn(c_int, *mut c_int) -> c_int;
-type V1Codes = unsafe extern "C" fn(c_int, c_int, *mut c_int, *mut c_uint, c_uint) -> c_int;
-type V2Codes = unsafe extern "C" fn(c_int, *mut c_int, *mut c_uint, c_uint) -> c_int;
-type V1Ecc = unsafe extern "C" fn(c_int, c_int, c_int, *mut EccInfo) -> c_int;
-type V2Ecc = unsafe extern "C" fn(c_int, c_int, *mut EccInfo) -> c_int;
-type FnPcie = unsafe extern "C" fn(c_int, c_int, *mut PcieInfoAll) -> c_int;
-type FnChip = unsafe extern "C" fn(c_int, c_int, *mut ChipInfo) -> c_int;
-type V1Subscribe = unsafe extern "C" fn(c_int, c_int, EventFilter, Callback) -> c_int;
-type V2Subscribe = unsafe extern "C" fn(c_int, EventFilter, Callback) -> c_int;
+use ffi::*;
 
 /// Which DCMI family the host answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,7 +80,7 @@ enum Addr {
 
 /// The loaded library and the family that initialised.
 struct Dcmi {
-    lib: Library,
+    lib: Arc<Library>,
     api: Api,
 }
 
@@ -268,6 +171,8 @@ impl Dcmi {
 #[derive(Default)]
 struct NetProbe {
     busy: AtomicBool,
+    /// The chip answered "not supported": not asked again.
+    unsupported: AtomicBool,
 }
 
 /// What the source remembers of a chip between samples.
@@ -333,6 +238,8 @@ pub struct DcmiSource {
     path: PathBuf,
     /// The library, loaded once and kept loaded (an init that failed is retried on the
     /// same handle; unloading a vendor library that started threads is not safe).
+    loaded: Mutex<Option<Arc<Library>>>,
+    /// The library once an init succeeded, with its API family.
     lib: Mutex<Option<Arc<Dcmi>>>,
     /// Per chip address: ids once known, the run of "not ready" answers, the network
     /// probe.
@@ -350,6 +257,7 @@ impl DcmiSource {
     pub fn new(path: PathBuf) -> Self {
         DcmiSource {
             path,
+            loaded: Mutex::new(None),
             lib: Mutex::new(None),
             chips: Mutex::new(HashMap::new()),
             fault_codes: Arc::new(Catalog::builtin().clone()),
@@ -383,10 +291,23 @@ impl DcmiSource {
         if let Some(d) = g.as_ref() {
             return Ok(d.clone());
         }
-        // SAFETY: loading a shared library runs its initialisers; libdcmi.so is the
-        // vendor's library named by the operator, which we are here to call.
-        let lib = unsafe { Library::new(&self.path) }
-            .map_err(|e| ProbeError::Init(format!("{}: {e}", self.path.display())))?;
+        let lib = {
+            let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+            match loaded.as_ref() {
+                Some(l) => l.clone(),
+                None => {
+                    // SAFETY: loading a shared library runs its initialisers; libdcmi.so
+                    // is the vendor's library named by the operator, which we are here
+                    // to call. It stays loaded, whether or not its init succeeds.
+                    let l =
+                        Arc::new(unsafe { Library::new(&self.path) }.map_err(|e| {
+                            ProbeError::Init(format!("{}: {e}", self.path.display()))
+                        })?);
+                    *loaded = Some(l.clone());
+                    l
+                }
+            }
+        };
         let init = |name: &[u8]| -> Result<(), String> {
             // SAFETY: dcmi_init(void) and dcmiv2_init(void) take no arguments.
             let f = unsafe { lib.get::<FnInit>(name) }
@@ -588,7 +509,14 @@ impl DcmiSource {
     }
 }
 
-fn read_chip(src: &DcmiSource, d: &Arc<Dcmi>, a: Addr) -> DeviceReading {
+/// One chip's reading; `net`: its network-health call, started with the others'.
+fn read_chip(
+    src: &DcmiSource,
+    d: &Arc<Dcmi>,
+    a: Addr,
+    net: Result<Option<NetAnswer>, String>,
+    net_deadline: Instant,
+) -> DeviceReading {
     let mut memo = src.memo(a);
     let mut errors = Vec::new();
     src.learn_ids(d, a, &mut memo, &mut errors);
@@ -741,7 +669,10 @@ fn read_chip(src: &DcmiSource, d: &Arc<Dcmi>, a: Addr) -> DeviceReading {
     if let Addr::V1 { card, chip } = a {
         read_v1_identity(d, card, chip, &mut r);
     }
-    match network_health(d, a, &memo.net) {
+    match net.and_then(|rx| match rx {
+        Some(rx) => finish_network_health(rx, net_deadline),
+        None => Ok(None),
+    }) {
         Ok(link) => r.roce = link,
         Err(e) => note(&mut r, e),
     }
@@ -809,49 +740,6 @@ fn read_v1_identity(d: &Dcmi, card: c_int, chip: c_int, r: &mut DeviceReading) {
     }
 }
 
-/// RoCE network health within [`NETWORK_HEALTH_BOUND`], on its own thread: the call
-/// can block for a long time after a card drop (`dcmi.go` `DcGetDeviceNetWorkHealth`).
-/// A call still blocked from an earlier sample is not joined by another.
-fn network_health(
-    d: &Arc<Dcmi>,
-    a: Addr,
-    probe: &Arc<NetProbe>,
-) -> Result<Option<RoceLink>, String> {
-    if probe.busy.swap(true, Ordering::AcqRel) {
-        return Err("network health: an earlier call is still blocked".into());
-    }
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    let (d2, p2) = (d.clone(), probe.clone());
-    let spawned = std::thread::Builder::new()
-        .name("dcmi-net-health".into())
-        .spawn(move || {
-            let r = d2.uint(
-                a,
-                b"dcmi_get_device_network_health\0",
-                b"dcmiv2_get_device_network_health\0",
-            );
-            p2.busy.store(false, Ordering::Release);
-            let _ = tx.send(r);
-        });
-    if let Err(e) = spawned {
-        probe.busy.store(false, Ordering::Release);
-        return Err(format!("network health: cannot start a thread: {e}"));
-    }
-    match rx.recv_timeout(NETWORK_HEALTH_BOUND) {
-        Ok(Ok((0, v))) => Ok(Some(RoceLink {
-            result: v,
-            up: roce_healthy(v),
-        })),
-        // Not a training card, or no such call in this library.
-        Ok(Ok((NOT_SUPPORTED, _))) | Ok(Err(_)) => Ok(None),
-        Ok(Ok((rc, _))) => Err(format!("network health: dcmi error {rc}")),
-        Err(_) => Err(format!(
-            "network health: no answer within {}s",
-            NETWORK_HEALTH_BOUND.as_secs()
-        )),
-    }
-}
-
 /// "Not ready" answers in a row before a chip is reported lost (one may be a blip).
 const NOT_READY_LOST_AFTER: u32 = 3;
 
@@ -863,8 +751,16 @@ impl Source for DcmiSource {
     fn sample(&self, _timeout: Duration) -> Result<SourceSample, ProbeError> {
         let d = self.handle()?;
         let mut out = SourceSample::default();
-        for a in self.addresses(&d, &mut out)? {
-            out.devices.push(read_chip(self, &d, a));
+        let addrs = self.addresses(&d, &mut out)?;
+        // Every chip's network-health call starts now and shares one 1 s deadline, so
+        // blocked calls cost the sample at most 1 s together, not 1 s each.
+        let nets: Vec<_> = addrs
+            .iter()
+            .map(|a| start_network_health(&d, *a, &self.memo(*a).net))
+            .collect();
+        let net_deadline = Instant::now() + NETWORK_HEALTH_BOUND;
+        for (a, net) in addrs.into_iter().zip(nets) {
+            out.devices.push(read_chip(self, &d, a, net, net_deadline));
         }
         Ok(out)
     }
