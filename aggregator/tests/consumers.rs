@@ -84,26 +84,6 @@ fn running(c: &mut Child) -> bool {
     c.try_wait().unwrap().is_none()
 }
 
-async fn agent_with_file(node: &str, file: &Path) -> faultline_agent::Agent {
-    let cfg = faultline_agent::config::Config::parse_from([
-        "faultline-agent",
-        "--source",
-        "sim",
-        "--sim-devices",
-        "4",
-        "--interval",
-        "100ms",
-        "--listen",
-        "127.0.0.1:0",
-        "--node-name",
-        node,
-        "--node-file",
-        file.to_str().unwrap(),
-    ])
-    .unwrap();
-    faultline_agent::start(cfg).await.unwrap()
-}
-
 async fn fail(agent: &faultline_agent::Agent, device: &str) {
     let body = format!(r#"{{"device":"{device}","fault":"row-remap-failure"}}"#);
     assert_eq!(post(agent.addr, "/v1/sim/faults", &body).await, 201);
@@ -116,7 +96,7 @@ async fn every_consumer_reacts_to_its_own_nodes_failed_device_while_documents_ch
     let host = tempfile::tempdir().unwrap();
     let node_file = host.path().join("fault.json");
     let (a1, a2) = (agent("n1").await, agent("n2").await);
-    let a3 = agent_with_file("n3", &node_file).await;
+    let a3 = agent_with("n3", &["--node-file", node_file.to_str().unwrap()]).await;
     let out = tempfile::tempdir().unwrap();
     let dir = out.path();
     let _agg = Launch::file(&[&a1, &a2, &a3], dir).start().await;

@@ -281,20 +281,11 @@ impl Catalog {
         out.dedup_by(|a, b| a.code == b.code);
         out.sort_by_key(|g| {
             (
-                std::cmp::Reverse(status_rank(g.status)),
+                std::cmp::Reverse(g.status.severity()),
                 std::cmp::Reverse(g.level),
             )
         });
         out
-    }
-}
-
-fn status_rank(s: DeviceStatus) -> u8 {
-    match s {
-        DeviceStatus::Healthy => 0,
-        DeviceStatus::Unknown => 1,
-        DeviceStatus::Degraded => 2,
-        DeviceStatus::Failed => 3,
     }
 }
 

@@ -62,15 +62,6 @@ impl Classification {
     }
 }
 
-fn rank(s: DeviceStatus) -> u8 {
-    match s {
-        DeviceStatus::Healthy => 0,
-        DeviceStatus::Unknown => 1,
-        DeviceStatus::Degraded => 2,
-        DeviceStatus::Failed => 3,
-    }
-}
-
 /// Classify one fresh reading, with the device's Xid verdict if it has one.
 ///
 /// Staleness is not judged here: the caller turns a reading past its TTL into
@@ -245,7 +236,7 @@ pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> 
         add("no-metrics", Unknown, detail);
     }
 
-    f.sort_by_key(|x| std::cmp::Reverse(rank(x.status)));
+    f.sort_by_key(|x| std::cmp::Reverse(x.status.severity()));
     let status = f.first().map(|x| x.status).unwrap_or(Healthy);
     Classification {
         status,

@@ -42,6 +42,16 @@ impl DeviceStatus {
             DeviceStatus::Unknown => "unknown",
         }
     }
+
+    /// How bad: healthy 0, unknown 1, degraded 2, failed 3 (the worst decides).
+    pub fn severity(self) -> u8 {
+        match self {
+            DeviceStatus::Healthy => 0,
+            DeviceStatus::Unknown => 1,
+            DeviceStatus::Degraded => 2,
+            DeviceStatus::Failed => 3,
+        }
+    }
 }
 
 /// Who made the device.

@@ -266,7 +266,7 @@ impl XidPolicy {
             if c.0 >= t.count {
                 let worse = best
                     .as_ref()
-                    .is_none_or(|b| status_rank(status) > status_rank(b.status));
+                    .is_none_or(|b| status.severity() > b.status.severity());
                 if worse {
                     best = Some(XidVerdict {
                         status,
@@ -283,15 +283,6 @@ impl XidPolicy {
             }
         }
         best
-    }
-}
-
-fn status_rank(s: DeviceStatus) -> u8 {
-    match s {
-        DeviceStatus::Healthy => 0,
-        DeviceStatus::Unknown => 1,
-        DeviceStatus::Degraded => 2,
-        DeviceStatus::Failed => 3,
     }
 }
 

@@ -312,7 +312,13 @@ pub async fn api_server_for(
 
 /// A simulated agent with 4 GPUs sampling every 100 ms, serving `node`.
 pub async fn agent(node: &str) -> faultline_agent::Agent {
-    let cfg = faultline_agent::config::Config::parse_from([
+    agent_with(node, &[]).await
+}
+
+/// [`agent`], with more flags.
+#[allow(dead_code)]
+pub async fn agent_with(node: &str, extra: &[&str]) -> faultline_agent::Agent {
+    let mut args = vec![
         "faultline-agent",
         "--source",
         "sim",
@@ -324,8 +330,9 @@ pub async fn agent(node: &str) -> faultline_agent::Agent {
         "127.0.0.1:0",
         "--node-name",
         node,
-    ])
-    .unwrap();
+    ];
+    args.extend_from_slice(extra);
+    let cfg = faultline_agent::config::Config::parse_from(args).unwrap();
     faultline_agent::start(cfg).await.unwrap()
 }
 
