@@ -127,8 +127,9 @@ impl Caller {
 }
 
 /// Sample `source` until `cancel` fires.
-/// The least time between two samples woken by events.
-const WAKE_GAP: Duration = Duration::from_millis(200);
+/// Samples woken by events within a second, at most (a storm of events is a sample
+/// every 100 ms; a single event is sampled at once).
+const WAKES_PER_SECOND: usize = 10;
 
 pub async fn run(
     source: Arc<dyn Source>,
@@ -152,7 +153,7 @@ pub async fn run(
     let mut backoff = cfg.interval;
     let mut next = tokio::time::Instant::now();
     let mut last_log: Option<(Instant, String)> = None;
-    let mut last_start: Option<Instant> = None;
+    let mut woken: std::collections::VecDeque<Instant> = Default::default();
     let mut backing_off = false;
     loop {
         tokio::select! {
@@ -166,13 +167,18 @@ pub async fn run(
                     None => std::future::pending().await,
                 }
             }, if !backing_off => {
-                // A storm of events is at most one sample every WAKE_GAP.
-                if let Some(gap) = last_start.map(|t| WAKE_GAP.saturating_sub(t.elapsed())) {
-                    tokio::time::sleep(gap).await;
+                // A storm of events is at most WAKES_PER_SECOND samples a second.
+                while woken.front().is_some_and(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    woken.pop_front();
                 }
+                if woken.len() >= WAKES_PER_SECOND {
+                    if let Some(t) = woken.pop_front() {
+                        tokio::time::sleep(Duration::from_secs(1).saturating_sub(t.elapsed())).await;
+                    }
+                }
+                woken.push_back(Instant::now());
             }
         }
-        last_start = Some(Instant::now());
         let started = Instant::now();
         let mut result = Err(ProbeError::Call("not attempted".into()));
         for attempt in 0..=cfg.retries {
