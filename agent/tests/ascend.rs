@@ -30,6 +30,23 @@ fn dcmi_agent(state: &StateFile, extra: &[&str], env: &[(&str, &str)]) -> AgentP
     spawn_agent(&flags, &all)
 }
 
+/// The agent with the fake npu-smi serving the files in `tools`.
+fn smi_agent(tools: &std::path::Path, extra: &[&str]) -> AgentProc {
+    let smi = test_path("fixtures/bin/npu-smi");
+    let mut flags = vec![
+        "--source",
+        "npu-smi",
+        "--npu-smi",
+        smi.to_str().unwrap(),
+        "--interval",
+        "100ms",
+        "--timeout",
+        "3s",
+    ];
+    flags.extend_from_slice(extra);
+    spawn_agent(&flags, &[("FAKE_TOOL_DIR", tools.to_str().unwrap())])
+}
+
 /// `DetectDcmiApiVersion` (devmanager_common.go): dcmi_init refused (-8255 on a 950
 /// host), dcmiv2_init works; chips are listed list-first by dcmiv2_get_device_list and
 /// named by their physical id (dcmiv2_get_chip_phy_id_by_dev_id).
@@ -374,22 +391,7 @@ async fn the_dcmi_and_npu_smi_sources_name_a_chip_alike() {
         .unwrap();
     }
     std::fs::write(dev.join("davinci_manager"), "").unwrap();
-    let smi = test_path("fixtures/bin/npu-smi");
-    let by_smi = spawn_agent(
-        &[
-            "--source",
-            "npu-smi",
-            "--npu-smi",
-            smi.to_str().unwrap(),
-            "--davinci-dir",
-            dev.to_str().unwrap(),
-            "--interval",
-            "100ms",
-            "--timeout",
-            "3s",
-        ],
-        &[("FAKE_TOOL_DIR", tools.path().to_str().unwrap())],
-    );
+    let by_smi = smi_agent(tools.path(), &["--davinci-dir", dev.to_str().unwrap()]);
     let doc = wait_for(&by_smi, Duration::from_secs(15), "two chips", |d| {
         d.npus.len() == 2
     })
@@ -419,20 +421,7 @@ async fn npu_smi_grades_a_real_health_output_like_dcmi() {
             .unwrap(),
     )
     .unwrap();
-    let smi = test_path("fixtures/bin/npu-smi");
-    let agent = spawn_agent(
-        &[
-            "--source",
-            "npu-smi",
-            "--npu-smi",
-            smi.to_str().unwrap(),
-            "--interval",
-            "100ms",
-            "--timeout",
-            "3s",
-        ],
-        &[("FAKE_TOOL_DIR", tools.path().to_str().unwrap())],
-    );
+    let agent = smi_agent(tools.path(), &[]);
     let doc = wait_for(&agent, Duration::from_secs(15), "npu3 graded", |d| {
         device_opt(d, "npu3").is_some_and(|n| n.reading.vendor_health.is_some())
     })

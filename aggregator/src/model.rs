@@ -95,9 +95,9 @@ pub struct Takeover {
     /// The shard.
     pub shard: u32,
     /// Each node's entry of the shard's last document (none for a shard never written).
+    /// (Its sequence needs no hand-over: the ConfigMap sink continues it on its first
+    /// write.)
     pub nodes: Vec<faultline_common::fault::NodeFaults>,
-    /// That document's sequence, which the next write continues.
-    pub sequence: u64,
 }
 
 /// A shard this replica hands back: write it once more, then answer.

@@ -94,7 +94,7 @@ pub struct Scope {
 
 impl Scope {
     fn shard_cm(&self, shard: u32) -> String {
-        format!("{}-shard-{shard}", self.name)
+        crate::publish::configmap::configmap_name(&self.name, shard)
     }
 }
 

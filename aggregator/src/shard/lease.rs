@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use faultline_common::fault::{NodeFaults, ShardIndex};
+use faultline_common::fault::NodeFaults;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -618,19 +618,15 @@ impl ShardLeases {
         let Some(sharing) = &self.share else {
             return;
         };
+        // The shard's ConfigMap has its Lease's name (`<name>-shard-<i>`).
         let cm = lease_name(&self.name, shard);
         let mut t = Takeover {
             shard,
             nodes: Vec::new(),
-            sequence: 0,
         };
         match sharing.configmaps.get_opt(&cm).await {
             Ok(Some(c)) => {
                 let data = c.data.unwrap_or_default();
-                t.sequence = data
-                    .get("fault.json")
-                    .and_then(|j| serde_json::from_str::<ShardIndex>(j).ok())
-                    .map_or(0, |i| i.sequence);
                 for (k, v) in &data {
                     if k == "fault.json" {
                         continue;
