@@ -39,9 +39,29 @@ pub const MAX_NODES: usize = 50_000;
 /// How long a device its reachable agent no longer reports is kept (`--device-forget`).
 pub const DEFAULT_DEVICE_FORGET_MS: u64 = 3_600_000;
 
+/// A device's readings as the last document gave them: what is published and what a
+/// quarantine record names the device by.
+struct Last {
+    id: Box<str>,
+    uuid: Option<Box<str>>,
+    pci_bus_id: Option<Box<str>>,
+    temperature_c: Option<f64>,
+    power_w: Option<f64>,
+    ecc_errors: Option<u64>,
+    pcie_link_status: Option<Box<str>>,
+}
+
 struct Node {
     devices: BTreeMap<String, Device>,
+    /// The last document while it is still to be judged, or while some device is not
+    /// quiet (each tick observes it again). A quiet node's document is dropped once
+    /// judged (issue 11: the parsed document was most of a node's memory); its next
+    /// ticks are clean samples without it, as [`Node::record_quiet`] records them.
     doc: Option<NodeHealth>,
+    /// Readings of the last document, for each device it listed.
+    last: Vec<Last>,
+    /// The sources of the last document.
+    sources: Vec<SourceReach>,
     /// The document arrived since the last evaluation.
     unseen: bool,
     reach: AgentReach,
@@ -81,15 +101,99 @@ pub struct Pipeline {
 /// A device of `n` for a quarantine record, with the UUID and bus id of its last
 /// reading; the verdict is the agent's (through this pipeline).
 fn record_device(n: &Node, id: &str, reason: String) -> RecordDevice {
-    let last = n
-        .doc
-        .as_ref()
-        .and_then(|doc| doc.npus.iter().find(|x| x.reading.id == id));
+    let last = n.last(id);
     RecordDevice {
-        uuid: last.and_then(|l| l.reading.uuid.clone()),
-        pci_bus_id: last.and_then(|l| l.reading.pci_bus_id.clone()),
+        uuid: last.and_then(|l| l.uuid.as_deref().map(String::from)),
+        pci_bus_id: last.and_then(|l| l.pci_bus_id.as_deref().map(String::from)),
         source: Some("agent".into()),
         ..RecordDevice::new(id, reason)
+    }
+}
+
+impl Node {
+    /// The last document's readings of device `id`, if it listed the device.
+    fn last(&self, id: &str) -> Option<&Last> {
+        self.last.iter().find(|l| &*l.id == id)
+    }
+
+    /// Keep the readings and sources of a document. The same devices as last time (the
+    /// usual case) are updated in place: no allocation unless a text changed.
+    fn remember(&mut self, doc: &NodeHealth) {
+        fn set(slot: &mut Option<Box<str>>, v: &Option<String>) {
+            if slot.as_deref() != v.as_deref() {
+                *slot = v.as_deref().map(Box::from);
+            }
+        }
+        let same = self.last.len() == doc.npus.len()
+            && self
+                .last
+                .iter()
+                .zip(&doc.npus)
+                .all(|(l, d)| *l.id == d.reading.id);
+        let same_sources = self.sources.len() == doc.sources.len()
+            && self
+                .sources
+                .iter()
+                .zip(&doc.sources)
+                .all(|(a, b)| a.name == b.name && a.up == b.up);
+        if same {
+            for (l, d) in self.last.iter_mut().zip(&doc.npus) {
+                set(&mut l.uuid, &d.reading.uuid);
+                set(&mut l.pci_bus_id, &d.reading.pci_bus_id);
+                set(&mut l.pcie_link_status, &d.pcie_link_status);
+                l.temperature_c = d.reading.temperature_c;
+                l.power_w = d.reading.power_w;
+                l.ecc_errors = d.ecc_errors;
+            }
+        } else {
+            let text = |v: &Option<String>| v.as_deref().map(Box::from);
+            self.last = doc
+                .npus
+                .iter()
+                .map(|d| Last {
+                    id: d.reading.id.as_str().into(),
+                    uuid: text(&d.reading.uuid),
+                    pci_bus_id: text(&d.reading.pci_bus_id),
+                    temperature_c: d.reading.temperature_c,
+                    power_w: d.reading.power_w,
+                    ecc_errors: d.ecc_errors,
+                    pcie_link_status: text(&d.pcie_link_status),
+                })
+                .collect();
+        }
+        if !same_sources {
+            self.sources = doc
+                .sources
+                .iter()
+                .map(|s| SourceReach {
+                    name: s.name.clone(),
+                    up: s.up,
+                })
+                .collect();
+        }
+    }
+
+    /// Judged again, every device would observe a clean sample (so a tick records that
+    /// without the work, and the document need not be kept): the agent is
+    /// reachable, its last document listed exactly the devices known, and every one
+    /// is healthy with quiet windows.
+    fn quiet(&self) -> bool {
+        self.reach.reachable
+            && self.last.len() == self.devices.len()
+            && self.devices.values().all(|d| {
+                d.state.status == DeviceStatus::Healthy
+                    && d.state.soft_since_ms.is_none()
+                    && d.windows.quiet()
+            })
+    }
+
+    /// Record a clean sample for every device, as judging the node would.
+    fn record_quiet(&mut self, now_ms: u64) {
+        self.last_eval_ms = Some(now_ms);
+        for d in self.devices.values_mut() {
+            d.state.last_fresh_ms = Some(now_ms);
+            d.state.clean_streak = d.state.clean_streak.saturating_add(1);
+        }
     }
 }
 
@@ -127,18 +231,23 @@ impl Pipeline {
     }
 
     /// Use new rules from the next evaluation on (windows keep their samples); every
-    /// node is judged in full again, since the new rules may see its document anew.
+    /// node whose document is kept is judged in full again, since the new rules may see
+    /// it anew. A quiet node (its document dropped) is judged by them at its next
+    /// document, within the long-poll's wait.
     pub fn set_rules(&mut self, rules: Arc<Rules>) {
         self.rules = rules;
         for n in self.nodes.values_mut() {
-            n.unseen = true;
+            n.unseen = n.doc.is_some();
         }
     }
 
     /// Make sure a node is known (discovered before its agent answered). False when it
     /// is new and the pipeline already follows [`MAX_NODES`]: refused, counted.
     pub fn ensure_node(&mut self, node: &str, now_ms: u64) -> bool {
-        if !self.nodes.contains_key(node) && self.nodes.len() >= self.max_nodes {
+        if self.nodes.contains_key(node) {
+            return true;
+        }
+        if self.nodes.len() >= self.max_nodes {
             self.metrics.node_refused();
             tracing::warn!(
                 node,
@@ -150,6 +259,8 @@ impl Pipeline {
         self.nodes.entry(node.to_string()).or_insert_with(|| Node {
             devices: BTreeMap::new(),
             doc: None,
+            last: Vec::new(),
+            sources: Vec::new(),
             unseen: false,
             reach: AgentReach {
                 reachable: false,
@@ -230,6 +341,7 @@ impl Pipeline {
             node.reachable_since_ms = Some(now_ms);
             node.changed_ms = now_ms;
         }
+        node.remember(&doc);
         node.doc = Some(doc);
         node.unseen = true;
         let due = node
@@ -256,7 +368,8 @@ impl Pipeline {
         n.reach.reachable = false;
         n.reach.error = Some(error.to_string());
         n.reachable_since_ms = None;
-        // The last document stays for its readings; it is no longer evaluated.
+        // The last readings stay; the document is no longer evaluated.
+        n.doc = None;
         if was {
             n.changed_ms = now_ms;
             Change {
@@ -270,20 +383,21 @@ impl Pipeline {
 
     /// The once-a-second look at every node not evaluated within the last second.
     pub fn tick(&mut self, now_ms: u64) -> Change {
-        let due: Vec<String> = self
-            .nodes
-            .iter()
-            .filter(|(_, n)| {
-                n.last_eval_ms
-                    .is_none_or(|t| now_ms.saturating_sub(t) >= MIN_EVAL_SPACING_MS)
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
+        let (rules, metrics, forget) = (self.rules.clone(), self.metrics.clone(), self.forget_ms);
         let mut change = Change::default();
-        for name in due {
-            if !self.quiet_sample(&name, now_ms) {
-                change.merge(self.evaluate(&name, now_ms));
+        for (name, node) in self.nodes.iter_mut() {
+            let due = node
+                .last_eval_ms
+                .is_none_or(|t| now_ms.saturating_sub(t) >= MIN_EVAL_SPACING_MS);
+            if !due {
+                continue;
             }
+            if !node.unseen && node.quiet() {
+                // Judged again it would be the same: a clean sample each, without the work.
+                node.record_quiet(now_ms);
+                continue;
+            }
+            change.merge(Self::judge(node, name, now_ms, &rules, &metrics, forget));
         }
         let (reachable, total) = self.reach();
         self.metrics.set_agents(reachable, total);
@@ -291,41 +405,35 @@ impl Pipeline {
         change
     }
 
-    /// A node whose document has not changed since it was last judged, whose agent is
-    /// reachable and whose devices are all healthy with quiet windows would be judged
-    /// exactly the same again: a clean sample each. Record that without the work.
-    fn quiet_sample(&mut self, name: &str, now_ms: u64) -> bool {
-        let Some(node) = self.nodes.get_mut(name) else {
-            return false;
-        };
-        let quiet = !node.unseen
-            && node.reach.reachable
-            && node
-                .doc
-                .as_ref()
-                .is_some_and(|d| d.npus.len() == node.devices.len())
-            && node.devices.values().all(|d| {
-                d.state.status == DeviceStatus::Healthy
-                    && d.state.soft_since_ms.is_none()
-                    && d.windows.quiet()
-            });
-        if quiet {
-            node.last_eval_ms = Some(now_ms);
-            for d in node.devices.values_mut() {
-                d.state.last_fresh_ms = Some(now_ms);
-                d.state.clean_streak = d.state.clean_streak.saturating_add(1);
-            }
-        }
-        quiet
-    }
-
     fn evaluate(&mut self, name: &str, now_ms: u64) -> Change {
-        let forget = self.forget_ms;
-        let rules = self.rules.clone();
-        let metrics = self.metrics.clone();
         let Some(node) = self.nodes.get_mut(name) else {
             return Change::default();
         };
+        Self::judge(
+            node,
+            name,
+            now_ms,
+            &self.rules,
+            &self.metrics,
+            self.forget_ms,
+        )
+    }
+
+    /// Judge one node: each device's windows observe its entry of the document (or its
+    /// absence) and the state machine steps.
+    fn judge(
+        node: &mut Node,
+        name: &str,
+        now_ms: u64,
+        rules: &Rules,
+        metrics: &Metrics,
+        forget: u64,
+    ) -> Change {
+        if node.doc.is_none() && !node.unseen && node.quiet() {
+            // Dropped as quiet: judged again, a clean sample each.
+            node.record_quiet(now_ms);
+            return Change::default();
+        }
         node.last_eval_ms = Some(now_ms);
         node.unseen = false;
         let Node {
@@ -374,7 +482,7 @@ impl Pipeline {
         // Devices the agent reports, and devices we knew that it no longer reports.
         for (id, dev) in devices.iter_mut() {
             let entry = doc.and_then(|d| d.npus.iter().find(|x| x.reading.id == *id));
-            let obs = dev.windows.observe(entry, &rules);
+            let obs = dev.windows.observe(entry, rules);
             dev.clean = obs == faultline_common::state::Observation::Clean;
             let next = step(&dev.state, &obs, now_ms, &rules.state_machine);
             if next.status != dev.state.status || next.reason != dev.state.reason {
@@ -398,6 +506,9 @@ impl Pipeline {
             }
             dev.state = next;
         }
+        if node.quiet() {
+            node.doc = None;
+        }
         change
     }
 
@@ -408,22 +519,22 @@ impl Pipeline {
             .devices
             .iter()
             .map(|(id, d)| {
-                // Readings from the last document that listed the device.
-                let last = n
-                    .doc
-                    .as_ref()
-                    .and_then(|doc| doc.npus.iter().find(|x| x.reading.id == *id));
+                // Readings from the last document, if it listed the device.
+                let last = n.last(id);
+                let text = |f: fn(&Last) -> &Option<Box<str>>| {
+                    last.and_then(|l| f(l).as_deref().map(String::from))
+                };
                 NpuFault {
                     id: id.clone(),
                     status: d.state.status,
                     reason: d.state.reason.clone(),
                     since: rfc3339(d.state.since_ms),
-                    temperature_c: last.and_then(|l| l.reading.temperature_c),
-                    power_w: last.and_then(|l| l.reading.power_w),
+                    temperature_c: last.and_then(|l| l.temperature_c),
+                    power_w: last.and_then(|l| l.power_w),
                     ecc_errors: last.and_then(|l| l.ecc_errors),
-                    pcie_link_status: last.and_then(|l| l.pcie_link_status.clone()),
-                    uuid: last.and_then(|l| l.reading.uuid.clone()),
-                    pci_bus_id: last.and_then(|l| l.reading.pci_bus_id.clone()),
+                    pcie_link_status: text(|l| &l.pcie_link_status),
+                    uuid: text(|l| &l.uuid),
+                    pci_bus_id: text(|l| &l.pci_bus_id),
                 }
             })
             .collect();
@@ -432,19 +543,7 @@ impl Pipeline {
             timestamp: rfc3339(n.changed_ms),
             node: name.to_string(),
             agent: AgentReach {
-                sources: n
-                    .doc
-                    .as_ref()
-                    .map(|d| {
-                        d.sources
-                            .iter()
-                            .map(|s| SourceReach {
-                                name: s.name.clone(),
-                                up: s.up,
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
+                sources: n.sources.clone(),
                 ..n.reach.clone()
             },
             summary: FaultSummary::of(npus.iter().map(|d| &d.status)),
@@ -648,6 +747,41 @@ mod tests {
             p.tick(t * 1_000);
         }
         assert_eq!(p.summary().failed, 0);
+    }
+
+    /// Issue 11: a quiet node's document is dropped once judged; its ticks are still
+    /// clean samples (never missing ones), and what is published keeps its readings.
+    /// A node with a device not healthy keeps its document for the next ticks.
+    #[test]
+    fn a_quiet_nodes_document_is_dropped_and_its_readings_kept() {
+        let mut p = pipeline();
+        p.on_document(doc("n1", vec![dev("gpu0", 41.5, None)]), 0);
+        assert!(p.nodes["n1"].doc.is_none(), "judged quiet: dropped");
+        for t in 1..=120 {
+            p.tick(t * 1_000);
+        }
+        let s = p.device_state("n1", "gpu0").unwrap();
+        assert_eq!(s.status, DeviceStatus::Healthy);
+        assert!(s.clean_streak >= 120, "{}", s.clean_streak);
+        let f = p.node_faults("n1").unwrap();
+        assert_eq!(f.npus[0].temperature_c, Some(41.5));
+        assert_eq!(f.npus[0].pcie_link_status.as_deref(), Some("up"));
+        // The same devices again: readings updated in place, a changed text too.
+        let mut d = dev("gpu0", 47.0, None);
+        d.pcie_link_status = Some("down".into());
+        p.on_document(doc("n1", vec![d]), 121_500);
+        let f = p.node_faults("n1").unwrap();
+        assert_eq!(f.npus[0].temperature_c, Some(47.0));
+        assert_eq!(f.npus[0].pcie_link_status.as_deref(), Some("down"));
+        p.on_document(doc("n2", vec![dev("gpu0", 40.0, Some("gpu-lost"))]), 0);
+        assert!(p.nodes["n2"].doc.is_some(), "not quiet: kept");
+        // Unreachable: nothing to judge; the readings stay.
+        p.on_unreachable("n2", "down", 500);
+        assert!(p.nodes["n2"].doc.is_none());
+        assert_eq!(
+            p.node_faults("n2").unwrap().npus[0].temperature_c,
+            Some(40.0)
+        );
     }
 
     /// Issue 10, finding 1: the nodes followed are capped; past the cap a new node's

@@ -153,6 +153,7 @@ impl NodeHealth {
 
 /// One device in the document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "DeviceHealthWire")]
 pub struct DeviceHealth {
     /// The last reading (identity and metrics).
     #[serde(flatten)]
@@ -179,6 +180,114 @@ pub struct DeviceHealth {
     /// Xid events for this device within the retention window, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_xids: Vec<XidEvent>,
+}
+
+/// How a [`DeviceHealth`] is read: the reading's fields beside the health's, as
+/// `flatten` writes them. serde's `flatten` on the read side collects every field into
+/// an intermediate map before reading the inner struct from it; that cost most of the
+/// aggregator's time per agent document (issue 11, measured). Each field here is the
+/// one of the same name in [`DeviceReading`] or [`DeviceHealth`] (a test reads every
+/// field back).
+#[derive(Deserialize)]
+struct DeviceHealthWire {
+    id: String,
+    vendor: crate::reading::Vendor,
+    source: String,
+    #[serde(default)]
+    index: Option<u32>,
+    #[serde(default)]
+    uuid: Option<String>,
+    #[serde(default)]
+    pci_bus_id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    temperature_c: Option<f64>,
+    #[serde(default)]
+    power_w: Option<f64>,
+    #[serde(default)]
+    ecc: Option<crate::reading::EccCounts>,
+    #[serde(default)]
+    retired_pages: Option<crate::reading::RetiredPages>,
+    #[serde(default)]
+    remapped_rows: Option<crate::reading::RemappedRows>,
+    #[serde(default)]
+    throttle: Option<crate::reading::Throttle>,
+    #[serde(default)]
+    pcie: Option<crate::reading::PcieLink>,
+    #[serde(default)]
+    nvlink: Option<crate::reading::NvLinkState>,
+    #[serde(default)]
+    lost: bool,
+    #[serde(default)]
+    vendor_health: Option<crate::reading::VendorHealth>,
+    #[serde(default)]
+    reported_status: Option<DeviceStatus>,
+    #[serde(default)]
+    reported_reason: Option<String>,
+    #[serde(default)]
+    probe_errors: Vec<String>,
+    #[serde(default)]
+    booting: bool,
+    #[serde(default)]
+    roce: Option<crate::reading::RoceLink>,
+    #[serde(default)]
+    ascend: Option<crate::reading::AscendIds>,
+    status: DeviceStatus,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    findings: Vec<Finding>,
+    #[serde(default)]
+    ecc_errors: Option<u64>,
+    #[serde(default)]
+    pcie_link_status: Option<String>,
+    #[serde(default)]
+    sampled_at: Option<String>,
+    #[serde(default)]
+    sample_age_ms: Option<u64>,
+    #[serde(default)]
+    recent_xids: Vec<XidEvent>,
+}
+
+impl From<DeviceHealthWire> for DeviceHealth {
+    fn from(w: DeviceHealthWire) -> Self {
+        DeviceHealth {
+            reading: DeviceReading {
+                id: w.id,
+                vendor: w.vendor,
+                source: w.source,
+                index: w.index,
+                uuid: w.uuid,
+                pci_bus_id: w.pci_bus_id,
+                name: w.name,
+                temperature_c: w.temperature_c,
+                power_w: w.power_w,
+                ecc: w.ecc,
+                retired_pages: w.retired_pages,
+                remapped_rows: w.remapped_rows,
+                throttle: w.throttle,
+                pcie: w.pcie,
+                nvlink: w.nvlink,
+                lost: w.lost,
+                vendor_health: w.vendor_health,
+                reported_status: w.reported_status,
+                reported_reason: w.reported_reason,
+                probe_errors: w.probe_errors,
+                booting: w.booting,
+                roce: w.roce,
+                ascend: w.ascend,
+            },
+            status: w.status,
+            reason: w.reason,
+            findings: w.findings,
+            ecc_errors: w.ecc_errors,
+            pcie_link_status: w.pcie_link_status,
+            sampled_at: w.sampled_at,
+            sample_age_ms: w.sample_age_ms,
+            recent_xids: w.recent_xids,
+        }
+    }
 }
 
 /// Counts by status. `total` = the sum of the other four.
@@ -312,6 +421,75 @@ mod tests {
         }
         let back: DeviceHealth = serde_json::from_value(v).unwrap();
         assert_eq!(back, d);
+    }
+
+    /// Every field written is read back: the wire struct names each field of the
+    /// reading and of the health (a field missing there would be dropped silently).
+    #[test]
+    fn every_field_of_a_device_is_read_back() {
+        use crate::reading::*;
+        let mut r = DeviceReading::new("npu3", Vendor::Ascend, "dcmi");
+        r.index = Some(3);
+        r.uuid = Some("u".into());
+        r.pci_bus_id = Some("0000:01:00.0".into());
+        r.name = Some("Ascend910".into());
+        r.temperature_c = Some(51.5);
+        r.power_w = Some(310.0);
+        r.ecc = Some(EccCounts::default());
+        r.retired_pages = Some(RetiredPages::default());
+        r.remapped_rows = Some(RemappedRows::default());
+        r.throttle = Some(Throttle::default());
+        r.pcie = Some(PcieLink::default());
+        r.nvlink = Some(NvLinkState::default());
+        r.lost = true;
+        r.vendor_health = Some(VendorHealth {
+            level: VendorHealthLevel::Warning,
+            raw: "1".into(),
+            error_codes: vec!["0x80E01801".into()],
+            graded: vec![],
+        });
+        r.reported_status = Some(DeviceStatus::Degraded);
+        r.reported_reason = Some("tool".into());
+        r.probe_errors = vec!["power: timeout".into()];
+        r.booting = true;
+        r.roce = Some(RoceLink {
+            result: 6,
+            up: true,
+        });
+        r.ascend = Some(AscendIds {
+            phy_id: Some(3),
+            logic_id: Some(2),
+            card: Some(1),
+            chip: Some(0),
+        });
+        let d = DeviceHealth {
+            reading: r,
+            status: DeviceStatus::Failed,
+            reason: Some("xid-79".into()),
+            findings: vec![Finding {
+                code: "xid-79".into(),
+                status: DeviceStatus::Failed,
+                detail: "fell off the bus".into(),
+            }],
+            ecc_errors: Some(4),
+            pcie_link_status: Some("down".into()),
+            sampled_at: Some("2026-12-01T00:00:00.000Z".into()),
+            sample_age_ms: Some(12),
+            recent_xids: vec![serde_json::from_value(serde_json::json!({
+                "xid": 79, "class": "fatal", "at_ms": 1, "source": "kmsg", "message": "Xid 79"
+            }))
+            .unwrap()],
+        };
+        let json = serde_json::to_value(&d).unwrap();
+        // Every field of the reading is written (none was left at its default).
+        let written = json.as_object().unwrap().len();
+        let back: DeviceHealth = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back, d);
+        assert_eq!(serde_json::to_value(&back).unwrap(), json);
+        assert_eq!(
+            written, 31,
+            "a field was added: add it to DeviceHealthWire too"
+        );
     }
 
     #[test]

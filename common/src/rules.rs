@@ -234,14 +234,24 @@ impl Rules {
 /// changed on a reload starts empty).
 #[derive(Debug, Default, Clone)]
 pub struct DeviceWindows {
-    windows: Vec<(String, VecDeque<bool>)>,
+    windows: Vec<Window>,
+}
+
+/// One window: its rule's reason, the samples (newest last) and how many met the
+/// condition (kept, so that asking whether a device is quiet costs nothing per sample:
+/// the aggregator asks for every device every second).
+#[derive(Debug, Clone)]
+struct Window {
+    reason: String,
+    samples: VecDeque<bool>,
+    hits: usize,
 }
 
 impl DeviceWindows {
     /// No window holds a sample that met its condition: another sample that does not
     /// meet it changes no verdict (what lets the aggregator skip quiet devices).
     pub fn quiet(&self) -> bool {
-        self.windows.iter().all(|(_, w)| !w.iter().any(|b| *b))
+        self.windows.iter().all(|w| w.hits == 0)
     }
 
     /// Judge one agent entry (`None`: no entry this round) and return the observation.
@@ -276,19 +286,28 @@ impl DeviceWindows {
         }
         self.windows.truncate(rules.windows.len());
         for (i, w) in rules.windows.iter().enumerate() {
-            if self.windows.get(i).is_none_or(|(r, _)| *r != w.reason) {
-                let slot = (w.reason.clone(), VecDeque::with_capacity(w.of));
+            if self.windows.get(i).is_none_or(|s| s.reason != w.reason) {
+                let slot = Window {
+                    reason: w.reason.clone(),
+                    samples: VecDeque::with_capacity(w.of),
+                    hits: 0,
+                };
                 match self.windows.get_mut(i) {
                     Some(s) => *s = slot,
                     None => self.windows.push(slot),
                 }
             }
-            let buf = &mut self.windows[i].1;
-            buf.push_back(w.condition.holds(d));
-            while buf.len() > w.of {
-                buf.pop_front();
+            let slot = &mut self.windows[i];
+            let met = w.condition.holds(d);
+            slot.samples.push_back(met);
+            slot.hits += usize::from(met);
+            while slot.samples.len() > w.of {
+                if slot.samples.pop_front() == Some(true) {
+                    slot.hits -= 1;
+                }
             }
-            if buf.iter().filter(|b| **b).count() >= w.count {
+            debug_assert_eq!(slot.hits, slot.samples.iter().filter(|b| **b).count());
+            if slot.hits >= w.count {
                 soft.insert(0, w.reason.clone());
             }
         }

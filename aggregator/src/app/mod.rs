@@ -131,7 +131,7 @@ fn follow_agents(
     let client = collect::client();
     let followers = discover::Followers::new(
         cfg.agent_port,
-        client.clone(),
+        client,
         tx.clone(),
         metrics.clone(),
         cancel.clone(),
@@ -154,7 +154,7 @@ fn follow_agents(
                 tokio::spawn(collect::follow(
                     a.url.clone(),
                     None,
-                    client.clone(),
+                    client,
                     tx.clone(),
                     metrics.clone(),
                     cancel.clone(),

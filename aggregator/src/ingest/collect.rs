@@ -7,15 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use faultline_common::NodeHealth;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::http::{Conn, HttpError, Target};
 use crate::metrics::Metrics;
 
 /// Longest the agent holds a poll open.
@@ -36,17 +32,19 @@ pub enum AgentEvent {
     Removed { node: String },
 }
 
-/// A shared HTTP client for all agents.
-pub type AgentClient = Client<HttpConnector, Empty<Bytes>>;
+/// How agents are reached: each follower keeps one connection to its agent
+/// ([`super::http`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AgentClient {
+    /// Bound on connecting.
+    pub connect_timeout: Duration,
+}
 
-/// A client with keep-alive connections.
+/// The agents' client.
 pub fn client() -> AgentClient {
-    let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(Duration::from_secs(3)));
-    http.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build(http)
+    AgentClient {
+        connect_timeout: Duration::from_secs(3),
+    }
 }
 
 /// Why an agent's document could not be had.
@@ -70,8 +68,8 @@ pub enum FetchError {
     /// The agent answered with an error status.
     #[error("HTTP {status}: {body}")]
     Status {
-        /// The status line.
-        status: hyper::StatusCode,
+        /// The status code.
+        status: u16,
         /// The start of the body.
         body: String,
     },
@@ -109,30 +107,24 @@ impl FetchError {
     }
 }
 
-async fn fetch(client: &AgentClient, url: &str) -> Result<NodeHealth, FetchError> {
-    let uri: hyper::Uri = url.parse().map_err(|e: hyper::http::uri::InvalidUri| {
-        FetchError::Url(url.to_string(), e.to_string())
-    })?;
-    let resp = tokio::time::timeout(REQUEST_TIMEOUT, client.get(uri))
+async fn fetch(conn: &mut Conn, path: &str) -> Result<NodeHealth, FetchError> {
+    let resp = tokio::time::timeout(REQUEST_TIMEOUT, conn.get(path, MAX_DOC))
         .await
         .map_err(|_| FetchError::Timeout(REQUEST_TIMEOUT))?
-        .map_err(|e| FetchError::Request(e.to_string()))?;
-    let status = resp.status();
-    let body = tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        Limited::new(resp.into_body(), MAX_DOC).collect(),
-    )
-    .await
-    .map_err(|_| FetchError::BodyTimeout)?
-    .map_err(|e| FetchError::Body(e.to_string()))?
-    .to_bytes();
-    if !status.is_success() {
+        .map_err(|e| match e {
+            HttpError::Url(e) | HttpError::Io(e) => FetchError::Request(e),
+            e @ (HttpError::Malformed(_) | HttpError::TooLarge(_)) => {
+                FetchError::Body(e.to_string())
+            }
+        })?;
+    if !(200..300).contains(&resp.status) {
+        let body = &resp.body[..resp.body.len().min(200)];
         return Err(FetchError::Status {
-            status,
-            body: String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+            status: resp.status,
+            body: String::from_utf8_lossy(body).into_owned(),
         });
     }
-    serde_json::from_slice(&body).map_err(|e| FetchError::Parse(e.to_string()))
+    serde_json::from_slice(&resp.body).map_err(|e| FetchError::Parse(e.to_string()))
 }
 
 /// The document, if it may be accepted from the agent followed as `pinned`: within the
@@ -153,11 +145,6 @@ fn admit(doc: NodeHealth, pinned: &mut Option<String>) -> Result<NodeHealth, Fet
     }
 }
 
-/// Follow one agent until cancelled. `node` is the node followed at this address (the
-/// discovered Node, or `--agents NODE=URL`); without one, the first document names and
-/// pins it. A document for any other node is refused, counted and logged, and the
-/// followed node's agent counts as unreachable: no agent speaks for another node
-/// (issue 10). An agent without a name that cannot be reached is counted and logged,
 /// Send `ev` unless the follower was stopped first: whoever stops it (its shard was
 /// handed back) cancels, then sends `Removed`, so a document can never land after the
 /// `Removed` and bring the node back. Whether to go on.
@@ -169,6 +156,11 @@ async fn send(tx: &mpsc::Sender<AgentEvent>, ev: AgentEvent, cancel: &Cancellati
     }
 }
 
+/// Follow one agent until cancelled. `node` is the node followed at this address (the
+/// discovered Node, or `--agents NODE=URL`); without one, the first document names and
+/// pins it. A document for any other node is refused, counted and logged, and the
+/// followed node's agent counts as unreachable: no agent speaks for another node
+/// (issue 10). An agent without a name that cannot be reached is counted and logged,
 /// never published (its URL is not a node, and not a valid ConfigMap key).
 pub async fn follow(
     base: String,
@@ -180,17 +172,23 @@ pub async fn follow(
 ) {
     let mut generation: Option<u64> = None;
     let mut backoff = Duration::from_millis(500);
+    let mut conn = Target::parse(&base).map(|t| Conn::new(t, client.connect_timeout));
     loop {
-        let url = match generation {
+        let path = match generation {
             Some(g) => format!(
-                "{base}/v1/health?wait_generation={g}&timeout_ms={}",
+                "/v1/health?wait_generation={g}&timeout_ms={}",
                 POLL_WAIT.as_millis()
             ),
-            None => format!("{base}/v1/health"),
+            None => "/v1/health".to_string(),
         };
         let r = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = fetch(&client, &url) => r,
+            r = async {
+                match &mut conn {
+                    Ok(c) => fetch(c, &path).await,
+                    Err(e) => Err(FetchError::Url(base.clone(), e.to_string())),
+                }
+            } => r,
         };
         let r = r.and_then(|doc| admit(doc, &mut node));
         match r {

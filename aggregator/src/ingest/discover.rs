@@ -118,7 +118,7 @@ impl Followers {
         tokio::spawn(collect::follow(
             url.clone(),
             Some(name.clone()),
-            self.client.clone(),
+            self.client,
             self.tx.clone(),
             self.metrics.clone(),
             token.clone(),

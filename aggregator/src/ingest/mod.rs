@@ -3,6 +3,7 @@
 
 pub mod collect;
 pub mod discover;
+pub mod http;
 pub mod intake;
 pub mod podhealth;
 

@@ -227,6 +227,8 @@ pub struct Sharing {
     pub hold_off: Option<Instant>,
     /// The live replicas of the last pass that could count them.
     pub last_live: Option<Vec<String>>,
+    /// The members were counted once: this replica has announced itself.
+    pub joined: bool,
 }
 
 impl Sharing {
@@ -243,6 +245,7 @@ impl Sharing {
             members: BTreeMap::new(),
             hold_off: None,
             last_live: None,
+            joined: false,
         }
     }
 }
@@ -305,6 +308,16 @@ impl ShardLeases {
             // shard nobody writes is worse than an uneven share.
             None => (self.shards as usize, 0),
         };
+        // Joining: the first pass that counts the members only registers this one and
+        // takes nothing, so replicas started together see each other before any of them
+        // claims the free shards (else the first claims every shard and hands them back
+        // one pass at a time). Costs one retry period at start.
+        if let (Some(sh), Some(_)) = (self.share.as_mut(), &live) {
+            if !sh.joined {
+                sh.joined = true;
+                sh.hold_off = Some(Instant::now() + self.cfg.retry);
+            }
+        }
         // Hand back: above the share; or at a share above the floor while a live
         // replica is below it (a newcomer), one per pass.
         let mut counts: BTreeMap<&str, usize> = BTreeMap::new();

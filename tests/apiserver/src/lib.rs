@@ -479,6 +479,17 @@ impl ApiServer {
             .cloned()
     }
 
+    /// A part of one object (a JSON pointer into it), cloning only that part: what a
+    /// benchmark polls without copying a large ConfigMap each time. A test accessor,
+    /// not an API: nothing is recorded as a call.
+    pub fn get_at(&self, plural: &str, ns: &str, name: &str, pointer: &str) -> Option<Value> {
+        self.lock()
+            .objects
+            .get(&(plural.into(), ns.into(), name.into()))?
+            .pointer(pointer)
+            .cloned()
+    }
+
     /// Every object of a kind (in every namespace when `ns` is empty and the kind is
     /// namespaced).
     pub fn list(&self, plural: &str, ns: &str) -> Vec<Value> {

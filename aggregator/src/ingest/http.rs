@@ -1,0 +1,555 @@
+//! The HTTP/1.1 client of one agent's long-poll: one kept-alive connection per agent,
+//! owned by its follower, and no buffer kept between answers.
+//!
+//! A replica holds a connection to every agent it follows (5,000 or more). hyper's
+//! pooled client kept about 25 KiB per connection while idle (a read buffer, the
+//! connection task and its request channel; issue 11, measured with heaptrack), more
+//! than the whole budget of a followed node. This client keeps the socket alone; a
+//! response is read into a buffer that lives as long as the answer does.
+//!
+//! What it speaks is RFC 9112 as far as an agent's `GET` needs: a `Content-Length`,
+//! `chunked` or close-delimited body, keep-alive unless `Connection: close` (or
+//! HTTP/1.0), 1xx answers skipped, and a request on a kept connection the server had
+//! closed while idle is retried once on a new one (as hyper retries a pooled
+//! connection's canceled request). Heads and bodies are bounded.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Largest response head accepted.
+const MAX_HEAD: usize = 64 << 10;
+/// Headers parsed at most.
+const MAX_HEADERS: usize = 64;
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The URL is not `http://host[:port][/prefix]`.
+    #[error("{0}")]
+    Url(String),
+    /// Connecting or the exchange failed.
+    #[error("{0}")]
+    Io(String),
+    /// The answer is not HTTP/1.x as this client reads it.
+    #[error("malformed response: {0}")]
+    Malformed(String),
+    /// The body is larger than the limit.
+    #[error("body over {0} bytes")]
+    TooLarge(usize),
+}
+
+/// Where an agent is: `http://host:port` and the path prefix before `/v1/...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// `host:port`, what is connected to and sent as `Host`.
+    pub authority: String,
+    /// The path before the API's (`""` or `/n/7`), without a trailing slash.
+    pub prefix: String,
+}
+
+impl Target {
+    /// Parse a base URL (`http://10.0.0.7:8081`, `http://127.0.0.1:9000/n/7`).
+    pub fn parse(base: &str) -> Result<Self, HttpError> {
+        let bad = |why: &str| HttpError::Url(why.to_string());
+        let rest = base
+            .strip_prefix("http://")
+            .ok_or_else(|| bad("only http:// is supported"))?;
+        let (authority, prefix) = match rest.find('/') {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        if authority.is_empty() || authority.contains(['@', '?', '#', ' ']) {
+            return Err(bad("no host"));
+        }
+        if prefix.contains(['?', '#', ' ']) {
+            return Err(bad("a query or fragment in the base"));
+        }
+        let authority = if authority.rsplit_once(':').is_some_and(|(h, p)| {
+            !h.is_empty() && !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())
+        }) || authority.ends_with(']')
+        {
+            authority.to_string()
+        } else if authority.contains(':') && !authority.starts_with('[') {
+            return Err(bad("bad port"));
+        } else {
+            format!("{authority}:80")
+        };
+        Ok(Target {
+            authority,
+            prefix: prefix.trim_end_matches('/').to_string(),
+        })
+    }
+}
+
+/// An answer.
+#[derive(Debug)]
+pub struct Response {
+    /// The status code.
+    pub status: u16,
+    /// The body, de-chunked.
+    pub body: Vec<u8>,
+}
+
+/// One agent's connection (absent until the first request, and after an error).
+pub struct Conn {
+    target: Target,
+    stream: Option<TcpStream>,
+    connect_timeout: Duration,
+}
+
+impl Conn {
+    /// A connection to `target`, opened on first use.
+    pub fn new(target: Target, connect_timeout: Duration) -> Self {
+        Conn {
+            target,
+            stream: None,
+            connect_timeout,
+        }
+    }
+
+    /// The agent.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// `GET prefix + path`, reading at most `limit` body bytes. The caller bounds the
+    /// whole exchange in time; on any error the connection is dropped.
+    pub async fn get(&mut self, path: &str, limit: usize) -> Result<Response, HttpError> {
+        let request = format!(
+            "GET {}{path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: faultline-aggregator\r\n\r\n",
+            self.target.prefix, self.target.authority
+        );
+        let reused = self.stream.is_some();
+        match self.exchange(&request, limit).await {
+            // The server closed the kept connection while it was idle: once more on a new
+            // one (nothing of the answer was read, so the request was not acted on).
+            Err(Exchange::Stale) if reused => match self.exchange(&request, limit).await {
+                Ok(r) => Ok(r),
+                Err(e) => Err(e.into()),
+            },
+            r => r.map_err(Into::into),
+        }
+    }
+
+    async fn exchange(&mut self, request: &str, limit: usize) -> Result<Response, Exchange> {
+        let mut stream = match self.stream.take() {
+            Some(s) => s,
+            None => connect(&self.target.authority, self.connect_timeout).await?,
+        };
+        if let Err(e) = stream.write_all(request.as_bytes()).await {
+            return Err(Exchange::stale_or(e));
+        }
+        let (response, keep) = read_response(&mut stream, limit).await?;
+        if keep {
+            self.stream = Some(stream);
+        }
+        Ok(response)
+    }
+}
+
+/// An exchange's failure: `Stale` when the connection was closed before any answer.
+enum Exchange {
+    Stale,
+    Failed(HttpError),
+}
+
+impl Exchange {
+    /// Past the first byte of an answer, a closed connection is a failure.
+    fn mid(self) -> Self {
+        match self {
+            Exchange::Stale => {
+                Exchange::Failed(HttpError::Io("connection closed mid-answer".into()))
+            }
+            e => e,
+        }
+    }
+
+    fn stale_or(e: std::io::Error) -> Self {
+        use std::io::ErrorKind::*;
+        match e.kind() {
+            BrokenPipe | ConnectionReset | ConnectionAborted | UnexpectedEof => Exchange::Stale,
+            _ => Exchange::Failed(HttpError::Io(e.to_string())),
+        }
+    }
+}
+
+impl From<HttpError> for Exchange {
+    fn from(e: HttpError) -> Self {
+        Exchange::Failed(e)
+    }
+}
+
+impl From<Exchange> for HttpError {
+    fn from(e: Exchange) -> Self {
+        match e {
+            Exchange::Stale => HttpError::Io("connection closed before an answer".into()),
+            Exchange::Failed(e) => e,
+        }
+    }
+}
+
+async fn connect(authority: &str, within: Duration) -> Result<TcpStream, HttpError> {
+    let stream = tokio::time::timeout(within, TcpStream::connect(authority))
+        .await
+        .map_err(|_| HttpError::Io(format!("connect timed out after {within:?}")))?
+        .map_err(|e| HttpError::Io(format!("connect {authority}: {e}")))?;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// Read more into `buf`, at most `cap` bytes in all. Bytes read (0: end of stream).
+async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>, cap: usize) -> Result<usize, Exchange> {
+    if buf.len() >= cap {
+        return Err(HttpError::TooLarge(cap).into());
+    }
+    buf.reserve((cap - buf.len()).min(4 << 10));
+    let room = buf.capacity().min(cap) - buf.len();
+    let mut limited = (&mut *stream).take(room as u64);
+    limited.read_buf(buf).await.map_err(Exchange::stale_or)
+}
+
+/// How a body ends.
+enum Framing {
+    Length(usize),
+    Chunked,
+    Close,
+}
+
+/// A response head, parsed.
+struct Head {
+    len: usize,
+    status: u16,
+    keep: bool,
+    framing: Framing,
+}
+
+/// Parse the head at the start of `buf`: `None` while it is incomplete. Synchronous,
+/// so that the header array never lives across an await (a follower's future is held
+/// for every agent, all the time).
+fn parse_head(buf: &[u8]) -> Result<Option<Head>, HttpError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut head = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(len) = head
+        .parse(buf)
+        .map_err(|e| HttpError::Malformed(e.to_string()))?
+    else {
+        return Ok(None);
+    };
+    let status = head.code.unwrap_or(0);
+    let mut keep = head.version == Some(1);
+    let (mut length, mut chunked) = (None, false);
+    for h in head.headers.iter() {
+        let value = std::str::from_utf8(h.value).unwrap_or("").trim();
+        if h.name.eq_ignore_ascii_case("connection") {
+            if value
+                .split(',')
+                .any(|v| v.trim().eq_ignore_ascii_case("close"))
+            {
+                keep = false;
+            }
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            if !value.eq_ignore_ascii_case("chunked") || chunked {
+                return Err(HttpError::Malformed(format!("transfer-encoding {value:?}")));
+            }
+            chunked = true;
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            let n: usize = value
+                .parse()
+                .map_err(|_| HttpError::Malformed(format!("content-length {value:?}")))?;
+            if length.is_some_and(|m| m != n) {
+                return Err(HttpError::Malformed("two content-lengths".into()));
+            }
+            length = Some(n);
+        }
+    }
+    let framing = match (chunked, length) {
+        // Both: a smuggling pattern (RFC 9112 6.3 lets TE win; stricter, refused).
+        (true, Some(_)) => {
+            return Err(HttpError::Malformed(
+                "both transfer-encoding and content-length".into(),
+            ))
+        }
+        // No body on these whatever the headers say.
+        _ if status == 204 || status == 304 || (100..200).contains(&status) => Framing::Length(0),
+        (true, None) => Framing::Chunked,
+        (false, Some(n)) => Framing::Length(n),
+        (false, None) => Framing::Close,
+    };
+    Ok(Some(Head {
+        len,
+        status,
+        keep,
+        framing,
+    }))
+}
+
+/// Read one response: the answer and whether the connection may be kept.
+async fn read_response(stream: &mut TcpStream, limit: usize) -> Result<(Response, bool), Exchange> {
+    // Nothing is allocated until the answer starts to arrive: a long-poll waits here.
+    let mut buf: Vec<u8> = Vec::new();
+    let cap = MAX_HEAD + limit + (limit >> 3) + 1024;
+    loop {
+        let Some(Head {
+            len: head_len,
+            status,
+            mut keep,
+            framing,
+        }) = parse_head(&buf)?
+        else {
+            if buf.len() > MAX_HEAD {
+                return Err(HttpError::Malformed(format!("head over {MAX_HEAD} bytes")).into());
+            }
+            let first = buf.is_empty();
+            if first {
+                stream.readable().await.map_err(Exchange::stale_or)?;
+            }
+            let n = fill(stream, &mut buf, cap)
+                .await
+                .map_err(|e| if first { e } else { e.mid() })?;
+            if n == 0 {
+                return Err(if first {
+                    Exchange::Stale
+                } else {
+                    HttpError::Malformed("connection closed in the head".into()).into()
+                });
+            }
+            continue;
+        };
+        if (100..200).contains(&status) {
+            // An interim answer: the real one follows.
+            buf.drain(..head_len);
+            continue;
+        }
+        buf.drain(..head_len);
+        let body = match framing {
+            Framing::Length(n) => {
+                if n > limit {
+                    return Err(HttpError::TooLarge(limit).into());
+                }
+                while buf.len() < n {
+                    if fill(stream, &mut buf, n).await.map_err(Exchange::mid)? == 0 {
+                        return Err(
+                            HttpError::Malformed("connection closed in the body".into()).into()
+                        );
+                    }
+                }
+                // Bytes past the body: the connection is out of step; not kept.
+                keep &= buf.len() == n;
+                buf.truncate(n);
+                buf
+            }
+            Framing::Chunked => dechunk(stream, buf, limit, cap)
+                .await
+                .map_err(Exchange::mid)?,
+            Framing::Close => {
+                keep = false;
+                while fill(stream, &mut buf, limit + 1)
+                    .await
+                    .map_err(Exchange::mid)?
+                    > 0
+                {}
+                buf
+            }
+        };
+        if body.len() > limit {
+            return Err(HttpError::TooLarge(limit).into());
+        }
+        return Ok((Response { status, body }, keep));
+    }
+}
+
+/// Decode a chunked body whose first bytes are in `raw`.
+async fn dechunk(
+    stream: &mut TcpStream,
+    mut raw: Vec<u8>,
+    limit: usize,
+    cap: usize,
+) -> Result<Vec<u8>, Exchange> {
+    let mut body = Vec::new();
+    let mut at = 0;
+    loop {
+        match httparse::parse_chunk_size(&raw[at..]) {
+            Ok(httparse::Status::Complete((used, 0))) => {
+                // The last chunk; then trailers (ignored) up to an empty line.
+                at += used;
+                loop {
+                    if let Some(i) = raw[at..].windows(2).position(|w| w == b"\r\n") {
+                        at += i + 2;
+                        if i == 0 {
+                            if at != raw.len() {
+                                return Err(HttpError::Malformed(
+                                    "bytes after the last chunk".into(),
+                                )
+                                .into());
+                            }
+                            return Ok(body);
+                        }
+                        continue;
+                    }
+                    if fill(stream, &mut raw, cap).await? == 0 {
+                        return Err(HttpError::Malformed("closed in the trailers".into()).into());
+                    }
+                }
+            }
+            Ok(httparse::Status::Complete((used, size))) => {
+                let size = usize::try_from(size).unwrap_or(usize::MAX);
+                if body.len().saturating_add(size) > limit {
+                    return Err(HttpError::TooLarge(limit).into());
+                }
+                let end = at + used + size;
+                while raw.len() < end + 2 {
+                    if fill(stream, &mut raw, cap).await? == 0 {
+                        return Err(HttpError::Malformed("closed in a chunk".into()).into());
+                    }
+                }
+                if &raw[end..end + 2] != b"\r\n" {
+                    return Err(HttpError::Malformed("chunk not ended by CRLF".into()).into());
+                }
+                body.extend_from_slice(&raw[at + used..end]);
+                at = end + 2;
+            }
+            Ok(httparse::Status::Partial) => {
+                if fill(stream, &mut raw, cap).await? == 0 {
+                    return Err(HttpError::Malformed("closed in a chunk size".into()).into());
+                }
+            }
+            Err(_) => return Err(HttpError::Malformed("bad chunk size".into()).into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    #[test]
+    fn targets_parse() {
+        let t = Target::parse("http://10.0.0.7:8081").unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.prefix.as_str()),
+            ("10.0.0.7:8081", "")
+        );
+        let t = Target::parse("http://127.0.0.1:9/n/7/").unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.prefix.as_str()),
+            ("127.0.0.1:9", "/n/7")
+        );
+        assert_eq!(
+            Target::parse("http://node-a").unwrap().authority,
+            "node-a:80"
+        );
+        assert_eq!(
+            Target::parse("http://[::1]:81").unwrap().authority,
+            "[::1]:81"
+        );
+        for bad in [
+            "https://a:1",
+            "a:1",
+            "http://",
+            "http://a:x",
+            "http://a:1/p?q=1",
+            "http://u@a:1",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A server that answers each connection's requests with `answers`, in turn, then
+    /// closes; the requests it read come back.
+    async fn server(
+        answers: Vec<Vec<&'static [u8]>>,
+    ) -> (Target, tokio::task::JoinHandle<Vec<String>>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = Target::parse(&format!("http://{}/p", l.local_addr().unwrap())).unwrap();
+        let h = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for conn in answers {
+                let (mut s, _) = l.accept().await.unwrap();
+                for answer in conn {
+                    let mut req = Vec::new();
+                    while !req.ends_with(b"\r\n\r\n") {
+                        let mut b = [0u8; 1];
+                        if s.read(&mut b).await.unwrap() == 0 {
+                            break;
+                        }
+                        req.push(b[0]);
+                    }
+                    seen.push(String::from_utf8(req).unwrap());
+                    s.write_all(answer).await.unwrap();
+                }
+            }
+            seen
+        });
+        (target, h)
+    }
+
+    #[tokio::test]
+    async fn lengths_chunks_keep_alive_and_a_stale_connection_retried() {
+        let (target, h) = server(vec![
+            vec![
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\nT: 1\r\n\r\n",
+            ],
+            // The kept connection was closed: the third request goes on a new one.
+            vec![b"HTTP/1.1 503 No\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno"],
+            vec![b"HTTP/1.0 200 OK\r\n\r\nuntil close"],
+        ])
+        .await;
+        let mut c = Conn::new(target, Duration::from_secs(1));
+        let r = c.get("/v1/health", 100).await.unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"hello"[..]));
+        let r = c.get("/v1/health?wait_generation=3", 100).await.unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"abcde"[..]));
+        let r = c.get("/v1/health", 100).await.unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (503, &b"no"[..]));
+        assert!(c.stream.is_none(), "Connection: close is honoured");
+        let r = c.get("/v1/health", 100).await.unwrap();
+        assert_eq!(r.body, b"until close");
+        let seen = h.await.unwrap();
+        assert_eq!(seen.len(), 4);
+        assert!(seen[0].starts_with("GET /p/v1/health HTTP/1.1\r\nHost: 127.0.0.1:"));
+        assert!(seen[1].starts_with("GET /p/v1/health?wait_generation=3 HTTP/1.1\r\n"));
+    }
+
+    #[tokio::test]
+    async fn oversized_and_malformed_answers_are_errors() {
+        let (target, _h) = server(vec![
+            vec![b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n"],
+            vec![b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n200\r\n"],
+            vec![b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"],
+            vec![b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"],
+            vec![b"garbage\r\n\r\n"],
+            vec![b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort"],
+        ])
+        .await;
+        let mut c = Conn::new(target, Duration::from_secs(1));
+        assert!(matches!(
+            c.get("/", 100).await,
+            Err(HttpError::TooLarge(100))
+        ));
+        assert!(matches!(
+            c.get("/", 100).await,
+            Err(HttpError::TooLarge(100))
+        ));
+        assert!(matches!(
+            c.get("/", 100).await,
+            Err(HttpError::Malformed(_))
+        ));
+        assert!(matches!(
+            c.get("/", 100).await,
+            Err(HttpError::Malformed(_))
+        ));
+        assert!(matches!(
+            c.get("/", 100).await,
+            Err(HttpError::Malformed(_))
+        ));
+        assert!(matches!(
+            c.get("/", 100).await,
+            Err(HttpError::Malformed(_))
+        ));
+        assert!(c.stream.is_none());
+    }
+}

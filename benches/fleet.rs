@@ -1,0 +1,217 @@
+//! What the aggregator benchmarks share: a fleet of simulated agents (one long-poll
+//! endpoint per node under `/n/<i>`, each node's document changing now and then as
+//! real sensor readings do), the in-process Kubernetes API test server, and readings
+//! of a process's CPU and memory from `/proc`.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::process::Child;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use faultline_common::classify::Finding;
+use faultline_common::{
+    DeviceHealth, DeviceReading, DeviceStatus, NodeHealth, Summary, Vendor, SCHEMA_VERSION,
+};
+use faultline_test_apiserver::ApiServer;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+
+pub struct SimNode {
+    doc: Mutex<(NodeHealth, bytes::Bytes)>,
+    generation: watch::Sender<u64>,
+}
+
+/// Nodes `first..first + nodes.len()`, served under `/n/<global index>`.
+pub struct Fleet {
+    pub first: usize,
+    pub nodes: Vec<SimNode>,
+}
+
+pub fn device(i: u32) -> DeviceHealth {
+    let mut r = DeviceReading::new(format!("gpu{i}"), Vendor::Nvidia, "nvml");
+    r.uuid = Some(format!("GPU-5157e000-0000-4000-8000-{i:012x}"));
+    r.pci_bus_id = Some(format!("0000:{:02x}:00.0", 0x18 + i * 0x10));
+    r.temperature_c = Some(50.0);
+    r.power_w = Some(300.0);
+    DeviceHealth {
+        reading: r,
+        status: DeviceStatus::Healthy,
+        reason: None,
+        findings: vec![],
+        ecc_errors: Some(0),
+        pcie_link_status: Some("up".into()),
+        sampled_at: None,
+        sample_age_ms: Some(200),
+        recent_xids: vec![],
+    }
+}
+
+pub fn node_name(i: usize) -> String {
+    format!("gpu-node-{i:05}")
+}
+
+impl Fleet {
+    /// Nodes `0..n`.
+    pub fn new(n: usize) -> Arc<Self> {
+        Self::range(0, n)
+    }
+
+    /// Nodes `first..first + n`.
+    pub fn range(first: usize, n: usize) -> Arc<Self> {
+        let nodes = (first..first + n)
+            .map(|i| {
+                let npus: Vec<DeviceHealth> = (0..8).map(device).collect();
+                let doc = NodeHealth {
+                    schema_version: SCHEMA_VERSION.into(),
+                    generation: 1,
+                    timestamp: String::new(),
+                    node: node_name(i),
+                    agent_version: "bench".into(),
+                    summary: Summary::of(&npus),
+                    npus,
+                    sources: vec![],
+                    unattributed_xids: vec![],
+                };
+                let bytes = bytes::Bytes::from(serde_json::to_vec(&doc).unwrap());
+                SimNode {
+                    doc: Mutex::new((doc, bytes)),
+                    generation: watch::channel(1).0,
+                }
+            })
+            .collect();
+        Arc::new(Fleet { first, nodes })
+    }
+
+    /// Change node `i` (local index) and wake its long-polls.
+    pub fn change(&self, i: usize, f: impl FnOnce(&mut NodeHealth)) {
+        let node = &self.nodes[i];
+        let mut g = node.doc.lock().unwrap();
+        f(&mut g.0);
+        g.0.generation += 1;
+        g.0.summary = Summary::of(&g.0.npus);
+        g.1 = bytes::Bytes::from(serde_json::to_vec(&g.0).unwrap());
+        node.generation.send_replace(g.0.generation);
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Q {
+    wait_generation: Option<u64>,
+    timeout_ms: Option<u64>,
+}
+
+async fn health(
+    State(f): State<Arc<Fleet>>,
+    Path(i): Path<usize>,
+    Query(q): Query<Q>,
+) -> axum::response::Response {
+    let Some(node) = i.checked_sub(f.first).and_then(|i| f.nodes.get(i)) else {
+        return axum::http::StatusCode::NOT_FOUND.into_response();
+    };
+    if let Some(seen) = q.wait_generation {
+        let mut rx = node.generation.subscribe();
+        let wait = Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(60_000));
+        let _ = tokio::time::timeout(wait, rx.wait_for(|g| *g != seen)).await;
+    }
+    let body = node.doc.lock().unwrap().1.clone();
+    ([("content-type", "application/json")], body).into_response()
+}
+
+pub async fn serve_fleet(fleet: Arc<Fleet>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new()
+        .route("/n/{i}/v1/health", get(health))
+        .with_state(fleet);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// Sensor noise: every node's document changes about once per `period`.
+pub fn noise(fleet: Arc<Fleet>, period: Duration) {
+    tokio::spawn(async move {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let tick = Duration::from_millis(100);
+        let per_tick = (fleet.nodes.len() as f64 * tick.as_secs_f64() / period.as_secs_f64())
+            .max(1.0) as usize;
+        loop {
+            tokio::time::sleep(tick).await;
+            for _ in 0..per_tick {
+                let i = rng.random_range(0..fleet.nodes.len());
+                let d = rng.random_range(0..8);
+                let t = rng.random_range(45.0..60.0);
+                fleet.change(i, |doc| doc.npus[d].reading.temperature_c = Some(t));
+            }
+        }
+    });
+}
+
+/// A child process, killed when dropped.
+pub struct Proc(pub Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A hard fault (Xid 79) on device `d` of a document.
+pub fn hard_fault(doc: &mut NodeHealth, d: usize) {
+    let d = &mut doc.npus[d];
+    d.status = DeviceStatus::Failed;
+    d.reason = Some("xid-79".into());
+    d.findings = vec![Finding {
+        code: "xid-79".into(),
+        status: DeviceStatus::Failed,
+        detail: String::new(),
+    }];
+}
+
+pub fn proc_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+pub fn cpu_secs(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    (f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0))
+        / 100.0
+}
+
+pub fn pct(v: &[Duration], p: f64) -> f64 {
+    v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
+}
+
+pub async fn api_server() -> (ApiServer, String) {
+    let server = ApiServer::new();
+    server
+        .create(
+            "namespaces",
+            "",
+            serde_json::json!({"metadata": {"name": "faultline"}}),
+        )
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(faultline_test_apiserver::serve(
+        listener,
+        server.clone(),
+        tokio_util::sync::CancellationToken::new(),
+    ));
+    (server, url)
+}
