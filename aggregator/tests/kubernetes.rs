@@ -84,6 +84,16 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
         }
     }
     assert_eq!(holder(&server, 0).as_deref(), Some("r1"));
+    // Issue 11: a change is written to its own shard alone (the other one is not
+    // rewritten with it, so a fault never waits behind the other shards' writes).
+    let other = 1 - shard_of("n2", 2);
+    let rv = |s: u32| {
+        server
+            .get("configmaps", NS, &format!("faultline-shard-{s}"))
+            .unwrap()["metadata"]["resourceVersion"]
+            .clone()
+    };
+    let other_rv = rv(other);
 
     let t0 = Instant::now();
     assert_eq!(
@@ -108,6 +118,7 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
         latency < Duration::from_secs(1),
         "in the ConfigMap after {latency:?}"
     );
+    assert_eq!(rv(other), other_rv, "the other shard was not rewritten");
     assert_eq!(
         entry
             .npus

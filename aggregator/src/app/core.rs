@@ -74,6 +74,14 @@ pub struct Core {
     ready: Arc<AtomicBool>,
     dirty: bool,
     urgent: bool,
+    /// Shards whose nodes changed since the last write; when only node changes are
+    /// due, only they are written.
+    changed: BTreeSet<u32>,
+    /// Something other than a node's change is due (a takeover, a final write, a
+    /// failed write, a shard granted): the next write covers every shard held.
+    whole: bool,
+    /// The last write of every shard held (the heartbeat counts from it).
+    last_whole: Option<Instant>,
     sequence: u64,
     /// The whole document built for `GET /v1/faults`, shared by every asker until the
     /// next sequence (issue 10: a burst of requests builds it once).
@@ -145,6 +153,9 @@ impl Core {
             ready,
             dirty: true,
             urgent: false,
+            changed: BTreeSet::new(),
+            whole: true,
+            last_whole: None,
             sequence: 0,
             asked: None,
             last_write: None,
@@ -189,7 +200,9 @@ impl Core {
         if let Some(s) = self.seeded.as_mut() {
             s.insert(t.shard);
         }
+        self.changed.insert(t.shard);
         self.dirty = true;
+        self.whole = true;
         self.last_write = None;
     }
 
@@ -225,6 +238,7 @@ impl Core {
                     tracing::debug!(shard = f.shard, "final write before handing the shard back");
                     self.final_waiters.push(f.done);
                     self.dirty = true;
+                    self.whole = true;
                     self.last_write = None;
                 }
                 ev = inputs.agents.recv() => {
@@ -297,8 +311,21 @@ impl Core {
         self.on_change(c);
     }
 
+    /// Note the shards of the nodes a change touched.
+    fn note_shards(&mut self, nodes: &[String]) {
+        for n in nodes {
+            match self.publisher.shard_of(n) {
+                Some(s) => {
+                    self.changed.insert(s);
+                }
+                None => self.whole = true,
+            }
+        }
+    }
+
     /// What a change means beyond the document: urgency, remediation, nudges.
     fn on_change(&mut self, c: Change) {
+        self.note_shards(&c.nodes);
         self.urgent |= c.urgent;
         if c.urgent {
             if let Some(d) = &self.dispatch {
@@ -310,7 +337,9 @@ impl Core {
 
     fn on_tick(&mut self) {
         let c = self.pipeline.tick(now_ms());
-        self.dirty |= !c.nodes.is_empty() || self.failed.load(Ordering::Acquire);
+        let failed = self.failed.load(Ordering::Acquire);
+        self.dirty |= !c.nodes.is_empty() || failed;
+        self.whole |= failed;
         self.on_change(c);
         if self.last_reconcile.elapsed() >= self.timing.reconcile {
             self.last_reconcile = Instant::now();
@@ -322,6 +351,7 @@ impl Core {
         let held = self.publisher.held();
         if held != self.last_held {
             self.dirty = true;
+            self.whole = true;
             self.last_held = held;
         }
         // A shard released is seeded afresh when taken again. Judged on the grants, not
@@ -338,15 +368,26 @@ impl Core {
     fn write(&mut self) {
         if self.failed.swap(false, Ordering::AcqRel) {
             tracing::debug!("the last write failed; this one retries it");
+            self.whole = true;
         }
         self.sequence += 1;
         self.ready.store(true, Ordering::Release);
+        // Every shard: when asked for, at the heartbeat (nothing dirty, or the last
+        // whole write a heartbeat ago), and after a failed write (it may have been any).
+        let whole = self.whole
+            || !self.dirty
+            || self
+                .last_whole
+                .is_none_or(|t| t.elapsed() >= self.timing.heartbeat);
+        let changed = std::mem::take(&mut self.changed);
         let task = self.publisher.write(
             &self.pipeline,
             Stamp {
                 sequence: self.sequence,
                 writer: &self.replica,
                 seeded: self.seeded.as_ref(),
+                changed: &changed,
+                whole,
             },
             &mut self.alarming,
             &self.metrics,
@@ -364,6 +405,10 @@ impl Core {
             })
         });
         self.last_write = Some(Instant::now());
+        if whole {
+            self.last_whole = self.last_write;
+        }
+        self.whole = false;
         self.spacing = jittered(self.timing.interval);
         // A failed write leaves the document dirty for the next round.
         self.dirty = false;

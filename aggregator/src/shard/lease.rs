@@ -179,6 +179,25 @@ impl Observations {
         now.duration_since(seen.at) > dur
     }
 
+    /// The soonest moment, after `now`, that a lease observed would run out: the Lease
+    /// loop looks again then rather than up to a retry period later (a dead holder's
+    /// shards are taken as soon as its leases run out; issue 11). Leases already out are
+    /// not counted (that would spin while this replica is at its share).
+    fn next_expiry(&self, duration: Duration, now: Instant) -> Option<Instant> {
+        self.0
+            .values()
+            .map(|o| {
+                let dur = o
+                    .record
+                    .lease_duration_seconds
+                    .map(|s| Duration::from_secs(s.max(1) as u64))
+                    .unwrap_or(duration);
+                o.at + dur
+            })
+            .filter(|t| *t > now)
+            .min()
+    }
+
     /// Forget a shard's observation (it is ours now, or gone).
     fn forget(&mut self, shard: u32) {
         self.0.remove(&shard);
@@ -705,9 +724,17 @@ impl ShardLeases {
     pub async fn run(mut self, cancel: CancellationToken) {
         loop {
             self.pass().await;
+            let now = Instant::now();
+            // Just past the soonest expiry, if it comes before the next retry.
+            let wait = self
+                .observed
+                .next_expiry(self.cfg.duration, now)
+                .map_or(self.cfg.retry, |t| {
+                    (t - now + Duration::from_millis(20)).min(self.cfg.retry)
+                });
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(self.cfg.retry) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
         }
         let (api, name, me, held) = (&self.api, &self.name, &self.me, &self.held);
@@ -733,5 +760,36 @@ impl ShardLeases {
                 .delete(&format!("{name}-member-{me}"), &Default::default())
                 .await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loop wakes just past the soonest expiry still to come, never for one past.
+    #[test]
+    fn the_next_expiry_is_the_soonest_still_to_come() {
+        let spec = |holder: &str, secs: i32| LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(secs),
+            ..Default::default()
+        };
+        let mut o = Observations::default();
+        let t0 = Instant::now();
+        let d = Duration::from_secs(15);
+        assert!(!o.expired(0, &spec("a", 15), d, t0));
+        assert!(!o.expired(1, &spec("b", 5), d, t0 + Duration::from_secs(1)));
+        assert_eq!(
+            o.next_expiry(d, t0 + Duration::from_secs(2)),
+            Some(t0 + Duration::from_secs(6))
+        );
+        // b has run out: a's is next.
+        assert!(o.expired(1, &spec("b", 5), d, t0 + Duration::from_secs(7)));
+        assert_eq!(
+            o.next_expiry(d, t0 + Duration::from_secs(7)),
+            Some(t0 + Duration::from_secs(15))
+        );
+        assert_eq!(o.next_expiry(d, t0 + Duration::from_secs(16)), None);
     }
 }
