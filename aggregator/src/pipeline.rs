@@ -348,7 +348,8 @@ impl Pipeline {
             .last_eval_ms
             .is_none_or(|t| now_ms.saturating_sub(t) >= MIN_EVAL_SPACING_MS);
         let mut change = if due || hard {
-            self.evaluate(&name, now_ms)
+            let (rules, metrics) = (&self.rules, &self.metrics);
+            Self::judge(node, &name, now_ms, rules, metrics, self.forget_ms)
         } else {
             Change::default()
         };
@@ -405,22 +406,9 @@ impl Pipeline {
         change
     }
 
-    fn evaluate(&mut self, name: &str, now_ms: u64) -> Change {
-        let Some(node) = self.nodes.get_mut(name) else {
-            return Change::default();
-        };
-        Self::judge(
-            node,
-            name,
-            now_ms,
-            &self.rules,
-            &self.metrics,
-            self.forget_ms,
-        )
-    }
-
     /// Judge one node: each device's windows observe its entry of the document (or its
-    /// absence) and the state machine steps.
+    /// absence) and the state machine steps. Never called for a quiet node whose
+    /// document was dropped: the tick records its clean samples instead.
     fn judge(
         node: &mut Node,
         name: &str,
@@ -429,11 +417,6 @@ impl Pipeline {
         metrics: &Metrics,
         forget: u64,
     ) -> Change {
-        if node.doc.is_none() && !node.unseen && node.quiet() {
-            // Dropped as quiet: judged again, a clean sample each.
-            node.record_quiet(now_ms);
-            return Change::default();
-        }
         node.last_eval_ms = Some(now_ms);
         node.unseen = false;
         let Node {
