@@ -104,6 +104,49 @@ impl Fleet {
 struct Q {
     wait_generation: Option<u64>,
     timeout_ms: Option<u64>,
+    watch: Option<String>,
+}
+
+/// The agent's watch stream (`agent/src/api.rs`): each new document as a line, a
+/// blank line at the heartbeat.
+fn watch(
+    f: Arc<Fleet>,
+    i: usize,
+    seen: Option<u64>,
+    heartbeat: Duration,
+) -> axum::response::Response {
+    let rx = f.nodes[i].generation.subscribe();
+    let stream =
+        futures_util::stream::unfold((f, rx, seen), move |(f, mut rx, mut seen)| async move {
+            loop {
+                let now = *rx.borrow_and_update();
+                if seen != Some(now) {
+                    let (generation, body) = {
+                        let g = f.nodes[i].doc.lock().unwrap();
+                        (g.0.generation, g.1.clone())
+                    };
+                    seen = Some(generation);
+                    let mut line = Vec::with_capacity(body.len() + 1);
+                    line.extend_from_slice(&body);
+                    line.push(b'\n');
+                    let item = Ok::<_, std::convert::Infallible>(bytes::Bytes::from(line));
+                    return Some((item, (f, rx, seen)));
+                }
+                match tokio::time::timeout(heartbeat, rx.changed()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return None,
+                    Err(_) => {
+                        let item = Ok(bytes::Bytes::from_static(b"\n"));
+                        return Some((item, (f, rx, seen)));
+                    }
+                }
+            }
+        });
+    (
+        [("content-type", "application/x-ndjson")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
 }
 
 async fn health(
@@ -111,9 +154,14 @@ async fn health(
     Path(i): Path<usize>,
     Query(q): Query<Q>,
 ) -> axum::response::Response {
-    let Some(node) = i.checked_sub(f.first).and_then(|i| f.nodes.get(i)) else {
+    let Some(local) = i.checked_sub(f.first).filter(|i| *i < f.nodes.len()) else {
         return axum::http::StatusCode::NOT_FOUND.into_response();
     };
+    if matches!(q.watch.as_deref(), Some("true" | "1")) {
+        let heartbeat = Duration::from_millis(q.timeout_ms.unwrap_or(10_000).clamp(1_000, 30_000));
+        return watch(f.clone(), local, q.wait_generation, heartbeat);
+    }
+    let node = &f.nodes[local];
     if let Some(seen) = q.wait_generation {
         let mut rx = node.generation.subscribe();
         let wait = Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(60_000));

@@ -57,7 +57,11 @@ fn fleet_main(first: usize, count: usize) -> Result<()> {
     rt.block_on(async move {
         let fleet = Fleet::range(first, count);
         let addr = serve_fleet(fleet.clone()).await;
-        noise(fleet.clone(), Duration::from_secs(5));
+        // Each node's document changes about every 5 s (BENCH_NOISE_MS; 0: never).
+        let period = env_or("BENCH_NOISE_MS", 5000) as u64;
+        if period > 0 {
+            noise(fleet.clone(), Duration::from_millis(period));
+        }
         println!("{}", addr.port());
         std::io::stdout().flush()?;
         let f = fleet.clone();
@@ -417,7 +421,7 @@ async fn single(
     )
     .await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let (cpu, rss, per_doc) = steady(&r, 30).await;
+    let (cpu, rss, per_doc) = steady(&r, env_or("BENCH_STEADY_SECS", 30) as u64).await;
     println!(
         "| one replica, {n} nodes x 8 devices ({shards} shards, all its own) | RSS {rss:.0} MiB ({:.1} KiB per node); CPU {cpu:.1}% of one core; {per_doc:.0} µs of CPU per received document; all published {:.1} s after start |",
         rss * 1024.0 / n as f64,
@@ -697,6 +701,9 @@ fn main() -> Result<()> {
         let (server, kube) = api_server().await;
         println!("| measure | result |\n|---|---|");
         single(agg, &fleets, &server, &kube, 32).await?;
+        if std::env::var("BENCH_ONLY").as_deref() == Ok("single") {
+            return Ok(());
+        }
         scale_out(agg, &mut fleets, &server, &kube).await
     })
 }

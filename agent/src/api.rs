@@ -1,5 +1,5 @@
-//! The HTTP API: `/v1/health` (with long-poll on the generation), probes, metrics, and
-//! fault injection when the simulator runs. Read-only apart from the simulator (and the
+//! The HTTP API: `/v1/health` (with long-poll on the generation, or a watch stream of
+//! every new document), probes, metrics, and fault injection when the simulator runs. Read-only apart from the simulator (and the
 //! per-device gauges `/metrics` refreshes from the document before encoding). Every
 //! error answer is an [`ApiError`], sent as the shared [`ErrorBody`] JSON.
 
@@ -32,8 +32,10 @@ pub struct ApiState {
     pub store: Arc<Store>,
     pub metrics: Arc<Metrics>,
     pub sim: Option<Arc<SimControl>>,
-    /// Long polls waiting now, at most [`MAX_WAITERS`].
+    /// Long polls waiting now and watch streams open, at most [`MAX_WAITERS`].
     pub waiters: Arc<tokio::sync::Semaphore>,
+    /// Ends the watch streams (the agent is stopping).
+    pub stop: tokio_util::sync::CancellationToken,
 }
 
 /// Long polls held open at once; past this a poll waits at most [`SHORT_WAIT`], so
@@ -50,9 +52,29 @@ impl ApiState {
             metrics,
             sim,
             waiters: Arc::new(tokio::sync::Semaphore::new(MAX_WAITERS)),
+            stop: tokio_util::sync::CancellationToken::new(),
         }
     }
+
+    /// Watch streams end when `stop` is cancelled.
+    pub fn with_stop(mut self, stop: tokio_util::sync::CancellationToken) -> Self {
+        self.stop = stop;
+        self
+    }
 }
+
+/// A watch stream lasts at least this, then the agent ends it and the client asks
+/// again (a connection is not held for ever, and a fleet's streams do not all end at
+/// once): each stream's life is drawn between this and twice this, as kube-apiserver
+/// draws a watch's timeout (staging/src/k8s.io/apiserver/pkg/endpoints/handlers/get.go,
+/// `timeout = minRequestTimeout * (1 + rand)`).
+pub const WATCH_MIN_LIFE: Duration = Duration::from_secs(300);
+/// A watch stream's heartbeat (`timeout_ms`) is within these: a blank line is sent
+/// after this long without a change, so the client knows the agent lives (below the
+/// server's idle timeout of 60 s).
+pub const WATCH_HEARTBEAT: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+/// The media type of a watch stream: one JSON document per line.
+pub const NDJSON: &str = "application/x-ndjson";
 
 /// An error answer: its HTTP status and message, sent as [`ErrorBody`] JSON
 /// (`{"error": "...", "status": N}`).
@@ -94,10 +116,15 @@ impl IntoResponse for ApiError {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct HealthQuery {
-    /// Answer once the generation is greater than this.
+    /// Answer once the generation is greater than this (with `watch`: the first
+    /// document is sent once the generation is another than this).
     wait_generation: Option<u64>,
-    /// Longest wait in milliseconds (default 30000, at most 60000).
+    /// Longest wait in milliseconds (default 30000, at most 60000); with `watch`, the
+    /// heartbeat's period (default 10000, within [`WATCH_HEARTBEAT`]).
     timeout_ms: Option<u64>,
+    /// `true` (or `1`): a stream of documents ([`NDJSON`]), each new generation as it
+    /// comes.
+    watch: Option<String>,
     /// `pretty` for indented JSON.
     format: Option<String>,
 }
@@ -172,6 +199,32 @@ async fn health(
 ) -> Result<Response, ApiError> {
     let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let pretty = pretty(&q.format)?;
+    let watch = match q.watch.as_deref() {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(w) => {
+            return Err(ApiError::bad_request(format!(
+                "watch {w:?}: expected true or false"
+            )))
+        }
+    };
+    if watch {
+        if pretty {
+            return Err(ApiError::bad_request(
+                "a watch stream is one document per line: format=pretty does not apply",
+            ));
+        }
+        let heartbeat = Duration::from_millis(q.timeout_ms.unwrap_or(10_000))
+            .clamp(WATCH_HEARTBEAT.0, WATCH_HEARTBEAT.1);
+        return Ok(match s.waiters.clone().try_acquire_owned() {
+            Ok(permit) => watch_stream(s, q.wait_generation, heartbeat, permit),
+            // Past the cap: the document now, not a stream (the client long-polls).
+            Err(_) => {
+                s.metrics.long_poll_shortened();
+                json_response(&s.store.render(), false)
+            }
+        });
+    }
     if let Some(seen) = q.wait_generation {
         let mut wait = Duration::from_millis(q.timeout_ms.unwrap_or(30_000)).min(MAX_WAIT);
         let permit = s.waiters.clone().try_acquire_owned().ok();
@@ -189,6 +242,63 @@ async fn health(
         ));
     }
     Ok(json_response(&s.store.render(), pretty))
+}
+
+/// The watch stream: the current document at once (or once its generation is another
+/// than `seen`), then every new generation as it comes, and a blank line after
+/// `heartbeat` without one; it ends after its life ([`WATCH_MIN_LIFE`]), when the
+/// agent stops, or when the client goes. It holds a waiter `permit` all along.
+fn watch_stream(
+    s: ApiState,
+    seen: Option<u64>,
+    heartbeat: Duration,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Response {
+    let life = WATCH_MIN_LIFE.mul_f64(rand::random_range(1.0..2.0));
+    let end = tokio::time::Instant::now() + life;
+    let rx = s.store.subscribe();
+    let stream = futures_util::stream::unfold(
+        (s, rx, seen, permit),
+        move |(s, mut rx, mut seen, permit)| async move {
+            loop {
+                let now = *rx.borrow_and_update();
+                if seen != Some(now) {
+                    let doc = s.store.render();
+                    let mut line = match serde_json::to_vec(&doc) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot encode the document: the watch stream ends");
+                            return None;
+                        }
+                    };
+                    line.push(b'\n');
+                    seen = Some(doc.generation);
+                    let item = Ok::<_, std::convert::Infallible>(Bytes::from(line));
+                    return Some((item, (s, rx, seen, permit)));
+                }
+                tokio::select! {
+                    _ = s.stop.cancelled() => return None,
+                    _ = tokio::time::sleep_until(end) => return None,
+                    r = tokio::time::timeout(heartbeat, rx.changed()) => match r {
+                        Ok(Ok(())) => {}
+                        // The store is gone: the agent is stopping.
+                        Ok(Err(_)) => return None,
+                        // The heartbeat: a blank line, which NDJSON readers skip (a
+                        // document with nothing new would cost the reader a parse).
+                        Err(_) => {
+                            let item = Ok(Bytes::from_static(b"\n"));
+                            return Some((item, (s, rx, seen, permit)));
+                        }
+                    },
+                }
+            }
+        },
+    );
+    (
+        [(header::CONTENT_TYPE, NDJSON)],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
 }
 
 async fn device(

@@ -187,11 +187,9 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
     let listener = faultline_common::server::bind(cfg.listen, limits.backlog)
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
-    let app = api::router(api::ApiState::new(
-        store.clone(),
-        metrics.clone(),
-        sim_control,
-    ));
+    let app = api::router(
+        api::ApiState::new(store.clone(), metrics.clone(), sim_control).with_stop(cancel.clone()),
+    );
     let server = {
         let cancel = cancel.clone();
         let stats = metrics.server.clone();

@@ -162,6 +162,154 @@ async fn a_poll_without_a_change_returns_at_its_timeout() {
     );
 }
 
+/// A watch stream (issue 11) as its reader sees it, frame by frame.
+struct Watch {
+    body: hyper::body::Incoming,
+    buf: Vec<u8>,
+}
+
+impl Watch {
+    async fn open(url: &str) -> (u16, String, Watch) {
+        let client: hyper_util::client::legacy::Client<
+            _,
+            http_body_util::Empty<hyper::body::Bytes>,
+        > = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+        let resp = tokio::time::timeout(Duration::from_secs(10), client.get(url.parse().unwrap()))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        let ct = resp.headers()["content-type"].to_str().unwrap().to_string();
+        (
+            resp.status().as_u16(),
+            ct,
+            Watch {
+                body: resp.into_body(),
+                buf: Vec::new(),
+            },
+        )
+    }
+
+    /// The next line (empty: a heartbeat), and when it came; `None`: the stream ended.
+    async fn line(&mut self, within: Duration) -> Option<String> {
+        use http_body_util::BodyExt;
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return Some(String::from_utf8(line[..i].to_vec()).unwrap());
+            }
+            let frame = tokio::time::timeout_at(deadline, self.body.frame())
+                .await
+                .unwrap_or_else(|_| panic!("no line within {within:?}"));
+            match frame {
+                None => return None,
+                Some(f) => {
+                    if let Ok(data) = f.unwrap().into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Issue 11: `?watch=true` streams the document as NDJSON on one connection: the
+/// current one at once, each new generation as it comes, a blank line as the
+/// heartbeat when nothing changes; `wait_generation` holds the first line back until
+/// the generation moves; a bad `watch` or `format=pretty` is refused.
+#[tokio::test]
+async fn a_watch_streams_each_change_and_a_heartbeat() {
+    let tool = format!(
+        "{} --json",
+        test_path("fixtures/bin/fake-health-json").display()
+    );
+    let agent = spawn_agent(
+        &["--source", "exec", "--exec", &tool, "--interval", "100ms"],
+        &[],
+    );
+    wait_for(&agent, Duration::from_secs(10), "two NPUs", |d| {
+        d.npus.len() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let now = health(&agent).await.generation;
+    let (status, ct, mut w) =
+        Watch::open(&agent.url("/v1/health?watch=true&timeout_ms=1000")).await;
+    assert_eq!((status, ct.as_str()), (200, "application/x-ndjson"));
+    let first: faultline_common::NodeHealth =
+        serde_json::from_str(&w.line(Duration::from_secs(5)).await.unwrap()).unwrap();
+    assert_eq!((first.generation, first.npus.len()), (now, 2));
+    // Nothing changes: heartbeats, about a second apart.
+    let t = Instant::now();
+    for _ in 0..2 {
+        assert_eq!(w.line(Duration::from_secs(5)).await.as_deref(), Some(""));
+    }
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(5),
+        "two heartbeats in {waited:?}"
+    );
+    // Held back while the generation is the one the client has.
+    let (_, _, mut held) = Watch::open(&agent.url(&format!(
+        "/v1/health?watch=1&timeout_ms=1000&wait_generation={now}"
+    )))
+    .await;
+    assert_eq!(held.line(Duration::from_secs(5)).await.as_deref(), Some(""));
+
+    // A change comes as its own line, at once.
+    let sim = spawn_agent(
+        &[
+            "--source",
+            "sim",
+            "--sim-devices",
+            "8",
+            "--interval",
+            "200ms",
+            "--sim-seed",
+            "1",
+        ],
+        &[],
+    );
+    wait_for(&sim, Duration::from_secs(10), "eight devices", |d| {
+        d.npus.len() == 8
+    })
+    .await;
+    let (_, _, mut w) = Watch::open(&sim.url("/v1/health?watch=true")).await;
+    let mut d: faultline_common::NodeHealth =
+        serde_json::from_str(&w.line(Duration::from_secs(5)).await.unwrap()).unwrap();
+    let r = request(
+        "POST",
+        &sim.url("/v1/sim/faults"),
+        Some(r#"{"device":"gpu2","fault":"lost"}"#),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while status_of(&d, "gpu2").0 != "failed" {
+        assert!(Instant::now() < deadline, "gpu2 never failed on the stream");
+        let line = w.line(Duration::from_secs(15)).await.unwrap();
+        if line.is_empty() {
+            continue;
+        }
+        let next: faultline_common::NodeHealth = serde_json::from_str(&line).unwrap();
+        assert!(
+            next.generation > d.generation,
+            "each line is a new generation"
+        );
+        d = next;
+    }
+
+    for bad in [
+        "/v1/health?watch=maybe",
+        "/v1/health?watch=true&format=pretty",
+    ] {
+        let r = request("GET", &sim.url(bad), None).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+        assert!(r.json()["error"].is_string());
+    }
+}
+
 #[tokio::test]
 async fn bad_requests_get_json_errors() {
     let agent = sim_agent(&[]);

@@ -58,6 +58,9 @@ pub struct Metrics {
     rebalances: Counter,
     takeovers: Counter,
     seeded_devices: Counter,
+    /// `agent_polls{result="ok"}`, resolved once: it is counted for every document.
+    agent_polls_ok: Counter,
+    agent_watch_fallbacks: Counter,
     discovery_errors: Counter,
     devices_forgotten: Counter,
     nodes_refused: Counter,
@@ -139,6 +142,8 @@ impl Metrics {
             rebalances: Counter::default(),
             takeovers: Counter::default(),
             seeded_devices: Counter::default(),
+            agent_polls_ok: Counter::default(),
+            agent_watch_fallbacks: Counter::default(),
             discovery_errors: Counter::default(),
             devices_forgotten: Counter::default(),
             nodes_refused: Counter::default(),
@@ -156,6 +161,13 @@ impl Metrics {
             intake_alerts: Family::default(),
             notifications: Family::default(),
         };
+        let mut m = m;
+        m.agent_polls_ok = m
+            .agent_polls
+            .get_or_create(&ResultLabel {
+                result: "ok".into(),
+            })
+            .clone();
         registry.register(
             "remediation_actions",
             "Remediation actions (quarantine, evict, taint-unknown, release, canary) by result",
@@ -208,7 +220,7 @@ impl Metrics {
         );
         registry.register(
             "agent_polls",
-            "Requests to agents by result",
+            "Agents' documents received (ok) and failed requests or streams (error)",
             m.agent_polls.clone(),
         );
         registry.register(
@@ -310,6 +322,10 @@ impl Metrics {
 
     /// A request to an agent finished.
     pub fn agent_poll(&self, result: &str) {
+        if result == "ok" {
+            self.agent_polls_ok.inc();
+            return;
+        }
         self.agent_polls
             .get_or_create(&ResultLabel {
                 result: result.into(),
@@ -436,6 +452,16 @@ impl Metrics {
             "Devices seeded from a taken shard's last published document",
             m.seeded_devices.clone(),
         );
+        registry.register(
+            "agent_watch_fallbacks",
+            "Watch requests an agent answered without a stream (it is long-polled instead)",
+            m.agent_watch_fallbacks.clone(),
+        );
+    }
+
+    /// An agent answered a watch request without a stream.
+    pub fn agent_watch_fallback(&self) {
+        self.agent_watch_fallbacks.inc();
     }
 
     /// Shards held and replicas counted, after a Lease pass.

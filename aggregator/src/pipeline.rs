@@ -64,10 +64,18 @@ struct Node {
     sources: Vec<SourceReach>,
     /// The document arrived since the last evaluation.
     unseen: bool,
+    /// Reachability as published, but for `last_seen` (kept as `last_seen_ms`: a
+    /// timestamp formatted for every document was an allocation each).
     reach: AgentReach,
+    last_seen_ms: Option<u64>,
     reachable_since_ms: Option<u64>,
     last_eval_ms: Option<u64>,
     changed_ms: u64,
+    /// Quiet and not looked at by the ticks since the tick of this number (issue 11:
+    /// walking every quiet device every second was a tenth of a replica's CPU). Every
+    /// tick after it would have recorded a clean sample for each device, and does so
+    /// when the node is next touched ([`Node::settle`]).
+    lazy_since_tick: Option<u64>,
 }
 
 /// What an update changed.
@@ -96,6 +104,11 @@ pub struct Pipeline {
     metrics: Arc<Metrics>,
     forget_ms: u64,
     max_nodes: usize,
+    /// Ticks so far, and the time of the last one (quiet nodes' skipped samples).
+    ticks: u64,
+    last_tick_ms: Option<u64>,
+    /// Reachability or a device's status changed since the gauges were last set.
+    counts_stale: bool,
 }
 
 /// A device of `n` for a quarantine record, with the UUID and bus id of its last
@@ -187,6 +200,36 @@ impl Node {
             })
     }
 
+    /// Record the clean samples of the ticks it skipped while quiet: the ticks after
+    /// `lazy_since_tick` up to `ticks`, the last of them at `last_tick_ms`.
+    fn settle(&mut self, ticks: u64, last_tick_ms: Option<u64>) {
+        let (Some(since), Some(at)) = (self.lazy_since_tick.take(), last_tick_ms) else {
+            return;
+        };
+        let skipped = u32::try_from(ticks.saturating_sub(since)).unwrap_or(u32::MAX);
+        if skipped == 0 {
+            return;
+        }
+        self.last_eval_ms = Some(at);
+        for d in self.devices.values_mut() {
+            d.state.last_fresh_ms = Some(at);
+            d.state.clean_streak = d.state.clean_streak.saturating_add(skipped);
+        }
+    }
+
+    /// A device's state as if the skipped ticks had been recorded.
+    fn state_of(&self, d: &Device, ticks: u64, last_tick_ms: Option<u64>) -> DeviceState {
+        let mut s = d.state.clone();
+        if let (Some(since), Some(at)) = (self.lazy_since_tick, last_tick_ms) {
+            let skipped = u32::try_from(ticks.saturating_sub(since)).unwrap_or(u32::MAX);
+            if skipped > 0 {
+                s.last_fresh_ms = Some(at);
+                s.clean_streak = s.clean_streak.saturating_add(skipped);
+            }
+        }
+        s
+    }
+
     /// Record a clean sample for every device, as judging the node would.
     fn record_quiet(&mut self, now_ms: u64) {
         self.last_eval_ms = Some(now_ms);
@@ -206,6 +249,9 @@ impl Pipeline {
             metrics,
             forget_ms: DEFAULT_DEVICE_FORGET_MS,
             max_nodes: MAX_NODES,
+            ticks: 0,
+            last_tick_ms: None,
+            counts_stale: true,
         }
     }
 
@@ -268,10 +314,13 @@ impl Pipeline {
                 error: Some("not polled yet".into()),
                 sources: Vec::new(),
             },
+            last_seen_ms: None,
             reachable_since_ms: None,
             last_eval_ms: None,
             changed_ms: now_ms,
+            lazy_since_tick: None,
         });
+        self.counts_stale = true;
         true
     }
 
@@ -283,11 +332,18 @@ impl Pipeline {
         if self.nodes.contains_key(&faults.node) || !self.ensure_node(&faults.node, now_ms) {
             return 0;
         }
+        self.counts_stale = true;
         let node = self.nodes.get_mut(&faults.node).expect("just ensured");
         node.reach = AgentReach {
             sources: Vec::new(),
+            last_seen: None,
             ..faults.agent.clone()
         };
+        node.last_seen_ms = faults
+            .agent
+            .last_seen
+            .as_deref()
+            .and_then(faultline_common::time::parse_rfc3339_ms);
         node.changed_ms =
             faultline_common::time::parse_rfc3339_ms(&faults.timestamp).unwrap_or(now_ms);
         for d in &faults.npus {
@@ -314,6 +370,7 @@ impl Pipeline {
 
     /// Forget a node (it left the cluster or the shard).
     pub fn remove_node(&mut self, node: &str) -> bool {
+        self.counts_stale = true;
         self.nodes.remove(node).is_some()
     }
 
@@ -323,20 +380,22 @@ impl Pipeline {
     }
 
     /// An agent answered with its document.
-    pub fn on_document(&mut self, doc: NodeHealth, now_ms: u64) -> Change {
-        let name = doc.node.clone();
+    pub fn on_document(&mut self, mut doc: NodeHealth, now_ms: u64) -> Change {
+        // The name is the map's key from here on: taken, not copied.
+        let name = std::mem::take(&mut doc.node);
         if !self.ensure_node(&name, now_ms) {
             return Change::default();
         }
         let hard = doc.npus.iter().any(|d| d.status == DeviceStatus::Failed);
-        let node = self.nodes.get_mut(&name).expect("just ensured");
-        let reach_changed = !node.reach.reachable;
-        node.reach = AgentReach {
-            reachable: true,
-            last_seen: Some(rfc3339(now_ms)),
-            error: None,
-            sources: Vec::new(),
+        let Some(node) = self.nodes.get_mut(&name) else {
+            return Change::default();
         };
+        node.settle(self.ticks, self.last_tick_ms);
+        let reach_changed = !node.reach.reachable;
+        self.counts_stale |= reach_changed;
+        node.reach.reachable = true;
+        node.reach.error = None;
+        node.last_seen_ms = Some(now_ms);
         if reach_changed {
             node.reachable_since_ms = Some(now_ms);
             node.changed_ms = now_ms;
@@ -347,12 +406,14 @@ impl Pipeline {
         let due = node
             .last_eval_ms
             .is_none_or(|t| now_ms.saturating_sub(t) >= MIN_EVAL_SPACING_MS);
+        let before = node.devices.len();
         let mut change = if due || hard {
             let (rules, metrics) = (&self.rules, &self.metrics);
             Self::judge(node, &name, now_ms, rules, metrics, self.forget_ms)
         } else {
             Change::default()
         };
+        self.counts_stale |= !change.nodes.is_empty() || node.devices.len() != before;
         if reach_changed && !change.nodes.contains(&name) {
             change.nodes.push(name);
         }
@@ -365,7 +426,9 @@ impl Pipeline {
             return Change::default();
         }
         let n = self.nodes.get_mut(node).expect("just ensured");
+        n.settle(self.ticks, self.last_tick_ms);
         let was = n.reach.reachable;
+        self.counts_stale |= was;
         n.reach.reachable = false;
         n.reach.error = Some(error.to_string());
         n.reachable_since_ms = None;
@@ -382,11 +445,31 @@ impl Pipeline {
         }
     }
 
-    /// The once-a-second look at every node not evaluated within the last second.
+    /// The once-a-second look at every node not evaluated within the last second. A
+    /// quiet node is recorded once and then skipped ([`Node::lazy_since_tick`]) until
+    /// it is touched again; the gauges are set again only when some count changed.
     pub fn tick(&mut self, now_ms: u64) -> Change {
         let (rules, metrics, forget) = (self.rules.clone(), self.metrics.clone(), self.forget_ms);
+        // A skipped node counts every tick after its last as a sample; a tick closer to
+        // the last than the spacing would not be one for it. Ticks are a second apart
+        // (tokio's interval, delayed when late), so this is for tests and clock jumps:
+        // every skipped node is brought up to date first, and this tick is judged as
+        // usual.
+        if self
+            .last_tick_ms
+            .is_some_and(|t| now_ms.saturating_sub(t) < MIN_EVAL_SPACING_MS)
+        {
+            for n in self.nodes.values_mut() {
+                n.settle(self.ticks, self.last_tick_ms);
+            }
+        }
+        self.ticks += 1;
+        self.last_tick_ms = Some(now_ms);
         let mut change = Change::default();
         for (name, node) in self.nodes.iter_mut() {
+            if node.lazy_since_tick.is_some() {
+                continue;
+            }
             let due = node
                 .last_eval_ms
                 .is_none_or(|t| now_ms.saturating_sub(t) >= MIN_EVAL_SPACING_MS);
@@ -394,15 +477,22 @@ impl Pipeline {
                 continue;
             }
             if !node.unseen && node.quiet() {
-                // Judged again it would be the same: a clean sample each, without the work.
+                // Judged again it would be the same: a clean sample each, without the
+                // work, and the next ticks' samples when it is next touched.
                 node.record_quiet(now_ms);
+                node.lazy_since_tick = Some(self.ticks);
                 continue;
             }
-            change.merge(Self::judge(node, name, now_ms, &rules, &metrics, forget));
+            let before = node.devices.len();
+            let c = Self::judge(node, name, now_ms, &rules, &metrics, forget);
+            self.counts_stale |= !c.nodes.is_empty() || node.devices.len() != before;
+            change.merge(c);
         }
-        let (reachable, total) = self.reach();
-        self.metrics.set_agents(reachable, total);
-        self.metrics.set_devices(&self.summary());
+        if std::mem::take(&mut self.counts_stale) {
+            let (reachable, total) = self.reach();
+            self.metrics.set_agents(reachable, total);
+            self.metrics.set_devices(&self.summary());
+        }
         change
     }
 
@@ -431,15 +521,21 @@ impl Pipeline {
         let mut forgotten = false;
         if let Some(d) = doc {
             for dev in &d.npus {
-                devices
-                    .entry(dev.reading.id.clone())
-                    .or_insert_with(|| Device {
-                        windows: DeviceWindows::default(),
-                        state: DeviceState::new(now_ms),
-                        clean: false,
-                        reported_ms: now_ms,
-                    })
-                    .reported_ms = now_ms;
+                // Known devices (all but a new one's first document) are not keyed anew.
+                match devices.get_mut(&dev.reading.id) {
+                    Some(known) => known.reported_ms = now_ms,
+                    None => {
+                        devices.insert(
+                            dev.reading.id.clone(),
+                            Device {
+                                windows: DeviceWindows::default(),
+                                state: DeviceState::new(now_ms),
+                                clean: false,
+                                reported_ms: now_ms,
+                            },
+                        );
+                    }
+                }
             }
             // A device the reachable agent has not reported for the forget time has
             // left the node: dropped, never unknown. (While the agent is unreachable
@@ -462,9 +558,18 @@ impl Pipeline {
         if forgotten {
             change.nodes.push(name.to_string());
         }
-        // Devices the agent reports, and devices we knew that it no longer reports.
+        // Devices the agent reports, and devices we knew that it no longer reports. Both
+        // are sorted by id (the agent sorts its list), so the entry is usually the one
+        // at the cursor.
+        let mut cursor = 0;
         for (id, dev) in devices.iter_mut() {
-            let entry = doc.and_then(|d| d.npus.iter().find(|x| x.reading.id == *id));
+            let entry = doc.and_then(|d| match d.npus.get(cursor) {
+                Some(x) if x.reading.id == *id => {
+                    cursor += 1;
+                    Some(x)
+                }
+                _ => d.npus.iter().find(|x| x.reading.id == *id),
+            });
             let obs = dev.windows.observe(entry, rules);
             dev.clean = obs == faultline_common::state::Observation::Clean;
             let next = step(&dev.state, &obs, now_ms, &rules.state_machine);
@@ -527,6 +632,7 @@ impl Pipeline {
             node: name.to_string(),
             agent: AgentReach {
                 sources: n.sources.clone(),
+                last_seen: n.last_seen_ms.map(rfc3339),
                 ..n.reach.clone()
             },
             summary: FaultSummary::of(npus.iter().map(|d| &d.status)),
@@ -585,7 +691,7 @@ impl Pipeline {
             .map(|(id, d)| DeviceView {
                 device: record_device(n, id, d.state.reason.clone().unwrap_or_default()),
                 status: d.state.status,
-                clean_streak: d.state.clean_streak,
+                clean_streak: n.state_of(d, self.ticks, self.last_tick_ms).clean_streak,
                 since_ms: d.state.since_ms,
             })
             .collect()
@@ -609,8 +715,10 @@ impl Pipeline {
     }
 
     /// The state of one device (tests and the API).
-    pub fn device_state(&self, node: &str, device: &str) -> Option<&DeviceState> {
-        self.nodes.get(node)?.devices.get(device).map(|d| &d.state)
+    pub fn device_state(&self, node: &str, device: &str) -> Option<DeviceState> {
+        let n = self.nodes.get(node)?;
+        let d = n.devices.get(device)?;
+        Some(n.state_of(d, self.ticks, self.last_tick_ms))
     }
 }
 
@@ -845,7 +953,7 @@ mod tests {
         for t in 1..=10 {
             p.tick(t * 1_000);
         }
-        let s = p.device_state("n1", "gpu0").unwrap().clone();
+        let s = p.device_state("n1", "gpu0").unwrap();
         assert_eq!(s.status, DeviceStatus::Healthy);
         assert_eq!(
             s.last_fresh_ms,
@@ -866,6 +974,60 @@ mod tests {
         assert_eq!(
             p.device_state("n1", "gpu0").unwrap().status,
             DeviceStatus::Unknown
+        );
+    }
+
+    /// Issue 11: a quiet node is skipped by the ticks and its samples recorded when it
+    /// is next read or touched; the streak and freshness are what recording every due
+    /// tick gives, also when ticks come closer together than the spacing (a tick within
+    /// 900 ms of a node's last sample is no sample for it).
+    #[test]
+    fn skipped_ticks_count_as_recorded_ones() {
+        let mut p = pipeline();
+        p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), 0);
+        // Due ticks at 1 s, 2 s, 3 s; 3.5 s is within 900 ms of the last recorded
+        // sample, 4.4 s is not; 4.5 s is again within, 5.5 s is due.
+        let streak = |p: &Pipeline| p.device_state("n1", "gpu0").unwrap().clean_streak;
+        for (t, want) in [
+            (1_000, 2),
+            (2_000, 3),
+            (3_000, 4),
+            (3_500, 4),
+            (4_400, 5),
+            (4_500, 5),
+            (5_500, 6),
+        ] {
+            p.tick(t);
+            assert_eq!(streak(&p), want, "at {t} ms");
+        }
+        let s = p.device_state("n1", "gpu0").unwrap();
+        assert_eq!(s.last_fresh_ms, Some(5_500));
+        assert!(
+            p.nodes["n1"].lazy_since_tick.is_some(),
+            "skipped while quiet"
+        );
+        // A document between ticks brings it up to date before it is judged.
+        p.on_document(doc("n1", vec![dev("gpu0", 41.0, None)]), 6_600);
+        assert!(p.nodes["n1"].lazy_since_tick.is_none());
+        assert_eq!(streak(&p), 7);
+        assert_eq!(
+            p.device_views("n1")[0].clean_streak,
+            7,
+            "release decisions see the same streak"
+        );
+        // 7 s is within 900 ms of the document; 8 s to 20 s are 13 samples.
+        for t in 7..=20 {
+            p.tick(t * 1_000);
+        }
+        assert_eq!(streak(&p), 20);
+        // Unreachable: the skipped samples are kept, and no fresh one is added after.
+        p.on_unreachable("n1", "gone", 20_500);
+        assert_eq!(streak(&p), 20);
+        p.tick(21_000);
+        p.tick(22_000);
+        assert_eq!(
+            p.device_state("n1", "gpu0").unwrap().last_fresh_ms,
+            Some(20_000)
         );
     }
 

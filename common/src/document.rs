@@ -30,6 +30,7 @@ pub struct NodeHealth {
     /// The agent's version.
     pub agent_version: String,
     /// Every device, sorted by id.
+    #[serde(deserialize_with = "devices")]
     pub npus: Vec<DeviceHealth>,
     /// Counts by status.
     pub summary: Summary,
@@ -38,6 +39,30 @@ pub struct NodeHealth {
     /// Recent Xid events whose PCI bus id matched no known device.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unattributed_xids: Vec<XidEvent>,
+}
+
+/// The devices of a document, read into one allocation: serde's `Vec` grows from
+/// nothing (JSON gives no length), and a device entry is over 600 bytes, so a node of 8
+/// was three allocations and two copies per document (issue 11).
+fn devices<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<DeviceHealth>, D::Error> {
+    struct Devices;
+    impl<'de> serde::de::Visitor<'de> for Devices {
+        type Value = Vec<DeviceHealth>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of devices")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(8).min(limits::DEVICES));
+            while let Some(x) = seq.next_element()? {
+                v.push(x);
+            }
+            Ok(v)
+        }
+    }
+    d.deserialize_seq(Devices)
 }
 
 /// What an aggregator accepts from an agent. A real agent is far inside every limit;

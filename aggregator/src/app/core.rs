@@ -8,7 +8,7 @@
 //! unchanged one every `--heartbeat`; one write at a time, a failed write retried by
 //! the next round.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,8 +80,11 @@ pub struct Core {
     /// Something other than a node's change is due (a takeover, a final write, a
     /// failed write, a shard granted): the next write covers every shard held.
     whole: bool,
-    /// The last write of every shard held (the heartbeat counts from it).
-    last_whole: Option<Instant>,
+    /// When each shard was last written (its heartbeat counts from it). Each shard has
+    /// its own, spread over the heartbeat period, so that no write carries every shard
+    /// at once (issue 11: 32 shards of 700 KB rewritten together every 30 s were a
+    /// sixth of a replica's CPU and most of its peak memory).
+    written: HashMap<u32, Instant>,
     sequence: u64,
     /// The whole document built for `GET /v1/faults`, shared by every asker until the
     /// next sequence (issue 10: a burst of requests builds it once).
@@ -106,24 +109,56 @@ pub struct Core {
 
 /// When the next write is due after one at `last` (`None`: now): `urgent_spacing`
 /// after it when a device turned failed since, `spacing` (the jittered interval) when
-/// anything else changed, the heartbeat otherwise. Changes between two writes are one
-/// write: urgency and dirtiness are flags, not a queue.
+/// anything else changed, and otherwise a heartbeat after the write of the shard
+/// written longest ago (`oldest`), never sooner than `spacing`. Changes between two
+/// writes are one write: urgency and dirtiness are flags, not a queue.
 fn write_due(
     last: Option<Instant>,
     urgent: bool,
     dirty: bool,
     spacing: Duration,
     t: &WriteTiming,
+    oldest: Option<Instant>,
 ) -> Option<Instant> {
     let last = last?;
-    let wait = if urgent {
-        t.urgent_spacing
+    let at = if urgent {
+        last + t.urgent_spacing
     } else if dirty {
-        spacing
+        last + spacing
     } else {
-        t.heartbeat
+        let beat = oldest.unwrap_or(last) + t.heartbeat;
+        beat.max(last + spacing)
     };
-    Some(last + wait)
+    Some(at)
+}
+
+/// The shards of `held` whose heartbeat is due at `now`: never written, or last
+/// written a heartbeat ago.
+fn heartbeat_due(
+    held: &[u32],
+    written: &HashMap<u32, Instant>,
+    heartbeat: Duration,
+    now: Instant,
+) -> BTreeSet<u32> {
+    held.iter()
+        .copied()
+        .filter(|s| {
+            written
+                .get(s)
+                .is_none_or(|t| now.saturating_duration_since(*t) >= heartbeat)
+        })
+        .collect()
+}
+
+/// After a write of every shard in `shards` at `now`: their heartbeats spread evenly
+/// over the next period (the i-th of n counts as written i/n of a period earlier), so
+/// the next ones come a shard or two at a time.
+fn spread(shards: &[u32], written: &mut HashMap<u32, Instant>, heartbeat: Duration, now: Instant) {
+    let n = shards.len().max(1) as u32;
+    for (i, s) in shards.iter().enumerate() {
+        let back = heartbeat * (i as u32) / n;
+        written.insert(*s, now.checked_sub(back).unwrap_or(now));
+    }
 }
 
 fn jittered(d: Duration) -> Duration {
@@ -155,7 +190,7 @@ impl Core {
             urgent: false,
             changed: BTreeSet::new(),
             whole: true,
-            last_whole: None,
+            written: HashMap::new(),
             sequence: 0,
             asked: None,
             last_write: None,
@@ -208,12 +243,19 @@ impl Core {
 
     /// When the next write is due.
     fn due(&self) -> tokio::time::Instant {
+        let oldest = self
+            .last_held
+            .iter()
+            .filter_map(|s| self.written.get(s))
+            .min()
+            .copied();
         match write_due(
             self.last_write,
             self.urgent,
             self.dirty,
             self.spacing,
             &self.timing,
+            oldest,
         ) {
             None => tokio::time::Instant::now(),
             Some(t) => tokio::time::Instant::from_std(t),
@@ -372,14 +414,21 @@ impl Core {
         }
         self.sequence += 1;
         self.ready.store(true, Ordering::Release);
-        // Every shard: when asked for, at the heartbeat (nothing dirty, or the last
-        // whole write a heartbeat ago), and after a failed write (it may have been any).
-        let whole = self.whole
-            || !self.dirty
-            || self
-                .last_whole
-                .is_none_or(|t| t.elapsed() >= self.timing.heartbeat);
+        let now = Instant::now();
+        let held = self.publisher.held();
+        // Every shard when asked for and after a failed write (it may have been any);
+        // else the shards whose nodes changed and those due their heartbeat.
+        let whole = self.whole;
         let changed = std::mem::take(&mut self.changed);
+        let due = heartbeat_due(&held, &self.written, self.timing.heartbeat, now);
+        let include: BTreeSet<u32> = changed.union(&due).copied().collect();
+        if whole {
+            spread(&held, &mut self.written, self.timing.heartbeat, now);
+        } else {
+            for s in &include {
+                self.written.insert(*s, now);
+            }
+        }
         let task = self.publisher.write(
             &self.pipeline,
             Stamp {
@@ -387,6 +436,7 @@ impl Core {
                 writer: &self.replica,
                 seeded: self.seeded.as_ref(),
                 changed: &changed,
+                include: &include,
                 whole,
             },
             &mut self.alarming,
@@ -404,10 +454,7 @@ impl Core {
                 }
             })
         });
-        self.last_write = Some(Instant::now());
-        if whole {
-            self.last_whole = self.last_write;
-        }
+        self.last_write = Some(now);
         self.whole = false;
         self.spacing = jittered(self.timing.interval);
         // A failed write leaves the document dirty for the next round.
@@ -478,20 +525,60 @@ mod tests {
         let last = Instant::now();
         let spacing = jittered(t.interval);
         assert!(
-            write_due(None, false, false, spacing, &t).is_none(),
+            write_due(None, false, false, spacing, &t, None).is_none(),
             "first: now"
         );
         assert_eq!(
-            write_due(Some(last), true, true, spacing, &t),
+            write_due(Some(last), true, true, spacing, &t, None),
             Some(last + t.urgent_spacing)
         );
         assert_eq!(
-            write_due(Some(last), false, true, spacing, &t),
+            write_due(Some(last), false, true, spacing, &t, None),
             Some(last + spacing)
         );
         assert_eq!(
-            write_due(Some(last), false, false, spacing, &t),
+            write_due(Some(last), false, false, spacing, &t, Some(last)),
             Some(last + t.heartbeat)
+        );
+        // The shard written longest ago decides, but never sooner than the interval.
+        let earlier = last - Duration::from_secs(20);
+        assert_eq!(
+            write_due(Some(last), false, false, spacing, &t, Some(earlier)),
+            Some(earlier + t.heartbeat)
+        );
+        let long_ago = last - Duration::from_secs(60);
+        assert_eq!(
+            write_due(Some(last), false, false, spacing, &t, Some(long_ago)),
+            Some(last + spacing)
+        );
+    }
+
+    /// Issue 11: after a write of every shard, the shards' heartbeats are spread over
+    /// the period, so each later write carries one or two shards, never all; a shard
+    /// never written is due at once.
+    #[test]
+    fn heartbeats_are_spread_over_the_period() {
+        let beat = Duration::from_secs(30);
+        let now = Instant::now() + Duration::from_secs(100);
+        let shards: Vec<u32> = (0..32).collect();
+        let mut written = HashMap::new();
+        assert_eq!(heartbeat_due(&shards, &written, beat, now).len(), 32);
+        spread(&shards, &mut written, beat, now);
+        assert!(heartbeat_due(&shards, &written, beat, now).is_empty());
+        // Each second of the next period finds about one shard due.
+        let mut most = 0;
+        for sec in 1..=30 {
+            let at = now + Duration::from_secs(sec);
+            let due = heartbeat_due(&shards, &written, beat, at);
+            for s in &due {
+                written.insert(*s, at);
+            }
+            most = most.max(due.len());
+        }
+        assert!(most <= 2, "{most} shards due at once");
+        assert!(
+            heartbeat_due(&shards, &written, beat, now + Duration::from_secs(30)).is_empty(),
+            "every shard written within the period"
         );
     }
 

@@ -1,7 +1,11 @@
-//! Following each agent's change stream: a long-poll on `/v1/health?wait_generation=G`
-//! answers as soon as the agent's document changes, and at the poll timeout otherwise,
-//! so a change is heard within tens of milliseconds without polling faster. Every
-//! request has a deadline; failures back off with jitter.
+//! Following each agent's changes. The agent's watch stream
+//! (`/v1/health?watch=true`) sends each new document as a line of NDJSON the moment it
+//! changes, and the current one again at a heartbeat, on one kept connection: a change
+//! costs the follower one read, no request (issue 11: the request a long-poll sends
+//! for every document was a fifth of a replica's CPU). An agent that does not stream
+//! is long-polled (`/v1/health?wait_generation=G`: answered as soon as the document
+//! changes, at the poll timeout otherwise). Every wait has a deadline; failures back
+//! off with jitter.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,13 +15,19 @@ use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::http::{Conn, HttpError, Target};
+use super::http::{Conn, HttpError, Opened, Response, Target};
 use crate::metrics::Metrics;
 
 /// Longest the agent holds a poll open.
 pub const POLL_WAIT: Duration = Duration::from_secs(10);
-/// Deadline of one request: the poll wait plus slack.
+/// Deadline of one request: the poll wait plus slack. On a stream, the longest wait
+/// for the next bytes (the agent sends its heartbeat every [`POLL_WAIT`]).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// The watch request: documents as they change, and a heartbeat (a blank line) after
+/// [`POLL_WAIT`] without a change.
+const WATCH_PATH: &str = "/v1/health?watch=true&timeout_ms=10000";
+/// Long polls to an agent that does not stream before it is asked to again.
+const POLLS_BEFORE_WATCH: u32 = 60;
 /// Largest document accepted from an agent.
 const MAX_DOC: usize = 4 << 20;
 
@@ -107,24 +117,139 @@ impl FetchError {
     }
 }
 
+/// A body of an agent's: one node document.
+fn parse(body: &[u8]) -> Result<NodeHealth, FetchError> {
+    // One UTF-8 check of the whole body, not one per string.
+    let text = std::str::from_utf8(body).map_err(|e| FetchError::Parse(e.to_string()))?;
+    serde_json::from_str(text).map_err(|e| FetchError::Parse(e.to_string()))
+}
+
+fn request_error(e: HttpError) -> FetchError {
+    match e {
+        HttpError::Url(e) | HttpError::Io(e) => FetchError::Request(e),
+        e @ (HttpError::Malformed(_) | HttpError::TooLarge(_)) => FetchError::Body(e.to_string()),
+    }
+}
+
+fn status_error(resp: &Response) -> FetchError {
+    let body = &resp.body[..resp.body.len().min(200)];
+    FetchError::Status {
+        status: resp.status,
+        body: String::from_utf8_lossy(body).into_owned(),
+    }
+}
+
 async fn fetch(conn: &mut Conn, path: &str) -> Result<NodeHealth, FetchError> {
     let resp = tokio::time::timeout(REQUEST_TIMEOUT, conn.get(path, MAX_DOC))
         .await
         .map_err(|_| FetchError::Timeout(REQUEST_TIMEOUT))?
-        .map_err(|e| match e {
-            HttpError::Url(e) | HttpError::Io(e) => FetchError::Request(e),
-            e @ (HttpError::Malformed(_) | HttpError::TooLarge(_)) => {
-                FetchError::Body(e.to_string())
-            }
-        })?;
+        .map_err(request_error)?;
     if !(200..300).contains(&resp.status) {
-        let body = &resp.body[..resp.body.len().min(200)];
-        return Err(FetchError::Status {
-            status: resp.status,
-            body: String::from_utf8_lossy(body).into_owned(),
-        });
+        return Err(status_error(&resp));
     }
-    serde_json::from_slice(&resp.body).map_err(|e| FetchError::Parse(e.to_string()))
+    parse(&resp.body)
+}
+
+/// How a watch ended.
+enum Watched {
+    /// The agent ended the stream (a stream's life is bounded): watch again at once.
+    Ended,
+    /// The agent does not stream: it answered with one document (an agent that ignores
+    /// the parameter, or one at its cap of waiters), or refused the parameter (an
+    /// agent from before streams: 400).
+    NotStreaming(Option<Result<NodeHealth, FetchError>>),
+    /// The follower was stopped.
+    Stopped,
+}
+
+/// Where a follower stands with its agent.
+struct Following<'a> {
+    /// The node followed (pinned by the first document when not named).
+    node: Option<String>,
+    /// The last generation received.
+    generation: Option<u64>,
+    tx: &'a mpsc::Sender<AgentEvent>,
+    metrics: &'a Metrics,
+    cancel: &'a CancellationToken,
+}
+
+impl Following<'_> {
+    /// A document received: admitted, then sent. Whether to go on.
+    async fn deliver(&mut self, doc: NodeHealth) -> Result<bool, FetchError> {
+        let doc = admit(doc, &mut self.node)?;
+        self.metrics.agent_poll("ok");
+        self.generation = Some(doc.generation);
+        Ok(send(self.tx, AgentEvent::Document(Box::new(doc)), self.cancel).await)
+    }
+
+    /// Read the agent's watch stream: each document as the agent sends it (a change,
+    /// or the current one again at the heartbeat), one read and no request each.
+    async fn watch(&mut self, conn: &mut Conn) -> Result<Watched, FetchError> {
+        let path = match self.generation {
+            Some(g) => format!("{WATCH_PATH}&wait_generation={g}"),
+            None => WATCH_PATH.to_string(),
+        };
+        let opened = tokio::time::timeout(REQUEST_TIMEOUT, conn.open_stream(&path, MAX_DOC))
+            .await
+            .map_err(|_| FetchError::Timeout(REQUEST_TIMEOUT))?
+            .map_err(request_error)?;
+        match opened {
+            Opened::Whole(resp) if resp.status == 400 => return Ok(Watched::NotStreaming(None)),
+            Opened::Whole(resp) if (200..300).contains(&resp.status) => {
+                return Ok(Watched::NotStreaming(Some(parse(&resp.body))))
+            }
+            Opened::Whole(resp) => return Err(status_error(&resp)),
+            Opened::Stream => {}
+        }
+        loop {
+            let mut docs = Vec::new();
+            // The agent sends a document or its heartbeat (a blank line) within the
+            // poll wait: a read of either restarts the deadline.
+            let read = tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                conn.next_lines(MAX_DOC, &mut |line| docs.push(parse(line))),
+            )
+            .await
+            .map_err(|_| FetchError::Timeout(REQUEST_TIMEOUT))?
+            .map_err(request_error)?;
+            for doc in docs {
+                if !self.deliver(doc?).await? {
+                    return Ok(Watched::Stopped);
+                }
+            }
+            if read.is_none() {
+                return Ok(Watched::Ended);
+            }
+        }
+    }
+
+    /// An agent that could not be had: counted, logged, and its node unreachable.
+    /// Whether to go on.
+    async fn failed(&mut self, base: &str, error: FetchError) -> bool {
+        self.metrics.agent_poll("error");
+        self.metrics.agent_poll_error(error.metric_label());
+        let refused = matches!(error, FetchError::Identity { .. } | FetchError::Invalid(_));
+        let error = error.to_string();
+        self.generation = None;
+        if refused {
+            tracing::warn!(agent = %base, %error, "agent document refused");
+        } else {
+            tracing::debug!(agent = %base, %error, "agent unreachable");
+        }
+        match &self.node {
+            Some(node) => {
+                let gone = AgentEvent::Unreachable {
+                    node: node.clone(),
+                    error,
+                };
+                send(self.tx, gone, self.cancel).await
+            }
+            None => {
+                tracing::warn!(agent = %base, %error, "agent unreachable before its first answer: its node is unknown, nothing is published for it (name it with --agents NODE=URL)");
+                true
+            }
+        }
+    }
 }
 
 /// The document, if it may be accepted from the agent followed as `pinned`: within the
@@ -164,76 +289,86 @@ async fn send(tx: &mpsc::Sender<AgentEvent>, ev: AgentEvent, cancel: &Cancellati
 /// never published (its URL is not a node, and not a valid ConfigMap key).
 pub async fn follow(
     base: String,
-    mut node: Option<String>,
+    node: Option<String>,
     client: AgentClient,
     tx: mpsc::Sender<AgentEvent>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
-    let mut generation: Option<u64> = None;
+    let mut f = Following {
+        node,
+        generation: None,
+        tx: &tx,
+        metrics: &metrics,
+        cancel: &cancel,
+    };
     let mut backoff = Duration::from_millis(500);
     let mut conn = Target::parse(&base).map(|t| Conn::new(t, client.connect_timeout));
+    // Long polls left before the stream is tried again (0: watch).
+    let mut polls_left = 0u32;
     loop {
-        let path = match generation {
-            Some(g) => format!(
-                "/v1/health?wait_generation={g}&timeout_ms={}",
-                POLL_WAIT.as_millis()
-            ),
-            None => "/v1/health".to_string(),
-        };
         let r = tokio::select! {
             _ = cancel.cancelled() => return,
             r = async {
-                match &mut conn {
-                    Ok(c) => fetch(c, &path).await,
-                    Err(e) => Err(FetchError::Url(base.clone(), e.to_string())),
+                let c = match &mut conn {
+                    Ok(c) => c,
+                    Err(e) => return Err(FetchError::Url(base.clone(), e.to_string())),
+                };
+                if polls_left == 0 {
+                    match f.watch(c).await? {
+                        Watched::Ended => Ok(None),
+                        Watched::Stopped => Ok(Some(Err(()))),
+                        Watched::NotStreaming(doc) => {
+                            f.metrics.agent_watch_fallback();
+                            polls_left = POLLS_BEFORE_WATCH;
+                            match doc {
+                                Some(doc) => Ok(Some(Ok(doc?))),
+                                None => Ok(None),
+                            }
+                        }
+                    }
+                } else {
+                    polls_left -= 1;
+                    let path = match f.generation {
+                        Some(g) => format!(
+                            "/v1/health?wait_generation={g}&timeout_ms={}",
+                            POLL_WAIT.as_millis()
+                        ),
+                        None => "/v1/health".to_string(),
+                    };
+                    fetch(c, &path).await.map(|d| Some(Ok(d)))
                 }
             } => r,
         };
-        let r = r.and_then(|doc| admit(doc, &mut node));
-        match r {
-            Ok(doc) => {
-                metrics.agent_poll("ok");
+        let error = match r {
+            // The stream ended, or the agent does not stream: on at once.
+            Ok(None) => {
                 backoff = Duration::from_millis(500);
-                generation = Some(doc.generation);
-                if !send(&tx, AgentEvent::Document(Box::new(doc)), &cancel).await {
-                    return;
-                }
+                continue;
             }
-            Err(error) => {
-                metrics.agent_poll("error");
-                metrics.agent_poll_error(error.metric_label());
-                let refused = matches!(error, FetchError::Identity { .. } | FetchError::Invalid(_));
-                let error = error.to_string();
-                generation = None;
-                if refused {
-                    tracing::warn!(agent = %base, %error, "agent document refused");
-                } else {
-                    tracing::debug!(agent = %base, %error, "agent unreachable");
+            Ok(Some(Err(()))) => return,
+            Ok(Some(Ok(doc))) => match f.deliver(doc).await {
+                Ok(true) => {
+                    backoff = Duration::from_millis(500);
+                    continue;
                 }
-                match &node {
-                    Some(node) => {
-                        let gone = AgentEvent::Unreachable {
-                            node: node.clone(),
-                            error,
-                        };
-                        if !send(&tx, gone, &cancel).await {
-                            return;
-                        }
-                    }
-                    None => {
-                        tracing::warn!(agent = %base, %error, "agent unreachable before its first answer: its node is unknown, nothing is published for it (name it with --agents NODE=URL)");
-                    }
-                }
-                // Jitter spreads a fleet's retries after a network blip.
-                let jitter = rand::rng().random_range(0.8..1.2);
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(backoff.mul_f64(jitter)) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-            }
+                Ok(false) => return,
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        if !f.failed(&base, error).await {
+            return;
         }
+        // After an error, the stream is tried first (the agent may have been upgraded).
+        polls_left = 0;
+        // Jitter spreads a fleet's retries after a network blip.
+        let jitter = rand::rng().random_range(0.8..1.2);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(backoff.mul_f64(jitter)) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(10));
     }
 }
 
@@ -340,5 +475,163 @@ mod tests {
             other => panic!("{other:?}"),
         }
         cancel.cancel();
+    }
+
+    fn doc_of(node: &str, generation: u64) -> NodeHealth {
+        NodeHealth {
+            schema_version: faultline_common::document::SCHEMA_VERSION.into(),
+            generation,
+            timestamp: "2026-12-01T00:00:00Z".into(),
+            node: node.into(),
+            agent_version: "0".into(),
+            npus: vec![],
+            summary: Default::default(),
+            sources: vec![],
+            unattributed_xids: vec![],
+        }
+    }
+
+    /// The requests an agent double saw (path and query), in order.
+    type Seen = Arc<Mutex<Vec<String>>>;
+
+    /// Issue 11: the follower reads the agent's watch stream: each line a document
+    /// delivered, a blank line (the heartbeat) none, a line that is not a document an
+    /// error; when the agent ends the stream, it asks again from the generation it has.
+    #[tokio::test]
+    async fn a_watch_stream_delivers_each_document_and_resumes_where_it_ended() {
+        let seen: Seen = Arc::default();
+        let s2 = seen.clone();
+        let app = axum::Router::new().route(
+            "/v1/health",
+            get(move |uri: axum::http::Uri| {
+                let seen = s2.clone();
+                async move {
+                    let q = uri.query().unwrap_or("").to_string();
+                    let n = {
+                        let mut s = seen.lock().unwrap();
+                        s.push(q);
+                        s.len()
+                    };
+                    let line = |g| {
+                        let mut l = serde_json::to_vec(&doc_of("n1", g)).unwrap();
+                        l.push(b'\n');
+                        Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(l))
+                    };
+                    let lines = if n == 1 {
+                        vec![line(1), Ok("\n".into()), line(2)]
+                    } else {
+                        vec![line(3), Ok("not json\n".into())]
+                    };
+                    (
+                        [("content-type", "application/x-ndjson")],
+                        axum::body::Body::from_stream(futures_util::stream::iter(lines)),
+                    )
+                }
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        let (tx, mut rx) = mpsc::channel(8);
+        let metrics = Arc::new(Metrics::new());
+        let cancel = CancellationToken::new();
+        tokio::spawn(follow(
+            url,
+            Some("n1".into()),
+            client(),
+            tx,
+            metrics.clone(),
+            cancel.clone(),
+        ));
+        for want in [1, 2, 3] {
+            match next(&mut rx).await {
+                AgentEvent::Document(d) => assert_eq!(d.generation, want),
+                other => panic!("expected generation {want}: {other:?}"),
+            }
+        }
+        match next(&mut rx).await {
+            AgentEvent::Unreachable { node, error } => {
+                assert_eq!(node, "n1");
+                assert!(error.contains("not a node document"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+        cancel.cancel();
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            seen[0].starts_with("watch=true&timeout_ms=10000"),
+            "{seen:?}"
+        );
+        assert!(!seen[0].contains("wait_generation"), "{seen:?}");
+        assert!(seen[1].ends_with("&wait_generation=2"), "resumed: {seen:?}");
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"agent_polls_total{result="ok"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"agent_poll_errors_total{kind="parse"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains("agent_watch_fallbacks_total 0"), "{text}");
+    }
+
+    /// An agent from before streams refuses `watch` (400: it knows no such parameter):
+    /// the follower long-polls it, counted, and never marks it unreachable for that.
+    #[tokio::test]
+    async fn an_agent_that_does_not_stream_is_long_polled() {
+        let seen: Seen = Arc::default();
+        let s2 = seen.clone();
+        let app = axum::Router::new().route(
+            "/v1/health",
+            get(move |uri: axum::http::Uri| {
+                let seen = s2.clone();
+                async move {
+                    let q = uri.query().unwrap_or("").to_string();
+                    seen.lock().unwrap().push(q.clone());
+                    if q.contains("watch") {
+                        return (axum::http::StatusCode::BAD_REQUEST, "unknown field `watch`")
+                            .into_response();
+                    }
+                    if q.contains("wait_generation") {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    axum::Json(doc_of("n1", 5)).into_response()
+                }
+            }),
+        );
+        use axum::response::IntoResponse;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        let (tx, mut rx) = mpsc::channel(8);
+        let metrics = Arc::new(Metrics::new());
+        let cancel = CancellationToken::new();
+        tokio::spawn(follow(
+            url,
+            Some("n1".into()),
+            client(),
+            tx,
+            metrics.clone(),
+            cancel.clone(),
+        ));
+        for _ in 0..3 {
+            match next(&mut rx).await {
+                AgentEvent::Document(d) => assert_eq!(d.generation, 5),
+                other => panic!("{other:?}"),
+            }
+        }
+        cancel.cancel();
+        let seen = seen.lock().unwrap().clone();
+        assert!(seen[0].starts_with("watch=true"), "{seen:?}");
+        assert_eq!(seen[1], "", "then a plain read: {seen:?}");
+        assert!(
+            seen[2].starts_with("wait_generation=5"),
+            "then long polls: {seen:?}"
+        );
+        assert_eq!(seen.iter().filter(|q| q.contains("watch")).count(), 1);
+        let text = metrics.encode();
+        assert!(text.contains("agent_watch_fallbacks_total 1"), "{text}");
+        assert!(!text.contains("agent_poll_errors_total{"), "{text}");
     }
 }

@@ -15,11 +15,29 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use super::stream::{Lines, StreamError};
+
+/// A watch stream's decoder, and what came with its head.
+#[derive(Debug, Default)]
+struct StreamState {
+    lines: Lines,
+    backlog: Vec<u8>,
+}
 
 /// Largest response head accepted.
 const MAX_HEAD: usize = 64 << 10;
+/// The media type of an agent's watch stream: one JSON document per line.
+pub const NDJSON: &str = "application/x-ndjson";
+/// Bytes read at once from a stream, into a buffer each worker thread owns (no
+/// follower holds one).
+const READ_AT_ONCE: usize = 64 << 10;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; READ_AT_ONCE]);
+}
 /// Headers parsed at most.
 const MAX_HEADERS: usize = 64;
 
@@ -97,6 +115,18 @@ pub struct Conn {
     target: Target,
     stream: Option<TcpStream>,
     connect_timeout: Duration,
+    /// The watch stream being read on the connection, if one is open.
+    lines: Option<Box<StreamState>>,
+}
+
+/// What a request for a stream got.
+#[derive(Debug)]
+pub enum Opened {
+    /// A chunked `200` of [`NDJSON`]: read it with [`Conn::next_lines`].
+    Stream,
+    /// Any other answer, whole (an agent that does not stream answers with one
+    /// document, or refuses the parameter).
+    Whole(Response),
 }
 
 impl Conn {
@@ -106,7 +136,119 @@ impl Conn {
             target,
             stream: None,
             connect_timeout,
+            lines: None,
         }
+    }
+
+    /// `GET prefix + path` expecting a stream. A stream's head is read and the
+    /// connection left to [`Conn::next_lines`]; any other answer is read whole (at most
+    /// `limit` body bytes). On any error the connection is dropped.
+    pub async fn open_stream(&mut self, path: &str, limit: usize) -> Result<Opened, HttpError> {
+        self.lines = None;
+        let request = self.request(path);
+        let reused = self.stream.is_some();
+        match self.open(&request, limit).await {
+            Err(Exchange::Stale) if reused => self.open(&request, limit).await.map_err(Into::into),
+            r => r.map_err(Into::into),
+        }
+    }
+
+    async fn open(&mut self, request: &str, limit: usize) -> Result<Opened, Exchange> {
+        let mut stream = match self.stream.take() {
+            Some(s) => s,
+            None => connect(&self.target.authority, self.connect_timeout).await?,
+        };
+        if let Err(e) = stream.write_all(request.as_bytes()).await {
+            return Err(Exchange::stale_or(e));
+        }
+        let cap = MAX_HEAD + limit + (limit >> 3) + 1024;
+        let (head, rest) = read_head(&mut stream, cap).await?;
+        if head.status == 200 && head.ndjson && matches!(head.framing, Framing::Chunked) {
+            let mut lines = Box::<StreamState>::default();
+            // What came with the head is decoded at the first read of lines.
+            if !rest.is_empty() {
+                lines.backlog = rest;
+            }
+            self.lines = Some(lines);
+            self.stream = Some(stream);
+            return Ok(Opened::Stream);
+        }
+        let (response, keep) = read_body(&mut stream, head, rest, limit, cap).await?;
+        if keep {
+            self.stream = Some(stream);
+        }
+        Ok(Opened::Whole(response))
+    }
+
+    /// One read of the open stream, each complete line handed to `each` (lines of at
+    /// most `limit` bytes). `Ok(Some(n))`: the read completed `n` lines (0: bytes
+    /// that completed none, such as the agent's heartbeat, a blank line); `Ok(None)`:
+    /// the stream ended (the connection is kept for the next request). The bytes go
+    /// into the worker thread's buffer and are decoded there, so nothing is held while
+    /// the stream waits but a line a read cut in two. The caller bounds it in time; on
+    /// any error the connection is dropped.
+    pub async fn next_lines(
+        &mut self,
+        limit: usize,
+        each: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> Result<Option<usize>, HttpError> {
+        let r = self.read_lines(limit, each).await;
+        if !matches!(r, Ok(Some(_))) {
+            if r.is_err() {
+                self.stream = None;
+            }
+            self.lines = None;
+        }
+        r
+    }
+
+    async fn read_lines(
+        &mut self,
+        limit: usize,
+        each: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> Result<Option<usize>, HttpError> {
+        let (Some(stream), Some(lines)) = (self.stream.as_mut(), self.lines.as_mut()) else {
+            return Err(HttpError::Io("no stream open".into()));
+        };
+        let malformed = |e: StreamError| match e {
+            StreamError::TooLarge(n) => HttpError::TooLarge(n),
+            e => HttpError::Malformed(e.to_string()),
+        };
+        let got = if lines.backlog.is_empty() {
+            if lines.lines.done() {
+                return Ok(None);
+            }
+            std::future::poll_fn(|cx| {
+                SCRATCH.with_borrow_mut(|buf| {
+                    let mut rb = tokio::io::ReadBuf::new(buf);
+                    match std::pin::Pin::new(&mut *stream).poll_read(cx, &mut rb) {
+                        std::task::Poll::Pending => std::task::Poll::Pending,
+                        std::task::Poll::Ready(Err(e)) => {
+                            std::task::Poll::Ready(Err(HttpError::Io(e.to_string())))
+                        }
+                        std::task::Poll::Ready(Ok(())) if rb.filled().is_empty() => {
+                            std::task::Poll::Ready(Err(HttpError::Io(
+                                "the stream closed before its end".into(),
+                            )))
+                        }
+                        std::task::Poll::Ready(Ok(())) => std::task::Poll::Ready(
+                            lines
+                                .lines
+                                .feed(rb.filled(), limit, each)
+                                .map_err(malformed),
+                        ),
+                    }
+                })
+            })
+            .await?
+        } else {
+            // What came with the head.
+            let backlog = std::mem::take(&mut lines.backlog);
+            lines.lines.feed(&backlog, limit, each).map_err(malformed)?
+        };
+        // At the end, the lines of the last read are delivered first; the end is seen
+        // at the next call.
+        Ok(Some(got))
     }
 
     /// The agent.
@@ -117,10 +259,8 @@ impl Conn {
     /// `GET prefix + path`, reading at most `limit` body bytes. The caller bounds the
     /// whole exchange in time; on any error the connection is dropped.
     pub async fn get(&mut self, path: &str, limit: usize) -> Result<Response, HttpError> {
-        let request = format!(
-            "GET {}{path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: faultline-aggregator\r\n\r\n",
-            self.target.prefix, self.target.authority
-        );
+        self.lines = None;
+        let request = self.request(path);
         let reused = self.stream.is_some();
         match self.exchange(&request, limit).await {
             // The server closed the kept connection while it was idle: once more on a new
@@ -131,6 +271,13 @@ impl Conn {
             },
             r => r.map_err(Into::into),
         }
+    }
+
+    fn request(&self, path: &str) -> String {
+        format!(
+            "GET {}{path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json, {NDJSON}\r\nUser-Agent: faultline-aggregator\r\n\r\n",
+            self.target.prefix, self.target.authority
+        )
     }
 
     async fn exchange(&mut self, request: &str, limit: usize) -> Result<Response, Exchange> {
@@ -223,6 +370,8 @@ struct Head {
     status: u16,
     keep: bool,
     framing: Framing,
+    /// `Content-Type: application/x-ndjson`: a stream of documents.
+    ndjson: bool,
 }
 
 /// Parse the head at the start of `buf`: `None` while it is incomplete. Synchronous,
@@ -239,10 +388,15 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, HttpError> {
     };
     let status = head.code.unwrap_or(0);
     let mut keep = head.version == Some(1);
-    let (mut length, mut chunked) = (None, false);
+    let (mut length, mut chunked, mut ndjson) = (None, false, false);
     for h in head.headers.iter() {
         let value = std::str::from_utf8(h.value).unwrap_or("").trim();
-        if h.name.eq_ignore_ascii_case("connection") {
+        if h.name.eq_ignore_ascii_case("content-type") {
+            ndjson = value
+                .split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case(NDJSON));
+        } else if h.name.eq_ignore_ascii_case("connection") {
             if value
                 .split(',')
                 .any(|v| v.trim().eq_ignore_ascii_case("close"))
@@ -282,22 +436,17 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, HttpError> {
         status,
         keep,
         framing,
+        ndjson,
     }))
 }
 
-/// Read one response: the answer and whether the connection may be kept.
-async fn read_response(stream: &mut TcpStream, limit: usize) -> Result<(Response, bool), Exchange> {
+/// Read a response's head (interim answers skipped): the head, and the bytes read
+/// past it.
+async fn read_head(stream: &mut TcpStream, cap: usize) -> Result<(Head, Vec<u8>), Exchange> {
     // Nothing is allocated until the answer starts to arrive: a long-poll waits here.
     let mut buf: Vec<u8> = Vec::new();
-    let cap = MAX_HEAD + limit + (limit >> 3) + 1024;
     loop {
-        let Some(Head {
-            len: head_len,
-            status,
-            mut keep,
-            framing,
-        }) = parse_head(&buf)?
-        else {
+        let Some(head) = parse_head(&buf)? else {
             if buf.len() > MAX_HEAD {
                 return Err(HttpError::Malformed(format!("head over {MAX_HEAD} bytes")).into());
             }
@@ -317,47 +466,70 @@ async fn read_response(stream: &mut TcpStream, limit: usize) -> Result<(Response
             }
             continue;
         };
-        if (100..200).contains(&status) {
+        buf.drain(..head.len);
+        if (100..200).contains(&head.status) {
             // An interim answer: the real one follows.
-            buf.drain(..head_len);
             continue;
         }
-        buf.drain(..head_len);
-        let body = match framing {
-            Framing::Length(n) => {
-                if n > limit {
-                    return Err(HttpError::TooLarge(limit).into());
-                }
-                while buf.len() < n {
-                    if fill(stream, &mut buf, n).await.map_err(Exchange::mid)? == 0 {
-                        return Err(
-                            HttpError::Malformed("connection closed in the body".into()).into()
-                        );
-                    }
-                }
-                // Bytes past the body: the connection is out of step; not kept.
-                keep &= buf.len() == n;
-                buf.truncate(n);
-                buf
-            }
-            Framing::Chunked => dechunk(stream, buf, limit, cap)
-                .await
-                .map_err(Exchange::mid)?,
-            Framing::Close => {
-                keep = false;
-                while fill(stream, &mut buf, limit + 1)
-                    .await
-                    .map_err(Exchange::mid)?
-                    > 0
-                {}
-                buf
-            }
-        };
-        if body.len() > limit {
-            return Err(HttpError::TooLarge(limit).into());
-        }
-        return Ok((Response { status, body }, keep));
+        return Ok((head, buf));
     }
+}
+
+/// Read one response: the answer and whether the connection may be kept.
+async fn read_response(stream: &mut TcpStream, limit: usize) -> Result<(Response, bool), Exchange> {
+    let cap = MAX_HEAD + limit + (limit >> 3) + 1024;
+    let (head, buf) = read_head(stream, cap).await?;
+    read_body(stream, head, buf, limit, cap).await
+}
+
+/// Read the body after `head`, whose first bytes are in `buf`.
+async fn read_body(
+    stream: &mut TcpStream,
+    head: Head,
+    mut buf: Vec<u8>,
+    limit: usize,
+    cap: usize,
+) -> Result<(Response, bool), Exchange> {
+    let Head {
+        status,
+        mut keep,
+        framing,
+        ..
+    } = head;
+    let body = match framing {
+        Framing::Length(n) => {
+            if n > limit {
+                return Err(HttpError::TooLarge(limit).into());
+            }
+            // One read for the whole body when it is all there.
+            buf.reserve(n.saturating_sub(buf.len()));
+            while buf.len() < n {
+                if fill(stream, &mut buf, n).await.map_err(Exchange::mid)? == 0 {
+                    return Err(HttpError::Malformed("connection closed in the body".into()).into());
+                }
+            }
+            // Bytes past the body: the connection is out of step; not kept.
+            keep &= buf.len() == n;
+            buf.truncate(n);
+            buf
+        }
+        Framing::Chunked => dechunk(stream, buf, limit, cap)
+            .await
+            .map_err(Exchange::mid)?,
+        Framing::Close => {
+            keep = false;
+            while fill(stream, &mut buf, limit + 1)
+                .await
+                .map_err(Exchange::mid)?
+                > 0
+            {}
+            buf
+        }
+    };
+    if body.len() > limit {
+        return Err(HttpError::TooLarge(limit).into());
+    }
+    Ok((Response { status, body }, keep))
 }
 
 /// Decode a chunked body whose first bytes are in `raw`.
@@ -536,5 +708,43 @@ mod tests {
             }
         }
         assert!(c.stream.is_none());
+    }
+
+    /// Issue 11: a stream's head and first lines in one read (decoded from what came
+    /// with the head), then the end; the connection is kept, and the next request on it
+    /// is answered whole. An answer that is not a stream comes back whole.
+    #[tokio::test]
+    async fn a_stream_is_read_line_by_line_and_its_connection_kept() {
+        let (target, h) = server(vec![vec![
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{a}\n\r\n1\r\n\n\r\n8\r\n{b}\n{c}\n\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+        ]])
+        .await;
+        let mut c = Conn::new(target, Duration::from_secs(1));
+        assert!(matches!(c.open_stream("/w", 100).await, Ok(Opened::Stream)));
+        let mut lines = Vec::new();
+        let mut reads = Vec::new();
+        loop {
+            let r = c
+                .next_lines(100, &mut |l| {
+                    lines.push(String::from_utf8_lossy(l).into_owned())
+                })
+                .await
+                .unwrap();
+            reads.push(r);
+            if r.is_none() {
+                break;
+            }
+        }
+        assert_eq!(lines, ["{a}", "{b}", "{c}"]);
+        assert_eq!(reads.last(), Some(&None));
+        assert!(c.stream.is_some(), "kept after the stream's end");
+        match c.open_stream("/w", 100).await {
+            Ok(Opened::Whole(r)) => assert_eq!((r.status, r.body.as_slice()), (200, &b"{}"[..])),
+            other => panic!("{other:?}"),
+        }
+        let seen = h.await.unwrap();
+        assert_eq!(seen.len(), 2, "both on one connection");
+        assert!(seen[0].contains("Accept: application/json, application/x-ndjson\r\n"));
     }
 }

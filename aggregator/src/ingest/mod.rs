@@ -6,6 +6,7 @@ pub mod discover;
 pub mod http;
 pub mod intake;
 pub mod podhealth;
+pub mod stream;
 
 pub use collect::{AgentEvent, FetchError};
 pub use intake::{AlertOutcome, Intake, IntakeConfig, IntakeError, IntakeSummary, Route};

@@ -32,9 +32,13 @@ pub struct Stamp<'a> {
     pub seeded: Option<&'a BTreeSet<u32>>,
     /// The shards whose nodes changed (or that were just taken): written first.
     pub changed: &'a BTreeSet<u32>,
-    /// Write every shard held; else only the changed ones. A replica holding 16 shards
-    /// of 300 nodes rewrote all 16 for one device's fault, one after the other: the
-    /// fault's shard waited for up to 15 others (issue 11, measured at 20,000 nodes).
+    /// The shards to write when not `whole`: the changed ones and those due their
+    /// heartbeat.
+    pub include: &'a BTreeSet<u32>,
+    /// Write every shard held; else only those of `include`. A replica holding 16
+    /// shards of 300 nodes rewrote all 16 for one device's fault, one after the other:
+    /// the fault's shard waited for up to 15 others (issue 11, measured at 20,000
+    /// nodes).
     pub whole: bool,
 }
 
@@ -101,9 +105,10 @@ impl Publisher {
             writer,
             seeded,
             changed,
+            include,
             whole,
         } = stamp;
-        let only = (!whole).then_some(changed);
+        let only = (!whole).then_some(include);
         match self {
             Publisher::File { out, latest } => {
                 alarming.clear();
