@@ -6,13 +6,14 @@
 //! second of the last evaluation is kept for the next tick, unless it carries a hard
 //! fault, which is evaluated at once (the fast path to `failed`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use faultline_common::document::DocView;
 use faultline_common::fault::{
     AgentReach, FaultSummary, NodeFaults, NpuFault, SourceReach, FAULT_VERSION,
 };
-use faultline_common::rules::{DeviceWindows, Rules};
+use faultline_common::rules::{DeviceWindows, Measure, Rules};
 use faultline_common::state::{step, DeviceState};
 use faultline_common::time::rfc3339_ms as rfc3339;
 use faultline_common::{DeviceStatus, NodeHealth};
@@ -42,6 +43,10 @@ pub const DEFAULT_DEVICE_FORGET_MS: u64 = 3_600_000;
 /// A device's readings as the last document gave them: what is published and what a
 /// quarantine record names the device by.
 struct Last {
+    /// [`texts`] of the entry these readings came from: a document listing the same
+    /// device with the same texts (the usual case) is told by it, without a look at the
+    /// cold strings below (issue 11).
+    texts: u64,
     id: Box<str>,
     uuid: Option<Box<str>>,
     pci_bus_id: Option<Box<str>>,
@@ -53,11 +58,15 @@ struct Last {
 
 struct Node {
     devices: BTreeMap<String, Device>,
-    /// The last document while it is still to be judged, or while some device is not
-    /// quiet (each tick observes it again). A quiet node's document is dropped once
-    /// judged (issue 11: the parsed document was most of a node's memory); its next
-    /// ticks are clean samples without it, as [`Node::record_quiet`] records them.
-    doc: Option<NodeHealth>,
+    /// The last document, measured when it arrived (one [`Measure`] per entry of
+    /// `last`), while it is still to be judged or while some device is not quiet (each
+    /// tick observes it again). A quiet node's is dropped once judged (issue 11: the
+    /// parsed document kept for the tick was most of a node's memory, and judging it a
+    /// second later a cache miss per field); its next ticks are clean samples without
+    /// it, as [`Node::record_quiet`] records them.
+    pending: Option<Vec<Measure>>,
+    /// The document's bytes while `pending` is kept, so new rules can measure it anew.
+    raw: Option<Box<[u8]>>,
     /// Readings of the last document, for each device it listed.
     last: Vec<Last>,
     /// The sources of the last document.
@@ -97,9 +106,18 @@ impl Change {
     }
 }
 
+/// Nodes by name, hashed (issue 11: a lookup in an ordered map of 5,000 names was a
+/// dozen cold string comparisons, three times a document; foldhash, randomly seeded).
+type Nodes = HashMap<String, Node, foldhash::fast::RandomState>;
+
 /// Every node's devices.
 pub struct Pipeline {
-    nodes: BTreeMap<String, Node>,
+    nodes: Nodes,
+    /// The nodes the tick looks at: each node not skipped as quiet
+    /// ([`Node::lazy_since_tick`] unset), in the order they became so; a name may be
+    /// stale (removed, or skipped since), and is then dropped by the next tick (issue
+    /// 11: walking 5,000 nodes a second to skip most of them was a tenth of the CPU).
+    active: Vec<String>,
     rules: Arc<Rules>,
     metrics: Arc<Metrics>,
     forget_ms: u64,
@@ -123,6 +141,17 @@ fn record_device(n: &Node, id: &str, reason: String) -> RecordDevice {
     }
 }
 
+/// A fingerprint of a device entry's texts: its id, UUID, bus id and link status.
+fn texts(d: &faultline_common::document::DeviceView<'_>) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut h = foldhash::fast::FixedState::with_seed(0x2545f4914f6cdd1d).build_hasher();
+    d.id.hash(&mut h);
+    d.uuid.as_deref().hash(&mut h);
+    d.pci_bus_id.as_deref().hash(&mut h);
+    d.pcie_link_status.as_deref().hash(&mut h);
+    h.finish()
+}
+
 impl Node {
     /// The last document's readings of device `id`, if it listed the device.
     fn last(&self, id: &str) -> Option<&Last> {
@@ -131,18 +160,20 @@ impl Node {
 
     /// Keep the readings and sources of a document. The same devices as last time (the
     /// usual case) are updated in place: no allocation unless a text changed.
-    fn remember(&mut self, doc: &NodeHealth) {
-        fn set(slot: &mut Option<Box<str>>, v: &Option<String>) {
-            if slot.as_deref() != v.as_deref() {
-                *slot = v.as_deref().map(Box::from);
+    fn remember(&mut self, doc: &DocView<'_>) {
+        fn set(slot: &mut Option<Box<str>>, v: Option<&str>) {
+            if slot.as_deref() != v {
+                *slot = v.map(Box::from);
             }
         }
+        let fps: Vec<u64> = doc.npus.iter().map(texts).collect();
         let same = self.last.len() == doc.npus.len()
             && self
                 .last
                 .iter()
                 .zip(&doc.npus)
-                .all(|(l, d)| *l.id == d.reading.id);
+                .zip(&fps)
+                .all(|((l, d), fp)| l.texts == *fp || *l.id == *d.id);
         let same_sources = self.sources.len() == doc.sources.len()
             && self
                 .sources
@@ -150,25 +181,30 @@ impl Node {
                 .zip(&doc.sources)
                 .all(|(a, b)| a.name == b.name && a.up == b.up);
         if same {
-            for (l, d) in self.last.iter_mut().zip(&doc.npus) {
-                set(&mut l.uuid, &d.reading.uuid);
-                set(&mut l.pci_bus_id, &d.reading.pci_bus_id);
-                set(&mut l.pcie_link_status, &d.pcie_link_status);
-                l.temperature_c = d.reading.temperature_c;
-                l.power_w = d.reading.power_w;
+            for ((l, d), fp) in self.last.iter_mut().zip(&doc.npus).zip(&fps) {
+                if l.texts != *fp {
+                    set(&mut l.uuid, d.uuid.as_deref());
+                    set(&mut l.pci_bus_id, d.pci_bus_id.as_deref());
+                    set(&mut l.pcie_link_status, d.pcie_link_status.as_deref());
+                    l.texts = *fp;
+                }
+                l.temperature_c = d.temperature_c;
+                l.power_w = d.power_w;
                 l.ecc_errors = d.ecc_errors;
             }
         } else {
-            let text = |v: &Option<String>| v.as_deref().map(Box::from);
+            let text = |v: &Option<std::borrow::Cow<'_, str>>| v.as_deref().map(Box::from);
             self.last = doc
                 .npus
                 .iter()
-                .map(|d| Last {
-                    id: d.reading.id.as_str().into(),
-                    uuid: text(&d.reading.uuid),
-                    pci_bus_id: text(&d.reading.pci_bus_id),
-                    temperature_c: d.reading.temperature_c,
-                    power_w: d.reading.power_w,
+                .zip(&fps)
+                .map(|(d, fp)| Last {
+                    texts: *fp,
+                    id: d.id.as_ref().into(),
+                    uuid: text(&d.uuid),
+                    pci_bus_id: text(&d.pci_bus_id),
+                    temperature_c: d.temperature_c,
+                    power_w: d.power_w,
                     ecc_errors: d.ecc_errors,
                     pcie_link_status: text(&d.pcie_link_status),
                 })
@@ -179,7 +215,7 @@ impl Node {
                 .sources
                 .iter()
                 .map(|s| SourceReach {
-                    name: s.name.clone(),
+                    name: s.name.to_string(),
                     up: s.up,
                 })
                 .collect();
@@ -202,19 +238,25 @@ impl Node {
 
     /// Record the clean samples of the ticks it skipped while quiet: the ticks after
     /// `lazy_since_tick` up to `ticks`, the last of them at `last_tick_ms`.
-    fn settle(&mut self, ticks: u64, last_tick_ms: Option<u64>) {
-        let (Some(since), Some(at)) = (self.lazy_since_tick.take(), last_tick_ms) else {
-            return;
+    /// Whether the node was skipped (and is now looked at again).
+    #[must_use]
+    fn settle(&mut self, ticks: u64, last_tick_ms: Option<u64>) -> bool {
+        let Some(since) = self.lazy_since_tick.take() else {
+            return false;
+        };
+        let Some(at) = last_tick_ms else {
+            return true;
         };
         let skipped = u32::try_from(ticks.saturating_sub(since)).unwrap_or(u32::MAX);
         if skipped == 0 {
-            return;
+            return true;
         }
         self.last_eval_ms = Some(at);
         for d in self.devices.values_mut() {
             d.state.last_fresh_ms = Some(at);
             d.state.clean_streak = d.state.clean_streak.saturating_add(skipped);
         }
+        true
     }
 
     /// A device's state as if the skipped ticks had been recorded.
@@ -244,7 +286,8 @@ impl Pipeline {
     /// An empty pipeline.
     pub fn new(rules: Arc<Rules>, metrics: Arc<Metrics>) -> Self {
         Pipeline {
-            nodes: BTreeMap::new(),
+            nodes: Nodes::default(),
+            active: Vec::new(),
             rules,
             metrics,
             forget_ms: DEFAULT_DEVICE_FORGET_MS,
@@ -277,13 +320,27 @@ impl Pipeline {
     }
 
     /// Use new rules from the next evaluation on (windows keep their samples); every
-    /// node whose document is kept is judged in full again, since the new rules may see
-    /// it anew. A quiet node (its document dropped) is judged by them at its next
-    /// document, within the long-poll's wait.
+    /// node whose document is kept is measured and judged again, since the new rules
+    /// may see it anew. A quiet node (its document dropped) is judged by them at its
+    /// next document.
     pub fn set_rules(&mut self, rules: Arc<Rules>) {
         self.rules = rules;
         for n in self.nodes.values_mut() {
-            n.unseen = n.doc.is_some();
+            let Some(raw) = n.raw.as_deref() else {
+                continue;
+            };
+            match DocView::parse(raw) {
+                Ok(doc) if doc.npus.len() == n.last.len() => {
+                    n.pending = Some(
+                        doc.npus
+                            .iter()
+                            .map(|d| self.rules.measure(Some(d)))
+                            .collect(),
+                    );
+                    n.unseen = true;
+                }
+                _ => {}
+            }
         }
     }
 
@@ -302,9 +359,11 @@ impl Pipeline {
             );
             return false;
         }
+        self.active.push(node.to_string());
         self.nodes.entry(node.to_string()).or_insert_with(|| Node {
             devices: BTreeMap::new(),
-            doc: None,
+            pending: None,
+            raw: None,
             last: Vec::new(),
             sources: Vec::new(),
             unseen: false,
@@ -374,23 +433,45 @@ impl Pipeline {
         self.nodes.remove(node).is_some()
     }
 
-    /// Names of the known nodes.
+    /// Names of the known nodes, sorted.
     pub fn node_names(&self) -> impl Iterator<Item = &String> {
+        let mut names: Vec<&String> = self.nodes.keys().collect();
+        names.sort_unstable();
+        names.into_iter()
+    }
+
+    /// Names of the known nodes, in no order.
+    pub fn node_names_unordered(&self) -> impl Iterator<Item = &String> {
         self.nodes.keys()
     }
 
     /// An agent answered with its document.
-    pub fn on_document(&mut self, mut doc: NodeHealth, now_ms: u64) -> Change {
-        // The name is the map's key from here on: taken, not copied.
-        let name = std::mem::take(&mut doc.node);
-        if !self.ensure_node(&name, now_ms) {
-            return Change::default();
+    pub fn on_document(&mut self, doc: NodeHealth, now_ms: u64) -> Change {
+        let raw = serde_json::to_vec(&doc).unwrap_or_default();
+        match DocView::parse(&raw) {
+            Ok(view) => self.on_view(&view, &raw, now_ms),
+            Err(_) => Change::default(),
         }
+    }
+
+    /// An agent's document, read (and checked) from `raw`, its bytes, which are kept
+    /// while the node is not quiet, for a rules reload.
+    pub fn on_view(&mut self, doc: &DocView<'_>, raw: &[u8], now_ms: u64) -> Change {
+        let name: &str = &doc.node;
         let hard = doc.npus.iter().any(|d| d.status == DeviceStatus::Failed);
-        let Some(node) = self.nodes.get_mut(&name) else {
-            return Change::default();
+        // One lookup for a known node.
+        let node = match self.nodes.get_mut(name) {
+            Some(n) => n,
+            None => {
+                if !self.ensure_node(name, now_ms) {
+                    return Change::default();
+                }
+                self.nodes.get_mut(name).expect("just ensured")
+            }
         };
-        node.settle(self.ticks, self.last_tick_ms);
+        if node.settle(self.ticks, self.last_tick_ms) {
+            self.active.push(name.to_string());
+        }
         let reach_changed = !node.reach.reachable;
         self.counts_stale |= reach_changed;
         node.reach.reachable = true;
@@ -400,8 +481,13 @@ impl Pipeline {
             node.reachable_since_ms = Some(now_ms);
             node.changed_ms = now_ms;
         }
-        node.remember(&doc);
-        node.doc = Some(doc);
+        node.remember(doc);
+        node.pending = Some(
+            doc.npus
+                .iter()
+                .map(|d| self.rules.measure(Some(d)))
+                .collect(),
+        );
         node.unseen = true;
         let due = node
             .last_eval_ms
@@ -409,13 +495,15 @@ impl Pipeline {
         let before = node.devices.len();
         let mut change = if due || hard {
             let (rules, metrics) = (&self.rules, &self.metrics);
-            Self::judge(node, &name, now_ms, rules, metrics, self.forget_ms)
+            Self::judge(node, name, now_ms, rules, metrics, self.forget_ms)
         } else {
             Change::default()
         };
         self.counts_stale |= !change.nodes.is_empty() || node.devices.len() != before;
-        if reach_changed && !change.nodes.contains(&name) {
-            change.nodes.push(name);
+        // Kept for the ticks: the bytes too, so that new rules can measure it again.
+        node.raw = node.pending.as_ref().map(|_| Box::from(raw));
+        if reach_changed && !change.nodes.iter().any(|n| n == name) {
+            change.nodes.push(name.to_string());
         }
         change
     }
@@ -426,14 +514,17 @@ impl Pipeline {
             return Change::default();
         }
         let n = self.nodes.get_mut(node).expect("just ensured");
-        n.settle(self.ticks, self.last_tick_ms);
+        if n.settle(self.ticks, self.last_tick_ms) {
+            self.active.push(node.to_string());
+        }
         let was = n.reach.reachable;
         self.counts_stale |= was;
         n.reach.reachable = false;
         n.reach.error = Some(error.to_string());
         n.reachable_since_ms = None;
         // The last readings stay; the document is no longer evaluated.
-        n.doc = None;
+        n.pending = None;
+        n.raw = None;
         if was {
             n.changed_ms = now_ms;
             Change {
@@ -459,35 +550,44 @@ impl Pipeline {
             .last_tick_ms
             .is_some_and(|t| now_ms.saturating_sub(t) < MIN_EVAL_SPACING_MS)
         {
-            for n in self.nodes.values_mut() {
-                n.settle(self.ticks, self.last_tick_ms);
+            for (name, n) in self.nodes.iter_mut() {
+                if n.settle(self.ticks, self.last_tick_ms) {
+                    self.active.push(name.clone());
+                }
             }
         }
         self.ticks += 1;
         self.last_tick_ms = Some(now_ms);
         let mut change = Change::default();
-        for (name, node) in self.nodes.iter_mut() {
+        let mut active = std::mem::take(&mut self.active);
+        active.retain(|name| {
+            // Gone, or skipped already (a name listed twice): no longer looked at.
+            let Some(node) = self.nodes.get_mut(name.as_str()) else {
+                return false;
+            };
             if node.lazy_since_tick.is_some() {
-                continue;
+                return false;
             }
             let due = node
                 .last_eval_ms
                 .is_none_or(|t| now_ms.saturating_sub(t) >= MIN_EVAL_SPACING_MS);
             if !due {
-                continue;
+                return true;
             }
             if !node.unseen && node.quiet() {
                 // Judged again it would be the same: a clean sample each, without the
                 // work, and the next ticks' samples when it is next touched.
                 node.record_quiet(now_ms);
                 node.lazy_since_tick = Some(self.ticks);
-                continue;
+                return false;
             }
             let before = node.devices.len();
             let c = Self::judge(node, name, now_ms, &rules, &metrics, forget);
             self.counts_stale |= !c.nodes.is_empty() || node.devices.len() != before;
             change.merge(c);
-        }
+            true
+        });
+        self.active = active;
         if std::mem::take(&mut self.counts_stale) {
             let (reachable, total) = self.reach();
             self.metrics.set_agents(reachable, total);
@@ -511,22 +611,31 @@ impl Pipeline {
         node.unseen = false;
         let Node {
             devices,
-            doc,
+            pending,
+            last,
             reach,
             changed_ms,
             ..
         } = node;
         // Only a reachable agent's document is evidence.
-        let doc = doc.as_ref().filter(|_| reach.reachable);
+        let measured = pending.as_deref().filter(|_| reach.reachable);
         let mut forgotten = false;
-        if let Some(d) = doc {
-            for dev in &d.npus {
+        // The same devices as known, in the same order (the usual case): reported now.
+        let same = measured.is_some()
+            && last.len() == devices.len()
+            && devices.keys().zip(last.iter()).all(|(id, l)| **id == *l.id);
+        if same {
+            for d in devices.values_mut() {
+                d.reported_ms = now_ms;
+            }
+        } else if measured.is_some() {
+            for l in last.iter() {
                 // Known devices (all but a new one's first document) are not keyed anew.
-                match devices.get_mut(&dev.reading.id) {
+                match devices.get_mut(&*l.id) {
                     Some(known) => known.reported_ms = now_ms,
                     None => {
                         devices.insert(
-                            dev.reading.id.clone(),
+                            l.id.to_string(),
                             Device {
                                 windows: DeviceWindows::default(),
                                 state: DeviceState::new(now_ms),
@@ -563,14 +672,18 @@ impl Pipeline {
         // at the cursor.
         let mut cursor = 0;
         for (id, dev) in devices.iter_mut() {
-            let entry = doc.and_then(|d| match d.npus.get(cursor) {
-                Some(x) if x.reading.id == *id => {
-                    cursor += 1;
-                    Some(x)
-                }
-                _ => d.npus.iter().find(|x| x.reading.id == *id),
+            let entry = measured.and_then(|m| {
+                let at = match last.get(cursor) {
+                    Some(l) if *l.id == **id => cursor,
+                    _ => last.iter().position(|l| *l.id == **id)?,
+                };
+                cursor = at + 1;
+                m.get(at)
             });
-            let obs = dev.windows.observe(entry, rules);
+            let obs = match entry {
+                Some(m) => dev.windows.apply(m, rules),
+                None => faultline_common::state::Observation::Missing,
+            };
             dev.clean = obs == faultline_common::state::Observation::Clean;
             let next = step(&dev.state, &obs, now_ms, &rules.state_machine);
             if next.status != dev.state.status || next.reason != dev.state.reason {
@@ -595,7 +708,7 @@ impl Pipeline {
             dev.state = next;
         }
         if node.quiet() {
-            node.doc = None;
+            node.pending = None;
         }
         change
     }
@@ -847,7 +960,7 @@ mod tests {
     fn a_quiet_nodes_document_is_dropped_and_its_readings_kept() {
         let mut p = pipeline();
         p.on_document(doc("n1", vec![dev("gpu0", 41.5, None)]), 0);
-        assert!(p.nodes["n1"].doc.is_none(), "judged quiet: dropped");
+        assert!(p.nodes["n1"].pending.is_none(), "judged quiet: dropped");
         for t in 1..=120 {
             p.tick(t * 1_000);
         }
@@ -865,10 +978,11 @@ mod tests {
         assert_eq!(f.npus[0].temperature_c, Some(47.0));
         assert_eq!(f.npus[0].pcie_link_status.as_deref(), Some("down"));
         p.on_document(doc("n2", vec![dev("gpu0", 40.0, Some("gpu-lost"))]), 0);
-        assert!(p.nodes["n2"].doc.is_some(), "not quiet: kept");
+        assert!(p.nodes["n2"].pending.is_some(), "not quiet: kept");
+        assert!(p.nodes["n2"].raw.is_some(), "its bytes too, for new rules");
         // Unreachable: nothing to judge; the readings stay.
         p.on_unreachable("n2", "down", 500);
-        assert!(p.nodes["n2"].doc.is_none());
+        assert!(p.nodes["n2"].pending.is_none());
         assert_eq!(
             p.node_faults("n2").unwrap().npus[0].temperature_c,
             Some(40.0)

@@ -222,3 +222,47 @@ async fn wait_metric(url: &str, needle: &str) -> String {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Issue 10's pinned identity, on issue 11's watch stream (the documents are read and
+/// checked by the core, not the follower): the real agent at the address followed as
+/// `n1` serves node `n2`. Its documents are refused and counted; `n1` is published
+/// unreachable with the reason, and no entry for `n2` appears. The agent at `n3`'s
+/// address, honest, is followed on a stream (no fallback counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_document_for_another_node_is_refused() {
+    let (liar, honest) = (agent("n2").await, agent("n3").await);
+    let out = tempfile::tempdir().unwrap();
+    let agents = format!("n1=http://{},n3=http://{}", liar.addr, honest.addr);
+    let agg = Launch::file_following(&agents, out.path()).start().await;
+    let (doc, _) = wait_file::<FaultDocument>(
+        &out.path().join("fault.json"),
+        Duration::from_secs(15),
+        |d| {
+            d.nodes.get("n3").is_some_and(|n| n.summary.healthy == 4)
+                && d.nodes.get("n1").is_some_and(|n| {
+                    n.agent
+                        .error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("identity mismatch"))
+                })
+        },
+    )
+    .await;
+    assert!(!doc.nodes.contains_key("n2"), "{:?}", doc.nodes.keys());
+    assert!(!doc.nodes["n1"].agent.reachable);
+    let metrics = get_text(&format!("http://{}/metrics", agg.addr)).await;
+    let refused = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("faultline_aggregator_agent_poll_errors_total{kind=\"identity\"} ")
+        })
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(refused >= 1.0, "{metrics}");
+    assert!(
+        metrics.contains("faultline_aggregator_agent_watch_fallbacks_total 0"),
+        "{metrics}"
+    );
+    agg.cancel_token().cancel();
+    agg.wait().await;
+}

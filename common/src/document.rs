@@ -6,6 +6,8 @@
 //! and adds what the seed lacks: identity (UUID, bus id), detail readings, the findings
 //! behind a verdict, sample age, recent Xids, per-source status and a generation number.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::classify::Finding;
@@ -63,6 +65,202 @@ fn devices<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<DeviceHealth>, 
         }
     }
     d.deserialize_seq(Devices)
+}
+
+/// A node document as the aggregator reads it: what it judges and publishes, the texts
+/// borrowed from the bytes received wherever they need no unescaping (issue 11: reading
+/// the whole [`NodeHealth`] into owned values, and freeing them, was the larger part of
+/// a replica's CPU per document). The fields a [`NodeHealth`] must have are required
+/// here too; what the aggregator does not read is skipped unread (the document as a
+/// whole is bounded by the reader).
+#[derive(Debug, Deserialize)]
+pub struct DocView<'a> {
+    #[serde(rename = "schema_version")]
+    _schema_version: serde::de::IgnoredAny,
+    /// [`NodeHealth::generation`].
+    pub generation: u64,
+    #[serde(rename = "timestamp")]
+    _timestamp: serde::de::IgnoredAny,
+    /// [`NodeHealth::node`].
+    #[serde(borrow)]
+    pub node: Cow<'a, str>,
+    #[serde(rename = "agent_version")]
+    _agent_version: serde::de::IgnoredAny,
+    /// [`NodeHealth::npus`].
+    #[serde(borrow, deserialize_with = "device_views")]
+    pub npus: Vec<DeviceView<'a>>,
+    #[serde(rename = "summary")]
+    _summary: serde::de::IgnoredAny,
+    /// [`NodeHealth::sources`].
+    #[serde(borrow)]
+    pub sources: Vec<SourceView<'a>>,
+}
+
+/// A device entry as the aggregator reads it ([`DeviceHealth`]'s fields of the same
+/// names).
+#[derive(Debug, Deserialize)]
+pub struct DeviceView<'a> {
+    /// Device id on the node.
+    #[serde(borrow)]
+    pub id: Cow<'a, str>,
+    /// Who made it.
+    pub vendor: crate::reading::Vendor,
+    /// The source that read it.
+    #[serde(borrow)]
+    pub source: Cow<'a, str>,
+    /// Device UUID.
+    #[serde(borrow, default)]
+    pub uuid: Option<Cow<'a, str>>,
+    /// PCI bus id.
+    #[serde(borrow, default)]
+    pub pci_bus_id: Option<Cow<'a, str>>,
+    /// Temperature (C).
+    #[serde(default)]
+    pub temperature_c: Option<f64>,
+    /// Power (W).
+    #[serde(default)]
+    pub power_w: Option<f64>,
+    /// ECC counters.
+    #[serde(default)]
+    pub ecc: Option<crate::reading::EccCounts>,
+    /// The agent's instantaneous status.
+    pub status: DeviceStatus,
+    /// The findings behind it.
+    #[serde(borrow, default)]
+    pub findings: Vec<FindingView<'a>>,
+    /// ECC errors since driver load.
+    #[serde(default)]
+    pub ecc_errors: Option<u64>,
+    /// `up` or `down`.
+    #[serde(borrow, default)]
+    pub pcie_link_status: Option<Cow<'a, str>>,
+}
+
+/// A finding as the aggregator reads it.
+#[derive(Debug, Deserialize)]
+pub struct FindingView<'a> {
+    /// Its code.
+    #[serde(borrow)]
+    pub code: Cow<'a, str>,
+    /// What it makes of the device.
+    pub status: DeviceStatus,
+    /// Its detail.
+    #[serde(borrow)]
+    pub detail: Cow<'a, str>,
+}
+
+/// A source as the aggregator reads it.
+#[derive(Debug, Deserialize)]
+pub struct SourceView<'a> {
+    /// Its name.
+    #[serde(borrow)]
+    pub name: Cow<'a, str>,
+    /// Its last attempt succeeded.
+    pub up: bool,
+    #[serde(rename = "consecutive_failures")]
+    _consecutive_failures: u32,
+    #[serde(rename = "abandoned_calls")]
+    _abandoned_calls: u32,
+}
+
+fn device_views<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<DeviceView<'de>>, D::Error> {
+    struct Views;
+    impl<'de> serde::de::Visitor<'de> for Views {
+        type Value = Vec<DeviceView<'de>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of devices")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(8).min(limits::DEVICES));
+            while let Some(x) = seq.next_element()? {
+                v.push(x);
+            }
+            Ok(v)
+        }
+    }
+    d.deserialize_seq(Views)
+}
+
+impl<'a> DocView<'a> {
+    /// Read a document's bytes.
+    pub fn parse(body: &'a [u8]) -> Result<Self, String> {
+        // One UTF-8 check of the whole body, not one per string.
+        let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
+        serde_json::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Whether what is read is within [`limits`]; the first limit it breaks (the same
+    /// as [`NodeHealth::check_bounds`] for these fields).
+    pub fn check_bounds(&self) -> Result<(), String> {
+        fn len(what: &str, v: &str, max: usize) -> Result<(), String> {
+            if v.len() > max {
+                Err(format!("{what} is {} bytes (at most {max})", v.len()))
+            } else {
+                Ok(())
+            }
+        }
+        fn count(what: &str, n: usize, max: usize) -> Result<(), String> {
+            if n > max {
+                Err(format!("{n} {what} (at most {max})"))
+            } else {
+                Ok(())
+            }
+        }
+        if self.node.is_empty() {
+            return Err("no node name".into());
+        }
+        len("node", &self.node, limits::NODE_NAME)?;
+        count("devices", self.npus.len(), limits::DEVICES)?;
+        count("sources", self.sources.len(), limits::SOURCES)?;
+        for s in &self.sources {
+            len("source name", &s.name, limits::ID)?;
+        }
+        for d in &self.npus {
+            len("device id", &d.id, limits::ID)?;
+            len("device uuid", d.uuid.as_deref().unwrap_or(""), limits::ID)?;
+            len(
+                "device bus id",
+                d.pci_bus_id.as_deref().unwrap_or(""),
+                limits::ID,
+            )?;
+            len("device source", &d.source, limits::ID)?;
+            len(
+                "device link status",
+                d.pcie_link_status.as_deref().unwrap_or(""),
+                limits::ID,
+            )?;
+            count("findings", d.findings.len(), limits::FINDINGS)?;
+            for f in &d.findings {
+                len("finding code", &f.code, limits::ID)?;
+                len("finding detail", &f.detail, limits::TEXT)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl crate::rules::Entry for DeviceView<'_> {
+    fn status(&self) -> DeviceStatus {
+        self.status
+    }
+    fn metric(&self, m: crate::rules::Metric) -> Option<f64> {
+        use crate::rules::Metric;
+        match m {
+            Metric::TemperatureC => self.temperature_c,
+            Metric::PowerW => self.power_w,
+            Metric::EccErrors => self.ecc_errors.map(|e| e as f64),
+            Metric::EccUncorrected => self.ecc.map(|e| e.volatile_uncorrected as f64),
+            Metric::PcieLinkUp => crate::rules::link_up(self.pcie_link_status.as_deref()),
+        }
+    }
+    fn findings(&self, each: &mut dyn FnMut(&str, DeviceStatus)) {
+        for f in &self.findings {
+            each(&f.code, f.status);
+        }
+    }
 }
 
 /// What an aggregator accepts from an agent. A real agent is far inside every limit;
@@ -395,6 +593,96 @@ mod tests {
             sources: vec![],
             unattributed_xids: vec![],
         }
+    }
+
+    /// Issue 11: the aggregator's borrowed view reads the same values as the whole
+    /// document, escaped texts included (those are the ones not borrowed), judges the
+    /// same by the rules, keeps the same bounds, and refuses what the document refuses
+    /// for a missing field.
+    #[test]
+    fn the_view_reads_what_the_document_reads() {
+        use crate::rules::{Entry, Metric, Rules};
+        let mut doc = node_doc(3);
+        doc.node = "node-\"q\"".into();
+        doc.sources = vec![SourceStatus {
+            name: "nvml".into(),
+            up: true,
+            last_success: None,
+            last_error: Some("none \\ here".into()),
+            consecutive_failures: 0,
+            abandoned_calls: 0,
+        }];
+        let d = &mut doc.npus[1];
+        d.reading.uuid = Some("GPU-\u{e9}\\1".into());
+        d.reading.pci_bus_id = Some("0000:18:00.0".into());
+        d.reading.temperature_c = Some(91.5);
+        d.reading.power_w = Some(2.0);
+        d.reading.ecc = Some(crate::reading::EccCounts {
+            volatile_uncorrected: 4,
+            ..Default::default()
+        });
+        d.ecc_errors = Some(7);
+        d.pcie_link_status = Some("down".into());
+        d.status = DeviceStatus::Failed;
+        d.findings = vec![crate::classify::Finding {
+            code: "pcie-link-down".into(),
+            status: DeviceStatus::Failed,
+            detail: "line \"1\"\n".into(),
+        }];
+        let bytes = serde_json::to_vec(&doc).unwrap();
+        let v = DocView::parse(&bytes).unwrap();
+        assert_eq!((v.generation, &*v.node), (1, "node-\"q\""));
+        assert_eq!(v.npus.len(), 3);
+        assert_eq!((&*v.sources[0].name, v.sources[0].up), ("nvml", true));
+        let rules = Rules::default();
+        for (view, full) in v.npus.iter().zip(&doc.npus) {
+            assert_eq!(*view.id, full.reading.id);
+            assert_eq!(view.uuid.as_deref(), full.reading.uuid.as_deref());
+            assert_eq!(
+                view.pci_bus_id.as_deref(),
+                full.reading.pci_bus_id.as_deref()
+            );
+            assert_eq!(
+                view.pcie_link_status.as_deref(),
+                full.pcie_link_status.as_deref()
+            );
+            for m in [
+                Metric::TemperatureC,
+                Metric::PowerW,
+                Metric::EccErrors,
+                Metric::EccUncorrected,
+                Metric::PcieLinkUp,
+            ] {
+                assert_eq!(view.metric(m), full.metric(m), "{m:?}");
+            }
+            assert_eq!(rules.measure(Some(view)), rules.measure(Some(full)));
+        }
+        assert_eq!(
+            rules.measure(Some(&v.npus[1])).hard.as_deref(),
+            Some("npu-offline")
+        );
+        assert_eq!(v.check_bounds(), Ok(()));
+        let mut long = doc.clone();
+        long.npus[0].reading.id = "x".repeat(limits::ID + 1);
+        let bytes = serde_json::to_vec(&long).unwrap();
+        assert!(DocView::parse(&bytes)
+            .unwrap()
+            .check_bounds()
+            .unwrap_err()
+            .contains("device id"));
+        // A required field missing: refused by both.
+        for field in ["schema_version", "summary", "sources", "node"] {
+            let mut j = serde_json::to_value(&doc).unwrap();
+            j.as_object_mut().unwrap().remove(field);
+            let bytes = serde_json::to_vec(&j).unwrap();
+            assert!(
+                serde_json::from_slice::<NodeHealth>(&bytes).is_err(),
+                "{field}"
+            );
+            assert!(DocView::parse(&bytes).is_err(), "{field}");
+        }
+        assert!(DocView::parse(b"not json").is_err());
+        assert!(DocView::parse(b"{\"node\": \"\xff\"}").is_err());
     }
 
     /// Issue 10, finding 1: an agent's document is bounded in devices and strings.

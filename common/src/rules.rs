@@ -8,8 +8,6 @@
 //! errors come with a temperature above 75 C; `npu-offline` when the PCIe link is down
 //! and power is under 5 W.
 
-use std::collections::VecDeque;
-
 use serde::{Deserialize, Serialize};
 
 use crate::document::DeviceHealth;
@@ -32,19 +30,39 @@ pub enum Metric {
     PcieLinkUp,
 }
 
-impl Metric {
-    fn value(self, d: &DeviceHealth) -> Option<f64> {
-        let r = &d.reading;
-        match self {
+/// What the rules read of an agent's device entry: the agent's [`DeviceHealth`], or
+/// the aggregator's borrowed view of it ([`crate::document::DeviceView`]).
+pub trait Entry {
+    /// The agent's instantaneous status.
+    fn status(&self) -> DeviceStatus;
+    /// The value of a metric, if the entry reports it.
+    fn metric(&self, m: Metric) -> Option<f64>;
+    /// Each finding's code and status, in order.
+    fn findings(&self, each: &mut dyn FnMut(&str, DeviceStatus));
+}
+
+/// `pcie_link_status` as a metric: 1 when up, 0 when down.
+pub(crate) fn link_up(status: Option<&str>) -> Option<f64> {
+    status.map(|s| if s == "up" { 1.0 } else { 0.0 })
+}
+
+impl Entry for DeviceHealth {
+    fn status(&self) -> DeviceStatus {
+        self.status
+    }
+    fn metric(&self, m: Metric) -> Option<f64> {
+        let r = &self.reading;
+        match m {
             Metric::TemperatureC => r.temperature_c,
             Metric::PowerW => r.power_w,
-            Metric::EccErrors => d.ecc_errors.map(|e| e as f64),
+            Metric::EccErrors => self.ecc_errors.map(|e| e as f64),
             Metric::EccUncorrected => r.ecc.map(|e| e.volatile_uncorrected as f64),
-            Metric::PcieLinkUp => {
-                d.pcie_link_status
-                    .as_deref()
-                    .map(|s| if s == "up" { 1.0 } else { 0.0 })
-            }
+            Metric::PcieLinkUp => link_up(self.pcie_link_status.as_deref()),
+        }
+    }
+    fn findings(&self, each: &mut dyn FnMut(&str, DeviceStatus)) {
+        for f in &self.findings {
+            each(&f.code, f.status);
         }
     }
 }
@@ -65,8 +83,8 @@ pub struct Condition {
 
 impl Condition {
     /// Whether `d` meets the condition. A metric the device does not report never does.
-    pub fn holds(&self, d: &DeviceHealth) -> bool {
-        match self.metric.value(d) {
+    pub fn holds<E: Entry + ?Sized>(&self, d: &E) -> bool {
+        match d.metric(self.metric) {
             Some(v) => self.above.is_none_or(|a| v > a) && self.below.is_none_or(|b| v < b),
             None => false,
         }
@@ -191,6 +209,12 @@ pub enum RulesError {
 impl Rules {
     /// Check what serde cannot.
     pub fn validate(&self) -> Result<(), RulesError> {
+        if self.windows.len() > MAX_WINDOWS {
+            return Err(RulesError::Invalid(format!(
+                "{} window rules: at most {MAX_WINDOWS}",
+                self.windows.len()
+            )));
+        }
         for w in &self.windows {
             if w.of == 0 || w.count == 0 || w.count > w.of || w.of > 1000 {
                 return Err(RulesError::Invalid(format!(
@@ -237,14 +261,83 @@ pub struct DeviceWindows {
     windows: Vec<Window>,
 }
 
-/// One window: its rule's reason, the samples (newest last) and how many met the
-/// condition (kept, so that asking whether a device is quiet costs nothing per sample:
-/// the aggregator asks for every device every second).
+/// One window: its rule's reason (as a fingerprint), the samples as a ring of bits
+/// (`of` long) and how many met the condition (kept, so that asking whether a device is
+/// quiet costs nothing per sample: the aggregator asks for every device every second).
+/// Issue 11: a reason string and a deque of booleans per window were a fifth of a
+/// node's memory, and comparing the cold string for every sample a cache miss each.
 #[derive(Debug, Clone)]
 struct Window {
-    reason: String,
-    samples: VecDeque<bool>,
-    hits: usize,
+    rule: u64,
+    /// Sample `k` (0: the oldest) is bit `(head + k) % of`.
+    bits: Box<[u64]>,
+    of: u16,
+    head: u16,
+    len: u16,
+    hits: u16,
+}
+
+/// A window rule's reason as a window remembers it.
+fn fingerprint(reason: &str) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(0x5f3759df).hash_one(reason)
+}
+
+impl Window {
+    fn new(rule: u64, of: usize) -> Self {
+        Window {
+            rule,
+            bits: vec![0; of.div_ceil(64)].into_boxed_slice(),
+            of: of as u16,
+            head: 0,
+            len: 0,
+            hits: 0,
+        }
+    }
+
+    fn bit(&self, i: usize) -> bool {
+        self.bits[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    fn set_bit(&mut self, i: usize, v: bool) {
+        if v {
+            self.bits[i / 64] |= 1 << (i % 64);
+        } else {
+            self.bits[i / 64] &= !(1 << (i % 64));
+        }
+    }
+
+    /// The samples, oldest first.
+    fn samples(&self) -> impl Iterator<Item = bool> + '_ {
+        let of = usize::from(self.of);
+        (0..usize::from(self.len)).map(move |k| self.bit((usize::from(self.head) + k) % of))
+    }
+
+    /// Add a sample to a window `of` long (its rule may have changed length on a
+    /// reload: the newest samples are kept).
+    fn push(&mut self, met: bool, of: usize) {
+        if of != usize::from(self.of) {
+            let keep: Vec<bool> = self.samples().collect();
+            let mut w = Window::new(self.rule, of);
+            for v in &keep[keep.len().saturating_sub(of)..] {
+                w.push(*v, of);
+            }
+            *self = w;
+        }
+        let of = usize::from(self.of);
+        let (head, len) = (usize::from(self.head), usize::from(self.len));
+        if len == of {
+            if self.bit(head) {
+                self.hits -= 1;
+            }
+            self.set_bit(head, met);
+            self.head = ((head + 1) % of) as u16;
+        } else {
+            self.set_bit((head + len) % of, met);
+            self.len += 1;
+        }
+        self.hits += u16::from(met);
+    }
 }
 
 impl DeviceWindows {
@@ -256,66 +349,104 @@ impl DeviceWindows {
 
     /// Judge one agent entry (`None`: no entry this round) and return the observation.
     pub fn observe(&mut self, d: Option<&DeviceHealth>, rules: &Rules) -> Observation {
-        let Some(d) = d.filter(|d| d.status != DeviceStatus::Unknown) else {
+        self.apply(&rules.measure(d), rules)
+    }
+
+    /// Add one measured entry to the windows and return the observation.
+    pub fn apply(&mut self, m: &Measure, rules: &Rules) -> Observation {
+        if m.missing {
             // Nothing fresh: the windows keep their samples (a gap is not a clean sample).
             return Observation::Missing;
-        };
-        let mut hard: Option<String> = None;
-        let mut soft: Vec<String> = Vec::new();
-        for c in &rules.correlations {
-            if c.all.iter().all(|cond| cond.holds(d)) {
-                match c.severity {
-                    Severity::Hard => {
-                        hard.get_or_insert_with(|| c.reason.clone());
-                    }
-                    Severity::Soft => soft.push(c.reason.clone()),
-                }
-            }
         }
-        for f in &d.findings {
-            if rules.ignore_findings.contains(&f.code) {
-                continue;
-            }
-            match f.status {
-                DeviceStatus::Failed if rules.is_hard(&f.code) => {
-                    hard.get_or_insert_with(|| f.code.clone());
-                }
-                DeviceStatus::Failed | DeviceStatus::Degraded => soft.push(f.code.clone()),
-                DeviceStatus::Healthy | DeviceStatus::Unknown => {}
-            }
-        }
+        let mut soft = m.soft.clone();
         self.windows.truncate(rules.windows.len());
         for (i, w) in rules.windows.iter().enumerate() {
-            if self.windows.get(i).is_none_or(|s| s.reason != w.reason) {
-                let slot = Window {
-                    reason: w.reason.clone(),
-                    samples: VecDeque::with_capacity(w.of),
-                    hits: 0,
-                };
+            let rule = fingerprint(&w.reason);
+            if self.windows.get(i).is_none_or(|s| s.rule != rule) {
+                let slot = Window::new(rule, w.of);
                 match self.windows.get_mut(i) {
                     Some(s) => *s = slot,
                     None => self.windows.push(slot),
                 }
             }
             let slot = &mut self.windows[i];
-            let met = w.condition.holds(d);
-            slot.samples.push_back(met);
-            slot.hits += usize::from(met);
-            while slot.samples.len() > w.of {
-                if slot.samples.pop_front() == Some(true) {
-                    slot.hits -= 1;
-                }
-            }
-            debug_assert_eq!(slot.hits, slot.samples.iter().filter(|b| **b).count());
-            if slot.hits >= w.count {
+            let met = m.mets & (1u64 << i) != 0;
+            slot.push(met, w.of);
+            debug_assert_eq!(
+                usize::from(slot.hits),
+                slot.samples().filter(|b| *b).count()
+            );
+            if usize::from(slot.hits) >= w.count {
                 soft.insert(0, w.reason.clone());
             }
         }
-        match (hard, soft.is_empty()) {
-            (Some(h), _) => Observation::Hard(h),
+        match (&m.hard, soft.is_empty()) {
+            (Some(h), _) => Observation::Hard(h.clone()),
             (None, false) => Observation::Soft(soft),
             (None, true) => Observation::Clean,
         }
+    }
+}
+
+/// What one agent entry says by the rules, before the windows: whether it is fresh,
+/// the hard and soft reasons of the correlations and findings, and which window rules'
+/// conditions it meets. It is measured when the document arrives, while its memory is
+/// hot, and applied to the windows when the device is evaluated (issue 11: judging a
+/// document kept from its arrival to the next tick cost a cache miss per field; the
+/// measure is all the tick needs).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Measure {
+    /// No fresh reading: no entry, or an unknown one.
+    pub missing: bool,
+    /// The first hard reason.
+    pub hard: Option<String>,
+    /// The soft reasons, in rule order.
+    pub soft: Vec<String>,
+    /// Bit `i`: window rule `i`'s condition holds (at most [`MAX_WINDOWS`]).
+    pub mets: u64,
+}
+
+/// Window rules at most (a measure keeps one bit each).
+pub const MAX_WINDOWS: usize = 64;
+
+impl Rules {
+    /// Measure one agent entry (`None`: no entry this round).
+    pub fn measure<E: Entry + ?Sized>(&self, d: Option<&E>) -> Measure {
+        let Some(d) = d.filter(|d| d.status() != DeviceStatus::Unknown) else {
+            return Measure {
+                missing: true,
+                ..Measure::default()
+            };
+        };
+        let mut m = Measure::default();
+        for c in &self.correlations {
+            if c.all.iter().all(|cond| cond.holds(d)) {
+                match c.severity {
+                    Severity::Hard => {
+                        m.hard.get_or_insert_with(|| c.reason.clone());
+                    }
+                    Severity::Soft => m.soft.push(c.reason.clone()),
+                }
+            }
+        }
+        d.findings(&mut |code, status| {
+            if self.ignore_findings.iter().any(|i| i == code) {
+                return;
+            }
+            match status {
+                DeviceStatus::Failed if self.is_hard(code) => {
+                    m.hard.get_or_insert_with(|| code.to_string());
+                }
+                DeviceStatus::Failed | DeviceStatus::Degraded => m.soft.push(code.to_string()),
+                DeviceStatus::Healthy | DeviceStatus::Unknown => {}
+            }
+        });
+        for (i, w) in self.windows.iter().take(MAX_WINDOWS).enumerate() {
+            if w.condition.holds(d) {
+                m.mets |= 1u64 << i;
+            }
+        }
+        m
     }
 }
 
@@ -324,6 +455,33 @@ mod tests {
     use super::*;
     use crate::classify::Finding;
     use crate::reading::{DeviceReading, Vendor};
+
+    /// Issue 11: the ring of bits keeps what a list of the last `of` samples keeps,
+    /// across its wrap and across a reload that shortens or lengthens the window (the
+    /// newest samples kept), for windows shorter and longer than a word.
+    #[test]
+    fn a_window_keeps_the_last_of_samples() {
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        for lens in [[5, 3, 7], [70, 130, 64], [1, 1000, 2]] {
+            let mut w = Window::new(fingerprint("r"), lens[0]);
+            let mut model: std::collections::VecDeque<bool> = Default::default();
+            for (phase, of) in lens.iter().enumerate() {
+                for _ in 0..(3 * of + phase) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let met = x.is_multiple_of(3);
+                    w.push(met, *of);
+                    model.push_back(met);
+                    while model.len() > *of {
+                        model.pop_front();
+                    }
+                    assert_eq!(w.samples().collect::<Vec<_>>(), Vec::from(model.clone()));
+                    assert_eq!(usize::from(w.hits), model.iter().filter(|b| **b).count());
+                }
+            }
+        }
+    }
 
     fn dev(temp: f64) -> DeviceHealth {
         let mut r = DeviceReading::new("npu0", Vendor::Ascend, "sim");

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::dispatch::{Dispatch, Settled};
 use crate::api::DocumentAsk;
+use crate::ingest::collect::admit_raw;
 use crate::ingest::AgentEvent;
 use crate::metrics::Metrics;
 use crate::model::{FinalWrite, Takeover, Verdict};
@@ -131,6 +132,9 @@ fn write_due(
     };
     Some(at)
 }
+
+/// Agent events handled in one turn of the loop after the one that woke it.
+const AGENT_BATCH: usize = 64;
 
 /// The shards of `held` whose heartbeat is due at `now`: never written, or last
 /// written a heartbeat ago.
@@ -270,12 +274,27 @@ impl Core {
         // With every rules sender gone, `changed()` returns at once, forever: stop
         // listening then, or the loop spins.
         let mut rules_open = true;
+        // The stop and the write timer live across iterations (issue 11: made anew for
+        // each document, they were a waiter registered on the token and a timer wheel
+        // insertion and removal each).
+        let cancelled = cancel.cancelled();
+        tokio::pin!(cancelled);
+        let mut armed = self.due();
+        let write_timer = tokio::time::sleep_until(armed);
+        tokio::pin!(write_timer);
         loop {
             let due = self.due();
+            let now = tokio::time::Instant::now();
+            // Moved only when it would fire at another time than wanted: a write due
+            // at once finds a timer that has fired already as good as a new one.
+            if due != armed && !(due <= now && armed <= now) {
+                armed = due;
+                write_timer.as_mut().reset(due);
+            }
             let can_write = self.writing.as_ref().is_none_or(|w| w.is_finished());
             tokio::select! {
                 Some(t) = recv_opt(&mut inputs.takeovers) => self.on_takeover(t),
-                _ = cancel.cancelled() => break,
+                _ = &mut cancelled => break,
                 Some(f) = recv_opt(&mut inputs.final_writes) => {
                     tracing::debug!(shard = f.shard, "final write before handing the shard back");
                     self.final_waiters.push(f.done);
@@ -290,6 +309,14 @@ impl Core {
                     // followers start only then.
                     self.drain_takeovers(&mut inputs.takeovers);
                     self.on_agent(ev);
+                    // Whatever else is queued, in the same turn (bounded, so the other
+                    // inputs are not starved).
+                    for _ in 0..AGENT_BATCH {
+                        match inputs.agents.try_recv() {
+                            Ok(ev) => self.on_agent(ev),
+                            Err(_) => break,
+                        }
+                    }
                 }
                 _ = tick.tick() => self.on_tick(),
                 v = inputs.verdicts.recv(), if !inputs.verdicts.is_closed() || !inputs.verdicts.is_empty() => {
@@ -312,7 +339,7 @@ impl Core {
                         Err(_) => rules_open = false,
                     }
                 }
-                _ = tokio::time::sleep_until(due), if can_write => {
+                _ = &mut write_timer, if can_write => {
                     self.drain_takeovers(&mut inputs.takeovers);
                     self.write()
                 }
@@ -337,6 +364,19 @@ impl Core {
         let now = now_ms();
         let c = match ev {
             AgentEvent::Document(doc) => self.pipeline.on_document(*doc, now),
+            AgentEvent::Raw { node, body } => match admit_raw(&node, &body) {
+                Ok(doc) => {
+                    self.metrics.agent_poll("ok");
+                    self.pipeline.on_view(&doc, &body, now)
+                }
+                Err(e) => {
+                    self.metrics.agent_poll("error");
+                    self.metrics.agent_poll_error(e.metric_label());
+                    let error = e.to_string();
+                    tracing::warn!(%node, %error, "agent document refused");
+                    self.pipeline.on_unreachable(&node, &error, now)
+                }
+            },
             AgentEvent::Unreachable { node, error } => {
                 self.pipeline.on_unreachable(&node, &error, now)
             }

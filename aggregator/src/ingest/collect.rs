@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use faultline_common::document::DocView;
 use faultline_common::NodeHealth;
 use rand::Rng;
 use tokio::sync::mpsc;
@@ -26,6 +27,9 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// The watch request: documents as they change, and a heartbeat (a blank line) after
 /// [`POLL_WAIT`] without a change.
 const WATCH_PATH: &str = "/v1/health?watch=true&timeout_ms=10000";
+/// A stream that ended (or an agent that does not stream) is asked again no sooner
+/// than this after the last request.
+const MIN_ROUND: Duration = Duration::from_secs(1);
 /// Long polls to an agent that does not stream before it is asked to again.
 const POLLS_BEFORE_WATCH: u32 = 60;
 /// Largest document accepted from an agent.
@@ -36,6 +40,17 @@ const MAX_DOC: usize = 4 << 20;
 pub enum AgentEvent {
     /// The agent's current document.
     Document(Box<NodeHealth>),
+    /// A document as the agent followed as `node` sent it on its stream, to be read,
+    /// checked ([`admit_raw`]) and judged by the core loop: parsed on the thread that
+    /// judges and drops it, its memory is allocated and freed by one thread (issue 11:
+    /// a document parsed by a follower and freed by the core cost mimalloc's
+    /// cross-thread free and collect paths a quarter of the parse).
+    Raw {
+        /// The node followed.
+        node: Arc<str>,
+        /// The document's bytes.
+        body: Vec<u8>,
+    },
     /// The agent at `url` (serving `node`, if known) could not be reached.
     Unreachable { node: String, error: String },
     /// The node left the cluster (or the selector).
@@ -166,6 +181,8 @@ enum Watched {
 struct Following<'a> {
     /// The node followed (pinned by the first document when not named).
     node: Option<String>,
+    /// The same, shared with the raw documents sent to the core.
+    pinned: Option<Arc<str>>,
     /// The last generation received.
     generation: Option<u64>,
     tx: &'a mpsc::Sender<AgentEvent>,
@@ -180,6 +197,27 @@ impl Following<'_> {
         self.metrics.agent_poll("ok");
         self.generation = Some(doc.generation);
         Ok(send(self.tx, AgentEvent::Document(Box::new(doc)), self.cancel).await)
+    }
+
+    /// A line of the stream: sent raw to the core once the node is known (the core
+    /// reads and checks it, [`admit_raw`]); the first of an agent followed without a
+    /// name is read here, to pin the node. Whether to go on.
+    async fn deliver_line(&mut self, line: Vec<u8>) -> Result<bool, FetchError> {
+        if self.pinned.is_none() {
+            if let Some(n) = &self.node {
+                self.pinned = Some(Arc::from(n.as_str()));
+            }
+        }
+        let Some(node) = self.pinned.clone() else {
+            let go = self.deliver(parse(&line)?).await?;
+            self.pinned = self.node.as_deref().map(Arc::from);
+            return Ok(go);
+        };
+        // The generation is not read here: a stream asked for again starts from the
+        // current document, which the pipeline takes as one more sample.
+        self.generation = None;
+        let ev = AgentEvent::Raw { node, body: line };
+        Ok(send(self.tx, ev, self.cancel).await)
     }
 
     /// Read the agent's watch stream: each document as the agent sends it (a change,
@@ -201,19 +239,32 @@ impl Following<'_> {
             Opened::Whole(resp) => return Err(status_error(&resp)),
             Opened::Stream => {}
         }
+        // The agent sends a document or its heartbeat (a blank line) within the poll
+        // wait: a read of either restarts the deadline. One timer for the stream, moved
+        // on only when it fires (issue 11: a timeout armed for each read was a timer
+        // wheel insertion and removal per document).
+        let mut last_read = tokio::time::Instant::now();
+        let deadline = tokio::time::sleep(REQUEST_TIMEOUT);
+        tokio::pin!(deadline);
         loop {
-            let mut docs = Vec::new();
-            // The agent sends a document or its heartbeat (a blank line) within the
-            // poll wait: a read of either restarts the deadline.
-            let read = tokio::time::timeout(
-                REQUEST_TIMEOUT,
-                conn.next_lines(MAX_DOC, &mut |line| docs.push(parse(line))),
-            )
-            .await
-            .map_err(|_| FetchError::Timeout(REQUEST_TIMEOUT))?
+            let mut lines = Vec::new();
+            let mut keep = |line: &[u8]| lines.push(line.to_vec());
+            let read = loop {
+                tokio::select! {
+                    biased;
+                    r = conn.next_lines(MAX_DOC, &mut keep) => break r,
+                    _ = &mut deadline => {
+                        if last_read.elapsed() >= REQUEST_TIMEOUT {
+                            return Err(FetchError::Timeout(REQUEST_TIMEOUT));
+                        }
+                        deadline.as_mut().reset(last_read + REQUEST_TIMEOUT);
+                    }
+                }
+            }
             .map_err(request_error)?;
-            for doc in docs {
-                if !self.deliver(doc?).await? {
+            last_read = tokio::time::Instant::now();
+            for line in lines {
+                if !self.deliver_line(line).await? {
                     return Ok(Watched::Stopped);
                 }
             }
@@ -252,6 +303,20 @@ impl Following<'_> {
     }
 }
 
+/// A document received raw from the agent followed as `node`, if it may be accepted:
+/// a node document, within the limits, and for that node.
+pub fn admit_raw<'a>(node: &str, body: &'a [u8]) -> Result<DocView<'a>, FetchError> {
+    let doc = DocView::parse(body).map_err(FetchError::Parse)?;
+    doc.check_bounds().map_err(FetchError::Invalid)?;
+    if doc.node != node {
+        return Err(FetchError::Identity {
+            expected: node.to_string(),
+            got: doc.node.into_owned(),
+        });
+    }
+    Ok(doc)
+}
+
 /// The document, if it may be accepted from the agent followed as `pinned`: within the
 /// limits, and for that node. The first document of an agent followed without a name
 /// pins it.
@@ -274,6 +339,13 @@ fn admit(doc: NodeHealth, pinned: &mut Option<String>) -> Result<NodeHealth, Fet
 /// handed back) cancels, then sends `Removed`, so a document can never land after the
 /// `Removed` and bring the node back. Whether to go on.
 async fn send(tx: &mpsc::Sender<AgentEvent>, ev: AgentEvent, cancel: &CancellationToken) -> bool {
+    // Room in the channel (the usual case): sent without waiting, or registering a
+    // waiter on the token, for each document.
+    let ev = match tx.try_send(ev) {
+        Ok(()) => return true,
+        Err(mpsc::error::TrySendError::Closed(_)) => return false,
+        Err(mpsc::error::TrySendError::Full(ev)) => ev,
+    };
     tokio::select! {
         biased;
         _ = cancel.cancelled() => false,
@@ -297,6 +369,7 @@ pub async fn follow(
 ) {
     let mut f = Following {
         node,
+        pinned: None,
         generation: None,
         tx: &tx,
         metrics: &metrics,
@@ -307,6 +380,7 @@ pub async fn follow(
     // Long polls left before the stream is tried again (0: watch).
     let mut polls_left = 0u32;
     loop {
+        let round = tokio::time::Instant::now();
         let r = tokio::select! {
             _ = cancel.cancelled() => return,
             r = async {
@@ -344,6 +418,11 @@ pub async fn follow(
             // The stream ended, or the agent does not stream: on at once.
             Ok(None) => {
                 backoff = Duration::from_millis(500);
+                // An agent that ends its streams at once is not asked again in a loop.
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep_until(round + MIN_ROUND) => {}
+                }
                 continue;
             }
             Ok(Some(Err(()))) => return,
@@ -494,11 +573,13 @@ mod tests {
     /// The requests an agent double saw (path and query), in order.
     type Seen = Arc<Mutex<Vec<String>>>;
 
-    /// Issue 11: the follower reads the agent's watch stream: each line a document
-    /// delivered, a blank line (the heartbeat) none, a line that is not a document an
-    /// error; when the agent ends the stream, it asks again from the generation it has.
+    /// Issue 11: the follower reads the agent's watch stream: each line is handed to
+    /// the core raw, for the node followed, and read and checked there ([`admit_raw`]:
+    /// a line that is not a document is refused, as is a document for another node);
+    /// a blank line (the heartbeat) is none; when the agent ends the stream, it asks
+    /// again.
     #[tokio::test]
-    async fn a_watch_stream_delivers_each_document_and_resumes_where_it_ended() {
+    async fn a_watch_stream_hands_each_line_over_and_asks_again_at_its_end() {
         let seen: Seen = Arc::default();
         let s2 = seen.clone();
         let app = axum::Router::new().route(
@@ -517,10 +598,10 @@ mod tests {
                         l.push(b'\n');
                         Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(l))
                     };
-                    let lines = if n == 1 {
-                        vec![line(1), Ok("\n".into()), line(2)]
-                    } else {
-                        vec![line(3), Ok("not json\n".into())]
+                    let lines = match n {
+                        1 => vec![line(1), Ok("\n".into()), line(2)],
+                        2 => vec![line(3), Ok("not json\n".into())],
+                        _ => vec![],
                     };
                     (
                         [("content-type", "application/x-ndjson")],
@@ -543,36 +624,32 @@ mod tests {
             metrics.clone(),
             cancel.clone(),
         ));
-        for want in [1, 2, 3] {
+        let mut got = Vec::new();
+        for _ in 0..4 {
             match next(&mut rx).await {
-                AgentEvent::Document(d) => assert_eq!(d.generation, want),
-                other => panic!("expected generation {want}: {other:?}"),
+                AgentEvent::Raw { node, body } => {
+                    assert_eq!(&*node, "n1");
+                    got.push(admit_raw(&node, &body).map(|d| d.generation));
+                }
+                other => panic!("expected a raw document: {other:?}"),
             }
         }
-        match next(&mut rx).await {
-            AgentEvent::Unreachable { node, error } => {
-                assert_eq!(node, "n1");
-                assert!(error.contains("not a node document"), "{error}");
-            }
-            other => panic!("{other:?}"),
-        }
+        assert!(matches!(got[..3], [Ok(1), Ok(2), Ok(3)]), "{got:?}");
+        assert!(matches!(got[3], Err(FetchError::Parse(_))), "{got:?}");
+        // The same line for another node is refused.
+        let other = serde_json::to_vec(&doc_of("n2", 4)).unwrap();
+        assert!(matches!(
+            admit_raw("n1", &other),
+            Err(FetchError::Identity { .. })
+        ));
         cancel.cancel();
         let seen = seen.lock().unwrap().clone();
+        assert!(seen.len() >= 2, "asked again: {seen:?}");
         assert!(
-            seen[0].starts_with("watch=true&timeout_ms=10000"),
+            seen.iter().all(|q| q == "watch=true&timeout_ms=10000"),
             "{seen:?}"
         );
-        assert!(!seen[0].contains("wait_generation"), "{seen:?}");
-        assert!(seen[1].ends_with("&wait_generation=2"), "resumed: {seen:?}");
         let text = metrics.encode();
-        assert!(
-            text.contains(r#"agent_polls_total{result="ok"} 3"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"agent_poll_errors_total{kind="parse"} 1"#),
-            "{text}"
-        );
         assert!(text.contains("agent_watch_fallbacks_total 0"), "{text}");
     }
 

@@ -20,7 +20,7 @@ pub fn document(
     let mut nodes = BTreeMap::new();
     let mut summary = FaultSummary::default();
     for name in p
-        .node_names()
+        .node_names_unordered()
         .filter(|n| shards == 1 || shard_of(n, shards) == shard)
     {
         if let Some(n) = p.node_faults(name) {

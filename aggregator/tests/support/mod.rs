@@ -34,11 +34,16 @@ impl Launch {
             .iter()
             .map(|a| format!("http://{}", a.addr))
             .collect();
+        Self::file_following(&urls.join(","), out)
+    }
+
+    /// The file sink into `out`, following `--agents agents` (`[NODE=]URL,...`).
+    pub fn file_following(agents: &str, out: &Path) -> Self {
         let mut a = Self::base();
         a.extend(
             [
                 "--agents",
-                &urls.join(","),
+                agents,
                 "--out",
                 out.to_str().unwrap(),
                 "--replica",
