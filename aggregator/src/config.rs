@@ -156,6 +156,11 @@ pub struct ShardArgs {
     /// Number of shards (Leases and ConfigMaps); nodes map to shards by a stable hash.
     #[arg(long, env = "FAULTLINE_SHARDS", default_value_t = 1)]
     pub shards: u32,
+    /// ConfigMaps per shard (`<name>-shard-<i>`, then `<name>-shard-<i>-page-<p>`): a
+    /// ConfigMap holds at most 1 MiB, about 450 nodes of 8 devices; give a shard of more
+    /// nodes as many pages as it needs (issue 11).
+    #[arg(long, env = "FAULTLINE_PAGES", default_value_t = 1)]
+    pub pages: u32,
     /// How long a shard Lease lasts without renewal.
     #[arg(long, env = "FAULTLINE_LEASE_DURATION", default_value = "15s", value_parser = positive_duration)]
     pub lease_duration: Duration,
@@ -338,6 +343,7 @@ pub struct Config {
     pub publish_namespaces: Vec<String>,
     pub name: String,
     pub shards: u32,
+    pub pages: u32,
     pub lease_duration: Duration,
     pub lease_retry: Duration,
     pub node_selector: String,
@@ -469,6 +475,9 @@ impl Config {
         if s.shards == 0 || s.shards > 1024 {
             bail!("--shards must be between 1 and 1024");
         }
+        if s.pages == 0 || s.pages > 16 {
+            bail!("--pages must be between 1 and 16");
+        }
         if p.sink == SinkKind::File && s.shards != 1 {
             bail!("--shards applies to --sink configmap; the file sink is one directory");
         }
@@ -508,6 +517,7 @@ impl Config {
             publish_namespaces,
             name: p.name,
             shards: s.shards,
+            pages: s.pages,
             lease_duration: s.lease_duration,
             lease_retry: s.lease_retry,
             node_selector: a.agents.node_selector.clone(),

@@ -207,6 +207,16 @@ pub fn shard_of(node: &str, shards: u32) -> u32 {
     (fnv1a64(node.as_bytes()) % u64::from(shards.max(1))) as u32
 }
 
+/// The page of its shard's ConfigMaps a node's entry is written to, of `pages` (issue
+/// 11: a shard of 625 nodes x 8 devices is more than one ConfigMap holds): the same
+/// stable hash as [`shard_of`], its quotient by the shards taken modulo the pages.
+pub fn page_of(node: &str, shards: u32, pages: u32) -> u32 {
+    if pages <= 1 {
+        return 0;
+    }
+    ((fnv1a64(node.as_bytes()) / u64::from(shards.max(1))) % u64::from(pages)) as u32
+}
+
 /// FNV-1a, 64 bits: a stable hash for names derived from content.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

@@ -252,6 +252,7 @@ fn shard_publisher(
         .map(|ns| {
             Arc::new(
                 ConfigMapSink::new(Api::namespaced(kube.clone(), ns), cfg.name.clone())
+                    .with_pages(cfg.pages)
                     .with_metrics(metrics.clone()),
             )
         })
@@ -343,11 +344,12 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
                     me: cfg.replica.clone(),
                 })
             });
-            let share = Sharing::new(
+            let mut share = Sharing::new(
                 Api::namespaced(kube.clone(), &cfg.namespace),
                 takeover_tx.clone(),
                 final_tx.clone(),
             );
+            share.pages = cfg.pages;
             let (publisher, task) = shard_publisher(
                 &cfg,
                 kube,

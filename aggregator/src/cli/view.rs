@@ -182,14 +182,36 @@ pub async fn describe(
         };
     }
     let (shard, published) = match found {
-        Some((index, data)) => {
+        Some((index, mut data)) => {
+            let key = format!("{node}.json");
+            let mut cm_name = scope.shard_cm(index.shard);
+            if !data.contains_key(&key) {
+                // A shard spread over pages (`--pages`): the entry is on one of its
+                // other ConfigMaps, all labelled with the shard.
+                let lp =
+                    ListParams::default().labels(&format!("faultline.io/shard={}", index.shard));
+                let pages = cms
+                    .list(&lp)
+                    .await
+                    .with_context(|| format!("list the ConfigMaps of shard {}", index.shard))?;
+                for cm in pages.items {
+                    let name = cm.metadata.name.clone().unwrap_or_default();
+                    let ours = crate::publish::configmap::parse_page_name(&scope.name, &name)
+                        .is_some_and(|(s, _)| s == index.shard);
+                    if let Some(d) = cm.data.filter(|d| ours && d.contains_key(&key)) {
+                        data = d;
+                        cm_name = name;
+                        break;
+                    }
+                }
+            }
             let entry = data
-                .get(&format!("{node}.json"))
+                .get(&key)
                 .map(|t| serde_json::from_str::<NodeFaults>(t))
                 .transpose()
-                .with_context(|| format!("{node}.json in {}", scope.shard_cm(index.shard)))?;
+                .with_context(|| format!("{key} in {cm_name}"))?;
             let view = ShardIndexView {
-                configmap: format!("{}/{}", scope.namespace, scope.shard_cm(index.shard)),
+                configmap: format!("{}/{}", scope.namespace, cm_name),
                 shard: index.shard,
                 shards: index.shards,
                 writer: index.writer,
@@ -242,13 +264,10 @@ pub async fn agents(client: &kube::Client, scope: &Scope) -> anyhow::Result<Vec<
         .list(&ListParams::default().labels("faultline.io/shard"))
         .await
         .with_context(|| format!("list shard ConfigMaps in {}", scope.namespace))?;
-    let prefix = format!("{}-shard-", scope.name);
     let mut out = Vec::new();
     for cm in list.items {
         let name = cm.metadata.name.unwrap_or_default();
-        let Some(shard) = name
-            .strip_prefix(&prefix)
-            .and_then(|s| s.parse::<u32>().ok())
+        let Some((shard, _page)) = crate::publish::configmap::parse_page_name(&scope.name, &name)
         else {
             continue;
         };

@@ -4,11 +4,20 @@
 //! resourceVersion and a bounded retry on 409. Keys: `fault.json` (the shard) and
 //! `<node>.json` (one node each), so a pod that mounts every shard in one projected
 //! volume reads `/config/$NODE_NAME.json`.
+//!
+//! Pages (`--pages`, issue 11): a ConfigMap holds at most 1 MiB (the API's limit,
+//! `validation.go` `ValidateConfigMap`), about 450 nodes of 8 devices; a shard larger
+//! than that spreads its node entries over `pages` ConfigMaps: page 0 is
+//! `<name>-shard-<i>` with `fault.json` (the index of the whole shard) and the nodes of
+//! page 0, page `p` is `<name>-shard-<i>-page-<p>` with its nodes only (so no two
+//! ConfigMaps of one projected volume both carry `fault.json` of one shard). A node's
+//! page is [`page_of`]. Pages other than 0 are written first, so that the index never
+//! announces a sequence its entries do not have yet.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use faultline_common::fault::{FaultDocument, ShardIndex};
+use faultline_common::fault::{page_of, FaultDocument, ShardIndex};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
@@ -26,7 +35,7 @@ pub enum WriteError {
     #[error("not the holder of shard {0}")]
     NotHolder(u32),
     /// The document would not fit in a ConfigMap.
-    #[error("shard {shard} is {bytes} bytes, over the {MAX_BYTES} byte limit: use more shards")]
+    #[error("shard {shard} is {bytes} bytes, over the {MAX_BYTES} byte limit: use more shards or --pages")]
     TooLarge { shard: u32, bytes: usize },
     /// The API said no.
     #[error("API: {0}")]
@@ -47,14 +56,34 @@ pub struct ConfigMapSink {
     client: kube::Client,
     url: String,
     name: String,
-    /// Per shard: the resourceVersion and sequence of our last write.
-    last: Mutex<HashMap<u32, (String, u64)>>,
+    /// ConfigMaps per shard (`--pages`).
+    pages: u32,
+    /// Per shard and page: the resourceVersion and sequence of our last write.
+    last: Mutex<HashMap<(u32, u32), (String, u64)>>,
     metrics: Option<std::sync::Arc<Metrics>>,
 }
 
-/// The ConfigMap of a shard.
+/// The ConfigMap of a shard (its page 0).
 pub fn configmap_name(name: &str, shard: u32) -> String {
     format!("{name}-shard-{shard}")
+}
+
+/// The ConfigMap of page `page` of a shard.
+pub fn page_name(name: &str, shard: u32, page: u32) -> String {
+    if page == 0 {
+        configmap_name(name, shard)
+    } else {
+        format!("{name}-shard-{shard}-page-{page}")
+    }
+}
+
+/// The shard and page of a ConfigMap named by [`page_name`] for `name`.
+pub fn parse_page_name(name: &str, cm: &str) -> Option<(u32, u32)> {
+    let rest = cm.strip_prefix(name)?.strip_prefix("-shard-")?;
+    match rest.split_once("-page-") {
+        None => Some((rest.parse().ok()?, 0)),
+        Some((s, p)) => Some((s.parse().ok()?, p.parse().ok().filter(|p| *p > 0)?)),
+    }
 }
 
 /// The keys of one shard: `fault.json` (the shard's index) and `<node>.json` each.
@@ -64,13 +93,28 @@ pub fn configmap_name(name: &str, shard: u32) -> String {
 pub fn files(
     doc: &FaultDocument,
 ) -> Result<(BTreeMap<String, String>, Vec<String>), serde_json::Error> {
+    page_files(doc, 0, 1)
+}
+
+/// The keys of page `page` of `pages` of a shard: `fault.json` (the whole shard's index)
+/// on page 0, and `<node>.json` for each node of the page.
+pub fn page_files(
+    doc: &FaultDocument,
+    page: u32,
+    pages: u32,
+) -> Result<(BTreeMap<String, String>, Vec<String>), serde_json::Error> {
     let mut f = BTreeMap::new();
     let mut skipped = Vec::new();
-    f.insert(
-        "fault.json".to_string(),
-        serde_json::to_string(&ShardIndex::of(doc))?,
-    );
+    if page == 0 {
+        f.insert(
+            "fault.json".to_string(),
+            serde_json::to_string(&ShardIndex::of(doc))?,
+        );
+    }
     for (node, n) in &doc.nodes {
+        if page_of(node, doc.shards, pages) != page {
+            continue;
+        }
         let key = format!("{node}.json");
         if valid_key(&key) {
             f.insert(key, serde_json::to_string(n)?);
@@ -89,9 +133,16 @@ impl ConfigMapSink {
             url: api.resource_url().to_string(),
             api,
             name,
+            pages: 1,
             last: Mutex::new(HashMap::new()),
             metrics: None,
         }
+    }
+
+    /// Spread each shard over `pages` ConfigMaps (`--pages`, at least 1).
+    pub fn with_pages(mut self, pages: u32) -> Self {
+        self.pages = pages.max(1);
+        self
     }
 
     /// Count 409s in `metrics`.
@@ -114,6 +165,7 @@ impl ConfigMapSink {
         cm_name: &str,
         rv: Option<String>,
         shard: u32,
+        page: u32,
         data: BTreeMap<String, String>,
     ) -> ConfigMap {
         ConfigMap {
@@ -126,6 +178,7 @@ impl ConfigMapSink {
                         "faultline".to_string(),
                     ),
                     ("faultline.io/shard".to_string(), shard.to_string()),
+                    ("faultline.io/page".to_string(), page.to_string()),
                 ])),
                 ..Default::default()
             },
@@ -134,55 +187,31 @@ impl ConfigMapSink {
         }
     }
 
-    /// Write `doc` as shard `doc.shard`, fenced by `held`. Returns the bytes written.
+    /// Write `doc` as shard `doc.shard`, fenced by `held`: its pages other than 0, then
+    /// page 0 with the index and the new sequence. Returns the bytes written.
     pub async fn write(&self, mut doc: FaultDocument, held: &Held) -> Result<usize, WriteError> {
         let shard = doc.shard;
-        let cm_name = configmap_name(&self.name, shard);
-        let cached = self
-            .last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&shard)
-            .cloned();
         // First write since taking the shard: continue the sequence already published.
-        let (mut rv, mut seq) = match cached {
-            Some((rv, seq)) => (Some(rv), seq),
-            None => match self.api.get_opt(&cm_name).await? {
-                Some(cm) => (cm.metadata.resource_version.clone(), Self::sequence_in(&cm)),
-                None => (None, 0),
-            },
-        };
+        let (mut rv, mut seq) = self.known(shard, 0).await?;
+        let mut total = 0;
+        for page in 1..self.pages {
+            total += self.write_page(&doc, page, held).await?;
+        }
+        let cm_name = page_name(&self.name, shard, 0);
         for attempt in 0..3 {
             doc.sequence = seq + 1;
-            let (data, skipped) = files(&doc)?;
-            if !skipped.is_empty() && attempt == 0 {
-                if let Some(m) = &self.metrics {
-                    m.invalid_keys(skipped.len());
-                }
-                tracing::warn!(shard, nodes = ?skipped, "node names that are not valid ConfigMap keys: left out of the shard");
-            }
-            let bytes: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
-            if bytes > MAX_BYTES {
-                return Err(WriteError::TooLarge { shard, bytes });
-            }
-            let cm = self.object(&cm_name, rv.clone(), shard, data);
-            // Fencing: the lease is checked right before the write leaves.
-            if !held.holds(shard) {
-                self.forget(shard);
-                return Err(WriteError::NotHolder(shard));
-            }
-            let r = self.put(&cm_name, rv.is_some(), &cm).await;
-            match r {
-                Ok(written) => {
-                    let new_rv = written.resource_version.unwrap_or_default();
-                    self.last
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(shard, (new_rv, doc.sequence));
-                    return Ok(bytes);
+            let (data, bytes) = self.page_data(&doc, 0, attempt)?;
+            let cm = self.object(&cm_name, rv.clone(), shard, 0, data);
+            match self
+                .put_fenced(&cm_name, shard, rv.is_some(), &cm, held)
+                .await
+            {
+                Ok(new_rv) => {
+                    self.remember(shard, 0, new_rv, doc.sequence);
+                    return Ok(total + bytes);
                 }
                 // Written in between (or created already): read again and retry.
-                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 2 => {
+                Err(WriteError::Api(kube::Error::Api(s))) if s.code == 409 && attempt < 2 => {
                     if let Some(m) = &self.metrics {
                         m.write_conflict(shard);
                     }
@@ -194,12 +223,122 @@ impl ConfigMapSink {
                 }
                 Err(e) => {
                     self.forget(shard);
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         }
         self.forget(shard);
         Err(WriteError::Conflict(shard))
+    }
+
+    /// Page `page` (not 0) of a shard: its node entries, no sequence of its own.
+    async fn write_page(
+        &self,
+        doc: &FaultDocument,
+        page: u32,
+        held: &Held,
+    ) -> Result<usize, WriteError> {
+        let shard = doc.shard;
+        let cm_name = page_name(&self.name, shard, page);
+        let (mut rv, _) = self.known(shard, page).await?;
+        for attempt in 0..3 {
+            let (data, bytes) = self.page_data(doc, page, attempt)?;
+            let cm = self.object(&cm_name, rv.clone(), shard, page, data);
+            match self
+                .put_fenced(&cm_name, shard, rv.is_some(), &cm, held)
+                .await
+            {
+                Ok(new_rv) => {
+                    self.remember(shard, page, new_rv, 0);
+                    return Ok(bytes);
+                }
+                Err(WriteError::Api(kube::Error::Api(s))) if s.code == 409 && attempt < 2 => {
+                    if let Some(m) = &self.metrics {
+                        m.write_conflict(shard);
+                    }
+                    rv = self
+                        .api
+                        .get_opt(&cm_name)
+                        .await?
+                        .and_then(|c| c.metadata.resource_version);
+                }
+                Err(e) => {
+                    self.forget(shard);
+                    return Err(e);
+                }
+            }
+        }
+        self.forget(shard);
+        Err(WriteError::Conflict(shard))
+    }
+
+    /// The resourceVersion and sequence of a page: ours from the last write, else read.
+    async fn known(&self, shard: u32, page: u32) -> Result<(Option<String>, u64), WriteError> {
+        let cached = self
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(shard, page))
+            .cloned();
+        Ok(match cached {
+            Some((rv, seq)) => (Some(rv), seq),
+            None => match self
+                .api
+                .get_opt(&page_name(&self.name, shard, page))
+                .await?
+            {
+                Some(cm) => (cm.metadata.resource_version.clone(), Self::sequence_in(&cm)),
+                None => (None, 0),
+            },
+        })
+    }
+
+    fn remember(&self, shard: u32, page: u32, rv: String, seq: u64) {
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((shard, page), (rv, seq));
+    }
+
+    /// The keys of a page and their bytes, within the limit (skipped keys counted and
+    /// logged on the first attempt).
+    fn page_data(
+        &self,
+        doc: &FaultDocument,
+        page: u32,
+        attempt: u32,
+    ) -> Result<(BTreeMap<String, String>, usize), WriteError> {
+        let shard = doc.shard;
+        let (data, skipped) = page_files(doc, page, self.pages)?;
+        if !skipped.is_empty() && attempt == 0 {
+            if let Some(m) = &self.metrics {
+                m.invalid_keys(skipped.len());
+            }
+            tracing::warn!(shard, nodes = ?skipped, "node names that are not valid ConfigMap keys: left out of the shard");
+        }
+        let bytes: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if bytes > MAX_BYTES {
+            return Err(WriteError::TooLarge { shard, bytes });
+        }
+        Ok((data, bytes))
+    }
+
+    /// Write one ConfigMap if this replica still holds the shard (checked right before
+    /// the write leaves). The new resourceVersion.
+    async fn put_fenced(
+        &self,
+        name: &str,
+        shard: u32,
+        replace: bool,
+        cm: &ConfigMap,
+        held: &Held,
+    ) -> Result<String, WriteError> {
+        if !held.holds(shard) {
+            self.forget(shard);
+            return Err(WriteError::NotHolder(shard));
+        }
+        let written = self.put(name, replace, cm).await?;
+        Ok(written.resource_version.unwrap_or_default())
     }
 
     /// Create (`replace` false) or replace a ConfigMap; the answer is read only for its
@@ -235,7 +374,7 @@ impl ConfigMapSink {
         self.last
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&shard);
+            .retain(|(s, _), _| *s != shard);
     }
 }
 
@@ -373,5 +512,114 @@ mod tests {
             .sum();
         assert_eq!(total, NODES, "every node in exactly one shard");
         eprintln!("5000 nodes x 8 devices in {SHARDS} shards: largest ConfigMap {largest} bytes");
+    }
+
+    /// Page names round-trip; nothing else of the name's shape is taken for a page.
+    #[test]
+    fn page_names_round_trip() {
+        for (s, p) in [(0, 0), (7, 0), (31, 1), (3, 15)] {
+            assert_eq!(parse_page_name("fl", &page_name("fl", s, p)), Some((s, p)));
+        }
+        for bad in [
+            "fl-breaker",
+            "fl-shard-x",
+            "fl-shard-1-page-0",
+            "other-shard-1",
+            "fl-shard-1-page-",
+        ] {
+            assert_eq!(parse_page_name("fl", bad), None, "{bad}");
+        }
+    }
+
+    /// Issue 11: a shard of 625 nodes x 8 devices (20,000 nodes in 32 shards) is more
+    /// than one ConfigMap holds (the test API server refuses over 1 MiB, as
+    /// kube-apiserver does: `ValidateConfigMap`, pkg/apis/core/validation/validation.go);
+    /// spread over two pages it is written whole: page 0 with the index of every node
+    /// of the shard, each node's entry on the page [`page_of`] names, exactly once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shard_too_large_for_one_configmap_is_written_over_pages() {
+        const NODES: usize = 5_000;
+        const SHARDS: u32 = 8;
+        const PAGES: u32 = 2;
+        let mut p = Pipeline::new(Arc::new(Rules::default()), Arc::new(Metrics::new()));
+        let names: Vec<String> = (0..NODES)
+            .map(|i| format!("gpu-node-{i:05}.rack-{:03}.example.internal", i / 40))
+            .collect();
+        for n in &names {
+            p.on_document(node_doc(n, 8), 1_000);
+        }
+        let server = faultline_test_apiserver::ApiServer::new();
+        server
+            .create(
+                "namespaces",
+                "",
+                serde_json::json!({"metadata": {"name": "faultline"}}),
+            )
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(faultline_test_apiserver::serve(
+            listener,
+            server.clone(),
+            CancellationToken::new(),
+        ));
+        let mut kc = kube::Config::new(url.parse().unwrap());
+        kc.default_retry = false;
+        let client = kube::Client::try_from(kc).unwrap();
+        let api: Api<ConfigMap> = Api::namespaced(client, "faultline");
+        let held = Held::default();
+        held.grant(0, Instant::now() + Duration::from_secs(60));
+        // One page: too large, refused before it is sent.
+        let one = ConfigMapSink::new(api.clone(), "faultline".into());
+        match one.write(document(&p, 0, "r1", 0, SHARDS), &held).await {
+            Err(WriteError::TooLarge { shard: 0, bytes }) => assert!(bytes > MAX_BYTES),
+            other => panic!("expected too large: {other:?}"),
+        }
+        let sink = ConfigMapSink::new(api, "faultline".into()).with_pages(PAGES);
+        for s in 0..SHARDS {
+            held.grant(s, Instant::now() + Duration::from_secs(60));
+            sink.write(document(&p, 0, "r1", s, SHARDS), &held)
+                .await
+                .unwrap_or_else(|e| panic!("shard {s}: {e}"));
+        }
+        let mut seen = 0;
+        for s in 0..SHARDS {
+            let index: ShardIndex = serde_json::from_str(
+                server
+                    .get("configmaps", "faultline", &page_name("faultline", s, 0))
+                    .unwrap()["data"]["fault.json"]
+                    .as_str()
+                    .unwrap(),
+            )
+            .unwrap();
+            assert_eq!(index.sequence, 1);
+            let mine: Vec<&String> = names.iter().filter(|n| shard_of(n, SHARDS) == s).collect();
+            assert_eq!(
+                index.nodes.len(),
+                mine.len(),
+                "the index is the whole shard's"
+            );
+            for page in 0..PAGES {
+                let cm = server
+                    .get("configmaps", "faultline", &page_name("faultline", s, page))
+                    .unwrap();
+                let data = cm["data"].as_object().unwrap();
+                assert_eq!(
+                    cm["metadata"]["labels"]["faultline.io/shard"],
+                    s.to_string()
+                );
+                assert_eq!(data.contains_key("fault.json"), page == 0);
+                for n in &mine {
+                    let here = data.contains_key(&format!("{n}.json"));
+                    assert_eq!(
+                        here,
+                        page_of(n, SHARDS, PAGES) == page,
+                        "{n} on page {page}"
+                    );
+                    seen += usize::from(here);
+                }
+            }
+        }
+        assert_eq!(seen, NODES, "every node on exactly one page");
     }
 }

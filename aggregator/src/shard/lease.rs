@@ -235,6 +235,8 @@ pub struct ShardLeases {
 pub struct Sharing {
     /// The shard ConfigMaps (`<name>-shard-<i>`) in the aggregator's namespace.
     pub configmaps: Api<ConfigMap>,
+    /// ConfigMaps per shard (`--pages`): each is read to seed a shard taken.
+    pub pages: u32,
     /// Takeovers, to the core loop (before the shard counts as held).
     pub takeovers: mpsc::Sender<Takeover>,
     /// Final writes, to the core loop (before a shard is handed back).
@@ -259,6 +261,7 @@ impl Sharing {
     ) -> Self {
         Sharing {
             configmaps,
+            pages: 1,
             takeovers,
             final_writes,
             members: BTreeMap::new(),
@@ -650,40 +653,44 @@ impl ShardLeases {
         let Some(sharing) = &self.share else {
             return;
         };
-        // The shard's ConfigMap has its Lease's name (`<name>-shard-<i>`).
-        let cm = lease_name(&self.name, shard);
+        // The shard's ConfigMaps: page 0 has its Lease's name (`<name>-shard-<i>`),
+        // further pages `<name>-shard-<i>-page-<p>`; each read by name (RBAC can name
+        // them), a missing one is nothing to seed.
         let mut t = Takeover {
             shard,
             nodes: Vec::new(),
         };
-        match sharing.configmaps.get_opt(&cm).await {
-            Ok(Some(c)) => {
-                let data = c.data.unwrap_or_default();
-                for (k, v) in &data {
-                    if k == "fault.json" {
-                        continue;
-                    }
-                    match serde_json::from_str::<NodeFaults>(v) {
-                        Ok(n)
-                            if faultline_common::fault::shard_of(&n.node, self.shards) == shard =>
-                        {
-                            t.nodes.push(n)
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            tracing::warn!(shard, key = %k, error = %e, "unreadable entry in the shard's document; not seeded")
-                        }
-                    }
+        for page in 0..sharing.pages.max(1) {
+            let cm = crate::publish::configmap::page_name(&self.name, shard, page);
+            match sharing.configmaps.get_opt(&cm).await {
+                Ok(Some(c)) => self.seed_from(shard, c.data.unwrap_or_default(), &mut t),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(shard, configmap = %cm, error = %e, "cannot read the shard's last document; its devices there start unknown")
                 }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(shard, error = %e, "cannot read the shard's last document; its devices start unknown")
             }
         }
         let devices: usize = t.nodes.iter().map(|n| n.npus.len()).sum();
         self.metrics.seeded(devices);
         let _ = sharing.takeovers.send(t).await;
+    }
+
+    /// The node entries of one of the shard's ConfigMaps, into `t`.
+    fn seed_from(&self, shard: u32, data: BTreeMap<String, String>, t: &mut Takeover) {
+        for (k, v) in &data {
+            if k == "fault.json" {
+                continue;
+            }
+            match serde_json::from_str::<NodeFaults>(v) {
+                Ok(n) if faultline_common::fault::shard_of(&n.node, self.shards) == shard => {
+                    t.nodes.push(n)
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(shard, key = %k, error = %e, "unreadable entry in the shard's document; not seeded")
+                }
+            }
+        }
     }
 
     /// Write the shard once more, then release its Lease for another replica.
