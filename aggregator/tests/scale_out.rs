@@ -4,7 +4,8 @@
 //! the shards it holds (its fair share, counted from the member Leases); a replica
 //! killed with SIGKILL has its shards taken over and rewritten with no device's
 //! published status changing; a new replica gets its share as the others hand shards
-//! back.
+//! back. Each shard is written over two pages (`--pages 2`), so a takeover is seeded
+//! from both of its ConfigMaps.
 
 mod support;
 
@@ -23,6 +24,8 @@ use support::*;
 
 const NODES: usize = 300;
 const SHARDS: u32 = 6;
+/// ConfigMaps per shard: `faultline-shard-<i>` and `faultline-shard-<i>-page-1`.
+const PAGES: u32 = 2;
 
 /// Shares and writers as last seen, and since when.
 type Settled = (Vec<(i64, i64)>, BTreeMap<u32, String>, Instant);
@@ -151,6 +154,7 @@ fn replica(kube: &str, name: &str, agents: &str) -> Replica {
     let port = free_port();
     let mut args = Launch::configmap(kube, name, SHARDS)
         .args(&["--agents", agents, "--remediation", "off"])
+        .args(&["--pages", &PAGES.to_string()])
         .into_args();
     let at = args.iter().position(|a| a == "--listen").unwrap() + 1;
     args[at] = format!("127.0.0.1:{port}");
@@ -193,8 +197,12 @@ async fn gauge(r: &Replica, name: &str) -> Option<i64> {
 fn published(server: &ApiServer) -> (BTreeMap<u32, String>, BTreeMap<(String, String), String>) {
     let mut writers = BTreeMap::new();
     let mut status = BTreeMap::new();
-    for s in 0..SHARDS {
-        let Some(cm) = server.get("configmaps", NS, &format!("faultline-shard-{s}")) else {
+    for (s, p) in (0..SHARDS).flat_map(|s| (0..PAGES).map(move |p| (s, p))) {
+        let name = match p {
+            0 => format!("faultline-shard-{s}"),
+            p => format!("faultline-shard-{s}-page-{p}"),
+        };
+        let Some(cm) = server.get("configmaps", NS, &name) else {
             continue;
         };
         let data = cm["data"].as_object().cloned().unwrap_or_default();
@@ -278,6 +286,22 @@ async fn replicas_share_the_shards_and_take_over_without_a_status_change() {
         },
     )
     .await;
+    // Both pages of every shard carry nodes (about half each), and only page 0 an index.
+    for sh in 0..SHARDS {
+        let page = server
+            .get("configmaps", NS, &format!("faultline-shard-{sh}-page-1"))
+            .unwrap_or_else(|| panic!("shard {sh} has its page 1"));
+        let keys = page["data"].as_object().cloned().unwrap_or_default();
+        assert!(
+            !keys.contains_key("fault.json"),
+            "shard {sh}: index on page 1"
+        );
+        assert!(
+            keys.len() >= 10,
+            "shard {sh}: page 1 holds {} nodes",
+            keys.len()
+        );
+    }
     for (held, followed) in &s {
         assert!(
             (*followed as usize) < NODES / 2,
