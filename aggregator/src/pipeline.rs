@@ -708,7 +708,10 @@ impl Pipeline {
             dev.state = next;
         }
         if node.quiet() {
+            // Its bytes too (issue 11: a document deferred to the tick kept its copy
+            // until the next one came, about 3 KiB a node).
             node.pending = None;
+            node.raw = None;
         }
         change
     }
@@ -977,6 +980,13 @@ mod tests {
         let f = p.node_faults("n1").unwrap();
         assert_eq!(f.npus[0].temperature_c, Some(47.0));
         assert_eq!(f.npus[0].pcie_link_status.as_deref(), Some("down"));
+        // A document within a second of the last evaluation waits for the tick, bytes
+        // and all; judged quiet there, both are dropped.
+        p.on_document(doc("n1", vec![dev("gpu0", 46.0, None)]), 122_000);
+        assert!(p.nodes["n1"].pending.is_some() && p.nodes["n1"].raw.is_some());
+        p.tick(122_600);
+        assert!(p.nodes["n1"].pending.is_none(), "judged quiet: dropped");
+        assert!(p.nodes["n1"].raw.is_none(), "its bytes too");
         p.on_document(doc("n2", vec![dev("gpu0", 40.0, Some("gpu-lost"))]), 0);
         assert!(p.nodes["n2"].pending.is_some(), "not quiet: kept");
         assert!(p.nodes["n2"].raw.is_some(), "its bytes too, for new rules");

@@ -93,23 +93,23 @@ pub fn parse_page_name(name: &str, cm: &str) -> Option<(u32, u32)> {
 pub fn files(
     doc: &FaultDocument,
 ) -> Result<(BTreeMap<String, String>, Vec<String>), serde_json::Error> {
-    page_files(doc, 0, 1)
+    page_files(doc, 0, 1, doc.sequence)
 }
 
 /// The keys of page `page` of `pages` of a shard: `fault.json` (the whole shard's index)
-/// on page 0, and `<node>.json` for each node of the page.
+/// on page 0, as of `sequence`, and `<node>.json` for each node of the page.
 pub fn page_files(
     doc: &FaultDocument,
     page: u32,
     pages: u32,
+    sequence: u64,
 ) -> Result<(BTreeMap<String, String>, Vec<String>), serde_json::Error> {
     let mut f = BTreeMap::new();
     let mut skipped = Vec::new();
     if page == 0 {
-        f.insert(
-            "fault.json".to_string(),
-            serde_json::to_string(&ShardIndex::of(doc))?,
-        );
+        let mut index = ShardIndex::of(doc);
+        index.sequence = sequence;
+        f.insert("fault.json".to_string(), serde_json::to_string(&index)?);
     }
     for (node, n) in &doc.nodes {
         if page_of(node, doc.shards, pages) != page {
@@ -189,25 +189,27 @@ impl ConfigMapSink {
 
     /// Write `doc` as shard `doc.shard`, fenced by `held`: its pages other than 0, then
     /// page 0 with the index and the new sequence. Returns the bytes written.
-    pub async fn write(&self, mut doc: FaultDocument, held: &Held) -> Result<usize, WriteError> {
+    /// The document is borrowed (issue 11: a clone for each sink was a tenth of a
+    /// write); its sequence is the one this write continues, not `doc.sequence`.
+    pub async fn write(&self, doc: &FaultDocument, held: &Held) -> Result<usize, WriteError> {
         let shard = doc.shard;
         // First write since taking the shard: continue the sequence already published.
         let (mut rv, mut seq) = self.known(shard, 0).await?;
         let mut total = 0;
         for page in 1..self.pages {
-            total += self.write_page(&doc, page, held).await?;
+            total += self.write_page(doc, page, held).await?;
         }
         let cm_name = page_name(&self.name, shard, 0);
         for attempt in 0..3 {
-            doc.sequence = seq + 1;
-            let (data, bytes) = self.page_data(&doc, 0, attempt)?;
+            let sequence = seq + 1;
+            let (data, bytes) = self.page_data(doc, 0, attempt, sequence)?;
             let cm = self.object(&cm_name, rv.clone(), shard, 0, data);
             match self
                 .put_fenced(&cm_name, shard, rv.is_some(), &cm, held)
                 .await
             {
                 Ok(new_rv) => {
-                    self.remember(shard, 0, new_rv, doc.sequence);
+                    self.remember(shard, 0, new_rv, sequence);
                     return Ok(total + bytes);
                 }
                 // Written in between (or created already): read again and retry.
@@ -242,7 +244,7 @@ impl ConfigMapSink {
         let cm_name = page_name(&self.name, shard, page);
         let (mut rv, _) = self.known(shard, page).await?;
         for attempt in 0..3 {
-            let (data, bytes) = self.page_data(doc, page, attempt)?;
+            let (data, bytes) = self.page_data(doc, page, attempt, 0)?;
             let cm = self.object(&cm_name, rv.clone(), shard, page, data);
             match self
                 .put_fenced(&cm_name, shard, rv.is_some(), &cm, held)
@@ -307,9 +309,10 @@ impl ConfigMapSink {
         doc: &FaultDocument,
         page: u32,
         attempt: u32,
+        sequence: u64,
     ) -> Result<(BTreeMap<String, String>, usize), WriteError> {
         let shard = doc.shard;
-        let (data, skipped) = page_files(doc, page, self.pages)?;
+        let (data, skipped) = page_files(doc, page, self.pages, sequence)?;
         if !skipped.is_empty() && attempt == 0 {
             if let Some(m) = &self.metrics {
                 m.invalid_keys(skipped.len());
@@ -480,7 +483,7 @@ mod tests {
             held.grant(s, Instant::now() + Duration::from_secs(60));
             let doc = document(&p, 0, "r1", s, SHARDS);
             let bytes = sink
-                .write(doc, &held)
+                .write(&doc, &held)
                 .await
                 .unwrap_or_else(|e| panic!("shard {s}: {e}"));
             largest = largest.max(bytes);
@@ -571,14 +574,14 @@ mod tests {
         held.grant(0, Instant::now() + Duration::from_secs(60));
         // One page: too large, refused before it is sent.
         let one = ConfigMapSink::new(api.clone(), "faultline".into());
-        match one.write(document(&p, 0, "r1", 0, SHARDS), &held).await {
+        match one.write(&document(&p, 0, "r1", 0, SHARDS), &held).await {
             Err(WriteError::TooLarge { shard: 0, bytes }) => assert!(bytes > MAX_BYTES),
             other => panic!("expected too large: {other:?}"),
         }
         let sink = ConfigMapSink::new(api, "faultline".into()).with_pages(PAGES);
         for s in 0..SHARDS {
             held.grant(s, Instant::now() + Duration::from_secs(60));
-            sink.write(document(&p, 0, "r1", s, SHARDS), &held)
+            sink.write(&document(&p, 0, "r1", s, SHARDS), &held)
                 .await
                 .unwrap_or_else(|e| panic!("shard {s}: {e}"));
         }

@@ -215,7 +215,7 @@ async fn write_shard(
     let mut written = false;
     for sink in sinks {
         let t = Instant::now();
-        match sink.write(doc.clone(), &shards.held).await {
+        match sink.write(&doc, &shards.held).await {
             Ok(bytes) => {
                 written = true;
                 metrics.write("configmap", shard, t.elapsed().as_secs_f64(), bytes, true);
