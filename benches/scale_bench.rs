@@ -29,7 +29,7 @@ use std::process::{ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use faultline_common::fault::{page_of, shard_of, NodeFaults, ShardIndex};
+use faultline_common::fault::{page_name, page_of, shard_of, NodeFaults, ShardIndex};
 use faultline_common::DeviceStatus;
 use faultline_test_apiserver::ApiServer;
 use fleet::*;
@@ -284,22 +284,13 @@ fn connections(pid: u32, ports: &HashSet<u16>) -> usize {
 }
 
 fn cm(base: &str, s: u32) -> String {
-    page_cm(base, s, 0)
+    page_name(base, s, 0)
 }
 
 /// ConfigMaps per shard (`--pages`, `BENCH_PAGES`): 32 shards of 625 nodes x 8
 /// devices are more than a ConfigMap each holds (1 MiB), two pages each are not.
 fn pages() -> u32 {
     env_or("BENCH_PAGES", 2).max(1) as u32
-}
-
-/// Page `p` of a shard's ConfigMaps, as the aggregator names them.
-fn page_cm(base: &str, s: u32, p: u32) -> String {
-    if p == 0 {
-        format!("{base}-shard-{s}")
-    } else {
-        format!("{base}-shard-{s}-page-{p}")
-    }
 }
 
 /// The writer of a shard's last write.
@@ -312,7 +303,7 @@ fn writer(server: &ApiServer, base: &str, s: u32) -> Option<String> {
 fn entries(server: &ApiServer, base: &str, s: u32) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for p in 0..pages() {
-        if let Some(o) = server.get_at("configmaps", NS, &page_cm(base, s, p), "/data") {
+        if let Some(o) = server.get_at("configmaps", NS, &page_name(base, s, p), "/data") {
             if let Some(o) = o.as_object() {
                 out.extend(
                     o.iter()
@@ -519,7 +510,7 @@ impl Scale<'_> {
                     .get_at(
                         "configmaps",
                         NS,
-                        &page_cm("faultline", shard, page),
+                        &page_name("faultline", shard, page),
                         &pointer,
                     )
                     .and_then(|v| serde_json::from_str::<NodeFaults>(v.as_str()?).ok())

@@ -152,6 +152,11 @@ fn texts(d: &faultline_common::document::DeviceView<'_>) -> u64 {
     h.finish()
 }
 
+/// Each device entry of a document, measured by `rules`, in the document's order.
+fn measures(rules: &Rules, doc: &DocView<'_>) -> Vec<Measure> {
+    doc.npus.iter().map(|d| rules.measure(Some(d))).collect()
+}
+
 impl Node {
     /// The last document's readings of device `id`, if it listed the device.
     fn last(&self, id: &str) -> Option<&Last> {
@@ -331,12 +336,7 @@ impl Pipeline {
             };
             match DocView::parse(raw) {
                 Ok(doc) if doc.npus.len() == n.last.len() => {
-                    n.pending = Some(
-                        doc.npus
-                            .iter()
-                            .map(|d| self.rules.measure(Some(d)))
-                            .collect(),
-                    );
+                    n.pending = Some(measures(&self.rules, &doc));
                     n.unseen = true;
                 }
                 _ => {}
@@ -482,12 +482,7 @@ impl Pipeline {
             node.changed_ms = now_ms;
         }
         node.remember(doc);
-        node.pending = Some(
-            doc.npus
-                .iter()
-                .map(|d| self.rules.measure(Some(d)))
-                .collect(),
-        );
+        node.pending = Some(measures(&self.rules, doc));
         node.unseen = true;
         let due = node
             .last_eval_ms

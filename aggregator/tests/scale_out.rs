@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::{Path, Query, State};
 use axum::routing::get;
-use faultline_common::fault::{NodeFaults, ShardIndex};
+use faultline_common::fault::{page_name, NodeFaults, ShardIndex};
 use faultline_test_apiserver::ApiServer;
 use serde_json::{json, Value};
 use support::*;
@@ -198,11 +198,7 @@ fn published(server: &ApiServer) -> (BTreeMap<u32, String>, BTreeMap<(String, St
     let mut writers = BTreeMap::new();
     let mut status = BTreeMap::new();
     for (s, p) in (0..SHARDS).flat_map(|s| (0..PAGES).map(move |p| (s, p))) {
-        let name = match p {
-            0 => format!("faultline-shard-{s}"),
-            p => format!("faultline-shard-{s}-page-{p}"),
-        };
-        let Some(cm) = server.get("configmaps", NS, &name) else {
+        let Some(cm) = server.get("configmaps", NS, &page_name("faultline", s, p)) else {
             continue;
         };
         let data = cm["data"].as_object().cloned().unwrap_or_default();
@@ -289,7 +285,7 @@ async fn replicas_share_the_shards_and_take_over_without_a_status_change() {
     // Both pages of every shard carry nodes (about half each), and only page 0 an index.
     for sh in 0..SHARDS {
         let page = server
-            .get("configmaps", NS, &format!("faultline-shard-{sh}-page-1"))
+            .get("configmaps", NS, &page_name("faultline", sh, 1))
             .unwrap_or_else(|| panic!("shard {sh} has its page 1"));
         let keys = page["data"].as_object().cloned().unwrap_or_default();
         assert!(

@@ -195,20 +195,6 @@ impl<'a> DocView<'a> {
     /// Whether what is read is within [`limits`]; the first limit it breaks (the same
     /// as [`NodeHealth::check_bounds`] for these fields).
     pub fn check_bounds(&self) -> Result<(), String> {
-        fn len(what: &str, v: &str, max: usize) -> Result<(), String> {
-            if v.len() > max {
-                Err(format!("{what} is {} bytes (at most {max})", v.len()))
-            } else {
-                Ok(())
-            }
-        }
-        fn count(what: &str, n: usize, max: usize) -> Result<(), String> {
-            if n > max {
-                Err(format!("{n} {what} (at most {max})"))
-            } else {
-                Ok(())
-            }
-        }
         if self.node.is_empty() {
             return Err("no node name".into());
         }
@@ -263,6 +249,24 @@ impl crate::rules::Entry for DeviceView<'_> {
     }
 }
 
+/// A text within `max` bytes, or what breaks the limit.
+fn len(what: &str, v: &str, max: usize) -> Result<(), String> {
+    if v.len() > max {
+        Err(format!("{what} is {} bytes (at most {max})", v.len()))
+    } else {
+        Ok(())
+    }
+}
+
+/// At most `max` items, or what breaks the limit.
+fn count(what: &str, n: usize, max: usize) -> Result<(), String> {
+    if n > max {
+        Err(format!("{n} {what} (at most {max})"))
+    } else {
+        Ok(())
+    }
+}
+
 /// What an aggregator accepts from an agent. A real agent is far inside every limit;
 /// a document outside one comes from a broken or hostile sender and is refused whole.
 pub mod limits {
@@ -287,20 +291,6 @@ pub mod limits {
 impl NodeHealth {
     /// Whether the document is within [`limits`]; the first limit it breaks.
     pub fn check_bounds(&self) -> Result<(), String> {
-        fn len(what: &str, v: &str, max: usize) -> Result<(), String> {
-            if v.len() > max {
-                Err(format!("{what} is {} bytes (at most {max})", v.len()))
-            } else {
-                Ok(())
-            }
-        }
-        fn count(what: &str, n: usize, max: usize) -> Result<(), String> {
-            if n > max {
-                Err(format!("{n} {what} (at most {max})"))
-            } else {
-                Ok(())
-            }
-        }
         if self.node.is_empty() {
             return Err("no node name".into());
         }

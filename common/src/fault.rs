@@ -217,6 +217,26 @@ pub fn page_of(node: &str, shards: u32, pages: u32) -> u32 {
     ((fnv1a64(node.as_bytes()) / u64::from(shards.max(1))) % u64::from(pages)) as u32
 }
 
+/// The ConfigMap of page `page` of shard `shard` of the aggregator named `name`:
+/// `<name>-shard-<i>` (page 0, with the shard's `fault.json`), then
+/// `<name>-shard-<i>-page-<p>`.
+pub fn page_name(name: &str, shard: u32, page: u32) -> String {
+    if page == 0 {
+        format!("{name}-shard-{shard}")
+    } else {
+        format!("{name}-shard-{shard}-page-{page}")
+    }
+}
+
+/// The shard and page of a ConfigMap named by [`page_name`] for `name`.
+pub fn parse_page_name(name: &str, cm: &str) -> Option<(u32, u32)> {
+    let rest = cm.strip_prefix(name)?.strip_prefix("-shard-")?;
+    match rest.split_once("-page-") {
+        None => Some((rest.parse().ok()?, 0)),
+        Some((s, p)) => Some((s.parse().ok()?, p.parse().ok().filter(|p| *p > 0)?)),
+    }
+}
+
 /// FNV-1a, 64 bits: a stable hash for names derived from content.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
+pub use faultline_common::fault::{page_name, parse_page_name};
 use faultline_common::fault::{page_of, FaultDocument, ShardIndex};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -65,25 +66,7 @@ pub struct ConfigMapSink {
 
 /// The ConfigMap of a shard (its page 0).
 pub fn configmap_name(name: &str, shard: u32) -> String {
-    format!("{name}-shard-{shard}")
-}
-
-/// The ConfigMap of page `page` of a shard.
-pub fn page_name(name: &str, shard: u32, page: u32) -> String {
-    if page == 0 {
-        configmap_name(name, shard)
-    } else {
-        format!("{name}-shard-{shard}-page-{page}")
-    }
-}
-
-/// The shard and page of a ConfigMap named by [`page_name`] for `name`.
-pub fn parse_page_name(name: &str, cm: &str) -> Option<(u32, u32)> {
-    let rest = cm.strip_prefix(name)?.strip_prefix("-shard-")?;
-    match rest.split_once("-page-") {
-        None => Some((rest.parse().ok()?, 0)),
-        Some((s, p)) => Some((s.parse().ok()?, p.parse().ok().filter(|p| *p > 0)?)),
-    }
+    page_name(name, shard, 0)
 }
 
 /// The keys of one shard: `fault.json` (the shard's index) and `<node>.json` each.
@@ -192,25 +175,36 @@ impl ConfigMapSink {
     /// The document is borrowed (issue 11: a clone for each sink was a tenth of a
     /// write); its sequence is the one this write continues, not `doc.sequence`.
     pub async fn write(&self, doc: &FaultDocument, held: &Held) -> Result<usize, WriteError> {
-        let shard = doc.shard;
-        // First write since taking the shard: continue the sequence already published.
-        let (mut rv, mut seq) = self.known(shard, 0).await?;
         let mut total = 0;
-        for page in 1..self.pages {
+        for page in (1..self.pages).chain([0]) {
             total += self.write_page(doc, page, held).await?;
         }
-        let cm_name = page_name(&self.name, shard, 0);
+        Ok(total)
+    }
+
+    /// One page of a shard, with optimistic concurrency: the first write since taking
+    /// the shard continues the sequence already published (page 0 carries it; the
+    /// others have none, and their sequence is never read).
+    async fn write_page(
+        &self,
+        doc: &FaultDocument,
+        page: u32,
+        held: &Held,
+    ) -> Result<usize, WriteError> {
+        let shard = doc.shard;
+        let cm_name = page_name(&self.name, shard, page);
+        let (mut rv, mut seq) = self.known(shard, page).await?;
         for attempt in 0..3 {
             let sequence = seq + 1;
-            let (data, bytes) = self.page_data(doc, 0, attempt, sequence)?;
-            let cm = self.object(&cm_name, rv.clone(), shard, 0, data);
+            let (data, bytes) = self.page_data(doc, page, attempt, sequence)?;
+            let cm = self.object(&cm_name, rv.clone(), shard, page, data);
             match self
                 .put_fenced(&cm_name, shard, rv.is_some(), &cm, held)
                 .await
             {
                 Ok(new_rv) => {
-                    self.remember(shard, 0, new_rv, sequence);
-                    return Ok(total + bytes);
+                    self.remember(shard, page, new_rv, sequence);
+                    return Ok(bytes);
                 }
                 // Written in between (or created already): read again and retry.
                 Err(WriteError::Api(kube::Error::Api(s))) if s.code == 409 && attempt < 2 => {
@@ -222,47 +216,6 @@ impl ConfigMapSink {
                         .as_ref()
                         .and_then(|c| c.metadata.resource_version.clone());
                     seq = seq.max(cur.as_ref().map(Self::sequence_in).unwrap_or(0));
-                }
-                Err(e) => {
-                    self.forget(shard);
-                    return Err(e);
-                }
-            }
-        }
-        self.forget(shard);
-        Err(WriteError::Conflict(shard))
-    }
-
-    /// Page `page` (not 0) of a shard: its node entries, no sequence of its own.
-    async fn write_page(
-        &self,
-        doc: &FaultDocument,
-        page: u32,
-        held: &Held,
-    ) -> Result<usize, WriteError> {
-        let shard = doc.shard;
-        let cm_name = page_name(&self.name, shard, page);
-        let (mut rv, _) = self.known(shard, page).await?;
-        for attempt in 0..3 {
-            let (data, bytes) = self.page_data(doc, page, attempt, 0)?;
-            let cm = self.object(&cm_name, rv.clone(), shard, page, data);
-            match self
-                .put_fenced(&cm_name, shard, rv.is_some(), &cm, held)
-                .await
-            {
-                Ok(new_rv) => {
-                    self.remember(shard, page, new_rv, 0);
-                    return Ok(bytes);
-                }
-                Err(WriteError::Api(kube::Error::Api(s))) if s.code == 409 && attempt < 2 => {
-                    if let Some(m) = &self.metrics {
-                        m.write_conflict(shard);
-                    }
-                    rv = self
-                        .api
-                        .get_opt(&cm_name)
-                        .await?
-                        .and_then(|c| c.metadata.resource_version);
                 }
                 Err(e) => {
                     self.forget(shard);
@@ -444,15 +397,18 @@ mod tests {
         }
     }
 
-    /// 5,000 nodes x 8 devices in 16 shards: every shard ConfigMap under the limit
-    /// (written to the test API server, which refuses anything over 1 MiB), and every
-    /// node found in the shard its name hashes to.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn five_thousand_nodes_fit_and_every_node_is_findable() {
-        const NODES: usize = 5_000;
-        const SHARDS: u32 = 16;
+    /// A pipeline with `nodes` nodes of 8 devices (one failed each), their names, and
+    /// the test API server with the `faultline` namespace, through the kube client.
+    async fn fleet_and_server(
+        nodes: usize,
+    ) -> (
+        Pipeline,
+        Vec<String>,
+        faultline_test_apiserver::ApiServer,
+        Api<ConfigMap>,
+    ) {
         let mut p = Pipeline::new(Arc::new(Rules::default()), Arc::new(Metrics::new()));
-        let names: Vec<String> = (0..NODES)
+        let names: Vec<String> = (0..nodes)
             .map(|i| format!("gpu-node-{i:05}.rack-{:03}.example.internal", i / 40))
             .collect();
         for n in &names {
@@ -476,7 +432,18 @@ mod tests {
         let mut kc = kube::Config::new(url.parse().unwrap());
         kc.default_retry = false;
         let client = kube::Client::try_from(kc).unwrap();
-        let sink = ConfigMapSink::new(Api::namespaced(client, "faultline"), "faultline".into());
+        (p, names, server, Api::namespaced(client, "faultline"))
+    }
+
+    /// 5,000 nodes x 8 devices in 16 shards: every shard ConfigMap under the limit
+    /// (written to the test API server, which refuses anything over 1 MiB), and every
+    /// node found in the shard its name hashes to.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn five_thousand_nodes_fit_and_every_node_is_findable() {
+        const NODES: usize = 5_000;
+        const SHARDS: u32 = 16;
+        let (p, names, server, api) = fleet_and_server(NODES).await;
+        let sink = ConfigMapSink::new(api, "faultline".into());
         let held = Held::default();
         let mut largest = 0;
         for s in 0..SHARDS {
@@ -544,32 +511,7 @@ mod tests {
         const NODES: usize = 5_000;
         const SHARDS: u32 = 8;
         const PAGES: u32 = 2;
-        let mut p = Pipeline::new(Arc::new(Rules::default()), Arc::new(Metrics::new()));
-        let names: Vec<String> = (0..NODES)
-            .map(|i| format!("gpu-node-{i:05}.rack-{:03}.example.internal", i / 40))
-            .collect();
-        for n in &names {
-            p.on_document(node_doc(n, 8), 1_000);
-        }
-        let server = faultline_test_apiserver::ApiServer::new();
-        server
-            .create(
-                "namespaces",
-                "",
-                serde_json::json!({"metadata": {"name": "faultline"}}),
-            )
-            .unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(faultline_test_apiserver::serve(
-            listener,
-            server.clone(),
-            CancellationToken::new(),
-        ));
-        let mut kc = kube::Config::new(url.parse().unwrap());
-        kc.default_retry = false;
-        let client = kube::Client::try_from(kc).unwrap();
-        let api: Api<ConfigMap> = Api::namespaced(client, "faultline");
+        let (p, names, server, api) = fleet_and_server(NODES).await;
         let held = Held::default();
         held.grant(0, Instant::now() + Duration::from_secs(60));
         // One page: too large, refused before it is sent.
