@@ -513,14 +513,20 @@ impl Pipeline {
             self.active.push(node.to_string());
         }
         let was = n.reach.reachable;
+        // A new reason is news too: a node never reached yet ("not polled yet") that
+        // is refused says why in the next write, not at the next heartbeat. The same
+        // reason again (a retry that fails alike) is not.
+        let reason_changed = n.reach.error.as_deref() != Some(error);
         self.counts_stale |= was;
         n.reach.reachable = false;
-        n.reach.error = Some(error.to_string());
+        if reason_changed {
+            n.reach.error = Some(error.to_string());
+        }
         n.reachable_since_ms = None;
         // The last readings stay; the document is no longer evaluated.
         n.pending = None;
         n.raw = None;
-        if was {
+        if was || reason_changed {
             n.changed_ms = now_ms;
             Change {
                 nodes: vec![node.to_string()],
@@ -949,6 +955,36 @@ mod tests {
             p.tick(t * 1_000);
         }
         assert_eq!(p.summary().failed, 0);
+    }
+
+    /// A node that was never reached publishes why as soon as it is known, and again
+    /// when the reason changes; the same failure again is no change (no write per
+    /// retry). CI caught the first: an agent refused before its node was known was
+    /// published only at the next heartbeat.
+    #[test]
+    fn a_new_reason_for_an_unreachable_agent_is_a_change_the_same_one_is_not() {
+        let mut p = pipeline();
+        assert_eq!(
+            p.on_unreachable("n1", "identity mismatch", 500).nodes,
+            ["n1"]
+        );
+        assert_eq!(
+            p.node_faults("n1").unwrap().agent.error.as_deref(),
+            Some("identity mismatch")
+        );
+        assert!(p
+            .on_unreachable("n1", "identity mismatch", 700)
+            .nodes
+            .is_empty());
+        assert_eq!(
+            p.on_unreachable("n1", "connection refused", 900).nodes,
+            ["n1"]
+        );
+        p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), 1_000);
+        assert_eq!(
+            p.on_unreachable("n1", "connection refused", 1_500).nodes,
+            ["n1"]
+        );
     }
 
     /// Issue 11: a quiet node's document is dropped once judged; its ticks are still

@@ -39,8 +39,9 @@ async fn wait_file<T: serde::de::DeserializeOwned>(
         }
         assert!(
             start.elapsed() < within,
-            "timed out waiting on {}",
-            path.display()
+            "timed out waiting on {}; it reads: {}",
+            path.display(),
+            std::fs::read_to_string(path).unwrap_or_else(|e| e.to_string())
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
