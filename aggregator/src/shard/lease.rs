@@ -151,6 +151,38 @@ pub struct Observed {
     at: Instant,
 }
 
+impl Observed {
+    /// The duration its record states, else `default`.
+    fn duration(&self, default: Duration) -> Duration {
+        self.record
+            .lease_duration_seconds
+            .map(|s| Duration::from_secs(s.max(1) as u64))
+            .unwrap_or(default)
+    }
+}
+
+/// Note a member Lease's record as seen `now`; whether that replica is live: its record
+/// changed within its duration as we observed it, on our own clock.
+fn note_member(
+    members: &mut BTreeMap<String, Observed>,
+    who: String,
+    spec: &LeaseSpec,
+    duration: Duration,
+    now: Instant,
+) -> bool {
+    let seen = members.entry(who).or_insert_with(|| Observed {
+        record: spec.clone(),
+        at: now,
+    });
+    if seen.record != *spec {
+        *seen = Observed {
+            record: spec.clone(),
+            at: now,
+        };
+    }
+    spec.renew_time.is_some() && now.duration_since(seen.at) <= seen.duration(duration)
+}
+
 /// The Leases of other holders as this replica observed them, per shard.
 #[derive(Debug, Default)]
 pub struct Observations(BTreeMap<u32, Observed>);
@@ -172,11 +204,7 @@ impl Observations {
                 at: now,
             };
         }
-        let dur = spec
-            .lease_duration_seconds
-            .map(|s| Duration::from_secs(s.max(1) as u64))
-            .unwrap_or(duration);
-        now.duration_since(seen.at) > dur
+        now.duration_since(seen.at) > seen.duration(duration)
     }
 
     /// The soonest moment, after `now`, that a lease observed would run out: the Lease
@@ -186,14 +214,7 @@ impl Observations {
     fn next_expiry(&self, duration: Duration, now: Instant) -> Option<Instant> {
         self.0
             .values()
-            .map(|o| {
-                let dur = o
-                    .record
-                    .lease_duration_seconds
-                    .map(|s| Duration::from_secs(s.max(1) as u64))
-                    .unwrap_or(duration);
-                o.at + dur
-            })
+            .map(|o| o.at + o.duration(duration))
             .filter(|t| *t > now)
             .min()
     }
@@ -304,19 +325,25 @@ impl ShardLeases {
     /// One pass: renew our member Lease and count the live replicas; renew what we hold;
     /// take free shards up to our share; hand one back when we hold too many.
     pub async fn pass(&mut self) {
-        let live = self.members().await;
+        self.renew_member().await;
+        // Every Lease in one list (the shards' and the members'), not a read per shard.
+        let listed = self.list().await;
+        let live = self.members(listed.as_ref().ok()).await;
         let mut seen = BTreeMap::new();
-        for shard in 0..self.shards {
-            match self.look(shard).await {
-                Ok(s) => {
-                    seen.insert(shard, s);
+        match listed {
+            Ok(mut leases) => {
+                for shard in 0..self.shards {
+                    let lease = leases.remove(&lease_name(&self.name, shard));
+                    seen.insert(shard, self.look(shard, lease));
                 }
-                Err(e) => {
-                    // Could not ask: keep what we have until it runs out on our own clock.
-                    self.metrics.lease_error();
+            }
+            Err(e) => {
+                // Could not ask: keep what we have until it runs out on our own clock.
+                self.metrics.lease_error();
+                for shard in 0..self.shards {
                     self.metrics.set_lease(shard, self.held.holds(shard));
-                    tracing::warn!(shard, error = %e, "lease read failed");
                 }
+                tracing::warn!(error = %e, "lease list failed");
             }
         }
         let mine: Vec<u32> = seen
@@ -423,10 +450,11 @@ impl ShardLeases {
             .set_ownership(n, live.as_ref().map_or(1, Vec::len));
     }
 
-    /// Renew our member Lease and list the live members (us included); `None` when
-    /// fair sharing is off or the list could not be read (then nothing changes hands).
-    async fn members(&mut self) -> Option<Vec<String>> {
-        let sharing = self.share.as_mut()?;
+    /// Renew our member Lease (fair sharing only).
+    async fn renew_member(&mut self) {
+        if self.share.is_none() {
+            return;
+        }
         let lname = format!("{}-member-{}", self.name, self.me);
         let spec = LeaseSpec {
             holder_identity: Some(self.me.clone()),
@@ -461,49 +489,110 @@ impl ShardLeases {
         if let Err(e) = r {
             tracing::warn!(error = %e, "member lease renewal failed");
         }
-        let list = match self
+    }
+
+    /// Every Lease of the namespace, by name: one list for the shards and the members.
+    async fn list(&self) -> Result<BTreeMap<String, Lease>, kube::Error> {
+        Ok(self
             .api
-            .list(&ListParams::default().labels(&format!("{MEMBER_LABEL}={}", self.name)))
-            .await
-        {
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|l| Some((l.metadata.name.clone()?, l)))
+            .collect())
+    }
+
+    /// The member Leases among `leases`, with their specs.
+    fn member_specs<'a>(
+        &self,
+        leases: &'a BTreeMap<String, Lease>,
+    ) -> impl Iterator<Item = (String, &'a LeaseSpec)> + use<'a, '_> {
+        leases.values().filter_map(|l| {
+            let labels = l.metadata.labels.as_ref()?;
+            if labels.get(MEMBER_LABEL) != Some(&self.name) {
+                return None;
+            }
+            let spec = l.spec.as_ref()?;
+            let who = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
+            Some((who, spec))
+        })
+    }
+
+    /// Note what others' Leases show now, between passes (every quarter retry period,
+    /// one list): a renewal is seen within that, not up to a retry period late, so a
+    /// dead holder's leases run out, as this replica counts them, that much sooner after
+    /// its last renewal (the loop wakes at each expiry). Whether another replica let a
+    /// shard go (released) or left (its member Lease deleted) since: pass at once.
+    async fn observe(&mut self) -> bool {
+        let leases = match self.list().await {
             Ok(l) => l,
             Err(e) => {
                 self.metrics.lease_error();
-                tracing::warn!(error = %e, "cannot list member leases; counting the replicas as last counted");
-                return sharing.last_live.clone();
+                tracing::warn!(error = %e, "lease list failed");
+                return false;
             }
         };
         let now = Instant::now();
-        let mut live = vec![self.me.clone()];
-        let mut names = BTreeSet::new();
-        for l in list.items {
-            let Some(spec) = l.spec else { continue };
-            let Some(who) = spec.holder_identity.clone().filter(|h| !h.is_empty()) else {
+        let mut changed = false;
+        for shard in 0..self.shards {
+            let Some(spec) = leases
+                .get(&lease_name(&self.name, shard))
+                .and_then(|l| l.spec.as_ref())
+            else {
                 continue;
             };
+            match spec.holder_identity.as_deref() {
+                Some(h) if h == self.me => {}
+                Some(h) if !h.is_empty() => {
+                    self.observed.expired(shard, spec, self.cfg.duration, now);
+                }
+                // Released: news once (the observation goes with it).
+                _ => changed |= self.observed.0.remove(&shard).is_some(),
+            }
+        }
+        let present: BTreeSet<String> = self.member_specs(&leases).map(|(w, _)| w).collect();
+        let members: Vec<(String, LeaseSpec)> = self
+            .member_specs(&leases)
+            .filter(|(who, _)| *who != self.me)
+            .map(|(w, s)| (w, s.clone()))
+            .collect();
+        let duration = self.cfg.duration;
+        if let Some(sharing) = self.share.as_mut() {
+            for (who, spec) in members {
+                note_member(&mut sharing.members, who, &spec, duration, now);
+            }
+            let before = sharing.members.len();
+            sharing.members.retain(|k, _| present.contains(k));
+            changed |= sharing.members.len() != before;
+        }
+        changed
+    }
+
+    /// Count the live members among `leases` (us included) and remove the member Leases
+    /// of replicas long gone; `None` when fair sharing is off or the Leases could not be
+    /// listed (then the replicas are counted as last counted).
+    async fn members(&mut self, leases: Option<&BTreeMap<String, Lease>>) -> Option<Vec<String>> {
+        self.share.as_ref()?;
+        let Some(leases) = leases else {
+            tracing::warn!("cannot list member leases; counting the replicas as last counted");
+            return self.share.as_ref()?.last_live.clone();
+        };
+        let specs: Vec<(String, LeaseSpec)> = self
+            .member_specs(leases)
+            .map(|(w, s)| (w, s.clone()))
+            .collect();
+        let (me, duration) = (self.me.clone(), self.cfg.duration);
+        let sharing = self.share.as_mut()?;
+        let now = Instant::now();
+        let mut live = vec![me.clone()];
+        let mut names = BTreeSet::new();
+        for (who, spec) in specs {
             names.insert(who.clone());
-            if who == self.me {
+            if who == me {
                 continue;
             }
-            // Alive while its record changes, as we observe it on our own clock.
-            let seen = sharing
-                .members
-                .entry(who.clone())
-                .or_insert_with(|| Observed {
-                    record: spec.clone(),
-                    at: now,
-                });
-            if seen.record != spec {
-                *seen = Observed {
-                    record: spec.clone(),
-                    at: now,
-                };
-            }
-            let dur = spec
-                .lease_duration_seconds
-                .map(|s| Duration::from_secs(s.max(1) as u64))
-                .unwrap_or(self.cfg.duration);
-            if spec.renew_time.is_some() && now.duration_since(seen.at) <= dur {
+            if note_member(&mut sharing.members, who.clone(), &spec, duration, now) {
                 live.push(who);
             }
         }
@@ -529,25 +618,24 @@ impl ShardLeases {
         Some(live)
     }
 
-    /// Read one shard's Lease.
-    async fn look(&mut self, shard: u32) -> Result<Seen, kube::Error> {
-        let lname = lease_name(&self.name, shard);
-        let Some(lease) = self.api.get_opt(&lname).await? else {
-            return Ok(Seen::Free(None, None));
+    /// One shard's Lease as listed (`None`: there is none).
+    fn look(&mut self, shard: u32, lease: Option<Lease>) -> Seen {
+        let Some(lease) = lease else {
+            return Seen::Free(None, None);
         };
         let spec = lease.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
         if holder.as_deref() == Some(self.me.as_str()) {
             self.observed.forget(shard);
-            return Ok(Seen::Mine(Box::new(lease)));
+            return Seen::Mine(Box::new(lease));
         }
         if self
             .observed
             .expired(shard, &spec, self.cfg.duration, Instant::now())
         {
-            return Ok(Seen::Free(Some(Box::new(lease)), holder));
+            return Seen::Free(Some(Box::new(lease)), holder);
         }
-        Ok(Seen::Other(holder.unwrap_or_default()))
+        Seen::Other(holder.unwrap_or_default())
     }
 
     /// Create the Lease of a shard nobody ever held.
@@ -693,6 +781,19 @@ impl ShardLeases {
         }
     }
 
+    /// The soonest expiry still to come of the shard and member Leases observed.
+    fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        let shards = self.observed.next_expiry(self.cfg.duration, now);
+        let members = self.share.as_ref().and_then(|sh| {
+            sh.members
+                .values()
+                .map(|o| o.at + o.duration(self.cfg.duration))
+                .filter(|t| *t > now)
+                .min()
+        });
+        shards.into_iter().chain(members).min()
+    }
+
     /// Write the shard once more, then release its Lease for another replica.
     async fn hand_back(&self, shard: u32, mut lease: Lease) {
         if let Some(sharing) = &self.share {
@@ -729,19 +830,25 @@ impl ShardLeases {
     /// Renew and acquire until cancelled; on cancel, release what we hold (and our
     /// membership) so another replica takes over at once.
     pub async fn run(mut self, cancel: CancellationToken) {
-        loop {
+        'passes: loop {
             self.pass().await;
-            let now = Instant::now();
-            // Just past the soonest expiry, if it comes before the next retry.
-            let wait = self
-                .observed
-                .next_expiry(self.cfg.duration, now)
-                .map_or(self.cfg.retry, |t| {
-                    (t - now + Duration::from_millis(20)).min(self.cfg.retry)
-                });
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(wait) => {}
+            let next_pass = Instant::now() + self.cfg.retry;
+            // Until the next pass: observe others' Leases every quarter retry period, and
+            // pass at once just past the soonest expiry, or when one has run out.
+            loop {
+                let now = Instant::now();
+                let expiry = self.next_expiry(now).map(|t| t + Duration::from_millis(20));
+                let observe_at = now + self.cfg.retry / 4;
+                let wake = expiry
+                    .map_or(observe_at, |t| t.min(observe_at))
+                    .min(next_pass);
+                tokio::select! {
+                    _ = cancel.cancelled() => break 'passes,
+                    _ = tokio::time::sleep_until(wake.into()) => {}
+                }
+                if wake >= next_pass || expiry.is_some_and(|t| wake >= t) || self.observe().await {
+                    break;
+                }
             }
         }
         let (api, name, me, held) = (&self.api, &self.name, &self.me, &self.held);
