@@ -48,6 +48,7 @@ pub struct Metrics {
     write_bytes: Family<SinkLabels, Gauge>,
     write_errors: Family<SinkLabels, Counter>,
     writes_skipped: Family<SinkLabels, Counter>,
+    writes_superseded: Family<ShardLabel, Counter>,
     write_conflicts: Family<SinkLabels, Counter>,
     invalid_keys: Counter,
     lease_held: Family<ShardLabel, Gauge>,
@@ -132,6 +133,7 @@ impl Metrics {
             write_bytes: Family::default(),
             write_errors: Family::default(),
             writes_skipped: Family::default(),
+            writes_superseded: Family::default(),
             write_conflicts: Family::default(),
             invalid_keys: Counter::default(),
             lease_held: Family::default(),
@@ -245,22 +247,7 @@ impl Metrics {
             "State transitions by target state and reason",
             m.transitions.clone(),
         );
-        registry.register(
-            "write_duration_seconds",
-            "Time to write one shard document",
-            m.write_seconds.clone(),
-        );
-        registry.register(
-            "write_bytes",
-            "Size of the last document written",
-            m.write_bytes.clone(),
-        );
-        registry.register("write_errors", "Failed writes", m.write_errors.clone());
-        registry.register(
-            "writes_skipped",
-            "Writes not made because this replica does not hold the shard",
-            m.writes_skipped.clone(),
-        );
+        Self::register_writes(&mut registry, &m);
         Self::register_ownership(&mut registry, &m);
         registry.register(
             "lease_held",
@@ -405,6 +392,15 @@ impl Metrics {
             .inc();
     }
 
+    /// A shard's write not made: a newer document of it was out first.
+    pub fn write_superseded(&self, shard: u32) {
+        self.writes_superseded
+            .get_or_create(&ShardLabel {
+                shard: shard.to_string(),
+            })
+            .inc();
+    }
+
     /// Node entries left out of a shard: not valid ConfigMap keys.
     pub fn invalid_keys(&self, n: usize) {
         self.invalid_keys.inc_by(n as u64);
@@ -421,6 +417,30 @@ impl Metrics {
     }
 
     /// Shard ownership (issue 11).
+    fn register_writes(registry: &mut Registry, m: &Metrics) {
+        registry.register(
+            "write_duration_seconds",
+            "Time to write one shard document",
+            m.write_seconds.clone(),
+        );
+        registry.register(
+            "write_bytes",
+            "Size of the last document written",
+            m.write_bytes.clone(),
+        );
+        registry.register("write_errors", "Failed writes", m.write_errors.clone());
+        registry.register(
+            "writes_skipped",
+            "Writes not made because this replica does not hold the shard",
+            m.writes_skipped.clone(),
+        );
+        registry.register(
+            "writes_superseded",
+            "Shard writes not made because a newer document of the shard was written first (an urgent write beside one in flight)",
+            m.writes_superseded.clone(),
+        );
+    }
+
     fn register_ownership(registry: &mut Registry, m: &Metrics) {
         registry.register(
             "shards_held",

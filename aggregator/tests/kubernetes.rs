@@ -246,6 +246,81 @@ async fn nodes_are_discovered_and_forgotten() {
     agg.cancel_token().cancel();
 }
 
+/// Issue 11: a fault is written by an urgent write of its own shard, beside a write of
+/// another shard already in flight, not after it (it waited behind other shards'
+/// writes: the tail of the benchmark's fault latency). ConfigMap calls are slowed to
+/// `SLOW` each; the PUTs are stamped by the server once carried out, so the fault's
+/// PUT began inside the other's when its stamp is within `SLOW` after the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_is_written_beside_another_shards_write_in_flight() {
+    const SLOW: u64 = 2_000;
+    let (server, kube) = api_server().await;
+    let quiet = ["n1", "n2", "n3", "n4", "n5"];
+    let na = *quiet.iter().find(|n| shard_of(n, 2) == 0).unwrap();
+    let nb = *quiet.iter().find(|n| shard_of(n, 2) == 1).unwrap();
+    let (a, b) = (agent(na).await, agent(nb).await);
+    let agg = Launch::configmap(&kube, "r1", 2)
+        .args(&[
+            "--agents".into(),
+            format!("http://{},http://{}", a.addr, b.addr),
+        ])
+        .start()
+        .await;
+    until(Duration::from_secs(20), "both nodes healthy", || {
+        [na, nb]
+            .iter()
+            .all(|n| node_entry(&server, 2, n).is_some_and(|e| e.summary.healthy == 4))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.set_faults(faultline_test_apiserver::Faults {
+        latency_ms: SLOW,
+        latency_match: "/configmaps/".into(),
+        ..Default::default()
+    });
+    let since = faultline_common::time::now_ms();
+    // `na`'s agent goes away: its shard is written (a change, not urgent), slowly.
+    a.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        post(
+            b.addr,
+            "/v1/sim/faults",
+            r#"{"device":"gpu1","fault":"xid","xid":79}"#
+        )
+        .await,
+        201
+    );
+    until(Duration::from_secs(15), "gpu1 failed in nb's entry", || {
+        node_entry(&server, 2, nb).filter(|e| {
+            e.npus
+                .iter()
+                .any(|d| d.id == "gpu1" && d.status == DeviceStatus::Failed)
+        })
+    })
+    .await;
+    let put = |shard: u32| {
+        server
+            .calls()
+            .into_iter()
+            .find(|c| {
+                c.method == "PUT"
+                    && c.at_ms >= since
+                    && c.uri
+                        .contains(&format!("/configmaps/faultline-shard-{shard}"))
+            })
+            .map(|c| c.at_ms)
+            .unwrap_or_else(|| panic!("no write of shard {shard}"))
+    };
+    let (ta, tb) = (put(0), put(1));
+    assert!(
+        ta < tb && tb < ta + SLOW,
+        "the fault's write (done at {tb}) began inside the other shard's ({ta}, {SLOW} ms each)"
+    );
+    agg.cancel_token().cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_holder_is_replaced_within_the_lease_duration() {
     let (server, kube) = api_server().await;

@@ -74,7 +74,17 @@ pub struct Core {
     /// A first document was written (shared with the API's `/readyz`).
     ready: Arc<AtomicBool>,
     dirty: bool,
+    /// A device turned failed (the file sink: its one document).
     urgent: bool,
+    /// With shards: those where a device turned failed since they were last written.
+    /// They are written by an urgent write of their own, `--urgent-spacing` after their
+    /// last write, beside a write of others in flight (issue 11: a fault waited behind
+    /// another shard's heartbeat).
+    urgent_shards: BTreeSet<u32>,
+    /// When each shard's last write started (for the urgent spacing).
+    shard_written: HashMap<u32, Instant>,
+    /// The urgent write in flight.
+    urgent_writing: Option<tokio::task::JoinHandle<()>>,
     /// Shards whose nodes changed since the last write; when only node changes are
     /// due, only they are written.
     changed: BTreeSet<u32>,
@@ -192,6 +202,9 @@ impl Core {
             ready,
             dirty: true,
             urgent: false,
+            urgent_shards: BTreeSet::new(),
+            shard_written: HashMap::new(),
+            urgent_writing: None,
             changed: BTreeSet::new(),
             whole: true,
             written: HashMap::new(),
@@ -279,6 +292,9 @@ impl Core {
         // insertion and removal each).
         let cancelled = cancel.cancelled();
         tokio::pin!(cancelled);
+        // A shard taken is written at once, not at the next tick (issue 11: up to a
+        // second of a takeover).
+        let mut grants = self.publisher.subscribe();
         let mut armed = self.due();
         let write_timer = tokio::time::sleep_until(armed);
         tokio::pin!(write_timer);
@@ -292,7 +308,11 @@ impl Core {
                 write_timer.as_mut().reset(due);
             }
             let can_write = self.writing.as_ref().is_none_or(|w| w.is_finished());
+            let urgent_at = self
+                .urgent_due()
+                .filter(|_| self.urgent_writing.as_ref().is_none_or(|w| w.is_finished()));
             tokio::select! {
+                _ = sleep_until_opt(urgent_at) => self.write_urgent(),
                 Some(t) = recv_opt(&mut inputs.takeovers) => self.on_takeover(t),
                 _ = &mut cancelled => break,
                 Some(f) = recv_opt(&mut inputs.final_writes) => {
@@ -319,6 +339,7 @@ impl Core {
                     }
                 }
                 _ = tick.tick() => self.on_tick(),
+                Some(()) = changed_opt(&mut grants) => self.on_grants(),
                 v = inputs.verdicts.recv(), if !inputs.verdicts.is_closed() || !inputs.verdicts.is_empty() => {
                     if let (Some(v), Some(d)) = (v, self.dispatch.as_mut()) {
                         d.verdict(&self.pipeline, v);
@@ -408,8 +429,15 @@ impl Core {
     /// What a change means beyond the document: urgency, remediation, nudges.
     fn on_change(&mut self, c: Change) {
         self.note_shards(&c.nodes);
-        self.urgent |= c.urgent;
         if c.urgent {
+            for n in &c.nodes {
+                match self.publisher.shard_of(n) {
+                    Some(s) => {
+                        self.urgent_shards.insert(s);
+                    }
+                    None => self.urgent = true,
+                }
+            }
             if let Some(d) = &self.dispatch {
                 d.remediate(&self.pipeline, c.alarming.clone());
             }
@@ -429,7 +457,12 @@ impl Core {
                 d.reconcile(&self.pipeline);
             }
         }
-        // A shard just taken is written at once.
+        self.on_grants();
+    }
+
+    /// The shards held changed (at a grant or a release, and as holds run out, seen at
+    /// the tick): a shard just taken is written at once.
+    fn on_grants(&mut self) {
         let held = self.publisher.held();
         if held != self.last_held {
             self.dirty = true;
@@ -445,6 +478,63 @@ impl Core {
             }
             self.last_granted = granted;
         }
+    }
+
+    /// When the next urgent write is due: the soonest of the urgent shards'
+    /// `--urgent-spacing` after its last write (`None`: no shard is urgent).
+    fn urgent_due(&self) -> Option<tokio::time::Instant> {
+        let now = Instant::now();
+        self.urgent_shards
+            .iter()
+            .map(|s| {
+                self.shard_written
+                    .get(s)
+                    .map_or(now, |t| *t + self.timing.urgent_spacing)
+            })
+            .min()
+            .map(tokio::time::Instant::from_std)
+    }
+
+    /// Write the urgent shards whose spacing has passed, and only them.
+    fn write_urgent(&mut self) {
+        let now = Instant::now();
+        let spacing = self.timing.urgent_spacing;
+        let ready: BTreeSet<u32> = self
+            .urgent_shards
+            .iter()
+            .filter(|s| {
+                self.shard_written
+                    .get(*s)
+                    .is_none_or(|t| now >= *t + spacing)
+            })
+            .copied()
+            .collect();
+        if ready.is_empty() {
+            return;
+        }
+        self.urgent_shards.retain(|s| !ready.contains(s));
+        self.changed.retain(|s| !ready.contains(s));
+        for s in &ready {
+            self.shard_written.insert(*s, now);
+            self.written.insert(*s, now);
+        }
+        self.sequence += 1;
+        self.ready.store(true, Ordering::Release);
+        self.urgent_writing = Some(self.publisher.write(
+            &self.pipeline,
+            Stamp {
+                sequence: self.sequence,
+                writer: &self.replica,
+                seeded: self.seeded.as_ref(),
+                urgent: &ready,
+                changed: &ready,
+                include: &ready,
+                whole: false,
+            },
+            &mut self.alarming,
+            &self.metrics,
+            &self.failed,
+        ));
     }
 
     fn write(&mut self) {
@@ -469,12 +559,27 @@ impl Core {
                 self.written.insert(*s, now);
             }
         }
+        // The urgent shards this write carries are written first, and are urgent no
+        // more.
+        let urgent: BTreeSet<u32> = if whole {
+            std::mem::take(&mut self.urgent_shards)
+        } else {
+            let (carried, rest) = std::mem::take(&mut self.urgent_shards)
+                .into_iter()
+                .partition(|s| include.contains(s));
+            self.urgent_shards = rest;
+            carried
+        };
+        for s in held.iter().filter(|s| whole || include.contains(s)) {
+            self.shard_written.insert(*s, now);
+        }
         let task = self.publisher.write(
             &self.pipeline,
             Stamp {
                 sequence: self.sequence,
                 writer: &self.replica,
                 seeded: self.seeded.as_ref(),
+                urgent: &urgent,
                 changed: &changed,
                 include: &include,
                 whole,
@@ -506,6 +611,9 @@ impl Core {
     /// token); in-flight remediation gets --shutdown-timeout to finish, then the caller
     /// releases the Leases and the next holder continues from the records.
     async fn finish(self) {
+        if let Some(w) = self.urgent_writing {
+            let _ = w.await;
+        }
         if let Some(w) = self.writing {
             let _ = w.await;
         }
@@ -523,6 +631,28 @@ impl Core {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// Until `at`, or never.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next change of a watch, if there is one (`None`: none, or its sender is gone).
+async fn changed_opt<T>(rx: &mut Option<watch::Receiver<T>>) -> Option<()> {
+    match rx {
+        Some(r) => match r.changed().await {
+            Ok(()) => Some(()),
+            Err(_) => {
+                *rx = None;
+                None
+            }
+        },
+        None => std::future::pending().await,
     }
 }
 

@@ -264,6 +264,7 @@ fn shard_publisher(
             count: cfg.shards,
         },
         nudger,
+        order: Default::default(),
     };
     (publisher, task)
 }

@@ -567,4 +567,67 @@ mod tests {
         }
         assert_eq!(seen, NODES, "every node on exactly one page");
     }
+
+    /// Issue 11: a shard's writes take turns in the order their documents were built,
+    /// and a document older than the one the shard last had out is not written (the
+    /// heartbeat built before a fault, done after the fault's urgent write, would undo
+    /// it); it is counted. A newer one is written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_older_document_of_a_shard_is_not_written_after_a_newer_one() {
+        use crate::publish::{Publisher, Stamp};
+        use crate::shard::Shards;
+        use std::collections::BTreeSet;
+        use std::sync::atomic::AtomicBool;
+        let (mut p, names, server, api) = fleet_and_server(3).await;
+        let held = Held::default();
+        held.grant(0, Instant::now() + Duration::from_secs(600));
+        let metrics = Arc::new(Metrics::new());
+        let publisher = Publisher::ConfigMap {
+            sinks: vec![Arc::new(ConfigMapSink::new(api, "faultline".into()))],
+            shards: Shards { held, count: 1 },
+            nudger: None,
+            order: Default::default(),
+        };
+        let failed = Arc::new(AtomicBool::new(false));
+        let none = BTreeSet::new();
+        let write = |p: &Pipeline, sequence: u64| {
+            publisher.write(
+                p,
+                Stamp {
+                    sequence,
+                    writer: "r1",
+                    seeded: None,
+                    urgent: &none,
+                    changed: &none,
+                    include: &none,
+                    whole: true,
+                },
+                &mut BTreeSet::new(),
+                &metrics,
+                &failed,
+            )
+        };
+        let key = format!("{}.json", names[0]);
+        let has = |k: &str| {
+            server
+                .get("configmaps", "faultline", "faultline-shard-0")
+                .is_some_and(|cm| cm["data"].get(k).is_some())
+        };
+        write(&p, 5).await.unwrap();
+        assert!(has(&key));
+        // Built earlier (sequence 4), done later: not written.
+        p.remove_node(&names[0]);
+        write(&p, 4).await.unwrap();
+        assert!(has(&key), "an older document overwrote a newer one");
+        assert!(
+            metrics
+                .encode()
+                .contains("faultline_aggregator_writes_superseded_total{shard=\"0\"} 1"),
+            "{}",
+            metrics.encode()
+        );
+        write(&p, 6).await.unwrap();
+        assert!(!has(&key), "a newer document is written");
+        assert!(!failed.load(std::sync::atomic::Ordering::Acquire));
+    }
 }

@@ -30,7 +30,9 @@ pub struct Stamp<'a> {
     pub writer: &'a str,
     /// With fair sharing: the shards seeded since taken.
     pub seeded: Option<&'a BTreeSet<u32>>,
-    /// The shards whose nodes changed (or that were just taken): written first.
+    /// The shards where a device turned failed: written before any other.
+    pub urgent: &'a BTreeSet<u32>,
+    /// The shards whose nodes changed (or that were just taken): written next.
     pub changed: &'a BTreeSet<u32>,
     /// The shards to write when not `whole`: the changed ones and those due their
     /// heartbeat.
@@ -59,7 +61,29 @@ pub enum Publisher {
         shards: Shards,
         /// Nudges pods after a write, when on.
         nudger: Option<Arc<Nudger>>,
+        /// The order of the writes of each shard.
+        order: Arc<WriteOrder>,
     },
+}
+
+/// Writes of one shard in the order their documents were built. An urgent write (a
+/// device turned failed) may run beside a write of other shards already in flight
+/// (issue 11: a fault waited behind a heartbeat of another shard); a shard's writes
+/// take turns, and a document older than the one a shard last had out is not written
+/// at all (else the heartbeat built before a fault would overwrite it).
+#[derive(Default)]
+pub struct WriteOrder(Mutex<std::collections::HashMap<u32, Arc<tokio::sync::Mutex<u64>>>>);
+
+impl WriteOrder {
+    /// The turn of `shard`: the sequence of the newest document it had out.
+    fn of(&self, shard: u32) -> Arc<tokio::sync::Mutex<u64>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(shard)
+            .or_default()
+            .clone()
+    }
 }
 
 impl Publisher {
@@ -77,6 +101,14 @@ impl Publisher {
         match self {
             Publisher::File { .. } => None,
             Publisher::ConfigMap { shards, .. } => Some(shards.held.keys()),
+        }
+    }
+
+    /// The granted shards as they change (`None`: the file sink).
+    pub fn subscribe(&self) -> Option<tokio::sync::watch::Receiver<BTreeSet<u32>>> {
+        match self {
+            Publisher::File { .. } => None,
+            Publisher::ConfigMap { shards, .. } => Some(shards.held.subscribe()),
         }
     }
 
@@ -104,6 +136,7 @@ impl Publisher {
             sequence,
             writer,
             seeded,
+            urgent,
             changed,
             include,
             whole,
@@ -121,6 +154,7 @@ impl Publisher {
                 sinks,
                 shards,
                 nudger,
+                order,
             } => {
                 // A shard just taken is written once seeded from its last document.
                 let mine: Vec<u32> = shards
@@ -136,9 +170,9 @@ impl Publisher {
                     .into_iter()
                     .filter(|s| only.is_none_or(|o| o.contains(s)))
                     .collect();
-                // The changed shards first: a fault (or a shard just taken) does not wait
-                // behind the heartbeat of the others.
-                mine.sort_by_key(|s| !changed.contains(s));
+                // A fault's shard first, then the changed ones: neither waits behind the
+                // heartbeat of the others.
+                mine.sort_by_key(|s| (!urgent.contains(s), !changed.contains(s)));
                 let jobs: Vec<(FaultDocument, Vec<String>)> = mine
                     .iter()
                     .map(|s| {
@@ -151,16 +185,36 @@ impl Publisher {
                         (doc, nudge)
                     })
                     .collect();
-                alarming.clear();
-                let (sinks, shards, metrics, failed, nudger) = (
+                // Nudged with their shard's write; the nodes of shards held and not
+                // written now wait for theirs (those of shards not held are their
+                // holder's to nudge).
+                let held = shards.held.keys();
+                alarming.retain(|n| {
+                    let s = shard_of(n, shards.count);
+                    held.contains(&s) && !mine.contains(&s)
+                });
+                let (sinks, shards, metrics, failed, nudger, order) = (
                     sinks.clone(),
                     shards.clone(),
                     metrics.clone(),
                     failed.clone(),
                     nudger.clone(),
+                    order.clone(),
                 );
                 tokio::spawn(async move {
                     for (doc, nudge) in jobs {
+                        // Its turn; skipped when a newer document of the shard is out.
+                        let turn = order.of(doc.shard);
+                        let mut newest = turn.lock().await;
+                        if *newest > sequence {
+                            metrics.write_superseded(doc.shard);
+                            // What is out is newer: its pods are nudged all the same.
+                            if let Some(n) = nudger.as_deref() {
+                                nudge_all(n, nudge).await;
+                            }
+                            continue;
+                        }
+                        *newest = sequence;
                         write_shard(
                             doc,
                             nudge,
@@ -232,9 +286,14 @@ async fn write_shard(
         }
     }
     if let (true, Some(n)) = (written, nudger) {
-        let stamp = now_ms().to_string();
-        for node in nudge {
-            n.nudge(&node, &stamp).await;
-        }
+        nudge_all(n, nudge).await;
+    }
+}
+
+/// Nudge the pods of `nodes`.
+async fn nudge_all(n: &Nudger, nodes: Vec<String>) {
+    let stamp = now_ms().to_string();
+    for node in nodes {
+        n.nudge(&node, &stamp).await;
     }
 }

@@ -182,8 +182,10 @@ fn api_version(k: &Kind) -> String {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Faults {
-    /// Added to every call.
+    /// Added to every call (or only to those whose path contains `latency_match`).
     pub latency_ms: u64,
+    /// Only calls whose path contains this are delayed (empty: every call).
+    pub latency_match: String,
     /// Share of calls answered 500.
     pub error_rate: f64,
     /// Share of writes with a precondition (an update, or a patch naming a
@@ -1142,7 +1144,8 @@ async fn handle(
         } else {
             None
         };
-        (f.latency_ms, fail)
+        let delayed = f.latency_match.is_empty() || path.contains(&f.latency_match);
+        (if delayed { f.latency_ms } else { 0 }, fail)
     };
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;
