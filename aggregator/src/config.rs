@@ -134,7 +134,8 @@ pub struct PublishArgs {
     /// Least time between two writes of a document (jittered up to +20%).
     #[arg(long, env = "FAULTLINE_WRITE_INTERVAL", default_value = "1s", value_parser = positive_duration)]
     pub write_interval: Duration,
-    /// A transition to failed is written this soon after the previous write.
+    /// A transition to failed is written this soon after the previous write of its shard
+    /// (beside a write of other shards in flight; the file sink: of its one document).
     #[arg(long, env = "FAULTLINE_URGENT_SPACING", default_value = "200ms", value_parser = positive_duration)]
     pub urgent_spacing: Duration,
     /// Rewrite an unchanged document this often, so readers can tell it is alive.

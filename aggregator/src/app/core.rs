@@ -4,9 +4,10 @@
 //! needs no lock.
 //!
 //! Writes: a document is written at most every `--write-interval` (jittered up to
-//! +20%), a transition to failed `--urgent-spacing` after the previous write, and an
-//! unchanged one every `--heartbeat`; one write at a time, a failed write retried by
-//! the next round.
+//! +20%), and an unchanged one every `--heartbeat`, one write at a time; a shard where a
+//! device turned failed by an urgent write of its own, `--urgent-spacing` after that
+//! shard's last write, beside the other write if one is in flight (the file sink: its
+//! one document, after the previous write). A failed write is retried by the next round.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
