@@ -89,8 +89,8 @@ pub struct Core {
     /// Shards whose nodes changed since the last write; when only node changes are
     /// due, only they are written.
     changed: BTreeSet<u32>,
-    /// Something other than a node's change is due (a takeover, a final write, a
-    /// failed write, a shard granted): the next write covers every shard held.
+    /// Something other than a node's change is due (the first write, a final write, a
+    /// failed write): the next write covers every shard held.
     whole: bool,
     /// When each shard was last written (its heartbeat counts from it). Each shard has
     /// its own, spread over the heartbeat period, so that no write carries every shard
@@ -253,10 +253,9 @@ impl Core {
         if let Some(s) = self.seeded.as_mut() {
             s.insert(t.shard);
         }
+        // Written once granted (`on_grants`), by a write of its own.
         self.changed.insert(t.shard);
         self.dirty = true;
-        self.whole = true;
-        self.last_write = None;
     }
 
     /// When the next write is due.
@@ -466,8 +465,16 @@ impl Core {
     fn on_grants(&mut self) {
         let held = self.publisher.held();
         if held != self.last_held {
+            // A shard just taken (or held again) is written at once by an urgent write
+            // of its own, beside any write in flight; the others are not rewritten with
+            // it (issue 11: a takeover of three shards was three rewrites of all eleven,
+            // one after the other, seconds at 20,000 nodes).
+            for s in held.iter().filter(|s| !self.last_held.contains(s)) {
+                self.urgent_shards.insert(*s);
+                self.changed.insert(*s);
+                self.shard_written.remove(s);
+            }
             self.dirty = true;
-            self.whole = true;
             self.last_held = held;
         }
         // A shard released is seeded afresh when taken again. Judged on the grants, not
