@@ -312,7 +312,10 @@ impl Core {
                 .urgent_due()
                 .filter(|_| self.urgent_writing.as_ref().is_none_or(|w| w.is_finished()));
             tokio::select! {
-                _ = sleep_until_opt(urgent_at) => self.write_urgent(),
+                _ = sleep_until_opt(urgent_at) => {
+                    self.drain_takeovers(&mut inputs.takeovers);
+                    self.write_urgent()
+                }
                 Some(t) = recv_opt(&mut inputs.takeovers) => self.on_takeover(t),
                 _ = &mut cancelled => break,
                 Some(f) = recv_opt(&mut inputs.final_writes) => {
@@ -339,7 +342,12 @@ impl Core {
                     }
                 }
                 _ = tick.tick() => self.on_tick(),
-                Some(()) = changed_opt(&mut grants) => self.on_grants(),
+                Some(()) = changed_opt(&mut grants) => {
+                    // A grant follows its seed: the seed first, or the shard would not
+                    // be written yet (a shard is written only once seeded).
+                    self.drain_takeovers(&mut inputs.takeovers);
+                    self.on_grants()
+                }
                 v = inputs.verdicts.recv(), if !inputs.verdicts.is_closed() || !inputs.verdicts.is_empty() => {
                     if let (Some(v), Some(d)) = (v, self.dispatch.as_mut()) {
                         d.verdict(&self.pipeline, v);
