@@ -416,7 +416,7 @@ impl Metrics {
             .inc();
     }
 
-    /// Shard ownership (issue 11).
+    /// Shard writes.
     fn register_writes(registry: &mut Registry, m: &Metrics) {
         registry.register(
             "write_duration_seconds",
@@ -441,6 +441,7 @@ impl Metrics {
         );
     }
 
+    /// Shard ownership (issue 11).
     fn register_ownership(registry: &mut Registry, m: &Metrics) {
         registry.register(
             "shards_held",

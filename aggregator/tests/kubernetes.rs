@@ -250,7 +250,10 @@ async fn nodes_are_discovered_and_forgotten() {
 /// another shard already in flight, not after it (it waited behind other shards'
 /// writes: the tail of the benchmark's fault latency). ConfigMap calls are slowed to
 /// `SLOW` each; the PUTs are stamped by the server once carried out, so the fault's
-/// PUT began inside the other's when its stamp is within `SLOW` after the other's.
+/// PUT began inside the other's when its stamp is within `SLOW` after the other's. The
+/// slowness is injected (`Faults::latency_match`), not kube-apiserver behaviour: one
+/// resource slow while others answer, as `apiserver_request_duration_seconds`
+/// (staging/src/k8s.io/apiserver/pkg/endpoints/metrics/metrics.go) shows per resource.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fault_is_written_beside_another_shards_write_in_flight() {
     const SLOW: u64 = 2_000;

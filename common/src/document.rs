@@ -45,11 +45,16 @@ pub struct NodeHealth {
 
 /// The devices of a document, read into one allocation: serde's `Vec` grows from
 /// nothing (JSON gives no length), and a device entry is over 600 bytes, so a node of 8
-/// was three allocations and two copies per document (issue 11).
-fn devices<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<DeviceHealth>, D::Error> {
-    struct Devices;
-    impl<'de> serde::de::Visitor<'de> for Devices {
-        type Value = Vec<DeviceHealth>;
+/// was three allocations and two copies per document (issue 11). For [`NodeHealth`]'s
+/// owned devices and [`DocView`]'s borrowed ones alike.
+fn devices<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Devices<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Devices<T> {
+        type Value = Vec<T>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("a list of devices")
         }
@@ -64,7 +69,7 @@ fn devices<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<DeviceHealth>, 
             Ok(v)
         }
     }
-    d.deserialize_seq(Devices)
+    d.deserialize_seq(Devices(std::marker::PhantomData))
 }
 
 /// A node document as the aggregator reads it: what it judges and publishes, the texts
@@ -87,7 +92,7 @@ pub struct DocView<'a> {
     #[serde(rename = "agent_version")]
     _agent_version: serde::de::IgnoredAny,
     /// [`NodeHealth::npus`].
-    #[serde(borrow, deserialize_with = "device_views")]
+    #[serde(borrow, deserialize_with = "devices")]
     pub npus: Vec<DeviceView<'a>>,
     #[serde(rename = "summary")]
     _summary: serde::de::IgnoredAny,
@@ -161,27 +166,6 @@ pub struct SourceView<'a> {
     _consecutive_failures: u32,
     #[serde(rename = "abandoned_calls")]
     _abandoned_calls: u32,
-}
-
-fn device_views<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<DeviceView<'de>>, D::Error> {
-    struct Views;
-    impl<'de> serde::de::Visitor<'de> for Views {
-        type Value = Vec<DeviceView<'de>>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a list of devices")
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(
-            self,
-            mut seq: A,
-        ) -> Result<Self::Value, A::Error> {
-            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(8).min(limits::DEVICES));
-            while let Some(x) = seq.next_element()? {
-                v.push(x);
-            }
-            Ok(v)
-        }
-    }
-    d.deserialize_seq(Views)
 }
 
 impl<'a> DocView<'a> {

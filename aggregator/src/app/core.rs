@@ -502,27 +502,26 @@ impl Core {
         let now = Instant::now();
         self.urgent_shards
             .iter()
-            .map(|s| {
-                self.shard_written
-                    .get(s)
-                    .map_or(now, |t| *t + self.timing.urgent_spacing)
-            })
+            .map(|s| self.urgent_at(*s).unwrap_or(now))
             .min()
             .map(tokio::time::Instant::from_std)
+    }
+
+    /// When shard `s` may have an urgent write: `--urgent-spacing` after its last write
+    /// (`None`: never written, at once).
+    fn urgent_at(&self, s: u32) -> Option<Instant> {
+        self.shard_written
+            .get(&s)
+            .map(|t| *t + self.timing.urgent_spacing)
     }
 
     /// Write the urgent shards whose spacing has passed, and only them.
     fn write_urgent(&mut self) {
         let now = Instant::now();
-        let spacing = self.timing.urgent_spacing;
         let ready: BTreeSet<u32> = self
             .urgent_shards
             .iter()
-            .filter(|s| {
-                self.shard_written
-                    .get(*s)
-                    .is_none_or(|t| now >= *t + spacing)
-            })
+            .filter(|s| self.urgent_at(**s).is_none_or(|t| now >= t))
             .copied()
             .collect();
         if ready.is_empty() {

@@ -551,7 +551,6 @@ impl ShardLeases {
                 _ => changed |= self.observed.0.remove(&shard).is_some(),
             }
         }
-        let present: BTreeSet<String> = self.member_specs(&leases).map(|(w, _)| w).collect();
         let members: Vec<(String, LeaseSpec)> = self
             .member_specs(&leases)
             .filter(|(who, _)| *who != self.me)
@@ -559,12 +558,14 @@ impl ShardLeases {
             .collect();
         let duration = self.cfg.duration;
         if let Some(sharing) = self.share.as_mut() {
+            let before = sharing.members.len();
+            sharing
+                .members
+                .retain(|k, _| members.iter().any(|(w, _)| w == k));
+            changed |= sharing.members.len() != before;
             for (who, spec) in members {
                 note_member(&mut sharing.members, who, &spec, duration, now);
             }
-            let before = sharing.members.len();
-            sharing.members.retain(|k, _| present.contains(k));
-            changed |= sharing.members.len() != before;
         }
         changed
     }

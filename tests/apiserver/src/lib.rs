@@ -184,7 +184,12 @@ fn api_version(k: &Kind) -> String {
 pub struct Faults {
     /// Added to every call (or only to those whose path contains `latency_match`).
     pub latency_ms: u64,
-    /// Only calls whose path contains this are delayed (empty: every call).
+    /// Only calls whose path contains this are delayed (empty: every call). Injected,
+    /// not modelled on kube-apiserver code: a slow resource, as when one kind's writes
+    /// wait on etcd while others answer (what kube-apiserver reports per resource and
+    /// verb in `apiserver_request_duration_seconds`,
+    /// staging/src/k8s.io/apiserver/pkg/endpoints/metrics/metrics.go). The request is
+    /// carried out after the delay, so its recorded `at_ms` marks its end.
     pub latency_match: String,
     /// Share of calls answered 500.
     pub error_rate: f64,
