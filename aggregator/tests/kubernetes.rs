@@ -249,9 +249,11 @@ async fn nodes_are_discovered_and_forgotten() {
 /// Issue 11: a fault is written by an urgent write of its own shard, beside a write of
 /// another shard already in flight, not after it (it waited behind other shards'
 /// writes: the tail of the benchmark's fault latency). ConfigMap calls are slowed to
-/// `SLOW` each; the PUTs are stamped by the server once carried out, so the fault's
-/// PUT began inside the other's when its stamp is within `SLOW` after the other's. The
-/// slowness is injected (`Faults::latency_match`), not kube-apiserver behaviour: one
+/// `SLOW` each. The server records each call as received and as carried out (the audit
+/// stages `RequestReceived` and `ResponseComplete`,
+/// staging/src/k8s.io/apiserver/pkg/apis/audit/types.go): the fault is posted once the
+/// other shard's PUT is in flight, and its own PUT must arrive before that one is done.
+/// The slowness is injected (`Faults::latency_match`), not kube-apiserver behaviour: one
 /// resource slow while others answer, as `apiserver_request_duration_seconds`
 /// (staging/src/k8s.io/apiserver/pkg/endpoints/metrics/metrics.go) shows per resource.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,9 +285,20 @@ async fn a_fault_is_written_beside_another_shards_write_in_flight() {
         ..Default::default()
     });
     let since = faultline_common::time::now_ms();
+    let put_of = |shard: u32| format!("/configmaps/faultline-shard-{shard}");
+    let received = |shard: u32, after: u64| {
+        server
+            .received()
+            .into_iter()
+            .find(|r| r.method == "PUT" && r.at_ms >= after && r.uri.contains(&put_of(shard)))
+    };
     // `na`'s agent goes away: its shard is written (a change, not urgent), slowly.
     a.shutdown().await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (other, _) = until(Duration::from_secs(20), "shard 0's PUT in flight", || {
+        received(0, since)
+    })
+    .await;
+    let posted = faultline_common::time::now_ms();
     assert_eq!(
         post(
             b.addr,
@@ -303,23 +316,21 @@ async fn a_fault_is_written_beside_another_shards_write_in_flight() {
         })
     })
     .await;
-    let put = |shard: u32| {
+    let (other_done, _) = until(Duration::from_secs(10), "shard 0's PUT done", || {
         server
             .calls()
             .into_iter()
-            .find(|c| {
-                c.method == "PUT"
-                    && c.at_ms >= since
-                    && c.uri
-                        .contains(&format!("/configmaps/faultline-shard-{shard}"))
-            })
+            .find(|c| c.method == "PUT" && c.received_ms == other.at_ms && c.uri == other.uri)
             .map(|c| c.at_ms)
-            .unwrap_or_else(|| panic!("no write of shard {shard}"))
-    };
-    let (ta, tb) = (put(0), put(1));
+    })
+    .await;
+    let fault = received(1, posted).expect("a PUT of shard 1 after the fault");
     assert!(
-        ta < tb && tb < ta + SLOW,
-        "the fault's write (done at {tb}) began inside the other shard's ({ta}, {SLOW} ms each)"
+        fault.at_ms < other_done,
+        "the fault's write (received at {}) began inside the other shard's \
+         (received at {}, done at {other_done}, {SLOW} ms each)",
+        fault.at_ms,
+        other.at_ms
     );
     agg.cancel_token().cancel();
 }

@@ -240,6 +240,24 @@ pub struct Call {
     /// When the call was carried out (milliseconds since the Unix epoch, taken after
     /// the server acted on it, before a late answer's delay).
     pub at_ms: u64,
+    /// When the call arrived, before any injected latency: the audit log's
+    /// `RequestReceived` stage ("generated as soon as the audit handler receives the
+    /// request", staging/src/k8s.io/apiserver/pkg/apis/audit/types.go), where `at_ms`
+    /// is its `ResponseComplete`.
+    pub received_ms: u64,
+}
+
+/// A call as it arrived, before it is carried out: the audit log's `RequestReceived`
+/// event (staging/src/k8s.io/apiserver/pkg/apis/audit/types.go), so a test can see a
+/// call in flight.
+#[derive(Debug, Clone, Serialize)]
+pub struct Received {
+    /// HTTP method.
+    pub method: String,
+    /// Path and query.
+    pub uri: String,
+    /// When it arrived (milliseconds since the Unix epoch).
+    pub at_ms: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -262,6 +280,7 @@ struct Inner {
     faults: Faults,
     rng: rand::rngs::StdRng,
     calls: Vec<Call>,
+    received: Vec<Received>,
     uid: u64,
     /// With RBAC on: the users by bearer token.
     tokens: Option<rbac::Tokens>,
@@ -437,6 +456,7 @@ impl ApiServer {
                 faults: Faults::default(),
                 rng: rand::rngs::StdRng::seed_from_u64(0),
                 calls: Vec::new(),
+                received: Vec::new(),
                 uid: 0,
                 tokens: None,
                 terminating: BTreeMap::new(),
@@ -476,6 +496,12 @@ impl ApiServer {
     /// The calls received so far.
     pub fn calls(&self) -> Vec<Call> {
         self.lock().calls.clone()
+    }
+
+    /// Every call as it arrived, those still in flight included (audit stage
+    /// `RequestReceived`, staging/src/k8s.io/apiserver/pkg/apis/audit/types.go).
+    pub fn received(&self) -> Vec<Received> {
+        self.lock().received.clone()
     }
 
     /// One object.
@@ -1041,8 +1067,16 @@ async fn dispatch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let received_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let late = {
         let mut g = s.lock();
+        g.received.push(Received {
+            method: method.to_string(),
+            uri: uri.to_string(),
+            at_ms: received_ms,
+        });
         let (rate, ms) = (g.faults.late_answer_rate, g.faults.late_answer_ms);
         let write = !matches!(method, Method::GET | Method::HEAD);
         (write && rate > 0.0 && uri.path() != "/_faults" && g.rng.random_bool(rate.min(1.0)))
@@ -1067,6 +1101,7 @@ async fn dispatch(
         status: resp.status().as_u16(),
         token,
         at_ms,
+        received_ms,
     });
     if let Some(d) = late {
         tokio::time::sleep(d).await;

@@ -236,6 +236,57 @@ async fn injected_faults() {
     assert!(s.calls().iter().any(|c| c.status == 500));
 }
 
+/// Injected latency limited to matching paths delays those calls only, and a delayed
+/// call is seen as received (audit stage `RequestReceived`,
+/// staging/src/k8s.io/apiserver/pkg/apis/audit/types.go) while still in flight, then
+/// recorded once carried out (`ResponseComplete`).
+#[tokio::test]
+async fn path_matched_latency_and_calls_in_flight() {
+    let (s, url, _c) = start().await;
+    let c = client(&url);
+    let maps: Api<ConfigMap> = Api::namespaced(c.clone(), "default");
+    let nodes: Api<Node> = Api::all(c);
+    s.set_faults(Faults {
+        latency_ms: 1_500,
+        latency_match: "/configmaps".into(),
+        ..Default::default()
+    });
+    let t = std::time::Instant::now();
+    nodes.list(&ListParams::default()).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(1_000),
+        "nodes are not delayed"
+    );
+    let slow = tokio::spawn(async move { maps.list(&ListParams::default()).await });
+    let mut seen = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let received = s.received().iter().any(|r| r.uri.contains("/configmaps"));
+        let done = s.calls().iter().any(|c| c.uri.contains("/configmaps"));
+        if received {
+            assert!(
+                !done,
+                "a delayed call is seen in flight before it is recorded"
+            );
+            seen = true;
+            break;
+        }
+    }
+    assert!(seen, "the delayed call was received");
+    slow.await.unwrap().unwrap();
+    let call = s
+        .calls()
+        .into_iter()
+        .find(|c| c.uri.contains("/configmaps"))
+        .unwrap();
+    assert!(
+        call.at_ms >= call.received_ms + 1_400,
+        "carried out after the delay: received {} done {}",
+        call.received_ms,
+        call.at_ms
+    );
+}
+
 #[tokio::test]
 async fn kubectl_works_against_it() {
     let Ok(out) = std::process::Command::new("kubectl")
