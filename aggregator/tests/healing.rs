@@ -1342,6 +1342,12 @@ async fn a_held_back_node_is_quarantined_once_room_frees() {
         || (our_taints(&server, "n2") == 1).then_some(()),
     )
     .await;
+    // The event is recorded after the taint (isolate, then announce): wait for it.
+    until(Duration::from_secs(10), "n2's quarantine announced", || {
+        (events(&server, "n2", "FaultlineQuarantined") >= 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(our_taints(&server, "n1"), 0, "the person's release holds");
     assert_eq!(events(&server, "n2", "FaultlineHeldBack"), 1);
     assert_eq!(events(&server, "n2", "FaultlineQuarantined"), 1);
