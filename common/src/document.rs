@@ -72,6 +72,58 @@ where
     d.deserialize_seq(Devices(std::marker::PhantomData))
 }
 
+/// An optional text, borrowed from the bytes wherever it needs no unescaping. serde's
+/// `borrow` reaches a `Cow<str>` field but not one inside an `Option`: there it always
+/// copies (issue 11: three allocations and frees per device of every document).
+fn opt_text<'de, D>(d: D) -> Result<Option<Cow<'de, str>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Text;
+    impl<'de> serde::de::Visitor<'de> for Text {
+        type Value = Option<Cow<'de, str>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string or null")
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            serde::de::Deserialize::deserialize(d).map(|CowText(c)| Some(c))
+        }
+    }
+    /// One string, borrowed when it can be.
+    struct CowText<'a>(Cow<'a, str>);
+    impl<'de> Deserialize<'de> for CowText<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> serde::de::Visitor<'de> for V {
+                type Value = Cow<'de, str>;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a string")
+                }
+                fn visit_borrowed_str<E: serde::de::Error>(
+                    self,
+                    v: &'de str,
+                ) -> Result<Self::Value, E> {
+                    Ok(Cow::Borrowed(v))
+                }
+                fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                    Ok(Cow::Owned(v.to_owned()))
+                }
+                fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                    Ok(Cow::Owned(v))
+                }
+            }
+            d.deserialize_str(V).map(CowText)
+        }
+    }
+    d.deserialize_option(Text)
+}
+
 /// A node document as the aggregator reads it: what it judges and publishes, the texts
 /// borrowed from the bytes received wherever they need no unescaping (issue 11: reading
 /// the whole [`NodeHealth`] into owned values, and freeing them, was the larger part of
@@ -114,10 +166,10 @@ pub struct DeviceView<'a> {
     #[serde(borrow)]
     pub source: Cow<'a, str>,
     /// Device UUID.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_text")]
     pub uuid: Option<Cow<'a, str>>,
     /// PCI bus id.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_text")]
     pub pci_bus_id: Option<Cow<'a, str>>,
     /// Temperature (C).
     #[serde(default)]
@@ -137,7 +189,7 @@ pub struct DeviceView<'a> {
     #[serde(default)]
     pub ecc_errors: Option<u64>,
     /// `up` or `down`.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_text")]
     pub pcie_link_status: Option<Cow<'a, str>>,
 }
 
@@ -631,6 +683,25 @@ mod tests {
             }
             assert_eq!(rules.measure(Some(view)), rules.measure(Some(full)));
         }
+        // Optional texts are borrowed unless escaped (serde's `borrow` alone copies
+        // them inside an `Option`); absent or null is none.
+        let d1 = &v.npus[1];
+        assert!(matches!(d1.pci_bus_id, Some(Cow::Borrowed(_))));
+        assert!(matches!(d1.pcie_link_status, Some(Cow::Borrowed(_))));
+        assert!(
+            matches!(d1.uuid, Some(Cow::Owned(_))),
+            "escaped: unescaped into a copy"
+        );
+        assert!(v.npus[0].uuid.is_none() && v.npus[0].pcie_link_status.is_none());
+        let mut j = serde_json::to_value(&doc).unwrap();
+        j["npus"][0]["pcie_link_status"] = serde_json::Value::Null;
+        j["npus"][0]["uuid"] = serde_json::json!(7);
+        let bytes = serde_json::to_vec(&j).unwrap();
+        assert!(DocView::parse(&bytes).is_err(), "a number is no text");
+        j["npus"][0]["uuid"] = serde_json::Value::Null;
+        let bytes = serde_json::to_vec(&j).unwrap();
+        let nulls = DocView::parse(&bytes).unwrap();
+        assert!(nulls.npus[0].uuid.is_none() && nulls.npus[0].pcie_link_status.is_none());
         assert_eq!(
             rules.measure(Some(&v.npus[1])).hard.as_deref(),
             Some("npu-offline")
