@@ -3,7 +3,8 @@
 //! process answering each node's long-poll). Each replica follows only the nodes of
 //! the shards it holds (its fair share, counted from the member Leases); a replica
 //! killed with SIGKILL has its shards taken over and rewritten with no device's
-//! published status changing; a new replica gets its share as the others hand shards
+//! published status changing, and written alone (the takers' own shards are not
+//! rewritten with them); a new replica gets its share as the others hand shards
 //! back. Each shard is written over two pages (`--pages 2`), so a takeover is seeded
 //! from both of its ConfigMaps.
 
@@ -155,6 +156,8 @@ fn replica(kube: &str, name: &str, agents: &str) -> Replica {
     let mut args = Launch::configmap(kube, name, SHARDS)
         .args(&["--agents", agents, "--remediation", "off"])
         .args(&["--pages", &PAGES.to_string()])
+        // No heartbeat within the test: every write is one the test can account for.
+        .args(&["--heartbeat", "300s"])
         .into_args();
     let at = args.iter().position(|a| a == "--listen").unwrap() + 1;
     args[at] = format!("127.0.0.1:{port}");
@@ -318,8 +321,14 @@ async fn replicas_share_the_shards_and_take_over_without_a_status_change() {
         .map(|(s, _)| *s)
         .collect();
     assert_eq!(of_r1.len(), 2, "{writers:?}");
+    let of_others: Vec<u32> = writers
+        .iter()
+        .filter(|(_, w)| *w != "r1")
+        .map(|(s, _)| *s)
+        .collect();
     drop(r1);
     let killed = Instant::now();
+    let killed_ms = faultline_common::time::now_ms();
     let mut changed = BTreeSet::new();
     loop {
         let (writers, now) = published(&server);
@@ -344,6 +353,27 @@ async fn replicas_share_the_shards_and_take_over_without_a_status_change() {
     assert!(
         changed.is_empty(),
         "statuses changed in the takeover: {changed:?}"
+    );
+    // A shard taken is written alone: the takers' own shards, unchanged, are not
+    // rewritten with it (they were, every one of them, for every shard taken).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let own: Vec<String> = server
+        .calls()
+        .into_iter()
+        .filter(|c| {
+            c.method == "PUT" && c.received_ms >= killed_ms && c.uri.contains("/configmaps/")
+        })
+        .filter(|c| {
+            of_others.iter().any(|sh| {
+                let path = c.uri.split('?').next().unwrap_or_default();
+                (0..PAGES).any(|p| path.ends_with(&format!("/{}", page_name("faultline", *sh, p))))
+            })
+        })
+        .map(|c| c.uri)
+        .collect();
+    assert!(
+        own.is_empty(),
+        "the takers' own shards were rewritten with the taken ones: {own:?}"
     );
     eprintln!("r1's shards taken over and rewritten {took:?} after SIGKILL (lease 3 s)");
     until_async(
