@@ -573,6 +573,16 @@ impl Pipeline {
                 .last_eval_ms
                 .is_none_or(|t| now_ms.saturating_sub(t) >= MIN_EVAL_SPACING_MS);
             if !due {
+                // Judged less than the spacing ago (a document between ticks) and quiet:
+                // skipped from now on. This tick is no sample for it, and every later
+                // one is (the first check of this function settles skipped nodes before
+                // a tick that comes too soon), which is what the skipped ticks count
+                // (issue 11: it was looked up again at the next tick only to be found
+                // quiet, a second lookup per document).
+                if !node.unseen && node.quiet() {
+                    node.lazy_since_tick = Some(self.ticks);
+                    return false;
+                }
                 return true;
             }
             if !node.unseen && node.quiet() {
@@ -1170,19 +1180,36 @@ mod tests {
             7,
             "release decisions see the same streak"
         );
-        // 7 s is within 900 ms of the document; 8 s to 20 s are 13 samples.
-        for t in 7..=20 {
+        // 7 s is within 900 ms of the document: no sample, and skipped from there on
+        // (not looked at again by the next tick); 8 s to 20 s are 13 samples.
+        p.tick(7_000);
+        assert_eq!(streak(&p), 7);
+        assert!(p.nodes["n1"].lazy_since_tick.is_some() && p.active.is_empty());
+        for t in 8..=20 {
             p.tick(t * 1_000);
         }
         assert_eq!(streak(&p), 20);
-        // Unreachable: the skipped samples are kept, and no fresh one is added after.
-        p.on_unreachable("n1", "gone", 20_500);
-        assert_eq!(streak(&p), 20);
-        p.tick(21_000);
-        p.tick(22_000);
         assert_eq!(
             p.device_state("n1", "gpu0").unwrap().last_fresh_ms,
             Some(20_000)
+        );
+        // The same with a tick that comes too soon after the one that skipped it.
+        p.on_document(doc("n1", vec![dev("gpu0", 42.0, None)]), 20_950);
+        assert_eq!(streak(&p), 21);
+        p.tick(21_000);
+        assert!(p.nodes["n1"].lazy_since_tick.is_some());
+        p.tick(21_300);
+        assert_eq!(streak(&p), 21, "21.3 s is within 900 ms of the document");
+        p.tick(22_000);
+        assert_eq!(streak(&p), 22);
+        // Unreachable: the skipped samples are kept, and no fresh one is added after.
+        p.on_unreachable("n1", "gone", 22_500);
+        assert_eq!(streak(&p), 22);
+        p.tick(23_000);
+        p.tick(24_000);
+        assert_eq!(
+            p.device_state("n1", "gpu0").unwrap().last_fresh_ms,
+            Some(22_000)
         );
     }
 
