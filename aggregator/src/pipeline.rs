@@ -572,25 +572,22 @@ impl Pipeline {
             let due = node
                 .last_eval_ms
                 .is_none_or(|t| now_ms.saturating_sub(t) >= MIN_EVAL_SPACING_MS);
-            if !due {
-                // Judged less than the spacing ago (a document between ticks) and quiet:
-                // skipped from now on. This tick is no sample for it, and every later
-                // one is (the first check of this function settles skipped nodes before
-                // a tick that comes too soon), which is what the skipped ticks count
-                // (issue 11: it was looked up again at the next tick only to be found
-                // quiet, a second lookup per document).
-                if !node.unseen && node.quiet() {
-                    node.lazy_since_tick = Some(self.ticks);
-                    return false;
-                }
-                return true;
-            }
             if !node.unseen && node.quiet() {
                 // Judged again it would be the same: a clean sample each, without the
-                // work, and the next ticks' samples when it is next touched.
-                node.record_quiet(now_ms);
+                // work, and the next ticks' samples when it is next touched. Judged less
+                // than the spacing ago (a document between ticks), this tick is no
+                // sample for it and every later one is (the first check of this
+                // function settles skipped nodes before a tick that comes too soon):
+                // skipped from now on all the same (issue 11: it was looked up again at
+                // the next tick only to be found quiet, a second lookup per document).
+                if due {
+                    node.record_quiet(now_ms);
+                }
                 node.lazy_since_tick = Some(self.ticks);
                 return false;
+            }
+            if !due {
+                return true;
             }
             let before = node.devices.len();
             let c = Self::judge(node, name, now_ms, &rules, &metrics, forget);

@@ -358,11 +358,9 @@ async fn replicas_share_the_shards_and_take_over_without_a_status_change() {
     // rewritten with it (they were, every one of them, for every shard taken).
     tokio::time::sleep(Duration::from_secs(1)).await;
     let own: Vec<String> = server
-        .calls()
+        .received()
         .into_iter()
-        .filter(|c| {
-            c.method == "PUT" && c.received_ms >= killed_ms && c.uri.contains("/configmaps/")
-        })
+        .filter(|c| c.method == "PUT" && c.at_ms >= killed_ms && c.uri.contains("/configmaps/"))
         .filter(|c| {
             of_others.iter().any(|sh| {
                 let path = c.uri.split('?').next().unwrap_or_default();

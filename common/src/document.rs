@@ -79,8 +79,26 @@ fn opt_text<'de, D>(d: D) -> Result<Option<Cow<'de, str>>, D::Error>
 where
     D: serde::Deserializer<'de>,
 {
+    /// One string, borrowed when it can be.
     struct Text;
     impl<'de> serde::de::Visitor<'de> for Text {
+        type Value = Cow<'de, str>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+            Ok(Cow::Borrowed(v))
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Cow::Owned(v.to_owned()))
+        }
+        fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+            Ok(Cow::Owned(v))
+        }
+    }
+    /// The string, or none for null.
+    struct OptText;
+    impl<'de> serde::de::Visitor<'de> for OptText {
         type Value = Option<Cow<'de, str>>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("a string or null")
@@ -92,36 +110,10 @@ where
             Ok(None)
         }
         fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            serde::de::Deserialize::deserialize(d).map(|CowText(c)| Some(c))
+            d.deserialize_str(Text).map(Some)
         }
     }
-    /// One string, borrowed when it can be.
-    struct CowText<'a>(Cow<'a, str>);
-    impl<'de> Deserialize<'de> for CowText<'de> {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct V;
-            impl<'de> serde::de::Visitor<'de> for V {
-                type Value = Cow<'de, str>;
-                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                    f.write_str("a string")
-                }
-                fn visit_borrowed_str<E: serde::de::Error>(
-                    self,
-                    v: &'de str,
-                ) -> Result<Self::Value, E> {
-                    Ok(Cow::Borrowed(v))
-                }
-                fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                    Ok(Cow::Owned(v.to_owned()))
-                }
-                fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
-                    Ok(Cow::Owned(v))
-                }
-            }
-            d.deserialize_str(V).map(CowText)
-        }
-    }
-    d.deserialize_option(Text)
+    d.deserialize_option(OptText)
 }
 
 /// A node document as the aggregator reads it: what it judges and publishes, the texts

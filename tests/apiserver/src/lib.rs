@@ -1060,6 +1060,13 @@ fn parse_path(path: &str) -> Option<ResourcePath> {
     })
 }
 
+/// Milliseconds since the Unix epoch.
+fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 async fn dispatch(
     State(s): State<ApiServer>,
     method: Method,
@@ -1067,9 +1074,7 @@ async fn dispatch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let received_ms = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let received_ms = epoch_ms();
     let late = {
         let mut g = s.lock();
         g.received.push(Received {
@@ -1087,9 +1092,7 @@ async fn dispatch(
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
-    let at_ms = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let at_ms = epoch_ms();
     let token = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
