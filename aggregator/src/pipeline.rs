@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use faultline_common::document::DocView;
 use faultline_common::fault::{
-    AgentReach, FaultSummary, NodeFaults, NpuFault, SourceReach, FAULT_VERSION,
+    fnv1a64, shard_of_hash, AgentReach, FaultSummary, NodeFaults, NpuFault, SourceReach,
+    FAULT_VERSION,
 };
 use faultline_common::rules::{DeviceWindows, Measure, Rules};
 use faultline_common::state::{step, DeviceState};
@@ -85,6 +86,9 @@ struct Node {
     /// tick after it would have recorded a clean sample for each device, and does so
     /// when the node is next touched ([`Node::settle`]).
     lazy_since_tick: Option<u64>,
+    /// [`fnv1a64`] of the name, which decides its shard (issue 11: a shard's document
+    /// hashed every node's name to find its own, 5,000 names for each shard written).
+    name_hash: u64,
 }
 
 /// What an update changed.
@@ -378,6 +382,7 @@ impl Pipeline {
             last_eval_ms: None,
             changed_ms: now_ms,
             lazy_since_tick: None,
+            name_hash: fnv1a64(node.as_bytes()),
         });
         self.counts_stale = true;
         true
@@ -726,7 +731,24 @@ impl Pipeline {
 
     /// The published entry of one node.
     pub fn node_faults(&self, name: &str) -> Option<NodeFaults> {
-        let n = self.nodes.get(name)?;
+        self.nodes.get(name).map(|n| Self::faults(name, n))
+    }
+
+    /// The published entries of the nodes of shard `shard` of `shards` (every node
+    /// with 1), in no order.
+    pub fn shard_faults(
+        &self,
+        shard: u32,
+        shards: u32,
+    ) -> impl Iterator<Item = (&String, NodeFaults)> {
+        self.nodes
+            .iter()
+            .filter(move |(_, n)| shards <= 1 || shard_of_hash(n.name_hash, shards) == shard)
+            .map(|(name, n)| (name, Self::faults(name, n)))
+    }
+
+    /// The published entry of node `name`.
+    fn faults(name: &str, n: &Node) -> NodeFaults {
         let npus: Vec<NpuFault> = n
             .devices
             .iter()
@@ -750,7 +772,7 @@ impl Pipeline {
                 }
             })
             .collect();
-        Some(NodeFaults {
+        NodeFaults {
             version: FAULT_VERSION.into(),
             timestamp: rfc3339(n.changed_ms),
             node: name.to_string(),
@@ -761,7 +783,7 @@ impl Pipeline {
             },
             summary: FaultSummary::of(npus.iter().map(|d| &d.status)),
             npus,
-        })
+        }
     }
 
     /// The failed devices of a node, for its quarantine record.
@@ -1035,6 +1057,42 @@ mod tests {
             p.node_faults("n2").unwrap().npus[0].temperature_c,
             Some(40.0)
         );
+    }
+
+    /// A shard's entries are those of the nodes [`shard_of`] puts in it, each as
+    /// [`Pipeline::node_faults`] has it (the kept hash decides as the name would).
+    #[test]
+    fn a_shards_entries_are_its_nodes() {
+        use faultline_common::fault::shard_of;
+        let mut p = pipeline();
+        let names: Vec<String> = (0..200)
+            .map(|i| format!("node-{i}.rack-{}", i % 7))
+            .collect();
+        for n in &names {
+            p.on_document(doc(n, vec![dev("gpu0", 40.0, None)]), 1_000);
+        }
+        for shards in [1, 2, 7, 32] {
+            let mut all = Vec::new();
+            for shard in 0..shards {
+                let mut got: Vec<String> = p
+                    .shard_faults(shard, shards)
+                    .map(|(name, f)| {
+                        assert_eq!(f, p.node_faults(name).unwrap());
+                        name.clone()
+                    })
+                    .collect();
+                got.sort();
+                let mut want: Vec<String> = names
+                    .iter()
+                    .filter(|n| shard_of(n, shards) == shard)
+                    .cloned()
+                    .collect();
+                want.sort();
+                assert_eq!(got, want, "shard {shard} of {shards}");
+                all.extend(got);
+            }
+            assert_eq!(all.len(), names.len());
+        }
     }
 
     /// Issue 10, finding 1: the nodes followed are capped; past the cap a new node's

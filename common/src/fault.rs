@@ -204,7 +204,12 @@ impl FaultSummary {
 /// The shard of a node: FNV-1a of its name modulo the shard count. Stable across
 /// replicas, restarts and versions.
 pub fn shard_of(node: &str, shards: u32) -> u32 {
-    (fnv1a64(node.as_bytes()) % u64::from(shards.max(1))) as u32
+    shard_of_hash(fnv1a64(node.as_bytes()), shards)
+}
+
+/// [`shard_of`] from the name's [`fnv1a64`], for a caller that keeps it.
+pub fn shard_of_hash(hash: u64, shards: u32) -> u32 {
+    (hash % u64::from(shards.max(1))) as u32
 }
 
 /// The page of its shard's ConfigMaps a node's entry is written to, of `pages` (issue

@@ -18,9 +18,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 pub use faultline_common::fault::{page_name, parse_page_name};
-use faultline_common::fault::{page_of, FaultDocument, ShardIndex};
+use faultline_common::fault::{page_of, FaultDocument, NodeFaults, ShardIndex};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, PostParams};
+pub use kube::api::ObjectMeta;
+use kube::api::{Api, PostParams};
 
 use super::file::valid_key;
 use crate::metrics::Metrics;
@@ -76,23 +77,45 @@ pub fn configmap_name(name: &str, shard: u32) -> String {
 pub fn files(
     doc: &FaultDocument,
 ) -> Result<(BTreeMap<String, String>, Vec<String>), serde_json::Error> {
-    page_files(doc, 0, 1, doc.sequence)
+    let mut f = BTreeMap::new();
+    let skipped = page_entries(doc, 0, 1, doc.sequence, |k, v| {
+        f.insert(k.to_string(), serde_json::to_string(&v)?);
+        Ok(())
+    })?;
+    Ok((f, skipped))
 }
 
-/// The keys of page `page` of `pages` of a shard: `fault.json` (the whole shard's index)
-/// on page 0, as of `sequence`, and `<node>.json` for each node of the page.
-pub fn page_files(
+/// A value of a shard's ConfigMap.
+enum Value<'a> {
+    Index(ShardIndex),
+    Node(&'a NodeFaults),
+}
+
+impl serde::Serialize for Value<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Value::Index(i) => i.serialize(s),
+            Value::Node(n) => n.serialize(s),
+        }
+    }
+}
+
+/// Each key of page `page` of `pages` of a shard with its value, handed to `each`:
+/// `fault.json` (the whole shard's index) on page 0, as of `sequence`, and
+/// `<node>.json` for each node of the page. The nodes left out (keys the API would
+/// refuse).
+fn page_entries(
     doc: &FaultDocument,
     page: u32,
     pages: u32,
     sequence: u64,
-) -> Result<(BTreeMap<String, String>, Vec<String>), serde_json::Error> {
-    let mut f = BTreeMap::new();
+    mut each: impl FnMut(&str, Value<'_>) -> Result<(), serde_json::Error>,
+) -> Result<Vec<String>, serde_json::Error> {
     let mut skipped = Vec::new();
     if page == 0 {
         let mut index = ShardIndex::of(doc);
         index.sequence = sequence;
-        f.insert("fault.json".to_string(), serde_json::to_string(&index)?);
+        each("fault.json", Value::Index(index))?;
     }
     for (node, n) in &doc.nodes {
         if page_of(node, doc.shards, pages) != page {
@@ -100,12 +123,111 @@ pub fn page_files(
         }
         let key = format!("{node}.json");
         if valid_key(&key) {
-            f.insert(key, serde_json::to_string(n)?);
+            each(&key, Value::Node(n))?;
         } else {
             skipped.push(node.clone());
         }
     }
-    Ok((f, skipped))
+    Ok(skipped)
+}
+
+/// The JSON of a `ConfigMap` with `meta` and the keys of page `page` of `pages` of a
+/// shard, encoded in one pass: each value is serialized straight into its escaped form
+/// in the body (issue 11: a value serialized to a string, kept in a map and escaped
+/// again by the ConfigMap's encoding was two passes over, and a copy of, every byte of
+/// a heartbeat write). The body, the bytes of its keys and values as the API counts
+/// them (unescaped), and the nodes left out.
+pub fn page_body(
+    meta: &ObjectMeta,
+    doc: &FaultDocument,
+    page: u32,
+    pages: u32,
+    sequence: u64,
+) -> Result<(Vec<u8>, usize, Vec<String>), serde_json::Error> {
+    let mut out = Vec::with_capacity(64 << 10);
+    out.extend_from_slice(br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":"#);
+    serde_json::to_writer(&mut out, meta)?;
+    out.extend_from_slice(br#","data":{"#);
+    let mut bytes = 0;
+    let skipped = page_entries(doc, page, pages, sequence, |key, value| {
+        if bytes > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut out, key)?;
+        out.extend_from_slice(b":\"");
+        let start = out.len();
+        let mut added = 0;
+        let formatter = InString { added: &mut added };
+        let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
+        serde::Serialize::serialize(&value, &mut ser)?;
+        bytes += key.len() + out.len() - start - added;
+        out.push(b'"');
+        Ok(())
+    })?;
+    out.extend_from_slice(b"}}");
+    Ok((out, bytes, skipped))
+}
+
+/// A JSON formatter whose output is already escaped as the content of a JSON string
+/// (RFC 8259 §7): its quotation marks and escapes carry one more escape each, and
+/// nothing else of JSON's output needs one (serde_json escapes every quotation mark,
+/// reverse solidus and control character inside a string; its compact form has no
+/// whitespace). So a value is written once, straight into the string, with no second
+/// scan. `added` counts the escaping bytes it added.
+struct InString<'a> {
+    added: &'a mut usize,
+}
+
+impl serde_json::ser::Formatter for InString<'_> {
+    fn begin_string<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        *self.added += 1;
+        w.write_all(b"\\\"")
+    }
+
+    fn end_string<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        *self.added += 1;
+        w.write_all(b"\\\"")
+    }
+
+    fn write_char_escape<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        escape: serde_json::ser::CharEscape,
+    ) -> std::io::Result<()> {
+        use serde_json::ser::CharEscape::*;
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let c = match escape {
+            // `\"` and `\\` inside the JSON: each of their two characters escaped.
+            Quote => {
+                *self.added += 2;
+                return w.write_all(b"\\\\\\\"");
+            }
+            ReverseSolidus => {
+                *self.added += 2;
+                return w.write_all(b"\\\\\\\\");
+            }
+            Solidus => b'/',
+            Backspace => b'b',
+            FormFeed => b'f',
+            LineFeed => b'n',
+            CarriageReturn => b'r',
+            Tab => b't',
+            AsciiControl(byte) => {
+                *self.added += 1;
+                return w.write_all(&[
+                    b'\\',
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    HEX[usize::from(byte >> 4)],
+                    HEX[usize::from(byte & 0xf)],
+                ]);
+            }
+        };
+        *self.added += 1;
+        w.write_all(&[b'\\', b'\\', c])
+    }
 }
 
 impl ConfigMapSink {
@@ -143,29 +265,19 @@ impl ConfigMapSink {
             .unwrap_or(0)
     }
 
-    fn object(
-        &self,
-        cm_name: &str,
-        rv: Option<String>,
-        shard: u32,
-        page: u32,
-        data: BTreeMap<String, String>,
-    ) -> ConfigMap {
-        ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(cm_name.to_string()),
-                resource_version: rv,
-                labels: Some(BTreeMap::from([
-                    (
-                        "app.kubernetes.io/name".to_string(),
-                        "faultline".to_string(),
-                    ),
-                    ("faultline.io/shard".to_string(), shard.to_string()),
-                    ("faultline.io/page".to_string(), page.to_string()),
-                ])),
-                ..Default::default()
-            },
-            data: Some(data),
+    /// The metadata of page `page` of shard `shard`.
+    fn meta(cm_name: &str, rv: Option<String>, shard: u32, page: u32) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(cm_name.to_string()),
+            resource_version: rv,
+            labels: Some(BTreeMap::from([
+                (
+                    "app.kubernetes.io/name".to_string(),
+                    "faultline".to_string(),
+                ),
+                ("faultline.io/shard".to_string(), shard.to_string()),
+                ("faultline.io/page".to_string(), page.to_string()),
+            ])),
             ..Default::default()
         }
     }
@@ -196,10 +308,10 @@ impl ConfigMapSink {
         let (mut rv, mut seq) = self.known(shard, page).await?;
         for attempt in 0..3 {
             let sequence = seq + 1;
-            let (data, bytes) = self.page_data(doc, page, attempt, sequence)?;
-            let cm = self.object(&cm_name, rv.clone(), shard, page, data);
+            let meta = Self::meta(&cm_name, rv.clone(), shard, page);
+            let (body, bytes) = self.page_body(&meta, doc, page, attempt, sequence)?;
             match self
-                .put_fenced(&cm_name, shard, rv.is_some(), &cm, held)
+                .put_fenced(&cm_name, shard, rv.is_some(), body, held)
                 .await
             {
                 Ok(new_rv) => {
@@ -255,28 +367,28 @@ impl ConfigMapSink {
             .insert((shard, page), (rv, seq));
     }
 
-    /// The keys of a page and their bytes, within the limit (skipped keys counted and
-    /// logged on the first attempt).
-    fn page_data(
+    /// The body of a page's ConfigMap and the bytes of its keys, within the limit
+    /// (skipped keys counted and logged on the first attempt).
+    fn page_body(
         &self,
+        meta: &ObjectMeta,
         doc: &FaultDocument,
         page: u32,
         attempt: u32,
         sequence: u64,
-    ) -> Result<(BTreeMap<String, String>, usize), WriteError> {
+    ) -> Result<(Vec<u8>, usize), WriteError> {
         let shard = doc.shard;
-        let (data, skipped) = page_files(doc, page, self.pages, sequence)?;
+        let (body, bytes, skipped) = page_body(meta, doc, page, self.pages, sequence)?;
         if !skipped.is_empty() && attempt == 0 {
             if let Some(m) = &self.metrics {
                 m.invalid_keys(skipped.len());
             }
             tracing::warn!(shard, nodes = ?skipped, "node names that are not valid ConfigMap keys: left out of the shard");
         }
-        let bytes: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
         if bytes > MAX_BYTES {
             return Err(WriteError::TooLarge { shard, bytes });
         }
-        Ok((data, bytes))
+        Ok((body, bytes))
     }
 
     /// Write one ConfigMap if this replica still holds the shard (checked right before
@@ -286,32 +398,31 @@ impl ConfigMapSink {
         name: &str,
         shard: u32,
         replace: bool,
-        cm: &ConfigMap,
+        body: Vec<u8>,
         held: &Held,
     ) -> Result<String, WriteError> {
         if !held.holds(shard) {
             self.forget(shard);
             return Err(WriteError::NotHolder(shard));
         }
-        let written = self.put(name, replace, cm).await?;
+        let written = self.put(name, replace, body).await?;
         Ok(written.resource_version.unwrap_or_default())
     }
 
-    /// Create (`replace` false) or replace a ConfigMap; the answer is read only for its
-    /// metadata. The API answers with the whole object, up to a MiB of node entries a
+    /// Create (`replace` false) or replace a ConfigMap, `body` its JSON
+    /// ([`page_body`]); the answer is read only for its metadata. The API answers with the whole object, up to a MiB of node entries a
     /// replica has just encoded: reading it back into a `ConfigMap` was as costly as
     /// the write (issue 11, profiled).
     async fn put(
         &self,
         name: &str,
         replace: bool,
-        cm: &ConfigMap,
+        body: Vec<u8>,
     ) -> Result<ObjectMeta, kube::Error> {
         #[derive(serde::Deserialize)]
         struct Written {
             metadata: ObjectMeta,
         }
-        let body = serde_json::to_vec(cm).map_err(kube::Error::SerdeError)?;
         let req = kube::core::Request::new(self.url.as_str());
         let pp = PostParams::default();
         let req = if replace {
@@ -482,6 +593,58 @@ mod tests {
             .sum();
         assert_eq!(total, NODES, "every node in exactly one shard");
         eprintln!("5000 nodes x 8 devices in {SHARDS} shards: largest ConfigMap {largest} bytes");
+    }
+
+    /// A page's body, encoded in one pass, is the ConfigMap of its keys with each value
+    /// exactly as serialized alone: escaped once, quotes, backslashes, control and
+    /// non-ASCII characters included; the pages of a shard hold each node once.
+    #[test]
+    fn a_page_body_is_its_keys_escaped_once() {
+        let mut p = Pipeline::new(Arc::new(Rules::default()), Arc::new(Metrics::new()));
+        let names: Vec<String> = (0..40).map(|i| format!("gpu-node-{i:05}")).collect();
+        for n in &names {
+            p.on_document(node_doc(n, 8), 1_000);
+        }
+        let mut doc = document(&p, 7, "r", 0, 1);
+        let tricky = "q\"uote \\ back\\\"slash\n\t\u{1}\u{1f}\u{7f} é 🚀 </script>";
+        doc.nodes.get_mut(&names[3]).unwrap().npus[0].reason = Some(tricky.into());
+        for pages in [1, 3] {
+            let mut seen = Vec::new();
+            for page in 0..pages {
+                let meta = ConfigMapSink::meta("fl-shard-0", Some("42".into()), 0, page);
+                let (body, bytes, skipped) = page_body(&meta, &doc, page, pages, 9).unwrap();
+                assert!(skipped.is_empty());
+                let cm: ConfigMap = serde_json::from_slice(&body).unwrap();
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(
+                    (v["apiVersion"].as_str(), v["kind"].as_str()),
+                    (Some("v1"), Some("ConfigMap"))
+                );
+                assert_eq!(cm.metadata, meta);
+                let mut want = BTreeMap::new();
+                page_entries(&doc, page, pages, 9, |k, v| {
+                    want.insert(k.to_string(), serde_json::to_string(&v)?);
+                    Ok(())
+                })
+                .unwrap();
+                let data = cm.data.unwrap();
+                assert_eq!(data, want, "page {page} of {pages}");
+                assert_eq!(
+                    bytes,
+                    want.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+                );
+                assert_eq!(page == 0, data.contains_key("fault.json"));
+                seen.extend(data.keys().filter(|k| *k != "fault.json").cloned());
+            }
+            seen.sort();
+            let all: Vec<String> = names.iter().map(|n| format!("{n}.json")).collect();
+            assert_eq!(seen, all, "each node on one page of {pages}");
+        }
+        let (body, ..) = page_body(&ObjectMeta::default(), &doc, 0, 1, 9).unwrap();
+        let cm: ConfigMap = serde_json::from_slice(&body).unwrap();
+        let entry: NodeFaults =
+            serde_json::from_str(&cm.data.unwrap()[&format!("{}.json", names[3])]).unwrap();
+        assert_eq!(entry.npus[0].reason.as_deref(), Some(tricky));
     }
 
     /// Page names round-trip; nothing else of the name's shape is taken for a page.

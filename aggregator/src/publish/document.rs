@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use faultline_common::fault::{shard_of, FaultDocument, FaultSummary, FAULT_VERSION};
+use faultline_common::fault::{FaultDocument, FaultSummary, FAULT_VERSION};
 use faultline_common::time::now_rfc3339;
 
 use super::file::valid_key;
@@ -19,14 +19,9 @@ pub fn document(
 ) -> FaultDocument {
     let mut nodes = BTreeMap::new();
     let mut summary = FaultSummary::default();
-    for name in p
-        .node_names_unordered()
-        .filter(|n| shards == 1 || shard_of(n, shards) == shard)
-    {
-        if let Some(n) = p.node_faults(name) {
-            summary.add(&n.summary);
-            nodes.insert(name.clone(), n);
-        }
+    for (name, n) in p.shard_faults(shard, shards) {
+        summary.add(&n.summary);
+        nodes.insert(name.clone(), n);
     }
     FaultDocument {
         version: FAULT_VERSION.into(),
