@@ -10,16 +10,27 @@ use faultline_common::runtime::{init_tracing, shutdown_signal};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cfg = Config::from_args(Args::parse())?;
     init_tracing(cfg.log_json);
-    let agg = faultline_aggregator::start(cfg).await?;
-    let cancel = agg.cancel_token();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        cancel.cancel();
-    });
-    agg.wait().await;
-    Ok(())
+    // `--runtime-threads`: one thread runs every task (the default), or a pool.
+    let runtime = match cfg.runtime_threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(n))
+            .enable_all()
+            .build()?,
+    };
+    runtime.block_on(async move {
+        let agg = faultline_aggregator::start(cfg).await?;
+        let cancel = agg.cancel_token();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            cancel.cancel();
+        });
+        agg.wait().await;
+        Ok(())
+    })
 }
