@@ -52,6 +52,22 @@ pub fn device(i: u32) -> DeviceHealth {
     }
 }
 
+/// Node `i`'s first document: 8 healthy devices.
+pub fn node_health(i: usize) -> NodeHealth {
+    let npus: Vec<DeviceHealth> = (0..8).map(device).collect();
+    NodeHealth {
+        schema_version: SCHEMA_VERSION.into(),
+        generation: 1,
+        timestamp: String::new(),
+        node: node_name(i),
+        agent_version: "bench".into(),
+        summary: Summary::of(&npus),
+        npus,
+        sources: vec![],
+        unattributed_xids: vec![],
+    }
+}
+
 pub fn node_name(i: usize) -> String {
     format!("gpu-node-{i:05}")
 }
@@ -66,18 +82,7 @@ impl Fleet {
     pub fn range(first: usize, n: usize) -> Arc<Self> {
         let nodes = (first..first + n)
             .map(|i| {
-                let npus: Vec<DeviceHealth> = (0..8).map(device).collect();
-                let doc = NodeHealth {
-                    schema_version: SCHEMA_VERSION.into(),
-                    generation: 1,
-                    timestamp: String::new(),
-                    node: node_name(i),
-                    agent_version: "bench".into(),
-                    summary: Summary::of(&npus),
-                    npus,
-                    sources: vec![],
-                    unattributed_xids: vec![],
-                };
+                let doc = node_health(i);
                 let bytes = bytes::Bytes::from(serde_json::to_vec(&doc).unwrap());
                 SimNode {
                     doc: Mutex::new((doc, bytes)),

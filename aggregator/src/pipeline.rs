@@ -445,11 +445,6 @@ impl Pipeline {
         names.into_iter()
     }
 
-    /// Names of the known nodes, in no order.
-    pub fn node_names_unordered(&self) -> impl Iterator<Item = &String> {
-        self.nodes.keys()
-    }
-
     /// An agent answered with its document.
     pub fn on_document(&mut self, doc: NodeHealth, now_ms: u64) -> Change {
         let raw = serde_json::to_vec(&doc).unwrap_or_default();

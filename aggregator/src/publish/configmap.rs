@@ -70,21 +70,6 @@ pub fn configmap_name(name: &str, shard: u32) -> String {
     page_name(name, shard, 0)
 }
 
-/// The keys of one shard: `fault.json` (the shard's index) and `<node>.json` each.
-/// A node whose key the API would refuse (`IsConfigMapKey`:
-/// staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go; one bad key fails
-/// the whole shard's write with 422) is left out and returned in the second list.
-pub fn files(
-    doc: &FaultDocument,
-) -> Result<(BTreeMap<String, String>, Vec<String>), serde_json::Error> {
-    let mut f = BTreeMap::new();
-    let skipped = page_entries(doc, 0, 1, doc.sequence, |k, v| {
-        f.insert(k.to_string(), serde_json::to_string(&v)?);
-        Ok(())
-    })?;
-    Ok((f, skipped))
-}
-
 /// A value of a shard's ConfigMap.
 enum Value<'a> {
     Index(ShardIndex),
@@ -102,8 +87,10 @@ impl serde::Serialize for Value<'_> {
 
 /// Each key of page `page` of `pages` of a shard with its value, handed to `each`:
 /// `fault.json` (the whole shard's index) on page 0, as of `sequence`, and
-/// `<node>.json` for each node of the page. The nodes left out (keys the API would
-/// refuse).
+/// `<node>.json` for each node of the page. The nodes left out: a node whose key the API
+/// would refuse (`IsConfigMapKey`:
+/// staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go; one bad key fails
+/// the whole shard's write with 422).
 fn page_entries(
     doc: &FaultDocument,
     page: u32,

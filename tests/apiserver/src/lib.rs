@@ -1060,7 +1060,10 @@ fn parse_path(path: &str) -> Option<ResourcePath> {
     })
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch: a call's `RequestReceived` and `ResponseComplete`
+/// stage times, as an audit event's `requestReceivedTimestamp` and `stageTimestamp`
+/// carry them (staging/src/k8s.io/apiserver/pkg/apis/audit/types.go; tested by
+/// `path_matched_latency_and_calls_in_flight`, tests/clients.rs).
 fn epoch_ms() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
