@@ -25,6 +25,9 @@ use crate::model::{DeviceView, RecordDevice};
 /// Evaluations closer together than this are merged into the next tick.
 pub const MIN_EVAL_SPACING_MS: u64 = 900;
 
+/// The time between two ticks ([`Pipeline::tick`], once a second by the core loop).
+pub const TICK_MS: u64 = 1000;
+
 struct Device {
     windows: DeviceWindows,
     state: DeviceState,
@@ -469,9 +472,7 @@ impl Pipeline {
                 self.nodes.get_mut(name).expect("just ensured")
             }
         };
-        if node.settle(self.ticks, self.last_tick_ms) {
-            self.active.push(name.to_string());
-        }
+        let was_skipped = node.settle(self.ticks, self.last_tick_ms);
         let reach_changed = !node.reach.reachable;
         self.counts_stale |= reach_changed;
         node.reach.reachable = true;
@@ -495,6 +496,22 @@ impl Pipeline {
             Change::default()
         };
         self.counts_stale |= !change.nodes.is_empty() || node.devices.len() != before;
+        let next_tick_too_soon = self
+            .last_tick_ms
+            .is_some_and(|t| now_ms.saturating_sub(t) + MIN_EVAL_SPACING_MS > TICK_MS);
+        if !node.unseen && next_tick_too_soon && node.quiet() {
+            // Judged now, quiet, and the next tick (due a second after the last) comes
+            // within the spacing of this document, so it is no sample for the node:
+            // skipped by the ticks from the one after it on, without a visit (issue 11:
+            // put back on the ticks' list, a name copied and looked up by the next tick
+            // only to be found quiet, a tenth of a replica's CPU). A tick that comes late
+            // would have been a sample and is not: one clean sample fewer, never one
+            // more (stricter). A document just after a tick is left to the next tick,
+            // which judges whether it is a sample.
+            node.lazy_since_tick = Some(self.ticks + 1);
+        } else if was_skipped {
+            self.active.push(name.to_string());
+        }
         // Kept for the ticks: the bytes too, so that new rules can measure it again.
         node.raw = node.pending.as_ref().map(|_| Box::from(raw));
         if reach_changed && !change.nodes.iter().any(|n| n == name) {
@@ -1221,9 +1238,11 @@ mod tests {
             p.nodes["n1"].lazy_since_tick.is_some(),
             "skipped while quiet"
         );
-        // A document between ticks brings it up to date before it is judged.
+        // A document between ticks brings it up to date before it is judged; judged
+        // quiet 1.1 s after the last tick, it is skipped at once (the next tick, at
+        // about 6.5 s, is within 900 ms of it): not put back on the ticks' list.
         p.on_document(doc("n1", vec![dev("gpu0", 41.0, None)]), 6_600);
-        assert!(p.nodes["n1"].lazy_since_tick.is_none());
+        assert!(p.nodes["n1"].lazy_since_tick.is_some() && p.active.is_empty());
         assert_eq!(streak(&p), 7);
         assert_eq!(
             p.device_views("n1")[0].clean_streak,
@@ -1260,6 +1279,47 @@ mod tests {
         assert_eq!(
             p.device_state("n1", "gpu0").unwrap().last_fresh_ms,
             Some(22_000)
+        );
+    }
+
+    /// Issue 11: a quiet node judged at its document is skipped at once when the next
+    /// tick is within the spacing of the document; a document just after a tick is
+    /// left to the next tick, which is a sample for it.
+    #[test]
+    fn a_document_just_after_a_tick_is_left_to_the_next() {
+        let mut p = pipeline();
+        p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), 0);
+        let streak = |p: &Pipeline| p.device_state("n1", "gpu0").unwrap().clean_streak;
+        for t in 1..=3 {
+            p.tick(t * 1_000);
+        }
+        assert_eq!(streak(&p), 4);
+        // 50 ms after the tick at 3 s, its last sample: not judged yet, left to the
+        // next tick (on its list), which is a sample.
+        p.on_document(doc("n1", vec![dev("gpu0", 41.0, None)]), 3_050);
+        assert!(p.nodes["n1"].lazy_since_tick.is_none() && p.active.len() == 1);
+        assert_eq!(streak(&p), 4);
+        p.tick(4_000);
+        assert_eq!(streak(&p), 5, "judged at the tick");
+        p.tick(5_000);
+        p.tick(6_000);
+        assert_eq!(streak(&p), 7);
+        assert!(p.nodes["n1"].lazy_since_tick.is_some());
+        // 950 ms after the tick at 6 s: judged now, and the tick at 7 s is within
+        // 900 ms of it, so no sample: skipped at once, off the list, and the ticks
+        // after it count.
+        p.on_document(doc("n1", vec![dev("gpu0", 42.0, None)]), 6_950);
+        assert!(p.nodes["n1"].lazy_since_tick.is_some() && p.active.is_empty());
+        assert_eq!(streak(&p), 8);
+        p.tick(7_000);
+        assert_eq!(streak(&p), 8, "7 s is 50 ms after the document");
+        for t in 8..=10 {
+            p.tick(t * 1_000);
+        }
+        assert_eq!(streak(&p), 11);
+        assert_eq!(
+            p.device_state("n1", "gpu0").unwrap().last_fresh_ms,
+            Some(10_000)
         );
     }
 

@@ -27,7 +27,7 @@ use crate::ingest::collect::admit_raw;
 use crate::ingest::AgentEvent;
 use crate::metrics::Metrics;
 use crate::model::{FinalWrite, Takeover, Verdict};
-use crate::pipeline::{Change, Pipeline};
+use crate::pipeline::{Change, Pipeline, TICK_MS};
 use crate::publish::{document, Publisher, Stamp};
 
 /// What the core loop listens to.
@@ -282,7 +282,7 @@ impl Core {
     /// Run until `cancel`, then finish: the write in flight, then the remediation
     /// passes in flight (within `--shutdown-timeout`).
     pub async fn run(mut self, mut inputs: Inputs, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut tick = tokio::time::interval(Duration::from_millis(TICK_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // With every rules sender gone, `changed()` returns at once, forever: stop
         // listening then, or the loop spins.
