@@ -1239,8 +1239,8 @@ mod tests {
             "skipped while quiet"
         );
         // A document between ticks brings it up to date before it is judged; judged
-        // quiet 1.1 s after the last tick, it is skipped at once (the next tick, at
-        // about 6.5 s, is within 900 ms of it): not put back on the ticks' list.
+        // quiet 1.1 s after the last tick, it is skipped at once (the next tick, at 7 s
+        // here, is within 900 ms of it): not put back on the ticks' list.
         p.on_document(doc("n1", vec![dev("gpu0", 41.0, None)]), 6_600);
         assert!(p.nodes["n1"].lazy_since_tick.is_some() && p.active.is_empty());
         assert_eq!(streak(&p), 7);
