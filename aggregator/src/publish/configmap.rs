@@ -136,8 +136,9 @@ pub fn page_body(
     serde_json::to_writer(&mut out, meta)?;
     out.extend_from_slice(br#","data":{"#);
     let mut bytes = 0;
+    let mut first = true;
     let skipped = page_entries(doc, page, pages, sequence, |key, value| {
-        if bytes > 0 {
+        if !std::mem::take(&mut first) {
             out.push(b',');
         }
         serde_json::to_writer(&mut out, key)?;
@@ -397,9 +398,10 @@ impl ConfigMapSink {
     }
 
     /// Create (`replace` false) or replace a ConfigMap, `body` its JSON
-    /// ([`page_body`]); the answer is read only for its metadata. The API answers with the whole object, up to a MiB of node entries a
-    /// replica has just encoded: reading it back into a `ConfigMap` was as costly as
-    /// the write (issue 11, profiled).
+    /// ([`page_body`]); the answer is read only for its metadata. The API answers with
+    /// the whole object, up to a MiB of node entries a replica has just encoded:
+    /// reading it back into a `ConfigMap` was as costly as the write (issue 11,
+    /// profiled).
     async fn put(
         &self,
         name: &str,
