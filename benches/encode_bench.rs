@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use faultline_aggregator::ingest::collect::admit_raw;
 use faultline_aggregator::metrics::Metrics;
 use faultline_aggregator::pipeline::Pipeline;
 use faultline_aggregator::publish::configmap::{page_body, ObjectMeta};
@@ -39,7 +40,10 @@ fn main() {
         .unwrap_or(300);
     let mut p = Pipeline::new(Arc::new(Rules::default()), Arc::new(Metrics::new()));
     for i in 0..5000 {
-        p.on_document(fleet::node_health(i), 1_000);
+        let doc = fleet::node_health(i);
+        let raw = serde_json::to_vec(&doc).unwrap();
+        let view = admit_raw(&doc.node, &raw).expect("the fleet's documents pass the gate");
+        p.on_view(&view, &raw, 1_000);
     }
     let (build, doc) = time(n, || document(&p, 1, "bench", 3, 32));
     let meta = ObjectMeta {

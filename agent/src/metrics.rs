@@ -343,7 +343,7 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
-        let killed = crate::sources::process::KILLED_CHILDREN.load(Ordering::Relaxed);
+        let killed = crate::reaper::KILLED_CHILDREN.load(Ordering::Relaxed);
         let seen = self.killed_seen.swap(killed, Ordering::Relaxed);
         if killed > seen {
             self.killed_children.inc_by(killed - seen);

@@ -10,11 +10,17 @@
 #![allow(unsafe_code)]
 
 use std::collections::BTreeSet;
+use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 use std::time::Duration;
 
 /// Pids of the children `process::run` waits for itself.
 pub static CHILDREN: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+
+/// Children `process::run` killed because they ran past their timeout, since start (kept
+/// here, with the children's registry, so the metrics read it without importing the
+/// sources).
+pub static KILLED_CHILDREN: AtomicU64 = AtomicU64::new(0);
 
 /// How often the reaper looks.
 const EVERY: Duration = Duration::from_millis(500);

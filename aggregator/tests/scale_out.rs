@@ -240,10 +240,8 @@ async fn replicas_share_the_shards_and_take_over_without_a_status_change() {
     let (server, kube) = api_server().await;
     let (fleet, addr) = fleet().await;
     // The fake documents are what an agent serves.
-    serde_json::from_value::<faultline_common::NodeHealth>(fleet.doc("n0").unwrap())
-        .expect("a NodeHealth document")
-        .check_bounds()
-        .unwrap();
+    let bytes = serde_json::to_vec(&fleet.doc("n0").unwrap()).unwrap();
+    faultline_aggregator::ingest::collect::admit_raw("n0", &bytes).expect("a node document");
     fleet.fail("n5", 3);
     fleet.fail("n17", 1);
     let agents: Vec<String> = (0..NODES)

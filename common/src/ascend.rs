@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::reading::DeviceStatus;
+use crate::status::DeviceStatus;
 
 const CATALOG_TSV: &str = include_str!("ascend_fault_codes.tsv");
 

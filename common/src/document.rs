@@ -221,7 +221,9 @@ impl<'a> DocView<'a> {
     }
 
     /// Whether what is read is within [`limits`]; the first limit it breaks (the same
-    /// as [`NodeHealth::check_bounds`] for these fields).
+    /// the one check of an agent's document: the aggregator's gate, `admit_raw`, calls it;
+    /// what the aggregator does not read is skipped unread, within the reader's bound on
+    /// the whole document).
     pub fn check_bounds(&self) -> Result<(), String> {
         if self.node.is_empty() {
             return Err("no node name".into());
@@ -253,27 +255,6 @@ impl<'a> DocView<'a> {
             }
         }
         Ok(())
-    }
-}
-
-impl crate::rules::Entry for DeviceView<'_> {
-    fn status(&self) -> DeviceStatus {
-        self.status
-    }
-    fn metric(&self, m: crate::rules::Metric) -> Option<f64> {
-        use crate::rules::Metric;
-        match m {
-            Metric::TemperatureC => self.temperature_c,
-            Metric::PowerW => self.power_w,
-            Metric::EccErrors => self.ecc_errors.map(|e| e as f64),
-            Metric::EccUncorrected => self.ecc.map(|e| e.volatile_uncorrected as f64),
-            Metric::PcieLinkUp => crate::rules::link_up(self.pcie_link_status.as_deref()),
-        }
-    }
-    fn findings(&self, each: &mut dyn FnMut(&str, DeviceStatus)) {
-        for f in &self.findings {
-            each(&f.code, f.status);
-        }
     }
 }
 
@@ -314,82 +295,6 @@ pub mod limits {
     pub const SOURCES: usize = 32;
     /// Vendor error codes of one device (DCMI returns at most 128).
     pub const CODES: usize = 128;
-}
-
-impl NodeHealth {
-    /// Whether the document is within [`limits`]; the first limit it breaks.
-    pub fn check_bounds(&self) -> Result<(), String> {
-        if self.node.is_empty() {
-            return Err("no node name".into());
-        }
-        len("node", &self.node, limits::NODE_NAME)?;
-        count("devices", self.npus.len(), limits::DEVICES)?;
-        count("sources", self.sources.len(), limits::SOURCES)?;
-        count(
-            "unattributed Xids",
-            self.unattributed_xids.len(),
-            limits::XIDS,
-        )?;
-        let xid = |x: &XidEvent| -> Result<(), String> {
-            len(
-                "Xid bus id",
-                x.pci_bus_id.as_deref().unwrap_or(""),
-                limits::ID,
-            )?;
-            len("Xid source", &x.source, limits::ID)?;
-            len("Xid message", &x.message, limits::TEXT)
-        };
-        for x in &self.unattributed_xids {
-            xid(x)?;
-        }
-        for s in &self.sources {
-            len("source name", &s.name, limits::ID)?;
-            len(
-                "source error",
-                s.last_error.as_deref().unwrap_or(""),
-                limits::TEXT,
-            )?;
-        }
-        for d in &self.npus {
-            let r = &d.reading;
-            len("device id", &r.id, limits::ID)?;
-            len("device uuid", r.uuid.as_deref().unwrap_or(""), limits::ID)?;
-            len(
-                "device bus id",
-                r.pci_bus_id.as_deref().unwrap_or(""),
-                limits::ID,
-            )?;
-            len("device source", &r.source, limits::ID)?;
-            len("device name", r.name.as_deref().unwrap_or(""), limits::TEXT)?;
-            len(
-                "device reason",
-                d.reason.as_deref().unwrap_or(""),
-                limits::ID,
-            )?;
-            count("findings", d.findings.len(), limits::FINDINGS)?;
-            if let Some(vh) = &r.vendor_health {
-                len("vendor health", &vh.raw, limits::ID)?;
-                count("error codes", vh.error_codes.len(), limits::CODES)?;
-                count("graded codes", vh.graded.len(), limits::CODES)?;
-                for c in &vh.error_codes {
-                    len("error code", c, limits::ID)?;
-                }
-                for g in &vh.graded {
-                    len("graded code", &g.code, limits::ID)?;
-                    len("graded reason", &g.reason, limits::ID)?;
-                }
-            }
-            count("Xids", d.recent_xids.len(), limits::XIDS)?;
-            for f in &d.findings {
-                len("finding code", &f.code, limits::ID)?;
-                len("finding detail", &f.detail, limits::TEXT)?;
-            }
-            for x in &d.recent_xids {
-                xid(x)?;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// One device in the document.
@@ -725,20 +630,31 @@ mod tests {
     /// Issue 10, finding 1: an agent's document is bounded in devices and strings.
     #[test]
     fn documents_outside_the_limits_are_refused() {
-        assert_eq!(node_doc(8).check_bounds(), Ok(()));
-        assert!(node_doc(limits::DEVICES + 1)
-            .check_bounds()
+        // What the aggregator's gate does with the bytes an agent sends.
+        let gate = |d: &NodeHealth| {
+            let bytes = serde_json::to_vec(d).unwrap();
+            DocView::parse(&bytes).and_then(|v| v.check_bounds())
+        };
+        assert_eq!(gate(&node_doc(8)), Ok(()));
+        assert!(gate(&node_doc(limits::DEVICES + 1))
             .unwrap_err()
             .contains("devices"));
         let mut d = node_doc(1);
         d.npus[0].reading.id = "x".repeat(limits::ID + 1);
-        assert!(d.check_bounds().unwrap_err().contains("device id"));
+        assert!(gate(&d).unwrap_err().contains("device id"));
+        let mut d = node_doc(1);
+        d.npus[0].findings = vec![crate::classify::Finding {
+            code: "c".into(),
+            status: DeviceStatus::Degraded,
+            detail: "d".repeat(limits::TEXT + 1),
+        }];
+        assert!(gate(&d).unwrap_err().contains("finding detail"));
         let mut d = node_doc(1);
         d.node = String::new();
-        assert!(d.check_bounds().is_err());
+        assert!(gate(&d).is_err());
         let mut d = node_doc(1);
         d.node = "n".repeat(254);
-        assert!(d.check_bounds().is_err());
+        assert!(gate(&d).is_err());
     }
 
     #[test]

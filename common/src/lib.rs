@@ -20,6 +20,7 @@ pub mod runtime;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod state;
+pub mod status;
 pub mod time;
 pub mod xid;
 

@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::document::DeviceHealth;
+use crate::document::{DeviceHealth, DeviceView};
 use crate::reading::DeviceStatus;
 use crate::state::{Observation, StateMachineConfig};
 
@@ -44,6 +44,27 @@ pub trait Entry {
 /// `pcie_link_status` as a metric: 1 when up, 0 when down.
 pub(crate) fn link_up(status: Option<&str>) -> Option<f64> {
     status.map(|s| if s == "up" { 1.0 } else { 0.0 })
+}
+
+/// The aggregator's borrowed view of a device entry reads the same as the agent's.
+impl Entry for DeviceView<'_> {
+    fn status(&self) -> DeviceStatus {
+        self.status
+    }
+    fn metric(&self, m: Metric) -> Option<f64> {
+        match m {
+            Metric::TemperatureC => self.temperature_c,
+            Metric::PowerW => self.power_w,
+            Metric::EccErrors => self.ecc_errors.map(|e| e as f64),
+            Metric::EccUncorrected => self.ecc.map(|e| e.volatile_uncorrected as f64),
+            Metric::PcieLinkUp => link_up(self.pcie_link_status.as_deref()),
+        }
+    }
+    fn findings(&self, each: &mut dyn FnMut(&str, DeviceStatus)) {
+        for f in &self.findings {
+            each(&f.code, f.status);
+        }
+    }
 }
 
 impl Entry for DeviceHealth {

@@ -4,7 +4,7 @@
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::ProbeError;
@@ -12,9 +12,6 @@ use super::ProbeError;
 /// Largest stdout we keep; anything past it is a parse error.
 pub const MAX_STDOUT: usize = 4 << 20;
 const MAX_STDERR: usize = 16 << 10;
-
-/// Children killed because they ran past their timeout, since start.
-pub static KILLED_CHILDREN: AtomicU64 = AtomicU64::new(0);
 
 /// Run `argv` and return its stdout when it exits 0 within `timeout`.
 pub fn run(argv: &[String], timeout: Duration) -> Result<String, ProbeError> {
@@ -70,7 +67,7 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<String, ProbeError> {
             kill_group();
             let _ = child.kill();
             let _ = child.wait();
-            KILLED_CHILDREN.fetch_add(1, Ordering::Relaxed);
+            crate::reaper::KILLED_CHILDREN.fetch_add(1, Ordering::Relaxed);
             return Err(ProbeError::Timeout(timeout));
         }
         pump(&mut [&mut out, &mut err], (deadline - now).min(POLL_SLICE));
@@ -256,11 +253,11 @@ mod tests {
         let pid_file = dir.path().join("bg.pid");
         let script = format!("sleep 30 & echo $! > {}; sleep 30", pid_file.display());
         let start = Instant::now();
-        let before = KILLED_CHILDREN.load(Ordering::Relaxed);
+        let before = crate::reaper::KILLED_CHILDREN.load(Ordering::Relaxed);
         let e = run(&sh(&script), Duration::from_millis(300)).unwrap_err();
         assert_eq!(e, ProbeError::Timeout(Duration::from_millis(300)));
         assert!(start.elapsed() < Duration::from_secs(5));
-        assert!(KILLED_CHILDREN.load(Ordering::Relaxed) > before);
+        assert!(crate::reaper::KILLED_CHILDREN.load(Ordering::Relaxed) > before);
         assert!(wait_dead(&pid_file), "the background child survived");
     }
 

@@ -392,7 +392,6 @@ impl Core {
     fn on_agent(&mut self, ev: AgentEvent) {
         let now = now_ms();
         let c = match ev {
-            AgentEvent::Document(doc) => self.pipeline.on_document(*doc, now),
             AgentEvent::Raw { node, body } => match admit_raw(&node, &body) {
                 Ok(doc) => {
                     self.metrics.agent_poll("ok");

@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::model::Verdict;
 use crate::notify::Notifier;
 use crate::pipeline::Pipeline;
+use crate::publish::seed::ShardPages;
 use crate::publish::{ConfigMapSink, Nudger, Publisher};
 use crate::remediate::{Breaker, Mode, Remediator};
 use crate::rules_file;
@@ -220,20 +221,21 @@ fn shard_publisher(
     lease_cancel: &CancellationToken,
     share: Sharing,
 ) -> (Publisher, tokio::task::JoinHandle<()>) {
+    let cfg_lease = LeaseConfig {
+        duration: cfg.lease_duration,
+        retry: cfg.lease_retry,
+        margin: cfg.lease_retry + Duration::from_secs(1),
+    };
     let leases = ShardLeases {
         api: Api::namespaced(kube.clone(), &cfg.namespace),
         name: cfg.name.clone(),
         me: cfg.replica.clone(),
         shards: cfg.shards,
-        cfg: LeaseConfig {
-            duration: cfg.lease_duration,
-            retry: cfg.lease_retry,
-            margin: cfg.lease_retry + Duration::from_secs(1),
-        },
+        cfg: cfg_lease,
         held: held.clone(),
         metrics: metrics.clone(),
         url,
-        observed: Default::default(),
+        observer: ShardLeases::observer_for(&cfg.replica, &cfg_lease),
         share: Some(share),
     };
     let task = tokio::spawn(leases.run(lease_cancel.clone()));
@@ -345,12 +347,16 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
                     me: cfg.replica.clone(),
                 })
             });
-            let mut share = Sharing::new(
-                Api::namespaced(kube.clone(), &cfg.namespace),
+            let share = Sharing::new(
+                Box::new(ShardPages {
+                    api: Api::namespaced(kube.clone(), &cfg.namespace),
+                    name: cfg.name.clone(),
+                    shards: cfg.shards,
+                    pages: cfg.pages,
+                }),
                 takeover_tx.clone(),
                 final_tx.clone(),
             );
-            share.pages = cfg.pages;
             let (publisher, task) = shard_publisher(
                 &cfg,
                 kube,

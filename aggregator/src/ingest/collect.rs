@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use faultline_common::document::DocView;
-use faultline_common::NodeHealth;
 use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -38,13 +37,12 @@ const MAX_DOC: usize = 4 << 20;
 /// What a collector reports.
 #[derive(Debug)]
 pub enum AgentEvent {
-    /// The agent's current document.
-    Document(Box<NodeHealth>),
-    /// A document as the agent followed as `node` sent it on its stream, to be read,
-    /// checked ([`admit_raw`]) and judged by the core loop: parsed on the thread that
-    /// judges and drops it, its memory is allocated and freed by one thread (issue 11:
-    /// a document parsed by a follower and freed by the core cost mimalloc's
-    /// cross-thread free and collect paths a quarter of the parse).
+    /// A document as the agent followed as `node` sent it (a line of its stream, or the
+    /// answer to a poll), to be read, checked ([`admit_raw`], the one gate) and judged by
+    /// the core loop: parsed on the thread that judges and drops it, its memory is
+    /// allocated and freed by one thread (issue 11: a document parsed by a follower and
+    /// freed by the core cost mimalloc's cross-thread free and collect paths a quarter of
+    /// the parse).
     Raw {
         /// The node followed.
         node: Arc<str>,
@@ -132,13 +130,6 @@ impl FetchError {
     }
 }
 
-/// A body of an agent's: one node document.
-fn parse(body: &[u8]) -> Result<NodeHealth, FetchError> {
-    // One UTF-8 check of the whole body, not one per string.
-    let text = std::str::from_utf8(body).map_err(|e| FetchError::Parse(e.to_string()))?;
-    serde_json::from_str(text).map_err(|e| FetchError::Parse(e.to_string()))
-}
-
 fn request_error(e: HttpError) -> FetchError {
     match e {
         HttpError::Url(e) | HttpError::Io(e) => FetchError::Request(e),
@@ -154,7 +145,7 @@ fn status_error(resp: &Response) -> FetchError {
     }
 }
 
-async fn fetch(conn: &mut Conn, path: &str) -> Result<NodeHealth, FetchError> {
+async fn fetch(conn: &mut Conn, path: &str) -> Result<Vec<u8>, FetchError> {
     let resp = tokio::time::timeout(REQUEST_TIMEOUT, conn.get(path, MAX_DOC))
         .await
         .map_err(|_| FetchError::Timeout(REQUEST_TIMEOUT))?
@@ -162,7 +153,7 @@ async fn fetch(conn: &mut Conn, path: &str) -> Result<NodeHealth, FetchError> {
     if !(200..300).contains(&resp.status) {
         return Err(status_error(&resp));
     }
-    parse(&resp.body)
+    Ok(resp.body)
 }
 
 /// How a watch ended.
@@ -172,7 +163,7 @@ enum Watched {
     /// The agent does not stream: it answered with one document (an agent that ignores
     /// the parameter, or one at its cap of waiters), or refused the parameter (an
     /// agent from before streams: 400).
-    NotStreaming(Option<Result<NodeHealth, FetchError>>),
+    NotStreaming(Option<Result<Vec<u8>, FetchError>>),
     /// The follower was stopped.
     Stopped,
 }
@@ -191,12 +182,28 @@ struct Following<'a> {
 }
 
 impl Following<'_> {
-    /// A document received: admitted, then sent. Whether to go on.
-    async fn deliver(&mut self, doc: NodeHealth) -> Result<bool, FetchError> {
-        let doc = admit(doc, &mut self.node)?;
-        self.metrics.agent_poll("ok");
-        self.generation = Some(doc.generation);
-        Ok(send(self.tx, AgentEvent::Document(Box::new(doc)), self.cancel).await)
+    /// A whole document (a poll's answer, or the first line of a stream from an agent
+    /// followed without a name): read through the gate for the node it pins and the
+    /// generation to ask after, then sent raw; the core reads it through the same gate
+    /// ([`admit_raw`]). Only agents that do not stream, and a first line, are read twice.
+    /// Whether to go on.
+    async fn deliver(&mut self, body: Vec<u8>) -> Result<bool, FetchError> {
+        let (node, generation) = {
+            let doc = match &self.node {
+                Some(n) => admit_raw(n, &body)?,
+                None => read(&body)?,
+            };
+            (doc.node.into_owned(), doc.generation)
+        };
+        let pinned = match &self.pinned {
+            Some(p) if **p == *node => p.clone(),
+            _ => Arc::from(node.as_str()),
+        };
+        self.node.get_or_insert(node);
+        self.pinned = Some(pinned.clone());
+        self.generation = Some(generation);
+        let ev = AgentEvent::Raw { node: pinned, body };
+        Ok(send(self.tx, ev, self.cancel).await)
     }
 
     /// A line of the stream: sent raw to the core once the node is known (the core
@@ -209,9 +216,7 @@ impl Following<'_> {
             }
         }
         let Some(node) = self.pinned.clone() else {
-            let go = self.deliver(parse(&line)?).await?;
-            self.pinned = self.node.as_deref().map(Arc::from);
-            return Ok(go);
+            return self.deliver(line).await;
         };
         // The generation is not read here: a stream asked for again starts from the
         // current document, which the pipeline takes as one more sample.
@@ -234,7 +239,7 @@ impl Following<'_> {
         match opened {
             Opened::Whole(resp) if resp.status == 400 => return Ok(Watched::NotStreaming(None)),
             Opened::Whole(resp) if (200..300).contains(&resp.status) => {
-                return Ok(Watched::NotStreaming(Some(parse(&resp.body))))
+                return Ok(Watched::NotStreaming(Some(Ok(resp.body))))
             }
             Opened::Whole(resp) => return Err(status_error(&resp)),
             Opened::Stream => {}
@@ -303,11 +308,12 @@ impl Following<'_> {
     }
 }
 
-/// A document received raw from the agent followed as `node`, if it may be accepted:
-/// a node document, within the limits, and for that node.
+/// The one gate for agents' documents (issue 24): the bytes received from the agent
+/// followed as `node`, if they may be accepted: a node document, within the limits, and
+/// for that node. Streamed and polled documents alike pass here, and nothing
+/// downstream checks them again with other rules.
 pub fn admit_raw<'a>(node: &str, body: &'a [u8]) -> Result<DocView<'a>, FetchError> {
-    let doc = DocView::parse(body).map_err(FetchError::Parse)?;
-    doc.check_bounds().map_err(FetchError::Invalid)?;
+    let doc = read(body)?;
     if doc.node != node {
         return Err(FetchError::Identity {
             expected: node.to_string(),
@@ -317,22 +323,13 @@ pub fn admit_raw<'a>(node: &str, body: &'a [u8]) -> Result<DocView<'a>, FetchErr
     Ok(doc)
 }
 
-/// The document, if it may be accepted from the agent followed as `pinned`: within the
-/// limits, and for that node. The first document of an agent followed without a name
-/// pins it.
-fn admit(doc: NodeHealth, pinned: &mut Option<String>) -> Result<NodeHealth, FetchError> {
+/// The gate short of the identity check: a node document within the limits. Only the
+/// first document of an agent followed without a name, which then pins its node, is read
+/// so; every document the core judges passes [`admit_raw`].
+fn read(body: &[u8]) -> Result<DocView<'_>, FetchError> {
+    let doc = DocView::parse(body).map_err(FetchError::Parse)?;
     doc.check_bounds().map_err(FetchError::Invalid)?;
-    match pinned {
-        Some(expected) if *expected != doc.node => Err(FetchError::Identity {
-            expected: expected.clone(),
-            got: doc.node,
-        }),
-        Some(_) => Ok(doc),
-        None => {
-            *pinned = Some(doc.node.clone());
-            Ok(doc)
-        }
-    }
+    Ok(doc)
 }
 
 /// Send `ev` unless the follower was stopped first: whoever stops it (its shard was
@@ -457,6 +454,7 @@ mod tests {
 
     use super::*;
     use axum::routing::get;
+    use faultline_common::NodeHealth;
 
     /// An agent that says it serves whatever node `name` holds at each answer.
     async fn agent(name: Arc<Mutex<String>>) -> String {
@@ -540,7 +538,10 @@ mod tests {
             cancel.clone(),
         ));
         match next(&mut rx).await {
-            AgentEvent::Document(d) => assert_eq!(d.node, "a"),
+            AgentEvent::Raw { node, body } => {
+                assert_eq!(&*node, "a");
+                assert_eq!(admit_raw(&node, &body).unwrap().node, "a");
+            }
             other => panic!("{other:?}"),
         }
         *name.lock().unwrap() = "b".into();
@@ -694,7 +695,9 @@ mod tests {
         ));
         for _ in 0..3 {
             match next(&mut rx).await {
-                AgentEvent::Document(d) => assert_eq!(d.generation, 5),
+                AgentEvent::Raw { node, body } => {
+                    assert_eq!(admit_raw(&node, &body).unwrap().generation, 5)
+                }
                 other => panic!("{other:?}"),
             }
         }

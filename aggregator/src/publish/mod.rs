@@ -6,6 +6,7 @@ pub mod document;
 pub mod file;
 pub mod nudge;
 pub mod publisher;
+pub mod seed;
 
 pub use configmap::{ConfigMapSink, WriteError, MAX_BYTES};
 pub use document::document;

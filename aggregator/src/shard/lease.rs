@@ -1,37 +1,32 @@
 //! Shard ownership by Kubernetes Leases (`<name>-shard-<i>`), one fenced loop per
-//! replica. A replica holds a shard while its renewals succeed; it counts the shard as
-//! its own only until `renewed_at + duration - margin` on its own clock, checks that
-//! before every write, and drops it the moment a renewal is refused (a 409 on the
-//! resourceVersion or another holder).
+//! replica: this file carries out what [`super::plan`] decides. A pass lists the Leases
+//! once, lets the [`Observer`] judge them on this replica's own clock, asks [`plan`] what
+//! to renew, take and hand back, and does it. A replica holds a shard while its renewals
+//! succeed; it counts the shard as its own only until `renewed_at + duration - margin`
+//! on its own clock, checks that before every write, and drops it the moment a renewal
+//! is refused (a 409 on the resourceVersion or another holder). Every take and renewal
+//! is a compare-and-swap on the resourceVersion read. Defaults follow client-go's leader
+//! election: 15 s duration, 2 s retry period.
 //!
-//! Another replica takes a shard only once the Lease has not changed for the lease
-//! duration *as this replica observed it*, on its own clock: the holder's `renewTime`
-//! is another machine's clock and is never compared with ours, so clock skew between
-//! replicas cannot make two holders (client-go's `leaderelection.go`: `observedTime`,
-//! `observedRawRecord`, `isLeaseValid`). Defaults follow client-go's leader election:
-//! 15 s duration, 2 s retry period.
-//!
-//! Fair share (issue 11): every replica renews a member Lease (`<name>-member-<me>`)
-//! and counts the live ones, observed the same way. It holds at most
-//! `ceil(shards / live)` shards: it takes free or expired shards up to that, hands one
-//! back when it holds more, or holds the full share while another live replica holds
-//! less than `floor(shards / live)` (a newcomer). A shard handed back is written once
-//! more first; a shard taken is seeded from its last published document before this
-//! replica writes it, so a change of holder changes no published status.
+//! Every replica also renews a member Lease (`<name>-member-<me>`) so the others can
+//! count it. A shard handed back is written once more first; a shard taken is seeded
+//! from its last published document (through [`SeedSource`]) before this replica
+//! writes it, so a change of holder changes no published status.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use faultline_common::fault::NodeFaults;
+use futures_util::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::plan::{plan, Listing, Observer, PlanInput, Record, ShardView};
 use crate::metrics::Metrics;
 use crate::model::{FinalWrite, Takeover};
 
@@ -141,88 +136,23 @@ fn now_micro() -> MicroTime {
     MicroTime(Timestamp::now())
 }
 
-/// What a replica last saw of a Lease held by another, and when, on its own clock.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Observed {
-    /// The holder's record as it was (holder, renew and acquire times, duration,
-    /// transitions): a change of any of them is the holder alive.
-    record: LeaseSpec,
-    /// When this replica saw it change last.
-    at: Instant,
-}
-
-impl Observed {
-    /// The duration its record states, else `default`.
-    fn duration(&self, default: Duration) -> Duration {
-        self.record
-            .lease_duration_seconds
-            .map(|s| Duration::from_secs(s.max(1) as u64))
-            .unwrap_or(default)
+/// What the plan compares of a Lease: its record, as plain values.
+fn record(spec: &LeaseSpec) -> Record {
+    let nanos = |t: &Option<MicroTime>| t.as_ref().map(|t| t.0.as_nanosecond());
+    Record {
+        holder: spec.holder_identity.clone(),
+        renew: nanos(&spec.renew_time),
+        acquire: nanos(&spec.acquire_time),
+        transitions: spec.lease_transitions,
+        duration_secs: spec.lease_duration_seconds,
     }
 }
 
-/// Note a member Lease's record as seen `now`; whether that replica is live: its record
-/// changed within its duration as we observed it, on our own clock.
-fn note_member(
-    members: &mut BTreeMap<String, Observed>,
-    who: String,
-    spec: &LeaseSpec,
-    duration: Duration,
-    now: Instant,
-) -> bool {
-    let seen = members.entry(who).or_insert_with(|| Observed {
-        record: spec.clone(),
-        at: now,
-    });
-    if seen.record != *spec {
-        *seen = Observed {
-            record: spec.clone(),
-            at: now,
-        };
-    }
-    spec.renew_time.is_some() && now.duration_since(seen.at) <= seen.duration(duration)
-}
-
-/// The Leases of other holders as this replica observed them, per shard.
-#[derive(Debug, Default)]
-pub struct Observations(BTreeMap<u32, Observed>);
-
-impl Observations {
-    /// Note `spec` as seen `now`; whether its holder's lease has run out: a holder is
-    /// named, and the record has not changed for its duration as we saw it.
-    fn expired(&mut self, shard: u32, spec: &LeaseSpec, duration: Duration, now: Instant) -> bool {
-        if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
-            return true;
-        }
-        let seen = self.0.entry(shard).or_insert_with(|| Observed {
-            record: spec.clone(),
-            at: now,
-        });
-        if seen.record != *spec {
-            *seen = Observed {
-                record: spec.clone(),
-                at: now,
-            };
-        }
-        now.duration_since(seen.at) > seen.duration(duration)
-    }
-
-    /// The soonest moment, after `now`, that a lease observed would run out: the Lease
-    /// loop looks again then rather than up to a retry period later (a dead holder's
-    /// shards are taken as soon as its leases run out; issue 11). Leases already out are
-    /// not counted (that would spin while this replica is at its share).
-    fn next_expiry(&self, duration: Duration, now: Instant) -> Option<Instant> {
-        self.0
-            .values()
-            .map(|o| o.at + o.duration(duration))
-            .filter(|t| *t > now)
-            .min()
-    }
-
-    /// Forget a shard's observation (it is ours now, or gone).
-    fn forget(&mut self, shard: u32) {
-        self.0.remove(&shard);
-    }
+/// Where a taken shard's last published document is read from (publishing owns the
+/// pages, so it implements this; `publish::seed::ShardPages`).
+pub trait SeedSource: Send + Sync {
+    /// The node entries of `shard`'s last published document (none: nothing to seed).
+    fn read(&self, shard: u32) -> BoxFuture<'_, Vec<NodeFaults>>;
 }
 
 /// This replica's shard Leases.
@@ -245,27 +175,22 @@ pub struct ShardLeases {
     /// alert intake of another replica can hand alerts of this shard over).
     pub url: Option<String>,
     /// Others' Leases as observed; owned by this loop.
-    pub observed: Observations,
+    pub observer: Observer,
     /// Fair share, seeding and graceful hand-back (issue 11); `None`: take every shard
     /// that is free, as one replica alone would.
     pub share: Option<Sharing>,
 }
 
-/// What fair sharing needs: the shard ConfigMaps to seed from, and the core loop to
-/// hand takeovers and final writes to.
+/// What fair sharing needs: where to seed from, and the core loop to hand takeovers and
+/// final writes to; and the plan's state between passes.
 pub struct Sharing {
-    /// The shard ConfigMaps (`<name>-shard-<i>`) in the aggregator's namespace.
-    pub configmaps: Api<ConfigMap>,
-    /// ConfigMaps per shard (`--pages`): each is read to seed a shard taken.
-    pub pages: u32,
+    /// The shard's last published document, read to seed a shard taken.
+    pub seeds: Box<dyn SeedSource>,
     /// Takeovers, to the core loop (before the shard counts as held).
     pub takeovers: mpsc::Sender<Takeover>,
     /// Final writes, to the core loop (before a shard is handed back).
     pub final_writes: mpsc::Sender<FinalWrite>,
-    /// Other replicas' member Leases as observed, by name.
-    pub members: BTreeMap<String, Observed>,
-    /// After handing a shard back, take none until then: the replica short of its share
-    /// gets the first look (else the one handing back could take its shard again).
+    /// After handing a shard back (or joining), take none until then.
     pub hold_off: Option<Instant>,
     /// The live replicas of the last pass that could count them.
     pub last_live: Option<Vec<String>>,
@@ -274,18 +199,16 @@ pub struct Sharing {
 }
 
 impl Sharing {
-    /// Fair sharing through these channels.
+    /// Fair sharing through these channels, seeded from `seeds`.
     pub fn new(
-        configmaps: Api<ConfigMap>,
+        seeds: Box<dyn SeedSource>,
         takeovers: mpsc::Sender<Takeover>,
         final_writes: mpsc::Sender<FinalWrite>,
     ) -> Self {
         Sharing {
-            configmaps,
-            pages: 1,
+            seeds,
             takeovers,
             final_writes,
-            members: BTreeMap::new(),
             hold_off: None,
             last_live: None,
             joined: false,
@@ -298,45 +221,18 @@ pub const URL_ANNOTATION: &str = "faultline.io/url";
 /// The label on member Leases: the aggregator's `--name`.
 pub const MEMBER_LABEL: &str = "faultline.io/member-of";
 
-/// One shard as a pass found it.
-enum Seen {
-    /// Ours: renew it (the Lease read, for a compare-and-swap).
-    Mine(Box<Lease>),
-    /// Nobody's (absent, released or run out): the Lease, if there is one, and the
-    /// holder it had.
-    Free(Option<Box<Lease>>, Option<String>),
-    /// Another live holder's.
-    Other(String),
-}
-
-/// The shares of `shards` among `live` replicas: (at most, at least).
-pub fn share(shards: u32, live: usize) -> (usize, usize) {
-    let (s, l) = (shards as usize, live.max(1));
-    (s.div_ceil(l), s / l)
-}
-
-/// Rendezvous order: the shards a replica prefers first, so replicas taking free shards
-/// at once mostly reach for different ones.
-fn preference(me: &str, shard: u32) -> u64 {
-    faultline_common::fault::fnv1a64(format!("{me}/{shard}").as_bytes())
-}
-
 impl ShardLeases {
-    /// One pass: renew our member Lease and count the live replicas; renew what we hold;
-    /// take free shards up to our share; hand one back when we hold too many.
+    /// An observer for this replica's Leases (what [`ShardLeases::observer`] starts as).
+    pub fn observer_for(me: &str, cfg: &LeaseConfig) -> Observer {
+        Observer::new(me, cfg.duration)
+    }
+
+    /// One pass: renew our member Lease; list every Lease once; judge them; plan; renew
+    /// what we keep, hand one back, take free shards up to our share.
     pub async fn pass(&mut self) {
         self.renew_member().await;
-        // Every Lease in one list (the shards' and the members'), not a read per shard.
-        let listed = self.list().await;
-        let live = self.members(listed.as_ref().ok()).await;
-        let mut seen = BTreeMap::new();
-        match listed {
-            Ok(mut leases) => {
-                for shard in 0..self.shards {
-                    let lease = leases.remove(&lease_name(&self.name, shard));
-                    seen.insert(shard, self.look(shard, lease));
-                }
-            }
+        let (listing, mut leases) = match self.list().await {
+            Ok(l) => l,
             Err(e) => {
                 // Could not ask: keep what we have until it runs out on our own clock.
                 self.metrics.lease_error();
@@ -344,101 +240,82 @@ impl ShardLeases {
                     self.metrics.set_lease(shard, self.held.holds(shard));
                 }
                 tracing::warn!(error = %e, "lease list failed");
+                let live = self.share.as_ref().and_then(|s| s.last_live.as_ref());
+                self.metrics
+                    .set_ownership(self.held.shards().len(), live.map_or(1, Vec::len));
+                return;
             }
-        }
-        let mine: Vec<u32> = seen
-            .iter()
-            .filter(|(_, s)| matches!(s, Seen::Mine(_)))
-            .map(|(k, _)| *k)
-            .collect();
-        let (most, least) = match &live {
-            Some(l) => share(self.shards, l.len()),
-            // Alone (no fair sharing, or the members never counted): every shard; a
-            // shard nobody writes is worse than an uneven share.
-            None => (self.shards as usize, 0),
         };
-        // Joining: the first pass that counts the members only registers this one and
-        // takes nothing, so replicas started together see each other before any of them
-        // claims the free shards (else the first claims every shard and hands them back
-        // one pass at a time). Costs one retry period at start.
-        if let (Some(sh), Some(_)) = (self.share.as_mut(), &live) {
-            if !sh.joined {
-                sh.joined = true;
-                sh.hold_off = Some(Instant::now() + self.cfg.retry);
+        let now = Instant::now();
+        let seen = self.observer.pass(&listing, self.shards, now);
+        let live = match self.share.as_mut() {
+            Some(sh) => {
+                sh.last_live = Some(seen.live.clone());
+                Some(seen.live.clone())
             }
+            None => None,
+        };
+        if self.share.is_some() {
+            self.remove_stale(&seen.stale).await;
         }
-        // Hand back: above the share; or at a share above the floor while a live
-        // replica is below it (a newcomer), one per pass.
-        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-        for s in seen.values() {
-            if let Seen::Other(h) = s {
-                *counts.entry(h.as_str()).or_default() += 1;
-            }
-        }
-        let starving = live.as_ref().is_some_and(|l| {
-            l.iter()
-                .any(|r| *r != self.me && counts.get(r.as_str()).copied().unwrap_or(0) < least)
-        });
-        // One shard per pass at most: each hand-back waits for a final write, and the
-        // shards kept must be renewed in time.
-        let give = usize::from(
-            mine.len() > most || (live.is_some() && mine.len() == most && most > least && starving),
-        );
-        let mut by_pref = mine.clone();
-        by_pref.sort_by_key(|s| preference(&self.me, *s));
-        let release: BTreeSet<u32> = by_pref.iter().rev().take(give).copied().collect();
-        let mut held_now = mine.len() - release.len();
-        let mut free = Vec::new();
-        let mut handing_back = Vec::new();
-        for (shard, s) in seen {
-            match s {
-                Seen::Mine(lease) if release.contains(&shard) => handing_back.push((shard, lease)),
-                Seen::Mine(lease) => {
-                    let started = Instant::now();
-                    let r = self.renew(shard, *lease).await;
-                    self.outcome(shard, r, started).await;
-                }
-                Seen::Free(lease, previous) => free.push((shard, lease, previous)),
-                Seen::Other(_) => {
-                    if self.held.holds(shard) {
-                        tracing::warn!(
-                            shard,
-                            "shard lease held by another replica; stopping writes"
-                        );
-                    }
-                    self.held.set(shard, None);
-                    self.metrics.set_lease(shard, false);
-                }
-            }
-        }
-        // The kept shards are renewed; now the one handed back goes.
-        for (shard, lease) in handing_back {
-            self.hand_back(shard, *lease).await;
-        }
-        // Free shards, in this replica's order of preference, up to its share; none for
-        // two retry periods after handing one back.
-        if !release.is_empty() {
-            if let Some(sh) = self.share.as_mut() {
-                sh.hold_off = Some(Instant::now() + 2 * self.cfg.retry);
-            }
-        }
-        let holding_off = self
+        let (joined, hold_off) = self
             .share
             .as_ref()
-            .and_then(|s| s.hold_off)
-            .is_some_and(|t| Instant::now() < t);
-        free.sort_by_key(|(s, _, _)| preference(&self.me, *s));
-        for (shard, lease, previous) in free {
-            if held_now >= most || holding_off {
+            .map_or((false, None), |s| (s.joined, s.hold_off));
+        let p = plan(&PlanInput {
+            me: &self.me,
+            shards: &seen.shards,
+            live: live.as_deref(),
+            joined,
+            hold_off,
+            retry: self.cfg.retry,
+            now,
+        });
+        if let Some(sh) = self.share.as_mut() {
+            sh.joined = p.joined;
+            sh.hold_off = p.hold_off;
+        }
+        for shard in &p.others {
+            if self.held.holds(*shard) {
+                tracing::warn!(
+                    shard,
+                    "shard lease held by another replica; stopping writes"
+                );
+            }
+            self.held.set(*shard, None);
+            self.metrics.set_lease(*shard, false);
+        }
+        for shard in &p.renew {
+            let Some(lease) = leases.remove(shard) else {
+                continue;
+            };
+            let started = Instant::now();
+            let r = self.renew(*shard, lease).await;
+            self.outcome(*shard, r, started).await;
+        }
+        // The kept shards are renewed; now the one handed back goes.
+        if let Some(shard) = p.hand_back {
+            if let Some(lease) = leases.remove(&shard) {
+                self.hand_back(shard, lease).await;
+            }
+        }
+        let mut taken = 0;
+        for shard in p.take {
+            if taken >= p.room {
                 break;
             }
+            let previous = match &seen.shards[&shard] {
+                ShardView::Free { previous } => previous.clone(),
+                _ => None,
+            };
             let started = Instant::now();
-            let r = match lease {
-                Some(l) => self.renew(shard, *l).await,
+            self.observer.forget_shard(shard);
+            let r = match leases.remove(&shard) {
+                Some(l) => self.renew(shard, l).await,
                 None => self.create(shard).await,
             };
             if matches!(r, Ok(true)) {
-                held_now += 1;
+                taken += 1;
                 if previous.is_some_and(|p| p != self.me) {
                     self.metrics.takeover();
                 }
@@ -491,32 +368,32 @@ impl ShardLeases {
         }
     }
 
-    /// Every Lease of the namespace, by name: one list for the shards and the members.
-    async fn list(&self) -> Result<BTreeMap<String, Lease>, kube::Error> {
-        Ok(self
-            .api
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter_map(|l| Some((l.metadata.name.clone()?, l)))
-            .collect())
-    }
-
-    /// The member Leases among `leases`, with their specs.
-    fn member_specs<'a>(
-        &self,
-        leases: &'a BTreeMap<String, Lease>,
-    ) -> impl Iterator<Item = (String, &'a LeaseSpec)> + use<'a, '_> {
-        leases.values().filter_map(|l| {
-            let labels = l.metadata.labels.as_ref()?;
-            if labels.get(MEMBER_LABEL) != Some(&self.name) {
-                return None;
+    /// Every Lease of the namespace in one list: what the plan reads (the shards' and
+    /// this aggregator's members' records), and the shard Leases themselves by shard (a
+    /// renewal or take replaces the one read: a compare-and-swap).
+    async fn list(&self) -> Result<(Listing, BTreeMap<u32, Lease>), kube::Error> {
+        let mut listing = Listing::default();
+        let mut leases = BTreeMap::new();
+        let names: BTreeMap<String, u32> = (0..self.shards)
+            .map(|s| (lease_name(&self.name, s), s))
+            .collect();
+        for l in self.api.list(&ListParams::default()).await?.items {
+            let Some(name) = l.metadata.name.as_deref() else {
+                continue;
+            };
+            let spec = l.spec.clone().unwrap_or_default();
+            if let Some(shard) = names.get(name) {
+                listing.shards.insert(*shard, record(&spec));
+                leases.insert(*shard, l);
+            } else if l.metadata.labels.as_ref().and_then(|m| m.get(MEMBER_LABEL))
+                == Some(&self.name)
+            {
+                if let Some(who) = spec.holder_identity.clone().filter(|h| !h.is_empty()) {
+                    listing.members.insert(who, record(&spec));
+                }
             }
-            let spec = l.spec.as_ref()?;
-            let who = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
-            Some((who, spec))
-        })
+        }
+        Ok((listing, leases))
     }
 
     /// Note what others' Leases show now, between passes (every quarter retry period,
@@ -525,118 +402,35 @@ impl ShardLeases {
     /// its last renewal (the loop wakes at each expiry). Whether another replica let a
     /// shard go (released) or left (its member Lease deleted) since: pass at once.
     async fn observe(&mut self) -> bool {
-        let leases = match self.list().await {
-            Ok(l) => l,
+        match self.list().await {
+            Ok((listing, _)) => {
+                let listing = if self.share.is_some() {
+                    listing
+                } else {
+                    Listing {
+                        members: BTreeMap::new(),
+                        ..listing
+                    }
+                };
+                self.observer.between(&listing, self.shards, Instant::now())
+            }
             Err(e) => {
                 self.metrics.lease_error();
                 tracing::warn!(error = %e, "lease list failed");
-                return false;
-            }
-        };
-        let now = Instant::now();
-        let mut changed = false;
-        for shard in 0..self.shards {
-            let Some(spec) = leases
-                .get(&lease_name(&self.name, shard))
-                .and_then(|l| l.spec.as_ref())
-            else {
-                continue;
-            };
-            match spec.holder_identity.as_deref() {
-                Some(h) if h == self.me => {}
-                Some(h) if !h.is_empty() => {
-                    self.observed.expired(shard, spec, self.cfg.duration, now);
-                }
-                // Released: news once (the observation goes with it).
-                _ => changed |= self.observed.0.remove(&shard).is_some(),
+                false
             }
         }
-        let members: Vec<(String, LeaseSpec)> = self
-            .member_specs(&leases)
-            .filter(|(who, _)| *who != self.me)
-            .map(|(w, s)| (w, s.clone()))
-            .collect();
-        let duration = self.cfg.duration;
-        if let Some(sharing) = self.share.as_mut() {
-            let before = sharing.members.len();
-            sharing
-                .members
-                .retain(|k, _| members.iter().any(|(w, _)| w == k));
-            changed |= sharing.members.len() != before;
-            for (who, spec) in members {
-                note_member(&mut sharing.members, who, &spec, duration, now);
-            }
-        }
-        changed
     }
 
-    /// Count the live members among `leases` (us included) and remove the member Leases
-    /// of replicas long gone; `None` when fair sharing is off or the Leases could not be
-    /// listed (then the replicas are counted as last counted).
-    async fn members(&mut self, leases: Option<&BTreeMap<String, Lease>>) -> Option<Vec<String>> {
-        self.share.as_ref()?;
-        let Some(leases) = leases else {
-            tracing::warn!("cannot list member leases; counting the replicas as last counted");
-            return self.share.as_ref()?.last_live.clone();
-        };
-        let specs: Vec<(String, LeaseSpec)> = self
-            .member_specs(leases)
-            .map(|(w, s)| (w, s.clone()))
-            .collect();
-        let (me, duration) = (self.me.clone(), self.cfg.duration);
-        let sharing = self.share.as_mut()?;
-        let now = Instant::now();
-        let mut live = vec![me.clone()];
-        let mut names = BTreeSet::new();
-        for (who, spec) in specs {
-            names.insert(who.clone());
-            if who == me {
-                continue;
-            }
-            if note_member(&mut sharing.members, who.clone(), &spec, duration, now) {
-                live.push(who);
-            }
-        }
-        sharing.members.retain(|k, _| names.contains(k));
-        live.sort();
-        live.dedup();
-        // Member Leases of replicas long gone (a crash leaves one behind, and a new pod
-        // has a new name): removed once unchanged for ten durations.
-        let stale: Vec<String> = sharing
-            .members
-            .iter()
-            .filter(|(_, o)| now.duration_since(o.at) > 10 * self.cfg.duration)
-            .map(|(k, _)| k.clone())
-            .collect();
+    /// Remove the member Leases of replicas long gone (the observer found them stale).
+    async fn remove_stale(&mut self, stale: &[String]) {
         for who in stale {
             let lname = format!("{}-member-{who}", self.name);
             if self.api.delete(&lname, &Default::default()).await.is_ok() {
-                sharing.members.remove(&who);
+                self.observer.forget_member(who);
                 tracing::info!(replica = %who, "removed the member lease of a replica long gone");
             }
         }
-        sharing.last_live = Some(live.clone());
-        Some(live)
-    }
-
-    /// One shard's Lease as listed (`None`: there is none).
-    fn look(&mut self, shard: u32, lease: Option<Lease>) -> Seen {
-        let Some(lease) = lease else {
-            return Seen::Free(None, None);
-        };
-        let spec = lease.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-        if holder.as_deref() == Some(self.me.as_str()) {
-            self.observed.forget(shard);
-            return Seen::Mine(Box::new(lease));
-        }
-        if self
-            .observed
-            .expired(shard, &spec, self.cfg.duration, Instant::now())
-        {
-            return Seen::Free(Some(Box::new(lease)), holder);
-        }
-        Seen::Other(holder.unwrap_or_default())
     }
 
     /// Create the Lease of a shard nobody ever held.
@@ -670,7 +464,6 @@ impl ShardLeases {
         let lname = lease_name(&self.name, shard);
         let spec = lease.spec.get_or_insert_with(Default::default);
         let mine = spec.holder_identity.as_deref() == Some(self.me.as_str());
-        self.observed.forget(shard);
         if !mine {
             spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
             spec.acquire_time = Some(now_micro());
@@ -742,57 +535,10 @@ impl ShardLeases {
         let Some(sharing) = &self.share else {
             return;
         };
-        // The shard's ConfigMaps: page 0 has its Lease's name (`<name>-shard-<i>`),
-        // further pages `<name>-shard-<i>-page-<p>`; each read by name (RBAC can name
-        // them), a missing one is nothing to seed.
-        let mut t = Takeover {
-            shard,
-            nodes: Vec::new(),
-        };
-        for page in 0..sharing.pages.max(1) {
-            let cm = crate::publish::configmap::page_name(&self.name, shard, page);
-            match sharing.configmaps.get_opt(&cm).await {
-                Ok(Some(c)) => self.seed_from(shard, c.data.unwrap_or_default(), &mut t),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(shard, configmap = %cm, error = %e, "cannot read the shard's last document; its devices there start unknown")
-                }
-            }
-        }
-        let devices: usize = t.nodes.iter().map(|n| n.npus.len()).sum();
+        let nodes = sharing.seeds.read(shard).await;
+        let devices: usize = nodes.iter().map(|n| n.npus.len()).sum();
         self.metrics.seeded(devices);
-        let _ = sharing.takeovers.send(t).await;
-    }
-
-    /// The node entries of one of the shard's ConfigMaps, into `t`.
-    fn seed_from(&self, shard: u32, data: BTreeMap<String, String>, t: &mut Takeover) {
-        for (k, v) in &data {
-            if k == "fault.json" {
-                continue;
-            }
-            match serde_json::from_str::<NodeFaults>(v) {
-                Ok(n) if faultline_common::fault::shard_of(&n.node, self.shards) == shard => {
-                    t.nodes.push(n)
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(shard, key = %k, error = %e, "unreadable entry in the shard's document; not seeded")
-                }
-            }
-        }
-    }
-
-    /// The soonest expiry still to come of the shard and member Leases observed.
-    fn next_expiry(&self, now: Instant) -> Option<Instant> {
-        let shards = self.observed.next_expiry(self.cfg.duration, now);
-        let members = self.share.as_ref().and_then(|sh| {
-            sh.members
-                .values()
-                .map(|o| o.at + o.duration(self.cfg.duration))
-                .filter(|t| *t > now)
-                .min()
-        });
-        shards.into_iter().chain(members).min()
+        let _ = sharing.takeovers.send(Takeover { shard, nodes }).await;
     }
 
     /// Write the shard once more, then release its Lease for another replica.
@@ -838,7 +584,10 @@ impl ShardLeases {
             // pass at once just past the soonest expiry, or when one has run out.
             loop {
                 let now = Instant::now();
-                let expiry = self.next_expiry(now).map(|t| t + Duration::from_millis(20));
+                let expiry = self
+                    .observer
+                    .next_expiry(now)
+                    .map(|t| t + Duration::from_millis(20));
                 let observe_at = now + self.cfg.retry / 4;
                 let wake = expiry
                     .map_or(observe_at, |t| t.min(observe_at))
@@ -875,36 +624,5 @@ impl ShardLeases {
                 .delete(&format!("{name}-member-{me}"), &Default::default())
                 .await;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The loop wakes just past the soonest expiry still to come, never for one past.
-    #[test]
-    fn the_next_expiry_is_the_soonest_still_to_come() {
-        let spec = |holder: &str, secs: i32| LeaseSpec {
-            holder_identity: Some(holder.into()),
-            lease_duration_seconds: Some(secs),
-            ..Default::default()
-        };
-        let mut o = Observations::default();
-        let t0 = Instant::now();
-        let d = Duration::from_secs(15);
-        assert!(!o.expired(0, &spec("a", 15), d, t0));
-        assert!(!o.expired(1, &spec("b", 5), d, t0 + Duration::from_secs(1)));
-        assert_eq!(
-            o.next_expiry(d, t0 + Duration::from_secs(2)),
-            Some(t0 + Duration::from_secs(6))
-        );
-        // b has run out: a's is next.
-        assert!(o.expired(1, &spec("b", 5), d, t0 + Duration::from_secs(7)));
-        assert_eq!(
-            o.next_expiry(d, t0 + Duration::from_secs(7)),
-            Some(t0 + Duration::from_secs(15))
-        );
-        assert_eq!(o.next_expiry(d, t0 + Duration::from_secs(16)), None);
     }
 }

@@ -1,0 +1,234 @@
+//! One followed node as the pipeline keeps it: its devices (windows and state), the
+//! readings of its last document, and whether the ticks may skip it while it is quiet.
+
+use std::collections::BTreeMap;
+
+use faultline_common::document::DocView;
+use faultline_common::fault::{AgentReach, SourceReach};
+use faultline_common::rules::{DeviceWindows, Measure, Rules};
+use faultline_common::state::DeviceState;
+use faultline_common::DeviceStatus;
+
+use crate::model::RecordDevice;
+
+pub(super) struct Device {
+    pub(super) windows: DeviceWindows,
+    pub(super) state: DeviceState,
+    /// The last full evaluation observed a clean sample.
+    pub(super) clean: bool,
+    /// When the agent last reported this device.
+    pub(super) reported_ms: u64,
+}
+
+/// A device's readings as the last document gave them: what is published and what a
+/// quarantine record names the device by.
+pub(super) struct Last {
+    /// [`texts`] of the entry these readings came from: a document listing the same
+    /// device with the same texts (the usual case) is told by it, without a look at the
+    /// cold strings below (issue 11).
+    pub(super) texts: u64,
+    pub(super) id: Box<str>,
+    pub(super) uuid: Option<Box<str>>,
+    pub(super) pci_bus_id: Option<Box<str>>,
+    pub(super) temperature_c: Option<f64>,
+    pub(super) power_w: Option<f64>,
+    pub(super) ecc_errors: Option<u64>,
+    pub(super) pcie_link_status: Option<Box<str>>,
+}
+
+pub(super) struct Node {
+    pub(super) devices: BTreeMap<String, Device>,
+    /// The last document, measured when it arrived (one [`Measure`] per entry of
+    /// `last`), while it is still to be judged or while some device is not quiet (each
+    /// tick observes it again). A quiet node's is dropped once judged (issue 11: the
+    /// parsed document kept for the tick was most of a node's memory, and judging it a
+    /// second later a cache miss per field); its next ticks are clean samples without
+    /// it, as [`Node::record_quiet`] records them.
+    pub(super) pending: Option<Vec<Measure>>,
+    /// The document's bytes while `pending` is kept, so new rules can measure it anew.
+    pub(super) raw: Option<Box<[u8]>>,
+    /// Readings of the last document, for each device it listed.
+    pub(super) last: Vec<Last>,
+    /// The sources of the last document.
+    pub(super) sources: Vec<SourceReach>,
+    /// The document arrived since the last evaluation.
+    pub(super) unseen: bool,
+    /// Reachability as published, but for `last_seen` (kept as `last_seen_ms`: a
+    /// timestamp formatted for every document was an allocation each).
+    pub(super) reach: AgentReach,
+    pub(super) last_seen_ms: Option<u64>,
+    pub(super) reachable_since_ms: Option<u64>,
+    pub(super) last_eval_ms: Option<u64>,
+    pub(super) changed_ms: u64,
+    /// Quiet and not looked at by the ticks since the tick of this number (issue 11:
+    /// walking every quiet device every second was a tenth of a replica's CPU). Every
+    /// tick after it would have recorded a clean sample for each device, and does so
+    /// when the node is next touched ([`Node::settle`]).
+    pub(super) lazy_since_tick: Option<u64>,
+    /// [`fnv1a64`] of the name, which decides its shard (issue 11: a shard's document
+    /// hashed every node's name to find its own, 5,000 names for each shard written).
+    pub(super) name_hash: u64,
+}
+
+/// A device of `n` for a quarantine record, with the UUID and bus id of its last
+/// reading; the verdict is the agent's (through this pipeline).
+pub(super) fn record_device(n: &Node, id: &str, reason: String) -> RecordDevice {
+    let last = n.last(id);
+    RecordDevice {
+        uuid: last.and_then(|l| l.uuid.as_deref().map(String::from)),
+        pci_bus_id: last.and_then(|l| l.pci_bus_id.as_deref().map(String::from)),
+        source: Some("agent".into()),
+        ..RecordDevice::new(id, reason)
+    }
+}
+
+/// A fingerprint of a device entry's texts: its id, UUID, bus id and link status.
+pub(super) fn texts(d: &faultline_common::document::DeviceView<'_>) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut h = foldhash::fast::FixedState::with_seed(0x2545f4914f6cdd1d).build_hasher();
+    d.id.hash(&mut h);
+    d.uuid.as_deref().hash(&mut h);
+    d.pci_bus_id.as_deref().hash(&mut h);
+    d.pcie_link_status.as_deref().hash(&mut h);
+    h.finish()
+}
+
+/// Each device entry of a document, measured by `rules`, in the document's order.
+pub(super) fn measures(rules: &Rules, doc: &DocView<'_>) -> Vec<Measure> {
+    doc.npus.iter().map(|d| rules.measure(Some(d))).collect()
+}
+
+impl Node {
+    /// The last document's readings of device `id`, if it listed the device.
+    pub(super) fn last(&self, id: &str) -> Option<&Last> {
+        self.last.iter().find(|l| &*l.id == id)
+    }
+
+    /// Keep the readings and sources of a document. The same devices as last time (the
+    /// usual case) are updated in place: no allocation unless a text changed.
+    pub(super) fn remember(&mut self, doc: &DocView<'_>) {
+        fn set(slot: &mut Option<Box<str>>, v: Option<&str>) {
+            if slot.as_deref() != v {
+                *slot = v.map(Box::from);
+            }
+        }
+        let fps: Vec<u64> = doc.npus.iter().map(texts).collect();
+        let same = self.last.len() == doc.npus.len()
+            && self
+                .last
+                .iter()
+                .zip(&doc.npus)
+                .zip(&fps)
+                .all(|((l, d), fp)| l.texts == *fp || *l.id == *d.id);
+        let same_sources = self.sources.len() == doc.sources.len()
+            && self
+                .sources
+                .iter()
+                .zip(&doc.sources)
+                .all(|(a, b)| a.name == b.name && a.up == b.up);
+        if same {
+            for ((l, d), fp) in self.last.iter_mut().zip(&doc.npus).zip(&fps) {
+                if l.texts != *fp {
+                    set(&mut l.uuid, d.uuid.as_deref());
+                    set(&mut l.pci_bus_id, d.pci_bus_id.as_deref());
+                    set(&mut l.pcie_link_status, d.pcie_link_status.as_deref());
+                    l.texts = *fp;
+                }
+                l.temperature_c = d.temperature_c;
+                l.power_w = d.power_w;
+                l.ecc_errors = d.ecc_errors;
+            }
+        } else {
+            let text = |v: &Option<std::borrow::Cow<'_, str>>| v.as_deref().map(Box::from);
+            self.last = doc
+                .npus
+                .iter()
+                .zip(&fps)
+                .map(|(d, fp)| Last {
+                    texts: *fp,
+                    id: d.id.as_ref().into(),
+                    uuid: text(&d.uuid),
+                    pci_bus_id: text(&d.pci_bus_id),
+                    temperature_c: d.temperature_c,
+                    power_w: d.power_w,
+                    ecc_errors: d.ecc_errors,
+                    pcie_link_status: text(&d.pcie_link_status),
+                })
+                .collect();
+        }
+        if !same_sources {
+            self.sources = doc
+                .sources
+                .iter()
+                .map(|s| SourceReach {
+                    name: s.name.to_string(),
+                    up: s.up,
+                })
+                .collect();
+        }
+    }
+
+    /// Judged again, every device would observe a clean sample (so a tick records that
+    /// without the work, and the document need not be kept): the agent is
+    /// reachable, its last document listed exactly the devices known, and every one
+    /// is healthy with quiet windows.
+    pub(super) fn quiet(&self) -> bool {
+        self.reach.reachable
+            && self.last.len() == self.devices.len()
+            && self.devices.values().all(|d| {
+                d.state.status == DeviceStatus::Healthy
+                    && d.state.soft_since_ms.is_none()
+                    && d.windows.quiet()
+            })
+    }
+
+    /// Record the clean samples of the ticks it skipped while quiet: the ticks after
+    /// `lazy_since_tick` up to `ticks`, the last of them at `last_tick_ms`.
+    /// Whether the node was skipped (and is now looked at again).
+    #[must_use]
+    pub(super) fn settle(&mut self, ticks: u64, last_tick_ms: Option<u64>) -> bool {
+        let Some(since) = self.lazy_since_tick.take() else {
+            return false;
+        };
+        let Some(at) = last_tick_ms else {
+            return true;
+        };
+        let skipped = u32::try_from(ticks.saturating_sub(since)).unwrap_or(u32::MAX);
+        if skipped == 0 {
+            return true;
+        }
+        self.last_eval_ms = Some(at);
+        for d in self.devices.values_mut() {
+            d.state.last_fresh_ms = Some(at);
+            d.state.clean_streak = d.state.clean_streak.saturating_add(skipped);
+        }
+        true
+    }
+
+    /// A device's state as if the skipped ticks had been recorded.
+    pub(super) fn state_of(
+        &self,
+        d: &Device,
+        ticks: u64,
+        last_tick_ms: Option<u64>,
+    ) -> DeviceState {
+        let mut s = d.state.clone();
+        if let (Some(since), Some(at)) = (self.lazy_since_tick, last_tick_ms) {
+            let skipped = u32::try_from(ticks.saturating_sub(since)).unwrap_or(u32::MAX);
+            if skipped > 0 {
+                s.last_fresh_ms = Some(at);
+                s.clean_streak = s.clean_streak.saturating_add(skipped);
+            }
+        }
+        s
+    }
+
+    /// Record a clean sample for every device, as judging the node would.
+    pub(super) fn record_quiet(&mut self, now_ms: u64) {
+        self.last_eval_ms = Some(now_ms);
+        for d in self.devices.values_mut() {
+            d.state.last_fresh_ms = Some(now_ms);
+            d.state.clean_streak = d.state.clean_streak.saturating_add(1);
+        }
+    }
+}
