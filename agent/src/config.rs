@@ -1,23 +1,64 @@
 //! Command-line flags (each also read from `FAULTLINE_<FLAG>`), checked into one
-//! [`Config`] in one place.
+//! [`Config`] in one place. Every value is parsed by clap (`ValueEnum` for choices,
+//! value parsers for durations, lists and thresholds), so a bad flag fails at start
+//! with clap's message naming it; [`Config::from_args`] only checks flags against each
+//! other and reads the fault-code file.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::Parser;
-use faultline_common::xid::{parse_duration, XidPolicy, XidThreshold};
+use clap::{Parser, ValueEnum};
+use faultline_common::time::parse_duration;
+use faultline_common::xid::{XidPolicy, XidThreshold};
 use faultline_common::Thresholds;
 
+/// Why a flag's value was refused; clap prints it after the flag's name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagError {
+    /// Not a duration at all.
+    #[error("{0:?}: expected a duration such as 500ms, 3s, 1m")]
+    Duration(String),
+    /// Zero, where every duration here is a period, a bound or an age.
+    #[error("{0:?}: must be more than zero")]
+    ZeroDuration(String),
+    /// A `--source` entry that names no source.
+    #[error("unknown source {0:?} (expected nvml, dcmi, npu-smi, exec, kmsg, sim)")]
+    UnknownSource(String),
+    /// `--source` with nothing in it.
+    #[error("names no source")]
+    NoSource,
+    /// Not an Xid number.
+    #[error("{0:?} is not an Xid")]
+    NotAnXid(String),
+    /// A `--xid-threshold` entry without `=`.
+    #[error("{0:?}: expected XID=N/WINDOW")]
+    NotXidThreshold(String),
+    /// An `N/WINDOW` threshold refused ([`XidThreshold`]'s own words).
+    #[error("{0}")]
+    Threshold(String),
+    /// Not a temperature a chip could have.
+    #[error("{0:?}: expected a temperature from 0 to 200 (C)")]
+    Temperature(String),
+    /// A quote opened and never closed.
+    #[error("unterminated quote in command {0:?}")]
+    UnterminatedQuote(String),
+    /// Only whitespace.
+    #[error("empty command")]
+    EmptyCommand,
+}
+
 /// The sources the agent can read, as named on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
 pub enum SourceKind {
     /// NVIDIA NVML through nvml-wrapper.
     Nvml,
     /// Huawei DCMI (`libdcmi.so`).
     Dcmi,
     /// Huawei `npu-smi` CLI.
+    #[value(alias = "npusmi", alias = "npu_smi")]
     NpuSmi,
     /// Any command printing the `npus[]` JSON document.
     Exec,
@@ -39,20 +80,122 @@ impl SourceKind {
             SourceKind::Sim => "sim",
         }
     }
+}
 
-    fn parse(s: &str) -> anyhow::Result<Self> {
-        Ok(match s.trim() {
-            "nvml" => SourceKind::Nvml,
-            "dcmi" => SourceKind::Dcmi,
-            "npu-smi" | "npusmi" | "npu_smi" => SourceKind::NpuSmi,
-            "exec" => SourceKind::Exec,
-            "kmsg" => SourceKind::Kmsg,
-            "sim" => SourceKind::Sim,
-            other => {
-                bail!("unknown source {other:?} (expected nvml, dcmi, npu-smi, exec, kmsg, sim)")
-            }
-        })
+/// `--source`: the sources to read, each once, in the order first named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceList(pub Vec<SourceKind>);
+
+/// `--exec`: the program and its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecCommand(pub Vec<String>);
+
+/// `--xid-ignore`: the Xids dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct XidList(pub BTreeSet<u32>);
+
+/// `--xid-threshold`: per-Xid thresholds.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct XidThresholds(pub BTreeMap<u32, XidThreshold>);
+
+/// What the simulated devices pretend to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SimVendor {
+    /// NVIDIA GPUs.
+    Nvidia,
+    /// Huawei Ascend NPUs.
+    Ascend,
+}
+
+/// Log format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// What a RoCE link that is down makes of an Ascend chip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RoceLinkDown {
+    /// Usable, needs attention.
+    Degraded,
+    /// Takes no work.
+    Failed,
+}
+
+fn comma_list(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// A duration such as `500ms`, `3s`, `1m`; zero is refused (every duration flag here
+/// is a period, a bound or an age, where zero means nothing).
+pub fn positive_duration(v: &str) -> Result<Duration, FlagError> {
+    match parse_duration(v) {
+        Some(d) if !d.is_zero() => Ok(d),
+        Some(_) => Err(FlagError::ZeroDuration(v.into())),
+        None => Err(FlagError::Duration(v.into())),
     }
+}
+
+/// `--source`: comma separated, blanks and repeats skipped, at least one.
+pub fn source_list(s: &str) -> Result<SourceList, FlagError> {
+    let mut sources = Vec::new();
+    for name in comma_list(s) {
+        let k = <SourceKind as ValueEnum>::from_str(name, false)
+            .map_err(|_| FlagError::UnknownSource(name.into()))?;
+        if !sources.contains(&k) {
+            sources.push(k);
+        }
+    }
+    if sources.is_empty() {
+        return Err(FlagError::NoSource);
+    }
+    Ok(SourceList(sources))
+}
+
+/// `--exec`: split like a shell would, quotes and all.
+pub fn exec_command(s: &str) -> Result<ExecCommand, FlagError> {
+    split_command(s).map(ExecCommand)
+}
+
+/// `--xid-ignore`: comma separated Xids (none when empty).
+pub fn xid_list(s: &str) -> Result<XidList, FlagError> {
+    comma_list(s)
+        .map(|x| x.parse().map_err(|_| FlagError::NotAnXid(x.into())))
+        .collect::<Result<_, _>>()
+        .map(XidList)
+}
+
+/// `--xid-threshold`: comma separated `XID=N/WINDOW` (none when empty).
+pub fn xid_thresholds(s: &str) -> Result<XidThresholds, FlagError> {
+    let mut out = BTreeMap::new();
+    for item in comma_list(s) {
+        let (x, t) = item
+            .split_once('=')
+            .ok_or_else(|| FlagError::NotXidThreshold(item.into()))?;
+        let x: u32 = x
+            .trim()
+            .parse()
+            .map_err(|_| FlagError::NotAnXid(x.trim().into()))?;
+        out.insert(x, xid_threshold(t)?);
+    }
+    Ok(XidThresholds(out))
+}
+
+/// `N/WINDOW`, e.g. `3/10m`.
+pub fn xid_threshold(s: &str) -> Result<XidThreshold, FlagError> {
+    s.parse().map_err(FlagError::Threshold)
+}
+
+/// A temperature in C a chip could have (0 to 200).
+pub fn temperature(s: &str) -> Result<f64, FlagError> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|t| (0.0..=200.0).contains(t))
+        .ok_or_else(|| FlagError::Temperature(s.into()))
 }
 
 /// faultline node agent: reads accelerator health and serves it at /v1/health.
@@ -60,8 +203,8 @@ impl SourceKind {
 #[command(name = "faultline-agent", version, about)]
 pub struct Args {
     /// Sources to read, comma separated: nvml, dcmi, npu-smi, exec, kmsg, sim.
-    #[arg(long, env = "FAULTLINE_SOURCE", default_value = "nvml,kmsg")]
-    pub source: String,
+    #[arg(long, env = "FAULTLINE_SOURCE", default_value = "nvml,kmsg", value_parser = source_list)]
+    pub source: SourceList,
     /// Path of libnvidia-ml.so (default: the loader's search for libnvidia-ml.so.1).
     #[arg(long, env = "FAULTLINE_NVML_LIB")]
     pub nvml_lib: Option<PathBuf>,
@@ -76,17 +219,23 @@ pub struct Args {
     #[arg(long, env = "FAULTLINE_NPU_SMI", default_value = "npu-smi")]
     pub npu_smi: String,
     /// Command that prints the npus[] JSON document, e.g. "/opt/site/health --json".
-    #[arg(long, env = "FAULTLINE_EXEC")]
-    pub exec: Option<String>,
+    #[arg(long, env = "FAULTLINE_EXEC", value_parser = exec_command)]
+    pub exec: Option<ExecCommand>,
     /// Kernel log to follow for Xid lines: /dev/kmsg, a plain file or a FIFO.
     #[arg(long, env = "FAULTLINE_KMSG", default_value = "/dev/kmsg")]
     pub kmsg: PathBuf,
-    /// Number of simulated devices (source sim).
-    #[arg(long, env = "FAULTLINE_SIM_DEVICES", default_value_t = 8)]
+    /// Number of simulated devices (source sim), 1 to 1024.
+    #[arg(long, env = "FAULTLINE_SIM_DEVICES", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub sim_devices: u32,
     /// Vendor the simulated devices pretend to be: nvidia or ascend.
-    #[arg(long, env = "FAULTLINE_SIM_VENDOR", default_value = "nvidia")]
-    pub sim_vendor: String,
+    #[arg(
+        long,
+        env = "FAULTLINE_SIM_VENDOR",
+        value_enum,
+        default_value = "nvidia"
+    )]
+    pub sim_vendor: SimVendor,
     /// Scenario file: a JSON list of timed fault injections for the sim source.
     #[arg(long, env = "FAULTLINE_SIM_SCENARIO")]
     pub sim_scenario: Option<PathBuf>,
@@ -94,17 +243,17 @@ pub struct Args {
     #[arg(long, env = "FAULTLINE_SIM_SEED")]
     pub sim_seed: Option<u64>,
     /// Time between samples of each source.
-    #[arg(long, env = "FAULTLINE_INTERVAL", default_value = "1s")]
-    pub interval: String,
+    #[arg(long, env = "FAULTLINE_INTERVAL", default_value = "1s", value_parser = positive_duration)]
+    pub interval: Duration,
     /// Bound on each call into a source (FFI call or child process).
-    #[arg(long, env = "FAULTLINE_TIMEOUT", default_value = "3s")]
-    pub timeout: String,
+    #[arg(long, env = "FAULTLINE_TIMEOUT", default_value = "3s", value_parser = positive_duration)]
+    pub timeout: Duration,
     /// Retries of a failed call within one sample.
     #[arg(long, env = "FAULTLINE_RETRIES", default_value_t = 2)]
     pub retries: u32,
     /// How long the last good reading is served before the device turns unknown.
-    #[arg(long, env = "FAULTLINE_CACHE_TTL", default_value = "30s")]
-    pub cache_ttl: String,
+    #[arg(long, env = "FAULTLINE_CACHE_TTL", default_value = "30s", value_parser = positive_duration)]
+    pub cache_ttl: Duration,
     /// Hung calls allowed in flight per source before it stops issuing new ones.
     #[arg(long, env = "FAULTLINE_MAX_ABANDONED", default_value_t = 2)]
     pub max_abandoned: u32,
@@ -115,11 +264,11 @@ pub struct Args {
     #[arg(long, env = "FAULTLINE_HTTP_MAX_CONNECTIONS", default_value_t = 2048)]
     pub http_max_connections: usize,
     /// A request's head must arrive within this.
-    #[arg(long, env = "FAULTLINE_HTTP_HEADER_TIMEOUT", default_value = "10s")]
-    pub http_header_timeout: String,
+    #[arg(long, env = "FAULTLINE_HTTP_HEADER_TIMEOUT", default_value = "10s", value_parser = positive_duration)]
+    pub http_header_timeout: Duration,
     /// A connection with nothing in flight and no bytes for this long is closed.
-    #[arg(long, env = "FAULTLINE_HTTP_IDLE_TIMEOUT", default_value = "60s")]
-    pub http_idle_timeout: String,
+    #[arg(long, env = "FAULTLINE_HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = positive_duration)]
+    pub http_idle_timeout: Duration,
     /// Node name (default: $NODE_NAME from the downward API, then the hostname).
     #[arg(long, env = "FAULTLINE_NODE_NAME")]
     pub node_name: Option<String>,
@@ -130,23 +279,23 @@ pub struct Args {
     #[arg(long, env = "FAULTLINE_FAIL_ON_INIT_ERROR")]
     pub fail_on_init_error: bool,
     /// Temperature (C) at or above which a device is degraded.
-    #[arg(long, env = "FAULTLINE_TEMP_THRESHOLD", default_value_t = 85.0)]
+    #[arg(long, env = "FAULTLINE_TEMP_THRESHOLD", default_value_t = 85.0, value_parser = temperature)]
     pub temp_threshold: f64,
     /// Xids to ignore entirely, comma separated (NVIDIA's device plugin ignores 13,31,43,45,68,109).
-    #[arg(long, env = "FAULTLINE_XID_IGNORE", default_value = "")]
-    pub xid_ignore: String,
+    #[arg(long, env = "FAULTLINE_XID_IGNORE", default_value = "", value_parser = xid_list)]
+    pub xid_ignore: XidList,
     /// Per-Xid thresholds XID=N/WINDOW, comma separated, e.g. "94=2/10m,13=5/1m".
-    #[arg(long, env = "FAULTLINE_XID_THRESHOLD", default_value = "")]
-    pub xid_threshold: String,
+    #[arg(long, env = "FAULTLINE_XID_THRESHOLD", default_value = "", value_parser = xid_thresholds)]
+    pub xid_threshold: XidThresholds,
     /// How many fatal Xids within which window fail a device.
-    #[arg(long, env = "FAULTLINE_XID_FATAL", default_value = "1/1h")]
-    pub xid_fatal: String,
+    #[arg(long, env = "FAULTLINE_XID_FATAL", default_value = "1/1h", value_parser = xid_threshold)]
+    pub xid_fatal: XidThreshold,
     /// How many restart-app Xids within which window degrade a device.
-    #[arg(long, env = "FAULTLINE_XID_RESTART_APP", default_value = "3/10m")]
-    pub xid_restart_app: String,
+    #[arg(long, env = "FAULTLINE_XID_RESTART_APP", default_value = "3/10m", value_parser = xid_threshold)]
+    pub xid_restart_app: XidThreshold,
     /// Log format: text or json.
-    #[arg(long, env = "FAULTLINE_LOG_FORMAT", default_value = "text")]
-    pub log_format: String,
+    #[arg(long, env = "FAULTLINE_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
     /// Ascend fault codes graded by the site: lines `CODE LEVEL [STATUS [REASON]]` over
     /// the built-in MindCluster table (common/src/ascend_fault_codes.tsv).
     #[arg(long, env = "FAULTLINE_ASCEND_FAULT_CODES")]
@@ -156,8 +305,13 @@ pub struct Args {
     #[arg(long, env = "FAULTLINE_DAVINCI_DIR", default_value = "/dev")]
     pub davinci_dir: PathBuf,
     /// What a RoCE link that is down makes of an Ascend chip: degraded or failed.
-    #[arg(long, env = "FAULTLINE_ROCE_LINK_DOWN", default_value = "degraded")]
-    pub roce_link_down: String,
+    #[arg(
+        long,
+        env = "FAULTLINE_ROCE_LINK_DOWN",
+        value_enum,
+        default_value = "degraded"
+    )]
+    pub roce_link_down: RoceLinkDown,
 }
 
 /// The checked configuration.
@@ -191,15 +345,8 @@ pub struct Config {
     pub davinci_dir: PathBuf,
 }
 
-fn duration(flag: &str, v: &str) -> anyhow::Result<Duration> {
-    match parse_duration(v) {
-        Some(d) if !d.is_zero() => Ok(d),
-        _ => bail!("--{flag} {v:?}: expected a positive duration such as 500ms, 3s, 1m"),
-    }
-}
-
 /// Split a command line on whitespace, honouring single and double quotes.
-pub fn split_command(s: &str) -> anyhow::Result<Vec<String>> {
+pub fn split_command(s: &str) -> Result<Vec<String>, FlagError> {
     let mut out = Vec::new();
     let mut cur = String::new();
     let mut quote: Option<char> = None;
@@ -222,79 +369,33 @@ pub fn split_command(s: &str) -> anyhow::Result<Vec<String>> {
         }
     }
     if quote.is_some() {
-        bail!("unterminated quote in command {s:?}");
+        return Err(FlagError::UnterminatedQuote(s.into()));
     }
     if has || !cur.is_empty() {
         out.push(cur);
     }
     if out.is_empty() {
-        bail!("empty command");
+        return Err(FlagError::EmptyCommand);
     }
     Ok(out)
 }
 
 impl Config {
-    /// Check the flags and build the configuration.
+    /// Check the flags against each other and build the configuration.
     pub fn from_args(a: Args) -> anyhow::Result<Self> {
-        let mut sources = Vec::new();
-        for s in a.source.split(',').filter(|s| !s.trim().is_empty()) {
-            let k = SourceKind::parse(s)?;
-            if !sources.contains(&k) {
-                sources.push(k);
-            }
-        }
-        if sources.is_empty() {
-            bail!("--source names no source");
-        }
-        let exec = match (&a.exec, sources.contains(&SourceKind::Exec)) {
-            (Some(cmd), _) => Some(split_command(cmd).context("--exec")?),
+        let SourceList(sources) = a.source;
+        let exec = match (a.exec, sources.contains(&SourceKind::Exec)) {
+            (Some(ExecCommand(argv)), _) => Some(argv),
             (None, true) => bail!("--source exec needs --exec \"CMD ARGS\""),
             (None, false) => None,
         };
-        let sim_vendor = match a.sim_vendor.as_str() {
-            "nvidia" => faultline_common::Vendor::Nvidia,
-            "ascend" => faultline_common::Vendor::Ascend,
-            v => bail!("--sim-vendor {v:?}: expected nvidia or ascend"),
+        let mut xid_policy = XidPolicy {
+            ignore: a.xid_ignore.0,
+            thresholds: a.xid_threshold.0,
+            fatal: a.xid_fatal,
+            restart_app: a.xid_restart_app,
+            ..XidPolicy::default()
         };
-        if sources.contains(&SourceKind::Sim) && (a.sim_devices == 0 || a.sim_devices > 1024) {
-            bail!("--sim-devices must be between 1 and 1024");
-        }
-        let mut xid_policy = XidPolicy::default();
-        for x in a
-            .xid_ignore
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-        {
-            xid_policy.ignore.insert(
-                x.parse()
-                    .with_context(|| format!("--xid-ignore: {x:?} is not an Xid"))?,
-            );
-        }
-        for item in a
-            .xid_threshold
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-        {
-            let (x, t) = item
-                .split_once('=')
-                .with_context(|| format!("--xid-threshold {item:?}: expected XID=N/WINDOW"))?;
-            let x: u32 = x
-                .trim()
-                .parse()
-                .with_context(|| format!("--xid-threshold: {x:?} is not an Xid"))?;
-            let t: XidThreshold = t.parse().map_err(anyhow::Error::msg)?;
-            xid_policy.thresholds.insert(x, t);
-        }
-        xid_policy.fatal = a
-            .xid_fatal
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--xid-fatal: {e}"))?;
-        xid_policy.restart_app = a
-            .xid_restart_app
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--xid-restart-app: {e}"))?;
         // Keep events at least as long as the longest window that counts them.
         let longest = xid_policy
             .thresholds
@@ -305,11 +406,12 @@ impl Config {
             .unwrap_or_default();
         xid_policy.retention = xid_policy.retention.max(longest);
 
-        let interval = duration("interval", &a.interval)?;
-        let timeout = duration("timeout", &a.timeout)?;
-        let cache_ttl = duration("cache-ttl", &a.cache_ttl)?;
-        if cache_ttl < interval {
-            bail!("--cache-ttl ({cache_ttl:?}) must be at least --interval ({interval:?})");
+        if a.cache_ttl < a.interval {
+            bail!(
+                "--cache-ttl ({:?}) must be at least --interval ({:?})",
+                a.cache_ttl,
+                a.interval
+            );
         }
         let node_name = a
             .node_name
@@ -321,17 +423,6 @@ impl Config {
                     .map(|s| s.trim().to_string())
             })
             .unwrap_or_else(|| "unknown-node".into());
-        let log_json = match a.log_format.as_str() {
-            "text" => false,
-            "json" => true,
-            v => bail!("--log-format {v:?}: expected text or json"),
-        };
-        if !(0.0..=200.0).contains(&a.temp_threshold) {
-            bail!(
-                "--temp-threshold {} is not a plausible temperature",
-                a.temp_threshold
-            );
-        }
         Ok(Config {
             sources,
             nvml_lib: a.nvml_lib,
@@ -340,19 +431,22 @@ impl Config {
             exec,
             kmsg: a.kmsg,
             sim_devices: a.sim_devices,
-            sim_vendor,
+            sim_vendor: match a.sim_vendor {
+                SimVendor::Nvidia => faultline_common::Vendor::Nvidia,
+                SimVendor::Ascend => faultline_common::Vendor::Ascend,
+            },
             sim_scenario: a.sim_scenario,
             sim_seed: a.sim_seed,
-            interval,
-            timeout,
+            interval: a.interval,
+            timeout: a.timeout,
             retries: a.retries.min(10),
-            cache_ttl,
+            cache_ttl: a.cache_ttl,
             max_abandoned: a.max_abandoned.max(1),
             listen: a.listen,
             http: faultline_common::server::Limits {
                 max_connections: a.http_max_connections.max(1),
-                header_timeout: duration("http-header-timeout", &a.http_header_timeout)?,
-                idle_timeout: duration("http-idle-timeout", &a.http_idle_timeout)?,
+                header_timeout: a.http_header_timeout,
+                idle_timeout: a.http_idle_timeout,
                 ..Default::default()
             },
             node_name,
@@ -360,24 +454,12 @@ impl Config {
             fail_on_init_error: a.fail_on_init_error,
             thresholds: Thresholds {
                 temp_degraded_c: a.temp_threshold,
-                roce_down_failed: match a.roce_link_down.as_str() {
-                    "degraded" => false,
-                    "failed" => true,
-                    v => bail!("--roce-link-down {v:?}: expected degraded or failed"),
-                },
+                roce_down_failed: a.roce_link_down == RoceLinkDown::Failed,
             },
-            davinci_dir: a.davinci_dir.clone(),
-            fault_codes: std::sync::Arc::new(match &a.ascend_fault_codes {
-                Some(p) => {
-                    let text = std::fs::read_to_string(p)
-                        .with_context(|| format!("--ascend-fault-codes {}", p.display()))?;
-                    faultline_common::ascend::Catalog::with_overrides(&text)
-                        .map_err(|e| anyhow::anyhow!("--ascend-fault-codes {}: {e}", p.display()))?
-                }
-                None => faultline_common::ascend::Catalog::builtin().clone(),
-            }),
+            davinci_dir: a.davinci_dir,
+            fault_codes: std::sync::Arc::new(fault_codes(a.ascend_fault_codes.as_deref())?),
             xid_policy,
-            log_json,
+            log_json: a.log_format == LogFormat::Json,
         })
     }
 
@@ -391,19 +473,47 @@ impl Config {
     }
 }
 
+/// The built-in Ascend fault-code table, with the site's file over it.
+fn fault_codes(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<faultline_common::ascend::Catalog> {
+    let Some(p) = path else {
+        return Ok(faultline_common::ascend::Catalog::builtin().clone());
+    };
+    let text = std::fs::read_to_string(p)
+        .with_context(|| format!("--ascend-fault-codes {}", p.display()))?;
+    faultline_common::ascend::Catalog::with_overrides(&text)
+        .map_err(|e| anyhow::anyhow!("--ascend-fault-codes {}: {e}", p.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn parse(args: &[&str]) -> anyhow::Result<Config> {
+        Config::parse_from(std::iter::once("faultline-agent").chain(args.iter().copied()))
+    }
+
     #[test]
     fn defaults_are_runnable() {
-        let c = Config::parse_from(["faultline-agent"]).unwrap();
+        let c = parse(&[]).unwrap();
         assert_eq!(c.sources, vec![SourceKind::Nvml, SourceKind::Kmsg]);
         assert_eq!(c.interval, Duration::from_secs(1));
         assert_eq!(c.timeout, Duration::from_secs(3));
         assert_eq!(c.retries, 2);
         assert_eq!(c.cache_ttl, Duration::from_secs(30));
         assert_eq!(c.listen.port(), 8081);
+        assert_eq!(c.http.header_timeout, Duration::from_secs(10));
+        assert_eq!(c.http.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.http.max_connections, 2048);
+        assert_eq!(c.exec, None);
+        assert_eq!(c.sim_devices, 8);
+        assert_eq!(c.sim_vendor, faultline_common::Vendor::Nvidia);
+        assert!(!c.log_json);
+        assert_eq!(c.thresholds, Thresholds::default());
+        assert_eq!(c.xid_policy, XidPolicy::default());
+        assert_eq!(c.dcmi_lib, PathBuf::from("/usr/local/dcmi/libdcmi.so"));
+        assert_eq!(c.davinci_dir, PathBuf::from("/dev"));
     }
 
     #[test]
@@ -416,11 +526,136 @@ mod tests {
             (vec!["--xid-threshold", "79"], "XID=N/WINDOW"),
             (vec!["--xid-threshold", "79=0/1m"], "at least 1"),
         ] {
-            let mut full = vec!["faultline-agent"];
-            full.extend(args.iter().copied());
-            let err = format!("{:#}", Config::parse_from(full).unwrap_err());
+            let err = format!("{:#}", parse(&args).unwrap_err());
             assert!(err.contains(needle), "{args:?}: {err}");
         }
+    }
+
+    /// A bad value is clap's error, naming the flag and the value, before anything runs.
+    #[test]
+    fn bad_values_fail_in_clap_naming_the_flag() {
+        for (flag, bad, why) in [
+            ("--source", "gpu", "unknown source \"gpu\""),
+            ("--source", " , ", "names no source"),
+            ("--interval", "0s", "must be more than zero"),
+            ("--timeout", "0", "must be more than zero"),
+            ("--cache-ttl", "soon", "expected a duration"),
+            ("--http-header-timeout", "1.5s", "expected a duration"),
+            ("--http-idle-timeout", "0ms", "must be more than zero"),
+            ("--sim-devices", "0", "1..=1024"),
+            ("--sim-devices", "1025", "1..=1024"),
+            ("--sim-vendor", "amd", "possible values: nvidia, ascend"),
+            ("--log-format", "xml", "possible values: text, json"),
+            (
+                "--roce-link-down",
+                "maybe",
+                "possible values: degraded, failed",
+            ),
+            ("--temp-threshold", "201", "from 0 to 200"),
+            ("--temp-threshold", "NaN", "from 0 to 200"),
+            ("--xid-ignore", "13,x", "\"x\" is not an Xid"),
+            ("--xid-threshold", "x=1/1m", "\"x\" is not an Xid"),
+            ("--xid-fatal", "1/1y", "is not a duration"),
+            ("--xid-restart-app", "3", "expected N/WINDOW"),
+            ("--exec", "\"open", "unterminated quote"),
+            ("--exec", "  ", "empty command"),
+        ] {
+            let err = parse(&[flag, bad]).unwrap_err();
+            let clap = err
+                .downcast_ref::<clap::Error>()
+                .unwrap_or_else(|| panic!("{flag} {bad:?}: not clap's error: {err:#}"));
+            use clap::error::ErrorKind::{InvalidValue, ValueValidation};
+            assert!(
+                matches!(clap.kind(), InvalidValue | ValueValidation),
+                "{flag}: {:?}",
+                clap.kind()
+            );
+            let text = clap.to_string();
+            assert!(text.contains(flag), "{flag} {bad:?}: {text}");
+            assert!(text.contains(why), "{flag} {bad:?}: {text}");
+        }
+    }
+
+    #[test]
+    fn choices_and_lists_parse_as_before() {
+        let c = parse(&[
+            "--source",
+            " sim, npusmi,sim,,npu_smi ,exec",
+            "--exec",
+            "/opt/x --json 'a b'",
+            "--sim-vendor",
+            "ascend",
+            "--log-format",
+            "json",
+            "--roce-link-down",
+            "failed",
+            "--temp-threshold",
+            "90.5",
+            "--retries",
+            "50",
+            "--max-abandoned",
+            "0",
+            "--http-max-connections",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.sources,
+            [SourceKind::Sim, SourceKind::NpuSmi, SourceKind::Exec],
+            "blanks skipped, each source once, in the order first named"
+        );
+        assert_eq!(c.exec.unwrap(), ["/opt/x", "--json", "a b"]);
+        assert_eq!(c.sim_vendor, faultline_common::Vendor::Ascend);
+        assert!(c.log_json);
+        assert_eq!(
+            c.thresholds,
+            Thresholds {
+                temp_degraded_c: 90.5,
+                roce_down_failed: true
+            }
+        );
+        assert_eq!(c.retries, 10, "retries are capped");
+        assert_eq!(c.max_abandoned, 1, "at least one call may hang");
+        assert_eq!(c.http.max_connections, 1);
+        let c = parse(&["--interval", "250ms", "--cache-ttl", "2m", "--timeout", "1"]).unwrap();
+        assert_eq!(
+            (c.interval, c.cache_ttl, c.timeout),
+            (
+                Duration::from_millis(250),
+                Duration::from_secs(120),
+                Duration::from_secs(1)
+            )
+        );
+    }
+
+    #[test]
+    fn source_names_are_the_flag_names() {
+        for k in SourceKind::value_variants() {
+            let v = k.to_possible_value().unwrap();
+            assert_eq!(v.get_name(), k.as_str());
+            assert_eq!(source_list(k.as_str()), Ok(SourceList(vec![*k])));
+        }
+    }
+
+    #[test]
+    fn an_ascend_fault_code_file_is_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("codes");
+        std::fs::write(&good, "8C084E00 SeparateNPU\n").unwrap();
+        let c = parse(&["--ascend-fault-codes", good.to_str().unwrap()]).unwrap();
+        assert_eq!(
+            c.fault_codes.grade(0x8C08_4E00).status,
+            faultline_common::DeviceStatus::Failed
+        );
+        let bad = dir.path().join("bad");
+        std::fs::write(&bad, "8C084E00 Broken\n").unwrap();
+        let e = format!(
+            "{:#}",
+            parse(&["--ascend-fault-codes", bad.to_str().unwrap()]).unwrap_err()
+        );
+        assert!(e.contains("--ascend-fault-codes"), "{e}");
+        let missing = dir.path().join("missing");
+        assert!(parse(&["--ascend-fault-codes", missing.to_str().unwrap()]).is_err());
     }
 
     #[test]
@@ -444,8 +679,12 @@ mod tests {
             split_command(r#"/opt/x --json "a b" 'c'"#).unwrap(),
             vec!["/opt/x", "--json", "a b", "c"]
         );
-        assert!(split_command("\"open").is_err());
-        assert!(split_command("   ").is_err());
+        assert_eq!(
+            split_command("\"open"),
+            Err(FlagError::UnterminatedQuote("\"open".into()))
+        );
+        assert_eq!(split_command("   "), Err(FlagError::EmptyCommand));
+        assert_eq!(split_command("a ''"), Ok(vec!["a".into(), String::new()]));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use faultline_common::api::ErrorBody;
 use faultline_common::fault::FaultDocument;
+use faultline_common::sync::Locked;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
@@ -162,7 +163,7 @@ async fn faults(State(s): State<ApiState>) -> Result<Response, ApiError> {
     if !s.ready.load(Ordering::Acquire) {
         return Err(not_yet());
     }
-    let cached = s.latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let cached = s.latest.locked().clone();
     let doc = match cached {
         Some(d) => d,
         None => {
@@ -185,7 +186,7 @@ async fn faults(State(s): State<ApiState>) -> Result<Response, ApiError> {
 
 /// The JSON of `doc`, serialized once however many requests share it.
 fn rendered(s: &ApiState, doc: Arc<FaultDocument>) -> Result<axum::body::Bytes, ApiError> {
-    let mut r = s.rendered.lock().unwrap_or_else(|p| p.into_inner());
+    let mut r = s.rendered.locked();
     if let Some((d, bytes)) = r.as_ref() {
         if Arc::ptr_eq(d, &doc) {
             return Ok(bytes.clone());

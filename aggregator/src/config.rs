@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, ValueEnum};
-use faultline_common::xid::parse_duration;
+use faultline_common::time::parse_duration;
 
 use crate::ingest::IntakeConfig;
 use crate::notify::Target;

@@ -6,6 +6,41 @@ use faultline_common::reading::normalize_bus_id;
 use faultline_common::DeviceStatus;
 use serde::{Deserialize, Serialize};
 
+/// What said a device failed: the wire form (`agent`, `alert`, `kubelet`) is what
+/// quarantine records on Nodes carry, so a record written by a newer version with a kind
+/// this one does not know reads as [`Provenance::Other`] instead of failing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provenance {
+    /// The aggregator's own verdict from the agent's readings.
+    Agent,
+    /// The alert intake.
+    Alert,
+    /// A pod's `allocatedResourcesStatus` (KEP-4680).
+    Kubelet,
+    /// A kind this version does not know.
+    #[serde(other)]
+    Other,
+}
+
+impl Provenance {
+    /// The wire form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provenance::Agent => "agent",
+            Provenance::Alert => "alert",
+            Provenance::Kubelet => "kubelet",
+            Provenance::Other => "other",
+        }
+    }
+}
+
+impl std::fmt::Display for Provenance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One failed (or unknown) device, as a quarantine record, an announcement or a
 /// notification names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,10 +55,9 @@ pub struct RecordDevice {
     pub pci_bus_id: Option<String>,
     /// Why it failed.
     pub reason: String,
-    /// What said so: `agent` (the aggregator's own verdict), `alert` (the intake) or
-    /// `kubelet` (a pod's allocatedResourcesStatus).
+    /// What said so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
+    pub source: Option<Provenance>,
     /// The metric and its value behind the verdict, where there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metric: Option<String>,

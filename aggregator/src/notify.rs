@@ -271,7 +271,7 @@ mod tests {
             devices: vec![RecordDevice {
                 uuid: Some("GPU-123456".into()),
                 pci_bus_id: Some("00000000:3B:00.0".into()),
-                source: Some("alert".into()),
+                source: Some(crate::model::Provenance::Alert),
                 metric: Some("xid_error".into()),
                 value: Some("Xid 79".into()),
                 ..RecordDevice::new("gpu3", "alert:xid_error")

@@ -21,6 +21,7 @@ pub mod runtime;
 pub mod server;
 pub mod state;
 pub mod status;
+pub mod sync;
 pub mod time;
 pub mod xid;
 

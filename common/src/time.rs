@@ -1,5 +1,6 @@
 //! Wall-clock helpers shared by the agent and the aggregator: milliseconds since the
-//! epoch and RFC 3339 text, in one place so every document and record uses one format.
+//! epoch and RFC 3339 text, in one place so every document and record uses one format;
+//! and [`parse_duration`], the one spelling of a duration in flags and thresholds.
 //!
 //! Everything that judges time in the domain (windows, the state machine) takes `now`
 //! as an argument; these are for the edges that stamp or read a time.
@@ -66,6 +67,24 @@ pub fn age_secs_at(at: &str, now_ms: u64) -> Option<f64> {
 /// Seconds from `at` (RFC 3339) to now (negative when `at` is in the future).
 pub fn age_secs(at: &str) -> Option<f64> {
     age_secs_at(at, now_ms())
+}
+
+/// Parse `500ms`, `30s`, `10m`, `1h`, `2d` or plain seconds; `None` for anything else,
+/// or a duration too long to hold in milliseconds.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let ms = match unit {
+        "ms" => n,
+        "" | "s" => n.checked_mul(1_000)?,
+        "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        "d" => n.checked_mul(86_400_000)?,
+        _ => return None,
+    };
+    Some(Duration::from_millis(ms))
 }
 
 /// The clock a component judges time by: the system's, moved forward by hand in tests
@@ -146,5 +165,27 @@ mod tests {
             Some(2.5)
         );
         assert!(age_secs(&rfc3339_after(Duration::from_secs(60))).unwrap() < -50.0);
+    }
+
+    #[test]
+    fn durations_parse_in_every_unit() {
+        for (text, want) in [
+            ("250ms", Some(Duration::from_millis(250))),
+            ("7", Some(Duration::from_secs(7))),
+            ("30s", Some(Duration::from_secs(30))),
+            (" 10m ", Some(Duration::from_secs(600))),
+            ("1h", Some(Duration::from_secs(3600))),
+            ("2d", Some(Duration::from_secs(172_800))),
+            ("0s", Some(Duration::ZERO)),
+            ("", None),
+            ("1.5s", None),
+            ("-1s", None),
+            ("10y", None),
+            ("1 h", None),
+            ("99999999999999999999", None),
+            ("213503982334602d", None),
+        ] {
+            assert_eq!(parse_duration(text), want, "{text:?}");
+        }
     }
 }

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::reading::DeviceStatus;
+use crate::time::parse_duration;
 
 /// What an Xid means for the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -157,23 +158,6 @@ impl std::str::FromStr for XidThreshold {
             .ok_or_else(|| format!("threshold {s:?}: {w:?} is not a duration (30s, 10m, 1h)"))?;
         Ok(XidThreshold { count, window })
     }
-}
-
-/// Parse `500ms`, `30s`, `10m`, `1h`, `2d` or plain seconds.
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let ms = match unit {
-        "ms" => n,
-        "" | "s" => n.checked_mul(1_000)?,
-        "m" => n.checked_mul(60_000)?,
-        "h" => n.checked_mul(3_600_000)?,
-        "d" => n.checked_mul(86_400_000)?,
-        _ => return None,
-    };
-    Some(Duration::from_millis(ms))
 }
 
 /// How Xid events turn into a device status.
@@ -390,7 +374,5 @@ mod tests {
         for bad in ["3", "0/1m", "x/1m", "3/10y", "3/"] {
             assert!(bad.parse::<XidThreshold>().is_err(), "{bad}");
         }
-        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_duration("7"), Some(Duration::from_secs(7)));
     }
 }

@@ -2,7 +2,7 @@
 //! what they return is bounded and well formed.
 
 use faultline_common::reading::normalize_bus_id;
-use faultline_common::xid::parse_duration;
+use faultline_common::time::parse_duration;
 use proptest::prelude::*;
 
 fn well_formed_bus(s: &str) -> bool {

@@ -16,11 +16,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use faultline_common::sync::Locked;
 use faultline_common::time::now_ms;
 use tokio::sync::mpsc;
 
-use crate::metrics::Metrics;
-use crate::model::{RecordDevice, Verdict};
+use crate::metrics::{Action, ActionResult, Metrics};
+use crate::model::{Provenance, RecordDevice, Verdict};
 use crate::pipeline::Pipeline;
 use crate::remediate::{Outcome, RemediateError, Remediator};
 use crate::shard::{Fence, Shards};
@@ -36,15 +37,14 @@ impl InFlight {
     /// The node's turn, unless a pass of it is running.
     pub fn take(&self, node: &str) -> Option<Slot> {
         self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .insert(node.to_string())
             .then(|| Slot(self.clone(), node.to_string()))
     }
 
     /// Passes running now.
     pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.0.locked().len()
     }
 
     /// Whether no pass is running.
@@ -55,11 +55,7 @@ impl InFlight {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        (self.0)
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.1);
+        (self.0).0.locked().remove(&self.1);
     }
 }
 
@@ -222,7 +218,7 @@ impl Dispatch {
             let views = pipeline.device_views(&node);
             let (known, unverified): (Vec<RecordDevice>, Vec<RecordDevice>) =
                 extra.iter().cloned().partition(|d| {
-                    d.source.as_deref() != Some("alert")
+                    d.source != Some(Provenance::Alert)
                         || views.iter().any(|v| v.device.same_device(d))
                 });
             for d in &known {
@@ -336,7 +332,7 @@ impl NodePass {
             }
         }
         if let Err(e) = self.isolate_then_evict(t0).await {
-            self.metrics.action("quarantine", "error");
+            self.metrics.action(Action::Quarantine, ActionResult::Error);
             self.metrics.remediation_error(e.metric_label());
             tracing::warn!(node = %node, error = %e, "remediation pass failed; the next one retries");
         }
@@ -393,7 +389,7 @@ impl NodePass {
         tracing::debug!(node = %node, ?outcome, "isolation pass");
         if outcome == Outcome::Isolated {
             self.metrics
-                .action_time("quarantine", t0.elapsed().as_secs_f64());
+                .action_time(Action::Quarantine, t0.elapsed().as_secs_f64());
         }
         if !self.extra.is_empty() && outcome.settles() {
             // On the Node now (or deliberately not acted on): done with them. Held back
@@ -411,7 +407,7 @@ impl NodePass {
         let e = r.evict(node, &self.fence).await?;
         if !e.evicted.is_empty() {
             self.metrics
-                .action_time("evict", t1.elapsed().as_secs_f64());
+                .action_time(Action::Evict, t1.elapsed().as_secs_f64());
         }
         tracing::debug!(node = %node, ?e, "eviction pass");
         Ok(())

@@ -5,6 +5,7 @@
 
 pub mod core;
 pub mod dispatch;
+pub mod schedule;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

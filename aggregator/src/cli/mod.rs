@@ -224,7 +224,7 @@ async fn release(
 ) -> anyhow::Result<()> {
     // Parsed before anything is written: a bad --wait must not leave a request behind.
     let wait =
-        faultline_common::xid::parse_duration(wait).with_context(|| format!("--wait {wait:?}"))?;
+        faultline_common::time::parse_duration(wait).with_context(|| format!("--wait {wait:?}"))?;
     let nodes: Api<Node> = Api::all(client.clone());
     let live = nodes
         .get(node)

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::model::{RecordDevice, Verdict};
+use crate::model::{Provenance, RecordDevice, Verdict};
 
 /// A device's health as a pod's status tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,7 +155,7 @@ pub fn verdict(d: PodDevice) -> Option<Verdict> {
     }
     let device = RecordDevice {
         uuid: d.id.starts_with("GPU-").then(|| d.id.clone()),
-        source: Some("kubelet".into()),
+        source: Some(Provenance::Kubelet),
         metric: Some(format!("{} allocatedResourcesStatus", d.resource)),
         value: Some(d.health.clone()),
         ..RecordDevice::new(d.id.clone(), "kubelet:Unhealthy")

@@ -9,7 +9,7 @@ use faultline_common::rules::{DeviceWindows, Measure, Rules};
 use faultline_common::state::DeviceState;
 use faultline_common::DeviceStatus;
 
-use crate::model::RecordDevice;
+use crate::model::{Provenance, RecordDevice};
 
 pub(super) struct Device {
     pub(super) windows: DeviceWindows,
@@ -77,7 +77,7 @@ pub(super) fn record_device(n: &Node, id: &str, reason: String) -> RecordDevice 
     RecordDevice {
         uuid: last.and_then(|l| l.uuid.as_deref().map(String::from)),
         pci_bus_id: last.and_then(|l| l.pci_bus_id.as_deref().map(String::from)),
-        source: Some("agent".into()),
+        source: Some(Provenance::Agent),
         ..RecordDevice::new(id, reason)
     }
 }

@@ -19,6 +19,7 @@ use std::sync::Mutex;
 
 pub use faultline_common::fault::{page_name, parse_page_name};
 use faultline_common::fault::{page_of, FaultDocument, NodeFaults, ShardIndex};
+use faultline_common::sync::Locked;
 use k8s_openapi::api::core::v1::ConfigMap;
 pub use kube::api::ObjectMeta;
 use kube::api::{Api, PostParams};
@@ -329,12 +330,7 @@ impl ConfigMapSink {
 
     /// The resourceVersion and sequence of a page: ours from the last write, else read.
     async fn known(&self, shard: u32, page: u32) -> Result<(Option<String>, u64), WriteError> {
-        let cached = self
-            .last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&(shard, page))
-            .cloned();
+        let cached = self.last.locked().get(&(shard, page)).cloned();
         Ok(match cached {
             Some((rv, seq)) => (Some(rv), seq),
             None => match self
@@ -349,10 +345,7 @@ impl ConfigMapSink {
     }
 
     fn remember(&self, shard: u32, page: u32, rv: String, seq: u64) {
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((shard, page), (rv, seq));
+        self.last.locked().insert((shard, page), (rv, seq));
     }
 
     /// The body of a page's ConfigMap and the bytes of its keys, within the limit
@@ -427,10 +420,7 @@ impl ConfigMapSink {
     /// Forget what we know of a shard (after losing it or an error): the next write
     /// reads the ConfigMap again.
     pub fn forget(&self, shard: u32) {
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(s, _), _| *s != shard);
+        self.last.locked().retain(|(s, _), _| *s != shard);
     }
 }
 

@@ -17,6 +17,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use faultline_common::sync::Locked;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
@@ -65,7 +66,7 @@ impl Nudger {
     }
 
     fn take(&self) -> bool {
-        let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = self.bucket.locked();
         let now = Instant::now();
         b.tokens =
             (b.tokens + now.duration_since(b.last).as_secs_f64() * self.rate).min(self.rate * 2.0);

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use faultline_common::fault::{shard_of, FaultDocument};
+use faultline_common::sync::Locked;
 use faultline_common::time::now_ms;
 
 use super::configmap::{ConfigMapSink, WriteError};
@@ -77,12 +78,7 @@ pub struct WriteOrder(Mutex<std::collections::HashMap<u32, Arc<tokio::sync::Mute
 impl WriteOrder {
     /// The turn of `shard`: the sequence of the newest document it had out.
     fn of(&self, shard: u32) -> Arc<tokio::sync::Mutex<u64>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(shard)
-            .or_default()
-            .clone()
+        self.0.locked().entry(shard).or_default().clone()
     }
 }
 
@@ -146,7 +142,7 @@ impl Publisher {
             Publisher::File { out, latest } => {
                 alarming.clear();
                 let whole = Arc::new(document(pipeline, sequence, writer, 0, 1));
-                *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(whole.clone());
+                *latest.locked() = Some(whole.clone());
                 let (out, metrics, failed) = (out.clone(), metrics.clone(), failed.clone());
                 tokio::task::spawn_blocking(move || write_files(&out, &whole, &metrics, &failed))
             }

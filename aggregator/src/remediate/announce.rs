@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use faultline_common::fault::fnv1a64;
+use faultline_common::sync::Locked;
 use faultline_common::time::now_rfc3339;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -19,7 +20,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 
 use super::record::describe;
-use crate::metrics::Metrics;
+use crate::metrics::{Action, ActionResult, Metrics};
 use crate::model::RecordDevice;
 use crate::notify::{Notification, Notifier, Severity};
 
@@ -73,14 +74,14 @@ impl Announcer {
     }
 
     /// Count an action's result.
-    pub fn metric(&self, action: &str, result: &str) {
+    pub fn metric(&self, action: Action, result: ActionResult) {
         if let Some(m) = &self.metrics {
             m.action(action, result);
         }
     }
 
     /// Count how long an action's pass took.
-    pub fn action_time(&self, action: &str, secs: f64) {
+    pub fn action_time(&self, action: Action, secs: f64) {
         if let Some(m) = &self.metrics {
             m.action_time(action, secs);
         }
@@ -137,7 +138,7 @@ impl Announcer {
                     if attempt == 2 {
                         // Not known to be recorded: the next pass that reaches this
                         // point tries again (the name keeps it to one).
-                        self.metric("event", "error");
+                        self.metric(Action::Event, ActionResult::Error);
                         tracing::warn!(node, reason, error = %e, "cannot record the Event; the next pass retries");
                         return false;
                     }
@@ -167,14 +168,11 @@ impl Announcer {
     }
 
     fn known(&self, name: &str) -> bool {
-        self.announced
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(name)
+        self.announced.locked().contains(name)
     }
 
     fn remember(&self, name: String) {
-        let mut a = self.announced.lock().unwrap_or_else(|p| p.into_inner());
+        let mut a = self.announced.locked();
         if a.len() > ANNOUNCED_MAX {
             a.clear();
         }

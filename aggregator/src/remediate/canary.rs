@@ -13,9 +13,11 @@ use super::error::{Outcome, RemediateError};
 use super::patch::NodePatch;
 use super::policy::{canary_retry_wait, canary_verdict, CanarySpec, Mode};
 use super::record::{
-    CanaryRun, CanaryState, LiveNode, QuarantineRecord, ReleaseRequest, CANARY_LABEL,
+    CanaryRun, CanaryState, LiveNode, QuarantineRecord, ReleaseRequest, CANARY_LABEL, TAINT_EFFECT,
 };
 use super::remediator::Remediator;
+use super::view::JobView;
+use crate::metrics::{Action, ActionResult};
 use crate::shard::Fence;
 
 /// The canary Job: the template, named, pinned to the node, tolerating faultline's
@@ -53,7 +55,7 @@ pub fn canary_job(template: &Job, name: &str, node: &str, taint_key: &str) -> Jo
         .push(Toleration {
             key: Some(taint_key.to_string()),
             operator: Some("Exists".into()),
-            effect: Some("NoSchedule".into()),
+            effect: Some(TAINT_EFFECT.into()),
             ..Default::default()
         });
     job
@@ -84,7 +86,12 @@ impl Remediator {
         match record.canary.clone() {
             Some(c) if c.state == CanaryState::Running => {
                 let job = jobs.get_opt(c.job_name()).await?;
-                match canary_verdict(&c, job.as_ref(), canary.timeout, self.clock.now_ms()) {
+                match canary_verdict(
+                    &c,
+                    job.as_ref().map(JobView::of),
+                    canary.timeout,
+                    self.clock.now_ms(),
+                ) {
                     CanaryState::Succeeded => {
                         let mut r = release;
                         r.reason = format!("{}; canary {} succeeded", r.reason, c.job);
@@ -112,7 +119,7 @@ impl Remediator {
                         if job.is_some() {
                             let _ = jobs.delete(c.job_name(), &DeleteParams::background()).await;
                         }
-                        self.announce.metric("canary", "failed");
+                        self.announce.metric(Action::Canary, ActionResult::Failed);
                         self.announce.event(node, "FaultlineCanaryFailed", &c.job, format!("canary {} failed: the node stays quarantined; another try after the cool-down", c.job), true, &record.devices).await;
                         Ok(Outcome::Waiting(format!("canary {} failed", c.job)))
                     }
@@ -145,7 +152,7 @@ impl Remediator {
             return Err(RemediateError::NotHolder);
         }
         if self.mode == Mode::DryRun {
-            self.announce.metric("canary", "dry-run");
+            self.announce.metric(Action::Canary, ActionResult::DryRun);
             self.announce
                 .event(
                     node,
@@ -179,7 +186,7 @@ impl Remediator {
         let mut patch = NodePatch::on(&live.node);
         patch.record(&record);
         self.apply(node, patch, fence).await?;
-        self.announce.metric("canary", "started");
+        self.announce.metric(Action::Canary, ActionResult::Started);
         audit("canary", node, &record.devices, &self.actor, &job_ref);
         self.announce.event(node, "FaultlineCanaryStarted", &job_ref, format!("devices healthy past the cool-down: canary Job {job_ref} must succeed before the release"), false, &record.devices).await;
         Ok(Outcome::Waiting(format!("canary {job_ref} started")))

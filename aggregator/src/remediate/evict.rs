@@ -28,6 +28,8 @@ use super::patch::NodePatch;
 use super::policy::{blocked, wants_eviction, Blocked, Mode};
 use super::record::{describe, LiveNode, QuarantineRecord};
 use super::remediator::Remediator;
+use super::view::PodView;
+use crate::metrics::{Action, ActionResult};
 use crate::shard::Fence;
 
 /// Record writes tried at most when the Node keeps changing under the pass.
@@ -112,7 +114,7 @@ impl Remediator {
         let pods = self.pods_on(node).await?;
         let targets: Vec<&Pod> = pods
             .iter()
-            .filter(|p| wants_eviction(p, &self.resources, &record.devices))
+            .filter(|p| wants_eviction(&PodView::of(p, &self.resources), &record.devices))
             .collect();
         let mut touched = Vec::new();
         let mut throttled = false;
@@ -144,7 +146,7 @@ impl Remediator {
                         &self.clock.rfc3339(),
                         &self.actor,
                     );
-                    self.announce.metric("evict", "ok");
+                    self.announce.metric(Action::Evict, ActionResult::Ok);
                     self.announce
                         .event(
                             node,
@@ -193,7 +195,7 @@ impl Remediator {
         let mut n = 0;
         for pod in pods
             .iter()
-            .filter(|p| wants_eviction(p, &self.resources, devices))
+            .filter(|p| wants_eviction(&PodView::of(p, &self.resources), devices))
         {
             let Some((ns, name, key)) = pod_key(pod) else {
                 continue;
@@ -210,7 +212,7 @@ impl Remediator {
                 )
                 .await
             {
-                self.announce.metric("evict", "dry-run");
+                self.announce.metric(Action::Evict, ActionResult::DryRun);
                 n += 1;
             }
         }
@@ -242,7 +244,8 @@ impl Remediator {
     /// Announce an alert that names a device neither the node's agent nor the kubelet
     /// reports: nothing is acted on for it.
     pub async fn announce_unattributed(&self, node: &str, device: &crate::model::RecordDevice) {
-        self.announce.metric("alert", "unattributed");
+        self.announce
+            .metric(Action::Alert, ActionResult::Unattributed);
         tracing::warn!(node, device = %device.id, reason = %device.reason, "alert names a device no agent or pod of the node reports: announced, not acted on");
         self.announce
             .event(
@@ -281,7 +284,7 @@ impl Remediator {
                     if (e.code == 409 || e.code == 422) && attempt < RECORD_WRITE_ATTEMPTS =>
                 {
                     attempt += 1;
-                    self.announce.metric("record", "retried");
+                    self.announce.metric(Action::Record, ActionResult::Retried);
                     let fresh = self.read(node).await?;
                     let Some(mut now) = fresh.record.clone() else {
                         // Released meanwhile: nothing left to record against.
@@ -311,7 +314,7 @@ impl Remediator {
             Err(kube::Error::Api(e)) if e.code == 404 => return Ok(PodEviction::Evicted),
             Err(kube::Error::Api(e)) if e.code == 429 && is_budget_refusal(&e) => {}
             Err(kube::Error::Api(e)) if e.code == 429 => {
-                self.announce.metric("evict", "throttled");
+                self.announce.metric(Action::Evict, ActionResult::Throttled);
                 tracing::info!(node, pod = %key, message = %e.message, "the API is shedding load: evictions wait for the next pass");
                 return Ok(PodEviction::Throttled);
             }
@@ -336,7 +339,7 @@ impl Remediator {
         ) {
             Blocked::Retry => Ok(PodEviction::Blocked),
             Blocked::GiveUp => {
-                self.announce.metric("evict", "given-up");
+                self.announce.metric(Action::Evict, ActionResult::GivenUp);
                 self.announce.event(node, "FaultlineEvictionBlocked", key, format!("{ns}/{name}: its disruption budget refused eviction for {}s; left alone", waited as u64), true, &record.devices).await;
                 record.evicted.push(key.to_string());
                 Ok(PodEviction::GivenUp)
@@ -350,7 +353,7 @@ impl Remediator {
                     Err(e) => return Err(e.into()),
                 }
                 audit("delete", node, &record.devices, &self.actor, key);
-                self.announce.metric("evict", "deleted");
+                self.announce.metric(Action::Evict, ActionResult::Deleted);
                 record.eviction_blocked.remove(key);
                 record.evicted.push(key.to_string());
                 record.act(
@@ -374,7 +377,7 @@ impl Remediator {
         code: u16,
         record: &mut QuarantineRecord,
     ) -> PodEviction {
-        self.announce.metric("evict", "failed");
+        self.announce.metric(Action::Evict, ActionResult::Failed);
         tracing::warn!(node, pod = %key, %why, "eviction failed; the next pass retries");
         self.announce
             .event(

@@ -10,13 +10,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use faultline_common::sync::Locked;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
 
 use super::error::RemediateError;
 use super::policy::Budget;
-use super::record::DEVICES_LABEL;
+use super::record::{DEVICES_LABEL, UNKNOWN_MARK};
+use super::view;
 
 /// The quarantine budget, counted from the Nodes themselves (the devices label), so
 /// every replica sees the same count.
@@ -60,8 +62,14 @@ impl BudgetGuard {
             .into_iter()
             .filter(|n| !unknown_only(n))
             .collect();
+        let domain = |n: &Node| {
+            let label = self.budget.per_domain.as_ref().map(|(l, _)| l.as_str())?;
+            view::label(n, label)
+        };
+        let domains: Vec<Option<String>> = quarantined.iter().map(domain).collect();
+        let mine = domain(node);
         if quarantined.len() >= self.budget.max_nodes {
-            return Ok(self.budget.refusal(node, &quarantined, || 0));
+            return Ok(self.budget.refusal(mine.as_deref(), &domains, || 0));
         }
         // The share's base may come from the watch cache (resourceVersion=0).
         let mut lp = ListParams::default().match_any();
@@ -69,7 +77,7 @@ impl BudgetGuard {
             lp = lp.labels(&self.budget.node_selector);
         }
         let total = nodes.list(&lp).await?.items.len();
-        Ok(self.budget.refusal(node, &quarantined, || total))
+        Ok(self.budget.refusal(mine.as_deref(), &domains, || total))
     }
 
     /// Why the unknown guard may not taint one more node, if it may not: it has
@@ -98,7 +106,7 @@ fn unknown_only(node: &Node) -> bool {
         .labels
         .as_ref()
         .and_then(|l| l.get(DEVICES_LABEL))
-        .is_some_and(|v| v == "unknown")
+        .is_some_and(|v| v == UNKNOWN_MARK)
 }
 
 /// The circuit breaker: when very many nodes fail within a short time it is usually the
@@ -281,7 +289,7 @@ impl EvictionRate {
         if self.per_minute <= 0.0 {
             return true;
         }
-        let mut g = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.tokens.locked();
         let refill = now.saturating_duration_since(g.1).as_secs_f64() * self.per_minute / 60.0;
         // At least one token fits, or a rate under 1 per minute would never evict.
         g.0 = (g.0 + refill).min(self.per_minute.max(1.0));
@@ -316,7 +324,7 @@ pub struct Hold {
 impl HeldBack {
     /// Hold `node` back.
     pub fn hold(&self, node: &str) -> Hold {
-        let mut g = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.nodes.locked();
         let first_overall = g.is_empty();
         Hold {
             first_for_node: g.insert(node.to_string()),
@@ -327,20 +335,12 @@ impl HeldBack {
 
     /// `node` was quarantined after all.
     pub fn release(&self, node: &str) {
-        self.nodes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(node);
+        self.nodes.locked().remove(node);
     }
 
     /// The nodes held back now.
     pub fn list(&self) -> Vec<String> {
-        self.nodes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        self.nodes.locked().iter().cloned().collect()
     }
 }
 

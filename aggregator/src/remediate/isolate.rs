@@ -13,12 +13,14 @@ use k8s_openapi::api::core::v1::Taint;
 use super::announce::audit;
 use super::error::{Outcome, RemediateError};
 use super::patch::NodePatch;
-use super::policy::{node_ready, not_suppressed, young, Mode};
+use super::policy::{not_suppressed, young, Mode};
 use super::record::{
     describe, fingerprint, history_of, label_value, LiveNode, QuarantineRecord,
-    ANNOUNCE_RETRY_SECS, CONDITION, DEVICES_LABEL,
+    ANNOUNCE_RETRY_SECS, CONDITION, DEVICES_LABEL, UNKNOWN_MARK,
 };
 use super::remediator::Remediator;
+use super::view::node_ready;
+use crate::metrics::{Action, ActionResult};
 use crate::model::RecordDevice;
 use crate::shard::Fence;
 
@@ -126,7 +128,8 @@ impl Remediator {
         }
         if self.mode == Mode::DryRun {
             tracing::warn!(node, devices = ?ids, taint = %self.taint.key, "dry-run: would quarantine");
-            self.announce.metric("quarantine", "dry-run");
+            self.announce
+                .metric(Action::Quarantine, ActionResult::DryRun);
             self.announce
                 .event(
                     node,
@@ -174,7 +177,7 @@ impl Remediator {
             .await?;
         self.held_back.release(node);
         if !(same_fault && has_taint) {
-            self.announce.metric("quarantine", "ok");
+            self.announce.metric(Action::Quarantine, ActionResult::Ok);
             audit(
                 "quarantine",
                 node,
@@ -240,7 +243,8 @@ impl Remediator {
         if let Some(m) = self.announce.metrics() {
             m.set_held_back(hold.count);
         }
-        self.announce.metric("quarantine", "held-back");
+        self.announce
+            .metric(Action::Quarantine, ActionResult::HeldBack);
         // One Event per node and hour at most, across replicas and restarts: the
         // Event's name says so. It is asked for on every pass that holds the node back,
         // not only the first: an announcement the API refused (a 500) is made by the
@@ -304,7 +308,8 @@ impl Remediator {
             return Err(RemediateError::NotHolder);
         }
         if self.mode == Mode::DryRun {
-            self.announce.metric("taint-unknown", "dry-run");
+            self.announce
+                .metric(Action::TaintUnknown, ActionResult::DryRun);
             self.announce
                 .event(
                     node,
@@ -333,13 +338,13 @@ impl Remediator {
         record.act("taint-unknown", &now, &self.actor);
         let mut t = taints;
         t.push(Taint {
-            value: Some("unknown".into()),
+            value: Some(UNKNOWN_MARK.into()),
             ..self.taint.clone()
         });
         let mut patch = NodePatch::on(&live.node);
         patch.taints(&t);
         if label_free {
-            patch.label(DEVICES_LABEL, "unknown");
+            patch.label(DEVICES_LABEL, UNKNOWN_MARK);
         }
         patch.record(&record);
         self.apply(node, patch, fence).await?;
@@ -350,7 +355,7 @@ impl Remediator {
             &self.actor,
             &self.taint.key,
         );
-        self.announce.metric("taint-unknown", "ok");
+        self.announce.metric(Action::TaintUnknown, ActionResult::Ok);
         self.announce
             .event(
                 node,

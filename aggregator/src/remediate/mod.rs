@@ -22,6 +22,7 @@ pub mod policy;
 pub mod record;
 pub mod release;
 pub mod remediator;
+pub mod view;
 
 pub use error::{Outcome, RemediateError};
 pub use evict::Evictions;

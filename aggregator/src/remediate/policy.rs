@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::batch::v1::Job;
+
+use super::record::{CanaryRun, CanaryState, QuarantineRecord};
+use super::view::{JobView, PodView};
+use crate::model::{DeviceView, RecordDevice};
 use faultline_common::time::age_secs_at;
 use faultline_common::DeviceStatus;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
-
-use super::record::{CanaryRun, CanaryState, QuarantineRecord, CANARY_LABEL};
-use crate::model::{DeviceView, RecordDevice};
 
 /// What remediation may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -53,13 +53,14 @@ impl Default for Budget {
 }
 
 impl Budget {
-    /// Why quarantining `node` would exceed the budget, with `quarantined` the nodes
-    /// quarantined now, if it would. `total` (the accelerator nodes) is asked only when
-    /// the node count leaves room.
+    /// Why quarantining a node of failure domain `domain` would exceed the budget, with
+    /// `quarantined` the domains of the nodes quarantined now (each `None` where the node
+    /// has no domain label, or no domain budget is set), if it would. `total` (the
+    /// accelerator nodes) is asked only when the node count leaves room.
     pub fn refusal(
         &self,
-        node: &Node,
-        quarantined: &[Node],
+        domain: Option<&str>,
+        quarantined: &[Option<String>],
         total: impl FnOnce() -> usize,
     ) -> Option<String> {
         if quarantined.len() >= self.max_nodes {
@@ -81,17 +82,10 @@ impl Budget {
             ));
         }
         if let Some((label, max)) = &self.per_domain {
-            let domain_of = |n: &Node| {
-                n.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(label))
-                    .cloned()
-            };
-            let domain = domain_of(node).unwrap_or_default();
+            let domain = domain.unwrap_or_default();
             let same = quarantined
                 .iter()
-                .filter(|n| domain_of(n).as_ref() == Some(&domain))
+                .filter(|d| d.as_deref() == Some(domain))
                 .count();
             if same >= *max {
                 return Some(format!(
@@ -209,17 +203,16 @@ pub fn release_readiness(
 /// How a running canary stands, from its Job (`None`: gone) at `now_ms`.
 pub fn canary_verdict(
     run: &CanaryRun,
-    job: Option<&Job>,
+    job: Option<JobView>,
     timeout: Duration,
     now_ms: u64,
 ) -> CanaryState {
-    let status = job.and_then(|j| j.status.clone()).unwrap_or_default();
-    if status.succeeded.unwrap_or(0) > 0 {
+    if job.is_some_and(|j| j.succeeded) {
         return CanaryState::Succeeded;
     }
     let timed_out = age_secs_at(&run.started, now_ms).unwrap_or(f64::MAX) > timeout.as_secs_f64();
     // Gone (deleted by someone) counts as failed too: start over after the cool-down.
-    if job.is_none() || status.failed.unwrap_or(0) > 0 || timed_out {
+    if job.is_none_or(|j| j.failed) || timed_out {
         CanaryState::Failed
     } else {
         CanaryState::Running
@@ -307,16 +300,6 @@ pub fn not_suppressed(
         .collect()
 }
 
-/// The Node's Ready condition: `None` when it has none (a Node object without a kubelet
-/// is not "NotReady").
-pub fn node_ready(node: &Node) -> Option<bool> {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| c.status == "True")
-}
-
 /// What to do about a pod whose budget refused its eviction for `waited`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Blocked {
@@ -338,76 +321,22 @@ pub fn blocked(waited: Duration, deadline: Duration, force_delete: bool) -> Bloc
 }
 
 /// Whether a pod is evicted for a fault on `failed` devices: running pods that use an
-/// accelerator of `resources` and, where the kubelet says which devices they hold
-/// (KEP-4680), hold a failed one. Never DaemonSet, mirror, finished or terminating pods,
-/// nor faultline's own canary.
-pub fn wants_eviction(pod: &Pod, resources: &[String], failed: &[RecordDevice]) -> bool {
-    let finished = matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    );
-    if pod.metadata.deletion_timestamp.is_some() || finished {
+/// accelerator and, where the kubelet says which devices they hold (KEP-4680), hold a
+/// failed one. Never DaemonSet, mirror, finished or terminating pods, nor faultline's own
+/// canary.
+pub fn wants_eviction(pod: &PodView, failed: &[RecordDevice]) -> bool {
+    if pod.terminating || pod.finished || pod.mirror || pod.daemon || pod.canary {
         return false;
     }
-    if pod
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
-    {
-        return false;
-    }
-    if pod
-        .metadata
-        .owner_references
-        .as_ref()
-        .is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet"))
-    {
-        return false;
-    }
-    // faultline's own canary runs on the quarantined node on purpose.
-    if pod
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(CANARY_LABEL))
-    {
-        return false;
-    }
-    let Some(spec) = pod.spec.as_ref() else {
-        return false;
-    };
-    let uses_accelerator = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .any(|c| {
-            c.resources.as_ref().is_some_and(|r| {
-                [r.limits.as_ref(), r.requests.as_ref()]
-                    .into_iter()
-                    .flatten()
-                    .any(|m| m.keys().any(|k| resources.contains(k)))
-            })
-        });
-    if !uses_accelerator {
+    if !pod.accelerator {
         return false;
     }
     // KEP-4680: where the kubelet says which devices the pod holds, evict only the pods
     // that hold a failed one.
-    let held: Vec<String> = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .flat_map(|cs| cs.allocated_resources_status.iter().flatten())
-        .filter(|rs| resources.contains(&rs.name))
-        .flat_map(|rs| rs.resources.iter().flatten().map(|r| r.resource_id.clone()))
-        .collect();
-    if held.is_empty() {
+    if pod.held.is_empty() {
         return true;
     }
-    held.iter().any(|id| {
+    pod.held.iter().any(|id| {
         failed.iter().any(|d| {
             d.uuid.as_deref() == Some(id.as_str())
                 || d.id == *id

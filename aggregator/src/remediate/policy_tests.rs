@@ -1,8 +1,9 @@
 //! Table tests of the remediation decisions: no API server, no clock.
 
 use super::*;
-use crate::remediate::record::Released;
+use crate::remediate::record::{Released, CANARY_LABEL};
 use faultline_common::time::rfc3339_ms;
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 const NOW: u64 = 1_800_000_000_000;
@@ -123,12 +124,15 @@ fn which_pods_are_evicted() {
         ),
     ];
     for (what, p, want) in cases {
-        assert_eq!(wants_eviction(&p, &res, &failed_gpu3()), want, "{what}");
+        assert_eq!(
+            wants_eviction(&PodView::of(&p, &res), &failed_gpu3()),
+            want,
+            "{what}"
+        );
     }
     assert!(
         !wants_eviction(
-            &gpu_pod(json!({})),
-            &["huawei.com/Ascend910".into()],
+            &PodView::of(&gpu_pod(json!({})), &["huawei.com/Ascend910".into()]),
             &failed_gpu3()
         ),
         "another vendor's resource is not ours"
@@ -240,11 +244,6 @@ fn when_a_record_may_be_released() {
     );
 }
 
-fn node(name: &str, rack: Option<&str>) -> Node {
-    let labels = rack.map(|r| json!({"rack": r})).unwrap_or(json!({}));
-    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
-}
-
 #[test]
 fn budget_arithmetic() {
     let b = Budget {
@@ -254,30 +253,24 @@ fn budget_arithmetic() {
         node_selector: String::new(),
         max_unknown: 2,
     };
-    let q = |n: usize| -> Vec<Node> {
-        (0..n)
-            .map(|i| node(&format!("q{i}"), Some(&format!("r{i}"))))
-            .collect()
-    };
+    let q = |n: usize| -> Vec<Option<String>> { (0..n).map(|i| Some(format!("r{i}"))).collect() };
     // The first quarantine is always allowed, whatever the share.
-    assert_eq!(b.refusal(&node("n", Some("x")), &[], || 2), None);
+    assert_eq!(b.refusal(Some("x"), &[], || 2), None);
     // The second: 2 of 30 is 6.7%, allowed; 2 of 10 is 20%, refused.
-    assert_eq!(b.refusal(&node("n", Some("x")), &q(1), || 30), None);
-    let why = b.refusal(&node("n", Some("x")), &q(1), || 10).unwrap();
+    assert_eq!(b.refusal(Some("x"), &q(1), || 30), None);
+    let why = b.refusal(Some("x"), &q(1), || 10).unwrap();
     assert!(
         why.contains("2 of 10 nodes would be quarantined (20%)"),
         "{why}"
     );
     // The node count first: the total is not even asked.
-    let why = b
-        .refusal(&node("n", Some("x")), &q(3), || panic!("not asked"))
-        .unwrap();
+    let why = b.refusal(Some("x"), &q(3), || panic!("not asked")).unwrap();
     assert_eq!(why, "3 nodes quarantined, budget 3");
     // One per rack.
-    let why = b.refusal(&node("n", Some("r0")), &q(1), || 100).unwrap();
+    let why = b.refusal(Some("r0"), &q(1), || 100).unwrap();
     assert_eq!(why, "1 nodes of rack=r0 quarantined, budget 1");
     assert_eq!(
-        b.refusal(&node("n", None), &q(1), || 100),
+        b.refusal(None, &q(1), || 100),
         None,
         "no domain label: no domain budget"
     );
@@ -292,11 +285,11 @@ fn run(state: CanaryState, started_s: u64, finished_s: Option<u64>) -> CanaryRun
     }
 }
 
-fn job(succeeded: i32, failed: i32) -> Job {
-    serde_json::from_value(
-        json!({"metadata": {"name": "c1"}, "status": {"succeeded": succeeded, "failed": failed}}),
-    )
-    .unwrap()
+fn job(succeeded: i32, failed: i32) -> JobView {
+    JobView {
+        succeeded: succeeded > 0,
+        failed: failed > 0,
+    }
 }
 
 #[test]
@@ -304,11 +297,11 @@ fn how_a_canary_stands() {
     let t = Duration::from_secs(600);
     let r = run(CanaryState::Running, 60, None);
     assert_eq!(
-        canary_verdict(&r, Some(&job(1, 0)), t, NOW),
+        canary_verdict(&r, Some(job(1, 0)), t, NOW),
         CanaryState::Succeeded
     );
     assert_eq!(
-        canary_verdict(&r, Some(&job(0, 1)), t, NOW),
+        canary_verdict(&r, Some(job(0, 1)), t, NOW),
         CanaryState::Failed
     );
     assert_eq!(
@@ -317,17 +310,17 @@ fn how_a_canary_stands() {
         "gone is failed"
     );
     assert_eq!(
-        canary_verdict(&r, Some(&job(0, 0)), t, NOW),
+        canary_verdict(&r, Some(job(0, 0)), t, NOW),
         CanaryState::Running
     );
     let late = run(CanaryState::Running, 601, None);
     assert_eq!(
-        canary_verdict(&late, Some(&job(0, 0)), t, NOW),
+        canary_verdict(&late, Some(job(0, 0)), t, NOW),
         CanaryState::Failed,
         "timed out"
     );
     assert_eq!(
-        canary_verdict(&late, Some(&job(1, 0)), t, NOW),
+        canary_verdict(&late, Some(job(1, 0)), t, NOW),
         CanaryState::Succeeded,
         "success wins"
     );
@@ -414,21 +407,4 @@ fn the_eviction_deadline() {
     assert_eq!(blocked(Duration::from_secs(599), d, true), Blocked::Retry);
     assert_eq!(blocked(Duration::from_secs(600), d, false), Blocked::GiveUp);
     assert_eq!(blocked(Duration::from_secs(600), d, true), Blocked::Delete);
-}
-
-#[test]
-fn readiness_of_a_node() {
-    let n = |conds: serde_json::Value| -> Node {
-        serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {"conditions": conds}}))
-            .unwrap()
-    };
-    assert_eq!(
-        node_ready(&n(json!([{"type": "Ready", "status": "True"}]))),
-        Some(true)
-    );
-    assert_eq!(
-        node_ready(&n(json!([{"type": "Ready", "status": "Unknown"}]))),
-        Some(false)
-    );
-    assert_eq!(node_ready(&n(json!([]))), None);
 }

@@ -19,6 +19,15 @@ use crate::model::RecordDevice;
 pub const RECORD_ANNOTATION: &str = "faultline.io/quarantine";
 /// The label listing the unhealthy devices (dot separated ids).
 pub const DEVICES_LABEL: &str = "faultline.io/unhealthy-devices";
+/// The effect of faultline's taint: new pods stay off the node; the pods running leave
+/// one by one through the Eviction API (PodDisruptionBudgets respected), never all at
+/// once by `NoExecute`.
+pub const TAINT_EFFECT: &str = "NoSchedule";
+/// The taint's value on a node quarantined for a failed device.
+pub const TAINT_FAILED: &str = "true";
+/// The taint's value, and the devices label's, where only the unknown guard acted (a
+/// node no agent could read for long: kept free of new work, nothing evicted).
+pub const UNKNOWN_MARK: &str = "unknown";
 /// The node condition type.
 pub const CONDITION: &str = "AcceleratorHealthy";
 /// The label of canary pods (never evicted by faultline).

@@ -17,9 +17,10 @@ use super::policy::{expired, release_readiness, Mode, Readiness};
 use super::record::{
     describe, fingerprint, history_of, history_text, label_value, named_or_all, LiveNode,
     QuarantineRecord, ReleaseRequest, Released, DEVICES_LABEL, HISTORY_ANNOTATION,
-    RECORD_ANNOTATION,
+    RECORD_ANNOTATION, TAINT_EFFECT,
 };
 use super::remediator::Remediator;
+use crate::metrics::{Action, ActionResult};
 use crate::model::{DeviceView, RecordDevice};
 use crate::shard::Fence;
 
@@ -70,7 +71,7 @@ impl Remediator {
         let mut patch = NodePatch::on(&live.node);
         patch.record(&r);
         self.apply(node, patch, fence).await?;
-        self.announce.metric("extend", "ok");
+        self.announce.metric(Action::Extend, ActionResult::Ok);
         self.announce
             .event(
                 node,
@@ -179,7 +180,7 @@ impl Remediator {
             "all devices".to_string()
         };
         if self.mode == Mode::DryRun {
-            self.announce.metric("release", "dry-run");
+            self.announce.metric(Action::Release, ActionResult::DryRun);
             self.announce
                 .event(
                     &node,
@@ -219,9 +220,9 @@ impl Remediator {
                 tracing::warn!(node = %node, error = %e, "released, but the condition was not updated");
             }
         }
-        self.announce.metric("release", "ok");
+        self.announce.metric(Action::Release, ActionResult::Ok);
         self.announce
-            .action_time("release", t0.elapsed().as_secs_f64());
+            .action_time(Action::Release, t0.elapsed().as_secs_f64());
         let devices = named_or_all(&named, &record.devices);
         audit("release", &node, &devices, &req.actor, &what);
         self.announce
@@ -257,7 +258,7 @@ impl Remediator {
             let taints = live.taints();
             let kept: Vec<Taint> = taints
                 .iter()
-                .filter(|t| !(t.key == *key && t.effect == "NoSchedule"))
+                .filter(|t| !(t.key == *key && t.effect == TAINT_EFFECT))
                 .cloned()
                 .collect();
             if kept.len() != taints.len() {

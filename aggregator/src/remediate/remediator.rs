@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use faultline_common::sync::Locked;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
@@ -21,7 +22,8 @@ use super::guards::{Breaker, BudgetGuard, EvictionRate, HeldBack};
 use super::patch::NodePatch;
 use super::policy::{Budget, Mode, ReleasePolicy};
 use super::record::{
-    record_of, LiveNode, QuarantineRecord, ReleaseRequest, CONDITION, DEVICES_LABEL,
+    record_of, LiveNode, QuarantineRecord, ReleaseRequest, CONDITION, DEVICES_LABEL, TAINT_EFFECT,
+    TAINT_FAILED,
 };
 use crate::metrics::Metrics;
 use crate::model::RecordDevice;
@@ -88,8 +90,8 @@ impl Remediator {
             mode,
             taint: Taint {
                 key: taint_key.to_string(),
-                value: Some("true".into()),
-                effect: "NoSchedule".into(),
+                value: Some(TAINT_FAILED.into()),
+                effect: TAINT_EFFECT.into(),
                 time_added: None,
             },
             actor: actor.to_string(),
@@ -170,12 +172,7 @@ impl Remediator {
 
     /// Nodes with a record as last listed by [`Remediator::list_quarantined`].
     pub fn known_quarantined(&self) -> Vec<String> {
-        self.quarantined
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        self.quarantined.locked().iter().cloned().collect()
     }
 
     /// Nodes held back by the budget now.
@@ -261,7 +258,7 @@ impl Remediator {
                 with_record.push(n);
             }
         }
-        *self.quarantined.lock().unwrap_or_else(|p| p.into_inner()) = with_record
+        *self.quarantined.locked() = with_record
             .iter()
             .filter_map(|n| n.metadata.name.clone())
             .collect();

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use faultline_common::fault::NodeFaults;
+use faultline_common::sync::Locked;
 use futures_util::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -83,8 +84,7 @@ impl Held {
     /// Whether this replica may write `shard` now.
     pub fn holds(&self, shard: u32) -> bool {
         self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .get(&shard)
             .is_some_and(|until| Instant::now() < *until)
     }
@@ -93,8 +93,7 @@ impl Held {
     pub fn shards(&self) -> Vec<u32> {
         let now = Instant::now();
         self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .iter()
             .filter(|(_, u)| now < **u)
             .map(|(s, _)| *s)
@@ -108,7 +107,7 @@ impl Held {
     }
 
     fn set(&self, shard: u32, until: Option<Instant>) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.locked();
         match until {
             Some(u) => {
                 g.insert(shard, u);

@@ -19,12 +19,18 @@
 //! Priority and Fairness 429s to a share of calls, bumps Nodes' resourceVersion as the
 //! kubelet's status updates do, and ends watches early; `GET /_calls` lists the calls
 //! received.
+//!
+//! Tests, benchmarks and the binary start it one way: [`spawn`] (an empty cluster on
+//! loopback) or a [`Bootstrap`] (namespaces, objects, manifests, RBAC, faults).
 
+mod bootstrap;
 pub mod disruption;
 mod lifecycle;
 pub mod patch;
 pub mod rbac;
 pub mod validation;
+
+pub use bootstrap::{spawn, Bootstrap, Running};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;

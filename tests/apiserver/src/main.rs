@@ -2,7 +2,7 @@
 //! demo and for a developer's `kubectl --server http://127.0.0.1:PORT`.
 
 use clap::Parser;
-use faultline_test_apiserver::{serve, ApiServer};
+use faultline_test_apiserver::Bootstrap;
 
 /// An in-memory Kubernetes API server for tests and demos (not for production).
 #[derive(Parser)]
@@ -19,18 +19,15 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let running = Bootstrap::new().listen(args.listen).start().await?;
     eprintln!(
-        "faultline test API server on http://{} (kubectl --server http://{} get nodes)",
-        listener.local_addr()?,
-        listener.local_addr()?
+        "faultline test API server on {} (kubectl --server {} get nodes)",
+        running.url, running.url
     );
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let c = cancel.clone();
+    let c = running.cancel_token();
     tokio::spawn(async move {
         let _ = tokio::signal::ctrl_c().await;
         c.cancel();
     });
-    serve(listener, ApiServer::new(), cancel).await?;
-    Ok(())
+    running.wait().await
 }

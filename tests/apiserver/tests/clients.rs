@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client, start};
-use faultline_test_apiserver::Faults;
+use common::client;
+use faultline_test_apiserver::{spawn, Faults};
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
@@ -24,7 +24,7 @@ fn err_code(e: kube::Error) -> u16 {
 
 #[tokio::test]
 async fn kube_client_crud_patch_and_conflicts() {
-    let (_s, url, _c) = start().await;
+    let (_s, url) = spawn().await;
     let c = client(&url);
     let nodes: Api<Node> = Api::all(c.clone());
     let n: Node =
@@ -144,7 +144,7 @@ async fn kube_client_crud_patch_and_conflicts() {
 
 #[tokio::test]
 async fn configmaps_over_one_mib_are_refused() {
-    let (_s, url, _c) = start().await;
+    let (_s, url) = spawn().await;
     let cms: Api<ConfigMap> = Api::namespaced(client(&url), "default");
     let ok: ConfigMap = serde_json::from_value(
         json!({"metadata": {"name": "a"}, "data": {"k": "x".repeat(900 << 10)}}),
@@ -163,7 +163,7 @@ async fn configmaps_over_one_mib_are_refused() {
 
 #[tokio::test]
 async fn watch_from_a_resource_version() {
-    let (_s, url, _c) = start().await;
+    let (_s, url) = spawn().await;
     let cms: Api<ConfigMap> = Api::namespaced(client(&url), "default");
     let a: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "a"}, "data": {"v": "1"}})).unwrap();
@@ -201,7 +201,7 @@ async fn watch_from_a_resource_version() {
 
 #[tokio::test]
 async fn injected_faults() {
-    let (s, url, _c) = start().await;
+    let (s, url) = spawn().await;
     let nodes: Api<Node> = Api::all(client(&url));
     s.set_faults(Faults {
         error_rate: 1.0,
@@ -242,7 +242,7 @@ async fn injected_faults() {
 /// recorded once carried out (`ResponseComplete`).
 #[tokio::test]
 async fn path_matched_latency_and_calls_in_flight() {
-    let (s, url, _c) = start().await;
+    let (s, url) = spawn().await;
     let c = client(&url);
     let maps: Api<ConfigMap> = Api::namespaced(c.clone(), "default");
     let nodes: Api<Node> = Api::all(c);
@@ -303,7 +303,7 @@ async fn kubectl_works_against_it() {
         return;
     };
     assert!(out.status.success());
-    let (_s, url, _c) = start().await;
+    let (_s, url) = spawn().await;
     let c = client(&url);
     let nodes: Api<Node> = Api::all(c.clone());
     let n: Node = serde_json::from_value(json!({"metadata": {"name": "gpu-node-7"}})).unwrap();
@@ -362,7 +362,7 @@ async fn kubectl_works_against_it() {
 
 #[tokio::test]
 async fn watches_can_be_dropped_early() {
-    let (s, url, _c) = start().await;
+    let (s, url) = spawn().await;
     s.set_faults(Faults {
         drop_watch_after_s: 1,
         ..Default::default()

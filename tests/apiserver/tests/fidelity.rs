@@ -16,9 +16,9 @@ use kube::api::{
 use kube::Client;
 use serde_json::{json, Value};
 
-async fn start() -> (ApiServer, Client, tokio_util::sync::CancellationToken) {
-    let (server, url, cancel) = common::start().await;
-    (server, common::client(&url), cancel)
+async fn start() -> (ApiServer, Client) {
+    let (server, url) = faultline_test_apiserver::spawn().await;
+    (server, common::client(&url))
 }
 
 fn api_error(e: kube::Error) -> Box<kube::core::Status> {
@@ -68,7 +68,7 @@ async fn until(what: &str, mut f: impl FnMut() -> bool) {
 /// `CheckGracefulDelete`) and a second eviction of it is let through (`canIgnorePDB`).
 #[tokio::test]
 async fn eviction_follows_the_budget_status() {
-    let (s, c, _cancel) = start().await;
+    let (s, c) = start().await;
     // Containers that take long to stop: the Terminating state can be seen.
     s.set_faults(Faults {
         pod_stop_ms: 600_000,
@@ -141,7 +141,7 @@ async fn eviction_follows_the_budget_status() {
 /// the budget's generation, every eviction is a 429 "still being processed".
 #[tokio::test]
 async fn an_unprocessed_budget_refuses_evictions() {
-    let (s, c, _cancel) = start().await;
+    let (s, c) = start().await;
     s.set_faults(Faults {
         disruption_controller_paused: true,
         ..Default::default()
@@ -179,7 +179,7 @@ async fn an_unprocessed_budget_refuses_evictions() {
 /// (`currentHealthy >= desiredHealthy > 0`), or always with `AlwaysAllow`.
 #[tokio::test]
 async fn unready_pods_are_evicted_only_from_a_healthy_budget() {
-    let (s, c, _cancel) = start().await;
+    let (s, c) = start().await;
     s.create("pods", "default", running("ok", "n1", true))
         .unwrap();
     s.create("pods", "default", running("sick", "n1", false))
@@ -213,7 +213,7 @@ async fn unready_pods_are_evicted_only_from_a_healthy_budget() {
 /// scheduled goes at once.
 #[tokio::test]
 async fn pods_terminate_gracefully() {
-    let (s, c, _cancel) = start().await;
+    let (s, c) = start().await;
     s.create(
         "nodes",
         "",
@@ -270,7 +270,7 @@ async fn pods_terminate_gracefully() {
 /// that leaves it is DELETED.
 #[tokio::test]
 async fn watches_see_objects_enter_and_leave_their_selector() {
-    let (s, c, _cancel) = start().await;
+    let (s, c) = start().await;
     s.create("nodes", "", json!({"metadata": {"name": "n1"}}))
         .unwrap();
     let nodes: Api<Node> = Api::all(c.clone());
@@ -312,7 +312,7 @@ async fn watches_see_objects_enter_and_leave_their_selector() {
 /// update with a stale one does.
 #[tokio::test]
 async fn patches_without_a_resource_version_never_conflict() {
-    let (s, c, _cancel) = start().await;
+    let (s, c) = start().await;
     let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "default");
     let cm: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "a"}, "data": {"v": "1"}})).unwrap();
@@ -352,7 +352,7 @@ async fn patches_without_a_resource_version_never_conflict() {
 /// watch from a resourceVersion older than the (compacted) history is 410 Gone.
 #[tokio::test]
 async fn bookmarks_when_asked_and_gone_after_compaction() {
-    let (s, c, _cancel) = start().await;
+    let (s, c) = start().await;
     let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "default");
     let cm: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "a"}, "data": {"v": "1"}})).unwrap();

@@ -6,6 +6,26 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_ushort};
 
 pub(super) const CHIP_NAME_LEN: usize = 32;
 
+/// "Not supported": the chip or library has no such value; the metric is left out.
+pub(super) const NOT_SUPPORTED: c_int = -8255;
+/// "Not ready": how Huawei's plugin recognises a card that dropped off.
+pub(super) const NOT_READY: c_int = -8012;
+pub(super) const MAX_CARDS: usize = 64;
+/// `HiAIMaxCardNum * HiAIMaxDeviceNum`: the most chips a host has.
+pub(super) const MAX_CHIPS: usize = 256;
+pub(super) const MAX_ERROR_CODES: usize = 128;
+pub(super) const DEVICE_TYPE_DDR: c_int = 0;
+pub(super) const DEVICE_TYPE_HBM: c_int = 2;
+
+/// How one chip is addressed in a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Addr {
+    /// `dcmi_*`: card and chip ids.
+    V1 { card: c_int, chip: c_int },
+    /// `dcmiv2_*`: one `dev_id`, the logic id.
+    V2 { dev: c_int },
+}
+
 /// `struct dcmi_ecc_info`, with room for the two trailing fields of mind-cluster's
 /// longer header (the library writes 28 or 36 bytes).
 #[repr(C)]
@@ -39,6 +59,7 @@ pub(super) struct PcieInfoAll {
 
 /// `struct dcmi_chip_info` (100 bytes).
 #[repr(C)]
+#[derive(Default)]
 pub(super) struct ChipInfo {
     pub(super) chip_type: [u8; CHIP_NAME_LEN],
     pub(super) chip_name: [u8; CHIP_NAME_LEN],

@@ -24,39 +24,31 @@
 //! (Alarm), 3 critical. `-8012` (not ready) from the health call is how the plugin
 //! recognises a card that dropped off: reported as lost. `-8255` means "not supported"
 //! and leaves the metric out.
+//!
+//! This file only calls the library and gathers a chip's answers as they came
+//! ([`map::RawChip`]); `map.rs` judges them, without the library, so every case is a
+//! unit test there.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use faultline_common::ascend::{Catalog, BOOT_FINISHED};
-use faultline_common::{
-    AscendIds, DeviceReading, EccCounts, Vendor, VendorHealth, VendorHealthLevel,
-};
+use faultline_common::ascend::Catalog;
+use faultline_common::{DeviceReading, Vendor};
 use libloading::{Library, Symbol};
 
 use super::{ProbeError, Source, SourceSample};
-use net::{finish_network_health, start_network_health, NetAnswer};
+use map::{Answer, RawChip, RawDetails, RawNet};
+use net::{finish_network_health, start_network_health, NetAnswer, NetProbe, NETWORK_HEALTH_BOUND};
 
 mod ffi;
+mod map;
 mod net;
 use crate::metrics::Metrics;
 
-const NOT_SUPPORTED: c_int = -8255;
-const NOT_READY: c_int = -8012;
-const MAX_CARDS: usize = 64;
-/// `HiAIMaxCardNum * HiAIMaxDeviceNum`: the most chips a host has.
-const MAX_CHIPS: usize = 256;
-const MAX_ERROR_CODES: usize = 128;
-const DEVICE_TYPE_DDR: c_int = 0;
-const DEVICE_TYPE_HBM: c_int = 2;
-
-/// Huawei's bound on `dcmi_get_device_network_health` (`DcmiApiTimeout`).
-const NETWORK_HEALTH_BOUND: Duration = Duration::from_secs(1);
 /// How long an event's code counts without the poll confirming it.
 const EVENT_CODE_TTL: Duration = Duration::from_secs(60);
 
@@ -69,13 +61,6 @@ enum Api {
     V1,
     /// `dcmiv2_*`: one `dev_id`, the logic id (Ascend 950).
     V2,
-}
-
-/// How one chip is addressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Addr {
-    V1 { card: c_int, chip: c_int },
-    V2 { dev: c_int },
 }
 
 /// The loaded library and the family that initialised.
@@ -98,7 +83,7 @@ impl Dcmi {
 
     /// An unsigned out-parameter call, v1 `(card, chip, *out)` or v2 `(dev, *out)`:
     /// the return code and the value.
-    fn uint(&self, a: Addr, v1: &[u8], v2: &[u8]) -> Result<(c_int, c_uint), String> {
+    fn uint(&self, a: Addr, v1: &[u8], v2: &[u8]) -> Answer<c_uint> {
         let mut v: c_uint = 0;
         let rc = match a {
             // SAFETY: ids and one valid out-pointer, as in the header.
@@ -110,7 +95,7 @@ impl Dcmi {
     }
 
     /// A signed out-parameter call.
-    fn int(&self, a: Addr, v1: &[u8], v2: &[u8]) -> Result<(c_int, c_int), String> {
+    fn int(&self, a: Addr, v1: &[u8], v2: &[u8]) -> Answer<c_int> {
         let mut v: c_int = 0;
         let rc = match a {
             // SAFETY: ids and one valid out-pointer, as in the header.
@@ -122,7 +107,7 @@ impl Dcmi {
     }
 
     /// The chip's fault codes.
-    fn codes(&self, a: Addr) -> Result<(c_int, Vec<c_uint>), String> {
+    fn codes(&self, a: Addr) -> Answer<Vec<c_uint>> {
         let mut n: c_int = 0;
         let mut codes = [0 as c_uint; MAX_ERROR_CODES];
         let len = MAX_ERROR_CODES as c_uint;
@@ -151,7 +136,8 @@ impl Dcmi {
         Ok((rc, codes[..n].to_vec()))
     }
 
-    fn ecc(&self, a: Addr, ty: c_int) -> Result<(c_int, EccInfo), String> {
+    /// ECC counters of one memory type (`DEVICE_TYPE_HBM` or `DEVICE_TYPE_DDR`).
+    fn ecc(&self, a: Addr, ty: c_int) -> Answer<EccInfo> {
         let mut e = EccInfo::default();
         let rc = match a {
             // SAFETY: `e` is zeroed and at least as large as either header's struct.
@@ -165,14 +151,52 @@ impl Dcmi {
         };
         Ok((rc, e))
     }
-}
 
-/// A chip's network-health probe: at most one call in flight, however long it blocks.
-#[derive(Default)]
-struct NetProbe {
-    busy: AtomicBool,
-    /// The chip answered "not supported": not asked again.
-    unsupported: AtomicBool,
+    /// A v1 chip's logic id.
+    fn logic_id(&self, card: c_int, chip: c_int) -> Answer<c_int> {
+        let f = self.sym::<FnLogicId>(b"dcmi_get_device_logic_id\0")?;
+        let mut logic: c_int = -1;
+        // SAFETY: out-pointer first, then card and chip ids, as in the header.
+        let rc = unsafe { f(&mut logic, card, chip) };
+        Ok((rc, logic))
+    }
+
+    /// A chip's physical id: v2 by its dev_id, v1 by its logic id.
+    fn phy_id(&self, a: Addr, logic: c_int) -> Answer<c_uint> {
+        let mut phy: c_uint = u32::MAX;
+        let rc = match a {
+            // SAFETY: dev_id and one valid out-pointer.
+            Addr::V2 { dev } => unsafe {
+                self.sym::<V2Uint>(b"dcmiv2_get_chip_phy_id_by_dev_id\0")?(dev, &mut phy)
+            },
+            // SAFETY: the logic id and one valid out-pointer.
+            Addr::V1 { .. } => unsafe {
+                self.sym::<FnPhyFromLogic>(b"dcmi_get_device_phyid_from_logicid\0")?(
+                    logic as c_uint,
+                    &mut phy,
+                )
+            },
+        };
+        Ok((rc, phy))
+    }
+
+    /// A v1 chip's PCIe identity (bus id).
+    fn pcie(&self, card: c_int, chip: c_int) -> Answer<PcieInfoAll> {
+        let f = self.sym::<FnPcie>(b"dcmi_get_device_pcie_info_v2\0")?;
+        let mut p = PcieInfoAll::default();
+        // SAFETY: `p` is a zeroed struct of the header's 64-byte layout.
+        let rc = unsafe { f(card, chip, &mut p) };
+        Ok((rc, p))
+    }
+
+    /// A v1 chip's type and name.
+    fn chip_info(&self, card: c_int, chip: c_int) -> Answer<ChipInfo> {
+        let f = self.sym::<FnChip>(b"dcmi_get_device_chip_info\0")?;
+        let mut c = ChipInfo::default();
+        // SAFETY: `c` has the header's 100-byte layout.
+        let rc = unsafe { f(card, chip, &mut c) };
+        Ok((rc, c))
+    }
 }
 
 /// What the source remembers of a chip between samples.
@@ -464,52 +488,33 @@ impl DcmiSource {
         }
         Ok(addrs)
     }
-
-    /// Logic and physical ids, learned once and kept.
-    fn learn_ids(&self, d: &Dcmi, a: Addr, memo: &mut ChipMemo, errors: &mut Vec<String>) {
-        if memo.logic.is_none() {
-            match a {
-                Addr::V2 { dev } => memo.logic = Some(dev),
-                Addr::V1 { card, chip } => {
-                    let mut logic: c_int = -1;
-                    match d.sym::<FnLogicId>(b"dcmi_get_device_logic_id\0") {
-                        // SAFETY: out-pointer first, then card and chip ids, as in the header.
-                        Ok(f) => match unsafe { f(&mut logic, card, chip) } {
-                            0 if (0..MAX_CHIPS as c_int).contains(&logic) => {
-                                memo.logic = Some(logic)
-                            }
-                            rc => errors.push(format!("logic id: dcmi error {rc} ({logic})")),
-                        },
-                        Err(e) => errors.push(e),
-                    }
-                }
-            }
-        }
-        if memo.phy.is_some() {
-            return;
-        }
-        let mut phy: c_uint = u32::MAX;
-        let rc = match (a, memo.logic) {
-            (Addr::V2 { dev }, _) => d
-                .sym::<V2Uint>(b"dcmiv2_get_chip_phy_id_by_dev_id\0")
-                // SAFETY: dev_id and one valid out-pointer.
-                .map(|f| unsafe { f(dev, &mut phy) }),
-            (Addr::V1 { .. }, Some(logic)) => d
-                .sym::<FnPhyFromLogic>(b"dcmi_get_device_phyid_from_logicid\0")
-                // SAFETY: the logic id and one valid out-pointer.
-                .map(|f| unsafe { f(logic as c_uint, &mut phy) }),
-            (Addr::V1 { .. }, None) => return,
-        };
-        match rc {
-            Ok(0) if (phy as usize) < MAX_CHIPS => memo.phy = Some(phy),
-            Ok(rc) => errors.push(format!("physical id: dcmi error {rc} ({phy})")),
-            // A library without the lookup: the logic id is the only stable id there is.
-            Err(_) => memo.phy = memo.logic.map(|l| l as u32),
-        }
-    }
 }
 
-/// One chip's reading; `net`: its network-health call, started with the others'.
+/// Logic and physical ids, learned once and kept; why a lookup failed this time.
+fn learn_ids(d: &Dcmi, a: Addr, memo: &mut ChipMemo) -> Vec<String> {
+    let mut errors = Vec::new();
+    if memo.logic.is_none() {
+        match a {
+            Addr::V2 { dev } => memo.logic = Some(dev),
+            Addr::V1 { card, chip } => match map::logic_id(d.logic_id(card, chip)) {
+                Ok(logic) => memo.logic = Some(logic),
+                Err(e) => errors.push(e),
+            },
+        }
+    }
+    // v1 looks the physical id up by the logic id; v2 always has one (its dev_id).
+    if let (None, Some(logic)) = (memo.phy, memo.logic) {
+        match map::phy_id(d.phy_id(a, logic), logic) {
+            Ok(phy) => memo.phy = Some(phy),
+            Err(e) => errors.push(e),
+        }
+    }
+    errors
+}
+
+/// One chip's reading; `net`: its network-health call, started with the others'. Which
+/// calls are worth making is `map`'s to say (nothing after a booting chip's boot status,
+/// nothing after a health call without a verdict), and so is what the answers mean.
 fn read_chip(
     src: &DcmiSource,
     d: &Arc<Dcmi>,
@@ -518,230 +523,82 @@ fn read_chip(
     net_deadline: Instant,
 ) -> DeviceReading {
     let mut memo = src.memo(a);
-    let mut errors = Vec::new();
-    src.learn_ids(d, a, &mut memo, &mut errors);
-    // One id per chip: its physical id. Until it is known (the lookup failed every
-    // time so far), a provisional id, named as such.
-    let id = match (memo.phy, a) {
-        (Some(p), _) => format!("npu{p}"),
-        (None, Addr::V1 { card, chip }) => format!("npu{card}-{chip}"),
-        (None, Addr::V2 { dev }) => format!("npu-dev{dev}"),
-    };
-    let mut r = DeviceReading::new(id, Vendor::Ascend, "dcmi");
-    r.index = memo.phy;
-    r.probe_errors = errors;
-    r.ascend = Some(AscendIds {
-        phy_id: memo.phy,
-        logic_id: memo.logic.map(|l| l as u32),
-        card: match a {
-            Addr::V1 { card, .. } => Some(card),
-            Addr::V2 { .. } => None,
-        },
-        chip: match a {
-            Addr::V1 { chip, .. } => Some(chip),
-            Addr::V2 { .. } => None,
-        },
-    });
-    let note = |r: &mut DeviceReading, e: String| r.probe_errors.push(e);
-
-    // A chip still booting after a reset answers nothing worth judging.
-    match d.uint(
+    let id_errors = learn_ids(d, a, &mut memo);
+    let boot = d.uint(
         a,
         b"dcmi_get_device_boot_status\0",
         b"dcmiv2_get_device_boot_status\0",
-    ) {
-        Ok((0, s)) if s != BOOT_FINISHED => {
-            r.booting = true;
-            src.set_memo(a, &memo);
-            return r;
-        }
-        Ok((0 | NOT_SUPPORTED, _)) | Err(_) => {}
-        Ok((rc, _)) => note(&mut r, format!("boot status: dcmi error {rc}")),
-    }
-
-    // Health first: a dropped card answers "not ready" and nothing else is worth asking.
-    match d.uint(
-        a,
-        b"dcmi_get_device_health\0",
-        b"dcmiv2_get_device_health\0",
-    ) {
-        Ok((0, h)) => {
-            let (level, raw) = match h {
-                0 => (Some(VendorHealthLevel::Ok), "OK"),
-                1 => (Some(VendorHealthLevel::Warning), "Warning"),
-                2 => (Some(VendorHealthLevel::Alarm), "Alarm"),
-                3 => (Some(VendorHealthLevel::Critical), "Critical"),
-                _ => (None, ""),
-            };
-            match level {
-                Some(level) => {
-                    r.vendor_health = Some(VendorHealth {
-                        level,
-                        raw: raw.into(),
-                        error_codes: vec![],
-                        graded: vec![],
-                    })
-                }
-                None => note(&mut r, format!("health: unexpected value {h:#x}")),
-            }
-        }
-        Ok((NOT_READY, _)) => {
-            // How Huawei's plugin spots a card that dropped off; a single answer may be
-            // a blip, so it takes a few in a row.
-            memo.not_ready += 1;
-            src.set_memo(a, &memo);
-            if memo.not_ready >= NOT_READY_LOST_AFTER {
-                r.lost = true;
-            } else {
-                r.probe_errors
-                    .push(format!("health: not ready ({} in a row)", memo.not_ready));
-            }
-            return r;
-        }
-        Ok((e, _)) => note(&mut r, format!("health: dcmi error {e}")),
-        Err(e) => note(&mut r, e),
-    }
-    // Without the chip's own verdict its other numbers do not make it healthy: report
-    // only the errors, and its last good reading ages into unknown.
-    if r.vendor_health.is_none() {
-        src.set_memo(a, &memo);
-        return r;
-    }
-    memo.not_ready = 0;
+    );
+    let health = (!map::booting(&boot)).then(|| {
+        d.uint(
+            a,
+            b"dcmi_get_device_health\0",
+            b"dcmiv2_get_device_health\0",
+        )
+    });
+    let details = match &health {
+        Some(h) if map::judged(h) => Some(details(src, d, a, memo.logic, net, net_deadline)),
+        _ => None,
+    };
+    let raw = RawChip {
+        addr: a,
+        logic: memo.logic,
+        phy: memo.phy,
+        id_errors,
+        boot,
+        health,
+        details,
+    };
+    let (reading, not_ready) = map::reading(raw, memo.not_ready, &src.fault_codes);
+    memo.not_ready = not_ready;
     src.set_memo(a, &memo);
+    reading
+}
 
-    // Fault codes on every sample, whatever the level (MindCluster grades by code),
-    // with those fault events reported within the last minute.
-    let mut codes: Vec<u32> = match d.codes(a) {
-        Ok((0, c)) => c,
-        Ok((rc, _)) => {
-            note(&mut r, format!("error codes: dcmi error {rc}"));
-            Vec::new()
-        }
-        Err(e) => {
-            note(&mut r, e);
-            Vec::new()
-        }
-    };
-    for c in src.event_codes_of(memo.logic) {
-        if !codes.contains(&c) {
-            codes.push(c);
-        }
-    }
-    if let Some(vh) = r.vendor_health.as_mut() {
-        vh.error_codes = codes.iter().map(|c| format!("{c:08X}")).collect();
-        vh.graded = src
-            .fault_codes
-            .grade_all(vh.error_codes.iter().map(String::as_str));
-    }
-
-    let int_call = |r: &mut DeviceReading, v1: &[u8], v2: &[u8]| -> Option<c_int> {
-        match d.int(a, v1, v2) {
-            Ok((0, v)) => Some(v),
-            Ok((NOT_SUPPORTED, _)) => None,
-            Ok((e, _)) => {
-                r.probe_errors
-                    .push(format!("{}: dcmi error {e}", fn_name(v1)));
-                None
-            }
-            Err(e) => {
-                r.probe_errors.push(e);
-                None
-            }
-        }
-    };
-    r.temperature_c = int_call(
-        &mut r,
+/// The calls made of a chip that gave its verdict, in the order they always were.
+fn details(
+    src: &DcmiSource,
+    d: &Dcmi,
+    a: Addr,
+    logic: Option<c_int>,
+    net: Result<Option<NetAnswer>, String>,
+    net_deadline: Instant,
+) -> RawDetails {
+    let codes = d.codes(a);
+    let event_codes = src.event_codes_of(logic);
+    let temperature = d.int(
+        a,
         b"dcmi_get_device_temperature\0",
         b"dcmiv2_get_device_temperature\0",
-    )
-    .filter(|t| *t > -275)
-    .map(f64::from);
-    r.power_w = int_call(
-        &mut r,
+    );
+    let power = d.int(
+        a,
         b"dcmi_get_device_power_info\0",
         b"dcmiv2_get_device_power_info\0",
-    )
-    .filter(|p| *p >= 0)
-    .map(|p| f64::from(p) / 10.0);
-
-    read_ecc(d, a, &mut r);
-    if let Addr::V1 { card, chip } = a {
-        read_v1_identity(d, card, chip, &mut r);
-    }
-    match net.and_then(|rx| match rx {
-        Some(rx) => finish_network_health(rx, net_deadline),
-        None => Ok(None),
-    }) {
-        Ok(link) => r.roce = link,
-        Err(e) => note(&mut r, e),
-    }
-    r
-}
-
-/// HBM on 910-class chips (DDR answers -8255 there), DDR on 310P (HBM answers -8255).
-/// ECC switched off is no reading; an HBM error other than "not supported" is reported
-/// rather than hidden by asking DDR.
-fn read_ecc(d: &Dcmi, a: Addr, r: &mut DeviceReading) {
-    for (ty, name) in [(DEVICE_TYPE_HBM, "hbm"), (DEVICE_TYPE_DDR, "ddr")] {
-        match d.ecc(a, ty) {
-            Ok((0, e)) => {
-                if e.enable_flag != 0 {
-                    r.ecc = Some(EccCounts {
-                        volatile_corrected: e.single_bit_error_cnt.into(),
-                        volatile_uncorrected: e.double_bit_error_cnt.into(),
-                        aggregate_corrected: e.total_single_bit_error_cnt.into(),
-                        aggregate_uncorrected: e.total_double_bit_error_cnt.into(),
-                    });
-                }
-                return;
-            }
-            Ok((NOT_SUPPORTED, _)) => continue,
-            Ok((rc, _)) => {
-                r.probe_errors
-                    .push(format!("ecc ({name}): dcmi error {rc}"));
-                return;
-            }
-            Err(_) => return,
-        }
+    );
+    let ecc_hbm = d.ecc(a, DEVICE_TYPE_HBM);
+    let ecc_ddr = map::ecc_falls_back(&ecc_hbm).then(|| d.ecc(a, DEVICE_TYPE_DDR));
+    let (pcie, chip_info) = match a {
+        Addr::V1 { card, chip } => (Some(d.pcie(card, chip)), Some(d.chip_info(card, chip))),
+        Addr::V2 { .. } => (None, None),
+    };
+    let net = match net {
+        Ok(Some(rx)) => finish_network_health(rx, net_deadline),
+        Ok(None) => RawNet::NotAsked,
+        Err(e) => RawNet::NotStarted(e),
+    };
+    RawDetails {
+        codes,
+        event_codes,
+        temperature,
+        power,
+        ecc_hbm,
+        ecc_ddr,
+        pcie,
+        chip_info,
+        net,
     }
 }
-
-/// Bus id and chip name (v1 calls).
-fn read_v1_identity(d: &Dcmi, card: c_int, chip: c_int, r: &mut DeviceReading) {
-    if let Ok(f) = d.sym::<FnPcie>(b"dcmi_get_device_pcie_info_v2\0") {
-        let mut p = PcieInfoAll::default();
-        // SAFETY: `p` is a zeroed struct of the header's 64-byte layout.
-        if unsafe { f(card, chip, &mut p) } == 0 {
-            r.pci_bus_id = faultline_common::normalize_bus_id(&format!(
-                "{:04x}:{:02x}:{:02x}.{:x}",
-                p.domain, p.bdf_busid, p.bdf_deviceid, p.bdf_funcid
-            ));
-        }
-    }
-    if let Ok(f) = d.sym::<FnChip>(b"dcmi_get_device_chip_info\0") {
-        let mut c = ChipInfo {
-            chip_type: [0; CHIP_NAME_LEN],
-            chip_name: [0; CHIP_NAME_LEN],
-            chip_ver: [0; CHIP_NAME_LEN],
-            aicore_cnt: 0,
-        };
-        // SAFETY: `c` has the header's 100-byte layout.
-        if unsafe { f(card, chip, &mut c) } == 0 {
-            let s = |b: &[u8]| {
-                let end = b.iter().position(|x| *x == 0).unwrap_or(b.len());
-                String::from_utf8_lossy(&b[..end]).trim().to_string()
-            };
-            let name = format!("{}{}", s(&c.chip_type), s(&c.chip_name));
-            if !name.is_empty() {
-                r.name = Some(name);
-            }
-        }
-    }
-}
-
-/// "Not ready" answers in a row before a chip is reported lost (one may be a blip).
-const NOT_READY_LOST_AFTER: u32 = 3;
 
 impl Source for DcmiSource {
     fn name(&self) -> &'static str {
@@ -756,7 +613,17 @@ impl Source for DcmiSource {
         // blocked calls cost the sample at most 1 s together, not 1 s each.
         let nets: Vec<_> = addrs
             .iter()
-            .map(|a| start_network_health(&d, *a, &self.memo(*a).net))
+            .map(|&a| {
+                let d = d.clone();
+                let call = move || {
+                    d.uint(
+                        a,
+                        b"dcmi_get_device_network_health\0",
+                        b"dcmiv2_get_device_network_health\0",
+                    )
+                };
+                start_network_health(call, &self.memo(a).net)
+            })
             .collect();
         let net_deadline = Instant::now() + NETWORK_HEALTH_BOUND;
         for (a, net) in addrs.into_iter().zip(nets) {

@@ -1,22 +1,7 @@
-//! What the test API server's client tests share: a server on loopback, and a `kube`
-//! client of it.
+//! What the test API server's client tests share: a `kube` client of it (the server
+//! itself starts with [`faultline_test_apiserver::spawn`]).
 
-use faultline_test_apiserver::ApiServer;
 use kube::Client;
-
-/// A server on loopback; its URL; cancel to stop it.
-pub async fn start() -> (ApiServer, String, tokio_util::sync::CancellationToken) {
-    let server = ApiServer::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let cancel = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(faultline_test_apiserver::serve(
-        listener,
-        server.clone(),
-        cancel.clone(),
-    ));
-    (server, url, cancel)
-}
 
 /// A kube client of `url`, without kube's own retries: the tests look at each answer
 /// (kube retries a 429 by itself up to 15 times).

@@ -2,34 +2,20 @@
 
 use faultline_common::DeviceStatus;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabel {
-    result: String,
-}
+mod labels;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StateLabel {
-    state: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TransitionLabels {
-    to: String,
-    reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SinkLabels {
-    sink: String,
-    shard: String,
-}
+pub use labels::{Action, ActionResult};
+use labels::{
+    ActionLabel, ActionLabels, CodeLabel, KindLabel, ResultLabel, ShardLabel, SinkLabels,
+    StateLabel, TransitionLabels,
+};
 
 /// Every metric of the aggregator.
 pub struct Metrics {
@@ -76,32 +62,6 @@ pub struct Metrics {
     intake_responses: Family<CodeLabel, Counter>,
     intake_alerts: Family<ResultLabel, Counter>,
     notifications: Family<ResultLabel, Counter>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ActionLabels {
-    action: String,
-    result: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ActionLabel {
-    action: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CodeLabel {
-    code: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabel {
-    kind: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ShardLabel {
-    shard: String,
 }
 
 impl Default for Metrics {
@@ -535,21 +495,16 @@ impl Metrics {
     }
 
     /// A remediation action ended: `ok`, `error`, `held-back`, `dry-run`, ...
-    pub fn action(&self, action: &str, result: &str) {
+    pub fn action(&self, action: Action, result: ActionResult) {
         self.actions
-            .get_or_create(&ActionLabels {
-                action: action.into(),
-                result: result.into(),
-            })
+            .get_or_create(&ActionLabels { action, result })
             .inc();
     }
 
     /// How long a remediation pass took.
-    pub fn action_time(&self, action: &str, secs: f64) {
+    pub fn action_time(&self, action: Action, secs: f64) {
         self.action_seconds
-            .get_or_create(&ActionLabel {
-                action: action.into(),
-            })
+            .get_or_create(&ActionLabel { action })
             .observe(secs);
     }
 

@@ -1,0 +1,152 @@
+//! The label sets of the aggregator's metrics, and the typed values of the remediation
+//! actions (`action` and `result` of `actions_total`).
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ResultLabel {
+    pub(super) result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct StateLabel {
+    pub(super) state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct TransitionLabels {
+    pub(super) to: String,
+    pub(super) reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct SinkLabels {
+    pub(super) sink: String,
+    pub(super) shard: String,
+}
+
+/// A remediation action, as the `action` label of `actions_total` and
+/// `action_seconds` counts it.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Action {
+    /// Taint, label and condition for a failed device.
+    Quarantine,
+    /// The unknown guard's taint (no eviction).
+    TaintUnknown,
+    /// Evicting the pods on a failed device.
+    Evict,
+    /// Releasing a node.
+    Release,
+    /// Extending a quarantine that has not expired.
+    Extend,
+    /// A canary Job before an automatic release.
+    Canary,
+    /// An Event on the Node.
+    Event,
+    /// An alert the intake acted on.
+    Alert,
+    /// The quarantine record on the Node.
+    Record,
+}
+
+impl Action {
+    /// The label value (the names dashboards and alerts use).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Quarantine => "quarantine",
+            Action::TaintUnknown => "taint-unknown",
+            Action::Evict => "evict",
+            Action::Release => "release",
+            Action::Extend => "extend",
+            Action::Canary => "canary",
+            Action::Event => "event",
+            Action::Alert => "alert",
+            Action::Record => "record",
+        }
+    }
+}
+
+/// What an [`Action`] came to, as the `result` label of `actions_total`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ActionResult {
+    /// Done.
+    Ok,
+    /// Dry run: announced, nothing changed.
+    DryRun,
+    /// Held back by the budget.
+    HeldBack,
+    /// Failed with an API error.
+    Error,
+    /// Did not do what it should (an eviction refused past its retries, a canary that
+    /// failed).
+    Failed,
+    /// Started (a canary Job).
+    Started,
+    /// Waited for the eviction rate.
+    Throttled,
+    /// Given up after its deadline.
+    GivenUp,
+    /// Deleted without eviction (`--force-delete-after-deadline`).
+    Deleted,
+    /// Retried after a conflict.
+    Retried,
+    /// Named no device of the node (an alert).
+    Unattributed,
+}
+
+impl ActionResult {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionResult::Ok => "ok",
+            ActionResult::DryRun => "dry-run",
+            ActionResult::HeldBack => "held-back",
+            ActionResult::Error => "error",
+            ActionResult::Failed => "failed",
+            ActionResult::Started => "started",
+            ActionResult::Throttled => "throttled",
+            ActionResult::GivenUp => "given-up",
+            ActionResult::Deleted => "deleted",
+            ActionResult::Retried => "retried",
+            ActionResult::Unattributed => "unattributed",
+        }
+    }
+}
+
+impl EncodeLabelValue for Action {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+impl EncodeLabelValue for ActionResult {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ActionLabels {
+    pub(super) action: Action,
+    pub(super) result: ActionResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ActionLabel {
+    pub(super) action: Action,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct CodeLabel {
+    pub(super) code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct KindLabel {
+    pub(super) kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ShardLabel {
+    pub(super) shard: String,
+}
