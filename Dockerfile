@@ -8,7 +8,8 @@
 #   NVIDIA container toolkit) and Huawei's libdcmi (mounted from the host), and runs
 #   npu-smi or a site tool from the host.
 # aggregator: distroless, non-root (65532); also holds the CLI, `faultline` and
-#   `kubectl-faultline` (`kubectl exec deploy/faultline-aggregator -- faultline status`).
+#   `kubectl-faultline`, the same binary under the plugin's name
+#   (`kubectl exec deploy/faultline-aggregator -- faultline status`).
 #
 # --build-arg VERSION, REVISION (the commit) and SOURCE (the repository URL) fill the
 # OCI labels.
@@ -27,7 +28,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked -p faultline-agent -p faultline-aggregator \
  && mkdir -p /out \
  && cp target/release/faultline-agent target/release/faultline-aggregator \
-       target/release/faultline target/release/kubectl-faultline /out/
+       target/release/faultline /out/ \
+ && cp target/release/faultline /out/kubectl-faultline
 
 FROM docker.io/library/debian:bookworm-slim AS agent
 ARG VERSION

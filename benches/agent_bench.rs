@@ -8,7 +8,7 @@
 //! hidden), and the closed-loop throughput limit.
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -17,13 +17,8 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+// The agent process, killed when dropped.
+use faultline_common::testing::ChildGuard as Proc;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

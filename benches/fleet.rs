@@ -6,7 +6,6 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,11 +13,9 @@ use axum::extract::{Path, Query, State};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use faultline_common::classify::Finding;
-use faultline_common::{
-    DeviceHealth, DeviceReading, DeviceStatus, NodeHealth, Summary, Vendor, SCHEMA_VERSION,
-};
-use faultline_test_apiserver::ApiServer;
+use faultline_common::testing::{self, Device};
+use faultline_common::{DeviceHealth, NodeHealth, Summary};
+use faultline_test_apiserver::{ApiServer, Bootstrap};
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 
@@ -33,39 +30,22 @@ pub struct Fleet {
     pub nodes: Vec<SimNode>,
 }
 
+/// Device `i` of a node: a healthy GPU as NVML reads it, at 50 C and 300 W.
 pub fn device(i: u32) -> DeviceHealth {
-    let mut r = DeviceReading::new(format!("gpu{i}"), Vendor::Nvidia, "nvml");
-    r.uuid = Some(format!("GPU-5157e000-0000-4000-8000-{i:012x}"));
-    r.pci_bus_id = Some(format!("0000:{:02x}:00.0", 0x18 + i * 0x10));
-    r.temperature_c = Some(50.0);
-    r.power_w = Some(300.0);
-    DeviceHealth {
-        reading: r,
-        status: DeviceStatus::Healthy,
-        reason: None,
-        findings: vec![],
-        ecc_errors: Some(0),
-        pcie_link_status: Some("up".into()),
-        sampled_at: None,
-        sample_age_ms: Some(200),
-        recent_xids: vec![],
-    }
+    Device::nvml(i)
+        .temperature(50.0)
+        .power(300.0)
+        .sample_age_ms(200)
+        .build()
 }
 
 /// Node `i`'s first document: 8 healthy devices.
 pub fn node_health(i: usize) -> NodeHealth {
-    let npus: Vec<DeviceHealth> = (0..8).map(device).collect();
-    NodeHealth {
-        schema_version: SCHEMA_VERSION.into(),
-        generation: 1,
-        timestamp: String::new(),
-        node: node_name(i),
-        agent_version: "bench".into(),
-        summary: Summary::of(&npus),
-        npus,
-        sources: vec![],
-        unattributed_xids: vec![],
-    }
+    testing::node(&node_name(i))
+        .timestamp("")
+        .agent_version("bench")
+        .npus((0..8).map(device))
+        .build()
 }
 
 pub fn node_name(i: usize) -> String {
@@ -206,24 +186,12 @@ pub fn noise(fleet: Arc<Fleet>, period: Duration) {
 }
 
 /// A child process, killed when dropped.
-pub struct Proc(pub Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+#[allow(unused_imports)]
+pub use faultline_common::testing::ChildGuard as Proc;
 
 /// A hard fault (Xid 79) on device `d` of a document.
 pub fn hard_fault(doc: &mut NodeHealth, d: usize) {
-    let d = &mut doc.npus[d];
-    d.status = DeviceStatus::Failed;
-    d.reason = Some("xid-79".into());
-    d.findings = vec![Finding {
-        code: "xid-79".into(),
-        status: DeviceStatus::Failed,
-        detail: String::new(),
-    }];
+    testing::mark_failed(&mut doc.npus[d], "xid-79");
 }
 
 pub fn proc_kib(pid: u32, key: &str) -> u64 {
@@ -250,21 +218,7 @@ pub fn pct(v: &[Duration], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
 }
 
+/// The test API server with the `faultline` namespace; its URL.
 pub async fn api_server() -> (ApiServer, String) {
-    let server = ApiServer::new();
-    server
-        .create(
-            "namespaces",
-            "",
-            serde_json::json!({"metadata": {"name": "faultline"}}),
-        )
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(faultline_test_apiserver::serve(
-        listener,
-        server.clone(),
-        tokio_util::sync::CancellationToken::new(),
-    ));
-    (server, url)
+    Bootstrap::new().namespace("faultline").spawn().await
 }

@@ -9,6 +9,7 @@
 //! find there, under the same lock.
 #![allow(unsafe_code)]
 
+use faultline_common::sync::Locked;
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
@@ -51,7 +52,7 @@ fn orphan_zombies(me: i32) -> Vec<i32> {
 /// Reap the zombie children nobody waits for, once; how many.
 pub fn reap_once() -> usize {
     let me = std::process::id() as i32;
-    let waited = CHILDREN.lock().unwrap_or_else(|p| p.into_inner());
+    let waited = CHILDREN.locked();
     let mut n = 0;
     for pid in orphan_zombies(me) {
         if waited.contains(&pid) {

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use faultline_common::classify::Finding;
+use faultline_common::sync::Locked;
 use faultline_common::time::{rfc3339_ms, Clock};
 use faultline_common::xid::XidVerdict;
 use faultline_common::{
@@ -129,7 +130,7 @@ impl Store {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave the maps half-updated in a way
         // that matters more than losing the API, so keep serving.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     fn bump(&self, inner: &mut Inner) {

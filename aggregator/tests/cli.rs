@@ -56,12 +56,27 @@ contexts:
     path
 }
 
+/// A directory holding the `faultline` binary under the plugin's name, as an install
+/// puts it (`cp faultline kubectl-faultline`).
+fn plugin_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            env!("CARGO_BIN_EXE_faultline"),
+            dir.path().join("kubectl-faultline"),
+        )
+        .unwrap();
+        dir
+    })
+    .path()
+}
+
 /// `kubectl faultline ARGS` with the plugin's directory first on $PATH.
 async fn kubectl_faultline(kubeconfig: &Path, args: &[&str]) -> Output {
-    let bin = Path::new(env!("CARGO_BIN_EXE_kubectl-faultline"));
     let path = format!(
         "{}:{}",
-        bin.parent().unwrap().display(),
+        plugin_dir().display(),
         std::env::var("PATH").unwrap_or_default()
     );
     let run = tokio::process::Command::new("kubectl")
@@ -93,20 +108,14 @@ async fn kubectl_faultline_describes_nodes_and_agents_in_the_chosen_context() {
         eprintln!("SKIPPED kubectl_faultline_describes_nodes_and_agents_in_the_chosen_context: no kubectl on PATH (.ci/run installs it)");
         return;
     }
-    let (server, kube) = api_server().await;
-    for n in ["n1", "n2"] {
-        server
-            .create("nodes", "", NodeFixture::new(n).ready(true).build())
-            .unwrap();
-    }
-    let (a1, a2) = (agent("n1").await, agent("n2").await);
-    let agents = format!("http://{},http://{}", a1.addr, a2.addr);
-    let _agg = Launch::healing(&kube, "r1")
-        .args(&["--agents", &agents])
+    let w = Scenario::new()
+        .nodes(["n1", "n2"].map(|n| NodeFixture::new(n).ready(true)))
+        .agents()
         .start()
         .await;
-    let body = r#"{"device":"gpu1","fault":"row-remap-failure"}"#;
-    assert_eq!(post(a1.addr, "/v1/sim/faults", body).await, 201);
+    let (server, kube) = (&w.server, &w.kube);
+    let _agg = w.healing("r1").start().await;
+    fail(w.agent("n1"), "gpu1").await;
     until(
         Duration::from_secs(15),
         "n1 quarantined and published",
@@ -124,7 +133,7 @@ async fn kubectl_faultline_describes_nodes_and_agents_in_the_chosen_context() {
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let kc = kubeconfig(dir.path(), &kube);
+    let kc = kubeconfig(dir.path(), kube);
 
     // The current context points nowhere: without --context the plugin fails, naming
     // the connection; with it, it reads the test server.

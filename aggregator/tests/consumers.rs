@@ -6,18 +6,11 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::*;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn need(tool: &str) {
     let found = Command::new(tool)
@@ -41,19 +34,19 @@ fn spawn(cmd: &mut Command) -> ChildGuard {
 fn python(args: &[&str]) -> ChildGuard {
     spawn(
         Command::new("python3")
-            .arg(root().join("consumers/python/faultline_consumer.py"))
+            .arg(repo_root().join("consumers/python/faultline_consumer.py"))
             .args(args),
     )
 }
 
 fn shell(args: &[&str]) -> ChildGuard {
-    spawn(Command::new(root().join("consumers/shell/faultline-watch.sh")).args(args))
+    spawn(Command::new(repo_root().join("consumers/shell/faultline-watch.sh")).args(args))
 }
 
 fn train(dir: &Path, ckpt: &Path) -> ChildGuard {
     spawn(
         Command::new("python3")
-            .arg(root().join("consumers/job/train.py"))
+            .arg(repo_root().join("consumers/job/train.py"))
             .env("NODE_NAME", "n2")
             .env("FAULTLINE_DIR", dir)
             .env("CHECKPOINT_DIR", ckpt)
@@ -82,11 +75,6 @@ async fn exited(c: &mut ChildGuard, what: &str, within: Duration) -> (Option<i32
 
 fn running(c: &mut Child) -> bool {
     c.try_wait().unwrap().is_none()
-}
-
-async fn fail(agent: &faultline_agent::Agent, device: &str) {
-    let body = format!(r#"{{"device":"{device}","fault":"row-remap-failure"}}"#);
-    assert_eq!(post(agent.addr, "/v1/sim/faults", &body).await, 201);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

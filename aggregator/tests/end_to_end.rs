@@ -4,20 +4,13 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use faultline_common::fault::{FaultDocument, NodeFaults};
 use faultline_common::DeviceStatus;
 use support::*;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 /// Read a key the way a pod reads its mounted ConfigMap: open the path, parse.
 fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
@@ -67,7 +60,7 @@ async fn a_hard_fault_reaches_the_file_sink_within_a_second_and_the_consumer_rea
     // Seed 003's consumer, unmodified, watching n2's entry as its /config/fault.json.
     let mut consumer = ChildGuard(
         Command::new("python3")
-            .arg(root().join("tests/consumer/run_consumer.py"))
+            .arg(repo_root().join("tests/consumer/run_consumer.py"))
             .arg(out.path().join("n2.json"))
             .env("NODE_NAME", "n2")
             .stdout(Stdio::piped())
@@ -81,15 +74,7 @@ async fn a_hard_fault_reaches_the_file_sink_within_a_second_and_the_consumer_rea
     );
 
     let t0 = Instant::now();
-    assert_eq!(
-        post(
-            a2.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu1","fault":"lost"}"#
-        )
-        .await,
-        201
-    );
+    inject(&a2, r#"{"device":"gpu1","fault":"lost"}"#).await;
     let (n2, _) =
         wait_file::<NodeFaults>(&out.path().join("n2.json"), Duration::from_secs(5), |n| {
             n.npus
@@ -168,7 +153,6 @@ async fn rules_reload_and_an_invalid_file_keeps_the_old_rules() {
         .rules(Some(&rules))
         .start()
         .await;
-    let metrics = format!("http://{}/metrics", agg.addr);
     wait_file::<NodeFaults>(&sink.join("n1.json"), Duration::from_secs(15), |n| {
         n.summary.healthy == 4
     })
@@ -180,9 +164,10 @@ async fn rules_reload_and_an_invalid_file_keeps_the_old_rules() {
         "windows: [ {reason: x, metric: temperature_c, above: 1, count: 9, of: 2} ]\n",
     )
     .unwrap();
-    let text = wait_metric(
-        &metrics,
+    let text = metric_until(
+        agg.addr,
         "faultline_aggregator_rules_reloads_total{result=\"invalid\"} 1",
+        Duration::from_secs(10),
     )
     .await;
     assert!(
@@ -196,9 +181,10 @@ async fn rules_reload_and_an_invalid_file_keeps_the_old_rules() {
         "windows: [ {reason: warm, metric: temperature_c, above: 20, count: 1, of: 1} ]\nstate_machine: {degraded_after_ms: 0}\n",
     )
     .unwrap();
-    wait_metric(
-        &metrics,
+    metric_until(
+        agg.addr,
         "faultline_aggregator_rules_reloads_total{result=\"ok\"} 1",
+        Duration::from_secs(10),
     )
     .await;
     let (n1, _) = wait_file::<NodeFaults>(&sink.join("n1.json"), Duration::from_secs(10), |n| {
@@ -207,21 +193,6 @@ async fn rules_reload_and_an_invalid_file_keeps_the_old_rules() {
     .await;
     assert_eq!(n1.npus[0].reason.as_deref(), Some("warm"));
     agg.cancel_token().cancel();
-}
-
-async fn wait_metric(url: &str, needle: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let text = get_text(url).await;
-        if text.contains(needle) {
-            return text;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "no {needle} in\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Issue 10's pinned identity, on issue 11's watch stream (the documents are read and
@@ -251,18 +222,18 @@ async fn a_streamed_document_for_another_node_is_refused() {
     .await;
     assert!(!doc.nodes.contains_key("n2"), "{:?}", doc.nodes.keys());
     assert!(!doc.nodes["n1"].agent.reachable);
-    let metrics = get_text(&format!("http://{}/metrics", agg.addr)).await;
-    let refused = metrics
+    let text = metrics(agg.addr).await;
+    let refused = text
         .lines()
         .find_map(|l| {
             l.strip_prefix("faultline_aggregator_agent_poll_errors_total{kind=\"identity\"} ")
         })
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0);
-    assert!(refused >= 1.0, "{metrics}");
+    assert!(refused >= 1.0, "{text}");
     assert!(
-        metrics.contains("faultline_aggregator_agent_watch_fallbacks_total 0"),
-        "{metrics}"
+        text.contains("faultline_aggregator_agent_watch_fallbacks_total 0"),
+        "{text}"
     );
     agg.cancel_token().cancel();
     agg.wait().await;

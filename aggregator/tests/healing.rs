@@ -9,15 +9,13 @@ mod support;
 
 use std::time::Duration;
 
-use faultline_test_apiserver::{ApiServer, Faults};
-use http_body_util::{BodyExt, Full};
+use faultline_test_apiserver::Faults;
+use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use support::*;
-
-const TAINT: &str = "nvidia.com/gpu-fault";
 
 /// The intake's token in a file (a mounted Secret); keep the directory alive.
 fn token_file() -> (tempfile::TempDir, std::path::PathBuf) {
@@ -27,145 +25,27 @@ fn token_file() -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, file)
 }
 
-/// `device` on the agent's node fails for good (a row remap failure).
-async fn fail(agent: &faultline_agent::Agent, device: &str) {
-    let body = format!(r#"{{"device":"{device}","fault":"row-remap-failure"}}"#);
-    assert_eq!(post(agent.addr, "/v1/sim/faults", &body).await, 201);
-}
-
-/// Wait until `replica` holds the shard's Lease; the Lease.
-async fn holds(server: &ApiServer, replica: &str) -> Value {
-    until(
-        Duration::from_secs(10),
-        "the replica holds the shard",
-        || {
-            server
-                .get("leases", NS, "faultline-shard-0")
-                .filter(|l| l["spec"]["holderIdentity"] == replica)
-        },
-    )
-    .await
-    .0
-}
-
-fn our_taints(server: &ApiServer, n: &str) -> usize {
-    server.get("nodes", "", n).unwrap()["spec"]["taints"]
-        .as_array()
-        .map(|t| t.iter().filter(|t| t["key"] == TAINT).count())
-        .unwrap_or(0)
-}
-
-fn taint_keys(server: &ApiServer, n: &str) -> Vec<String> {
-    server.get("nodes", "", n).unwrap()["spec"]["taints"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .map(|t| t["key"].as_str().unwrap_or("").to_string())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn events(server: &ApiServer, node: &str, reason: &str) -> usize {
-    server
-        .list("events", "default")
-        .iter()
-        .filter(|e| e["reason"] == reason && e["involvedObject"]["name"] == node)
-        .count()
-}
-
-/// Eviction requests for a pod answered `status`.
-fn eviction_calls(server: &ApiServer, pod: &str, status: u16) -> usize {
-    server
-        .calls()
-        .iter()
-        .filter(|c| {
-            c.method == "POST"
-                && c.uri.contains(&format!("/pods/{pod}/eviction"))
-                && c.status == status
-        })
-        .count()
-}
-
-/// Successful eviction requests for a pod. (The test server deletes an evicted pod at
-/// once, so a second request would be answered 404: see `evicted_once`.)
-fn evictions(server: &ApiServer, pod: &str) -> usize {
-    eviction_calls(server, pod, 201)
-}
-
-/// The pod was evicted, and never asked to leave again once gone.
-fn evicted_once(server: &ApiServer, pod: &str) -> bool {
-    evictions(server, pod) == 1 && eviction_calls(server, pod, 404) == 0
-}
-
-fn record(server: &ApiServer, n: &str) -> Option<Value> {
-    server.get("nodes", "", n).unwrap()["metadata"]["annotations"]["faultline.io/quarantine"]
-        .as_str()
-        .map(|s| serde_json::from_str(s).unwrap())
-}
-
-fn history(server: &ApiServer, n: &str) -> Vec<Value> {
-    server.get("nodes", "", n).unwrap()["metadata"]["annotations"]
-        ["faultline.io/quarantine-history"]
-        .as_str()
-        .map(|s| serde_json::from_str(s).unwrap())
-        .unwrap_or_default()
-}
-
-/// One request: status and JSON body.
-async fn call(method: &str, url: &str, token: Option<&str>, body: String) -> (u16, Value) {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json");
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let resp = client
-        .request(req.body(Full::new(Bytes::from(body))).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action() {
-    let (server, kube) = api_server().await;
-    server
-        .create(
-            "nodes",
-            "",
-            NodeFixture::new("n1")
-                .label("team", "a")
-                .taint("other.example/maintenance", "x")
-                .ready(true)
-                .build(),
-        )
-        .unwrap();
-    for p in [
-        PodFixture::new("on-bad", "n1")
-            .gpu()
-            .holds("GPU-abc", "Healthy")
-            .build(),
-        PodFixture::new("on-good", "n1")
-            .gpu()
-            .holds("GPU-def", "Healthy")
-            .build(),
-        PodFixture::new("cpu-only", "n1").build(),
-    ] {
-        server.create("pods", "default", p).unwrap();
-    }
+    let w = Scenario::new()
+        .node(NodeFixture::shared("n1").ready(true))
+        .pods([
+            PodFixture::new("on-bad", "n1")
+                .gpu()
+                .holds("GPU-abc", "Healthy"),
+            PodFixture::new("on-good", "n1")
+                .gpu()
+                .holds("GPU-def", "Healthy"),
+            PodFixture::new("cpu-only", "n1"),
+        ])
+        .agents_flag(NO_AGENT)
+        .start()
+        .await;
+    let server = &w.server;
     let (_dir, token_file) = token_file();
-    let agg = Launch::healing(&kube, "r1")
+    let agg = w
+        .healing("r1")
         .args(&[
-            "--agents",
-            "http://127.0.0.1:9",
             "--intake-token-file",
             token_file.to_str().unwrap(),
             "--intake-max-bytes",
@@ -195,7 +75,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     let (code, body) = call("POST", &url, Some("s3cret"), big).await;
     assert_eq!(code, 413);
     assert!(body["error"].as_str().unwrap().contains("2048"));
-    assert_eq!(our_taints(&server, "n1"), 0, "nothing acted on yet");
+    assert_eq!(our_taints(server, "n1"), 0, "nothing acted on yet");
 
     // Alerts of a shard held by nobody would be refused (503): wait for the Lease, as
     // this replica itself counts it.
@@ -241,11 +121,11 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
         assert_eq!(body["duplicates"], 3);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(our_taints(&server, "n1"), 1);
-    assert!(taint_keys(&server, "n1").contains(&"other.example/maintenance".to_string()));
-    assert_eq!(events(&server, "n1", "FaultlineQuarantined"), 1);
-    assert_eq!(evictions(&server, "on-bad"), 1);
-    assert!(evicted_once(&server, "on-bad"));
+    assert_eq!(our_taints(server, "n1"), 1);
+    assert!(taint_keys(server, "n1").contains(&"other.example/maintenance".to_string()));
+    assert_eq!(events_on(server, "n1", "FaultlineQuarantined"), 1);
+    assert_eq!(evictions(server, "on-bad"), 1);
+    assert!(evicted_once(server, "on-bad"));
     assert!(
         server.get("pods", "default", "on-good").is_some(),
         "pod on a healthy GPU stays"
@@ -254,7 +134,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
         server.get("pods", "default", "cpu-only").is_some(),
         "pod without accelerators stays"
     );
-    let r = record(&server, "n1").unwrap();
+    let r = record(server, "n1").unwrap();
     assert_eq!(r["devices"][0]["uuid"], "GPU-abc");
     assert_eq!(r["devices"][0]["source"], "alert");
     assert_eq!(r["devices"][0]["metric"], "xid_error");
@@ -271,7 +151,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
         "{msg}"
     );
 
-    let m = get_text(&format!("http://{}/metrics", agg.addr)).await;
+    let m = metrics(agg.addr).await;
     for line in [
         "faultline_aggregator_intake_responses_total{code=\"401\"} 2",
         "faultline_aggregator_intake_responses_total{code=\"400\"} 1",
@@ -282,16 +162,15 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     ] {
         assert!(m.contains(line), "missing {line}");
     }
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;
 
     // A restart forgets the intake's counts, not what was done: the same burst again
     // is acted on by the new process and changes nothing on the cluster.
-    let agg = Launch::healing(&kube, "r1")
+    let agg = w
+        .healing("r1")
         .args(&[
-            "--agents",
-            "http://127.0.0.1:9",
             "--intake-token-file",
             token_file.to_str().unwrap(),
             "--intake-threshold",
@@ -301,102 +180,71 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
         .await;
     let url = format!("http://{}/v1/alerts", agg.addr);
     // Until it holds the shard the intake answers 503 (retry): no holder to count.
-    holds(&server, "r1").await;
+    holds(server, "r1").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (code, body) = call("POST", &url, Some("s3cret"), batch.clone()).await;
     assert_eq!(code, 202, "{body}");
     assert_eq!(body["acted"].as_array().unwrap().len(), 1);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(our_taints(&server, "n1"), 1);
-    assert_eq!(events(&server, "n1", "FaultlineQuarantined"), 1);
-    assert_eq!(evictions(&server, "on-bad"), 1);
-    assert!(evicted_once(&server, "on-bad"));
+    assert_eq!(our_taints(server, "n1"), 1);
+    assert_eq!(events_on(server, "n1", "FaultlineQuarantined"), 1);
+    assert_eq!(evictions(server, "on-bad"), 1);
+    assert!(evicted_once(server, "on-bad"));
     assert!(server.get("pods", "default", "on-good").is_some());
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
-    let (server, kube) = api_server().await;
-    for n in ["n1", "n2"] {
-        server
-            .create(
-                "nodes",
-                "",
-                NodeFixture::new(n)
-                    .label("team", "a")
-                    .taint("other.example/maintenance", "x")
-                    .ready(true)
-                    .build(),
-            )
-            .unwrap();
-    }
-    server
-        .create(
-            "pods",
-            "default",
+    let w = Scenario::new()
+        .nodes(["n1", "n2"].map(|n| NodeFixture::shared(n).ready(true)))
+        .pod(
             PodFixture::new("train", "n1")
                 .gpu()
-                .holds("GPU-abc", "Unhealthy")
-                .build(),
+                .holds("GPU-abc", "Unhealthy"),
         )
-        .unwrap();
-    server
-        .create(
-            "pods",
-            "default",
+        .pod(
             PodFixture::new("infer", "n2")
                 .gpu()
-                .holds("GPU-xyz", "Unknown")
-                .build(),
+                .holds("GPU-xyz", "Unknown"),
         )
-        .unwrap();
-    let agg = Launch::healing(&kube, "r1")
-        .args(&[
-            "--agents",
-            "http://127.0.0.1:9",
-            "--watch-pod-health",
-            "true",
-        ])
+        .agents_flag(NO_AGENT)
+        .start()
+        .await;
+    let server = &w.server;
+    let agg = w
+        .healing("r1")
+        .args(&["--watch-pod-health", "true"])
         .start()
         .await;
     until(
         Duration::from_secs(10),
         "n1 quarantined and train evicted",
         || {
-            (our_taints(&server, "n1") == 1 && server.get("pods", "default", "train").is_none())
+            (our_taints(server, "n1") == 1 && server.get("pods", "default", "train").is_none())
                 .then_some(())
         },
     )
     .await;
-    let r = record(&server, "n1").unwrap();
+    let r = record(server, "n1").unwrap();
     assert_eq!(r["devices"][0]["source"], "kubelet");
     assert_eq!(r["devices"][0]["uuid"], "GPU-abc");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(our_taints(&server, "n2"), 0, "Unknown never acts");
+    assert_eq!(our_taints(server, "n2"), 0, "Unknown never acts");
     assert!(server.get("pods", "default", "infer").is_some());
-    let m = get_text(&format!("http://{}/metrics", agg.addr)).await;
+    let m = metrics(agg.addr).await;
     assert!(m.contains("faultline_aggregator_intake_alerts_total{result=\"kubelet-unknown\"} 1"));
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
 
 /// Wait until the aggregator at `addr` counts shard 0's Lease as its own.
 async fn lease_held(addr: std::net::SocketAddr) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !get_text(&format!("http://{addr}/metrics"))
-        .await
-        .contains("faultline_aggregator_lease_held{shard=\"0\"} 1")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the shard Lease was never held"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let held = "faultline_aggregator_lease_held{shard=\"0\"} 1";
+    metric_until(addr, held, Duration::from_secs(10)).await;
 }
 
 /// `faultline release --node NODE --by alice` as an administrator, waiting for it.
@@ -451,31 +299,20 @@ async fn faultline_status(kube: &str) -> String {
 /// quarantined again within the dedup window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
-    let (server, kube) = api_server().await;
-    server
-        .create(
-            "nodes",
-            "",
-            NodeFixture::new("n1")
-                .label("team", "a")
-                .taint("other.example/maintenance", "x")
-                .ready(true)
-                .build(),
-        )
-        .unwrap();
-    let a1 = agent("n1").await;
-    let agents = format!("http://{}", a1.addr);
-    let agg = Launch::healing(&kube, "r1")
-        .args(&["--agents", &agents])
+    let w = Scenario::new()
+        .node(NodeFixture::shared("n1").ready(true))
+        .agents()
         .start()
         .await;
-    fail(&a1, "gpu1").await;
+    let (server, kube) = (&w.server, &w.kube);
+    let agg = w.healing("r1").start().await;
+    fail(w.agent("n1"), "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
-        (our_taints(&server, "n1") == 1).then_some(())
+        (our_taints(server, "n1") == 1).then_some(())
     })
     .await;
     // `faultline status` lists the node, its device, the replica and the reason.
-    let stdout = faultline_status(&kube).await;
+    let stdout = faultline_status(kube).await;
     let line = stdout
         .lines()
         .find(|l| l.starts_with("n1 "))
@@ -499,7 +336,7 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
             "--wait",
             "20s",
             "--kube-server",
-            &kube,
+            kube,
             "--kube-token-file",
             admin_token_file().to_str().unwrap(),
         ])
@@ -514,16 +351,16 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
     );
     assert!(stdout.contains("released: n1"), "{stdout}");
     let n = server.get("nodes", "", "n1").unwrap();
-    assert_eq!(taint_keys(&server, "n1"), vec!["other.example/maintenance"]);
+    assert_eq!(taint_keys(server, "n1"), vec!["other.example/maintenance"]);
     assert!(n["metadata"]["labels"]
         .get("faultline.io/unhealthy-devices")
         .is_none());
     assert_eq!(n["metadata"]["labels"]["team"], "a");
-    assert!(record(&server, "n1").is_none());
+    assert!(record(server, "n1").is_none());
     assert!(n["metadata"]["annotations"]
         .get("faultline.io/release")
         .is_none());
-    let h = history(&server, "n1");
+    let h = history(server, "n1");
     assert_eq!(h.len(), 1);
     assert_eq!(h[0]["released"]["actor"], "user:alice");
     assert_eq!(h[0]["released"]["reason"], "card reseated");
@@ -536,33 +373,27 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
         .cloned()
         .unwrap();
     assert_eq!(cond["status"], "True");
-    assert_eq!(events(&server, "n1", "FaultlineReleased"), 1);
+    assert_eq!(events_on(server, "n1", "FaultlineReleased"), 1);
     // The agent still says failed; reconcile passes run every 500 ms: no re-quarantine.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(our_taints(&server, "n1"), 0, "a person's release holds");
+    assert_eq!(our_taints(server, "n1"), 0, "a person's release holds");
     // `faultline status` lists nothing now: the breaker line and the header only.
-    let stdout = faultline_status(&kube).await;
+    let stdout = faultline_status(kube).await;
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
     assert!(stdout.starts_with("breaker: closed\nNODE"), "{stdout}");
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_release_waits_for_health_cooldown_and_the_canary() {
-    let (server, kube) = api_server().await;
-    server
-        .create(
-            "nodes",
-            "",
-            NodeFixture::new("n1")
-                .label("team", "a")
-                .taint("other.example/maintenance", "x")
-                .ready(true)
-                .build(),
-        )
-        .unwrap();
+    let w = Scenario::new()
+        .node(NodeFixture::shared("n1").ready(true))
+        .agents()
+        .start()
+        .await;
+    let server = &w.server;
     let dir = tempfile::tempdir().unwrap();
     let canary = dir.path().join("canary.yaml");
     std::fs::write(
@@ -570,14 +401,12 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: ignored\nspec:\n  template:\n    spec:\n      containers:\n      - name: probe\n        image: nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04\n        command: [nvidia-smi]\n        resources:\n          limits:\n            nvidia.com/gpu: \"8\"\n",
     )
     .unwrap();
-    let a1 = agent("n1").await;
-    let agents = format!("http://{}", a1.addr);
+    let a1 = w.agent("n1");
     // The default cool-down (10 min), judged on a clock the test moves.
     let clock = faultline_common::time::Clock::default();
-    let agg = Launch::healing(&kube, "r1")
+    let agg = w
+        .healing("r1")
         .args(&[
-            "--agents",
-            &agents,
             "--release",
             "auto",
             "--release-healthy-samples",
@@ -587,14 +416,14 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         ])
         .start_on(&clock)
         .await;
-    fail(&a1, "gpu1").await;
+    fail(a1, "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
-        (our_taints(&server, "n1") == 1).then_some(())
+        (our_taints(server, "n1") == 1).then_some(())
     })
     .await;
     // Still failed: nothing moves.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(our_taints(&server, "n1"), 1);
+    assert_eq!(our_taints(server, "n1"), 1);
     assert!(server.list("jobs", NS).is_empty(), "no canary while failed");
     // Healthy again: after the clean samples and the cool-down, a canary Job.
     let (code, _) = call(
@@ -643,7 +472,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     let (started, _) = until(
         Duration::from_secs(5),
         "the record names the canary",
-        || record(&server, "n1").and_then(|r| r["canary"]["started"].as_str().map(String::from)),
+        || record(server, "n1").and_then(|r| r["canary"]["started"].as_str().map(String::from)),
     )
     .await;
     let started = ms(&Value::String(started));
@@ -653,7 +482,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         "canary started {healthy_for} ms after gpu1 turned healthy; the cool-down is 10 min"
     );
     assert_eq!(
-        our_taints(&server, "n1"),
+        our_taints(server, "n1"),
         1,
         "not released before the canary"
     );
@@ -664,7 +493,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         .iter()
         .any(|t| t["key"] == TAINT && t["operator"] == "Exists"));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(our_taints(&server, "n1"), 1, "the canary is still running");
+    assert_eq!(our_taints(server, "n1"), 1, "the canary is still running");
     // Issue 14, guardrail 6: the first canary fails: announced, the node stays
     // quarantined, and the next canary comes only after another cool-down.
     let first = job["metadata"]["name"].as_str().unwrap().to_string();
@@ -676,11 +505,11 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     until(
         Duration::from_secs(10),
         "the canary's failure announced",
-        || (events(&server, "n1", "FaultlineCanaryFailed") == 1).then_some(()),
+        || (events_on(server, "n1", "FaultlineCanaryFailed") == 1).then_some(()),
     )
     .await;
     assert_eq!(
-        our_taints(&server, "n1"),
+        our_taints(server, "n1"),
         1,
         "a failed canary keeps the quarantine"
     );
@@ -697,7 +526,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     );
     clock.advance(Duration::from_secs(10 * 60));
     let (job, _) = until(Duration::from_secs(20), "a second canary", second).await;
-    assert_eq!(our_taints(&server, "n1"), 1);
+    assert_eq!(our_taints(server, "n1"), 1);
     // The Job controller's part: the Job succeeds.
     let name = job["metadata"]["name"].as_str().unwrap().to_string();
     let mut done = server.get("jobs", NS, &name).unwrap();
@@ -706,11 +535,11 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         .update("jobs", NS, &name, done, Some("status"))
         .unwrap();
     until(Duration::from_secs(10), "released", || {
-        (our_taints(&server, "n1") == 0).then_some(())
+        (our_taints(server, "n1") == 0).then_some(())
     })
     .await;
-    assert_eq!(taint_keys(&server, "n1"), vec!["other.example/maintenance"]);
-    let h = history(&server, "n1");
+    assert_eq!(taint_keys(server, "n1"), vec!["other.example/maintenance"]);
+    let h = history(server, "n1");
     assert_eq!(h.len(), 1);
     assert_eq!(h[0]["released"]["manual"], false);
     assert!(h[0]["released"]["reason"]
@@ -718,7 +547,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         .unwrap()
         .contains("canary"));
     assert_eq!(h[0]["canary"]["state"], "succeeded");
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -727,48 +556,26 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
 /// the next one finishes the eviction without a second taint or announcement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_killed_between_taint_and_evictions_is_finished_by_the_next() {
-    let (server, kube) = api_server().await;
-    server
-        .create(
-            "nodes",
-            "",
-            NodeFixture::new("n1")
-                .label("team", "a")
-                .taint("other.example/maintenance", "x")
-                .ready(true)
-                .build(),
-        )
-        .unwrap();
-    server
-        .create(
-            "pods",
-            "default",
-            PodFixture::new("train", "n1").gpu().build(),
-        )
-        .unwrap();
-    server
-        .create(
+    let w = Scenario::new()
+        .node(NodeFixture::shared("n1").ready(true))
+        .pod(PodFixture::new("train", "n1").gpu())
+        .object(
             "poddisruptionbudgets",
             "default",
             json!({"metadata": {"name": "train"},
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train"}}}}),
         )
-        .unwrap();
-    let a1 = agent("n1").await;
-    let agents = format!("http://{}", a1.addr);
-    let r1 = Launch::healing(&kube, "r1")
-        .args(&["--agents", &agents])
+        .agents()
         .start()
         .await;
-    holds(&server, "r1").await;
-    let r2 = Launch::healing(&kube, "r2")
-        .args(&["--agents", &agents])
-        .start()
-        .await;
-    fail(&a1, "gpu1").await;
+    let server = &w.server;
+    let r1 = w.healing("r1").start().await;
+    holds(server, "r1").await;
+    let r2 = w.healing("r2").start().await;
+    fail(w.agent("n1"), "gpu1").await;
     until(Duration::from_secs(10), "tainted, eviction refused", || {
-        (our_taints(&server, "n1") == 1
-            && record(&server, "n1").is_some_and(|r| {
+        (our_taints(server, "n1") == 1
+            && record(server, "n1").is_some_and(|r| {
                 r["eviction_blocked"]
                     .as_object()
                     .is_some_and(|b| !b.is_empty())
@@ -794,11 +601,11 @@ async fn a_leader_killed_between_taint_and_evictions_is_finished_by_the_next() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(our_taints(&server, "n1"), 1);
-    assert_eq!(events(&server, "n1", "FaultlineQuarantined"), 1);
-    assert_eq!(evictions(&server, "train"), 1);
-    assert!(evicted_once(&server, "train"));
-    let r = record(&server, "n1").unwrap();
+    assert_eq!(our_taints(server, "n1"), 1);
+    assert_eq!(events_on(server, "n1", "FaultlineQuarantined"), 1);
+    assert_eq!(evictions(server, "train"), 1);
+    assert!(evicted_once(server, "train"));
+    let r = record(server, "n1").unwrap();
     let actions: Vec<(String, String)> = r["actions"]
         .as_array()
         .unwrap()
@@ -832,44 +639,22 @@ async fn a_leader_killed_between_taint_and_evictions_is_finished_by_the_next() {
 /// once, the CPU pods untouched, one announcement per node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remediation_converges_through_injected_faults_with_nothing_done_twice() {
-    let (server, kube) = api_server().await;
     let nodes = ["n1", "n2", "n3"];
-    let mut agents = Vec::new();
-    for n in nodes {
-        server
-            .create(
-                "nodes",
-                "",
-                NodeFixture::new(n)
-                    .label("team", "a")
-                    .taint("other.example/maintenance", "x")
-                    .ready(true)
-                    .build(),
-            )
-            .unwrap();
-        server
-            .create(
-                "pods",
-                "default",
-                PodFixture::new(&format!("gpu-{n}"), n).gpu().build(),
-            )
-            .unwrap();
-        server
-            .create(
-                "pods",
-                "default",
-                PodFixture::new(&format!("cpu-{n}"), n).build(),
-            )
-            .unwrap();
-        agents.push(agent(n).await);
-    }
-    let urls: Vec<String> = agents
-        .iter()
-        .map(|a| format!("http://{}", a.addr))
-        .collect();
-    let urls = urls.join(",");
-    let agg = Launch::healing(&kube, "r1")
-        .args(&["--agents", &urls, "--kube-timeout", "1s"])
+    let w = Scenario::new()
+        .nodes(nodes.map(|n| NodeFixture::shared(n).ready(true)))
+        .pods(nodes.iter().flat_map(|n| {
+            [
+                PodFixture::new(&format!("gpu-{n}"), n).gpu(),
+                PodFixture::new(&format!("cpu-{n}"), n),
+            ]
+        }))
+        .agents()
+        .start()
+        .await;
+    let server = &w.server;
+    let agg = w
+        .healing("r1")
+        .args(&["--kube-timeout", "1s"])
         .start()
         .await;
     until(Duration::from_secs(10), "r1 holds the shard", || {
@@ -885,13 +670,13 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
         seed: 7,
         ..Default::default()
     });
-    for a in &agents {
+    for a in &w.agents {
         fail(a, "gpu2").await;
     }
     let healed = |n: &str| {
-        our_taints(&server, n) >= 1
+        our_taints(server, n) >= 1
             && server.get("pods", "default", &format!("gpu-{n}")).is_none()
-            && events(&server, n, "FaultlineQuarantined") >= 1
+            && events_on(server, n, "FaultlineQuarantined") >= 1
     };
     let start = std::time::Instant::now();
     while !nodes.iter().all(|n| healed(n)) {
@@ -899,10 +684,10 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
             for n in nodes {
                 eprintln!(
                     "{n}: taints {} pod {} events {} record {:?}",
-                    our_taints(&server, n),
+                    our_taints(server, n),
                     server.get("pods", "default", &format!("gpu-{n}")).is_some(),
-                    events(&server, n, "FaultlineQuarantined"),
-                    record(&server, n)
+                    events_on(server, n, "FaultlineQuarantined"),
+                    record(server, n)
                 );
             }
             eprintln!("lease {:?}", server.get("leases", NS, "faultline-shard-0"));
@@ -913,15 +698,15 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
     server.set_faults(Faults::default());
     tokio::time::sleep(Duration::from_secs(3)).await;
     for n in nodes {
-        assert_eq!(our_taints(&server, n), 1, "{n}: one taint");
+        assert_eq!(our_taints(server, n), 1, "{n}: one taint");
         assert_eq!(
-            events(&server, n, "FaultlineQuarantined"),
+            events_on(server, n, "FaultlineQuarantined"),
             1,
             "{n}: one announcement"
         );
         assert!(
-            evictions(&server, &format!("gpu-{n}")) <= 1
-                && eviction_calls(&server, &format!("gpu-{n}"), 404) == 0,
+            evictions(server, &format!("gpu-{n}")) <= 1
+                && eviction_calls(server, &format!("gpu-{n}"), 404) == 0,
             "{n}: evicted at most once"
         );
         assert!(server.get("pods", "default", &format!("cpu-{n}")).is_some());
@@ -939,7 +724,7 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
         .count();
     assert!(injected > 0, "faults were injected");
     eprintln!("converged through {injected} injected 500/409 answers");
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -948,54 +733,34 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
 /// holder (named by the shard's Lease), which counts and acts: one place per node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
-    let (server, kube) = api_server().await;
-    server
-        .create(
-            "nodes",
-            "",
-            NodeFixture::new("n1")
-                .label("team", "a")
-                .taint("other.example/maintenance", "x")
-                .ready(true)
-                .build(),
-        )
-        .unwrap();
-    server
-        .create(
-            "pods",
-            "default",
-            PodFixture::new("train", "n1")
-                .gpu()
-                .holds("GPU-abc", "Healthy")
-                .build(),
-        )
-        .unwrap();
-    let (_dir, token_file) = token_file();
-    let args = [
-        "--agents",
-        "http://127.0.0.1:9",
-        "--intake-token-file",
-        token_file.to_str().unwrap(),
-    ];
     // The replicas' Pods: the intake forwards only to a holder whose Pod has the IP
     // its Lease advertises (issue 10, finding 4).
-    for r in ["r1", "r2"] {
-        server
-            .create(
-                "pods",
-                NS,
-                json!({"metadata": {"name": r}, "spec": {"containers": [{"name": "c", "image": "x"}]},
-                    "status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}}),
-            )
-            .unwrap();
-    }
-    let r1 = Launch::healing(&kube, "r1").args(&args).start().await;
-    let lease = holds(&server, "r1").await;
+    let replica_pod = |r: &str| {
+        json!({"metadata": {"name": r}, "spec": {"containers": [{"name": "c", "image": "x"}]},
+            "status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})
+    };
+    let w = Scenario::new()
+        .node(NodeFixture::shared("n1").ready(true))
+        .pod(
+            PodFixture::new("train", "n1")
+                .gpu()
+                .holds("GPU-abc", "Healthy"),
+        )
+        .object("pods", NS, replica_pod("r1"))
+        .object("pods", NS, replica_pod("r2"))
+        .agents_flag(NO_AGENT)
+        .start()
+        .await;
+    let server = &w.server;
+    let (_dir, token_file) = token_file();
+    let args = ["--intake-token-file", token_file.to_str().unwrap()];
+    let r1 = w.healing("r1").args(&args).start().await;
+    let lease = holds(server, "r1").await;
     assert_eq!(
         lease["metadata"]["annotations"]["faultline.io/url"],
         format!("http://{}", r1.addr)
     );
-    let r2 = Launch::healing(&kube, "r2").args(&args).start().await;
+    let r2 = w.healing("r2").args(&args).start().await;
     let alert = r#"{"node_name":"n1","gpu_uuid":"GPU-abc","metric":"xid_error","value":"79"}"#;
     let url = format!("http://{}/v1/alerts", r2.addr);
     let mut acted = 0;
@@ -1007,11 +772,11 @@ async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
     }
     assert_eq!(acted, 1, "the third alert, counted at the holder");
     until(Duration::from_secs(10), "quarantined by r1", || {
-        (our_taints(&server, "n1") == 1 && server.get("pods", "default", "train").is_none())
+        (our_taints(server, "n1") == 1 && server.get("pods", "default", "train").is_none())
             .then_some(())
     })
     .await;
-    assert_eq!(record(&server, "n1").unwrap()["actor"], "r1");
+    assert_eq!(record(server, "n1").unwrap()["actor"], "r1");
     // A Lease edited to advertise an address that is not the holder's Pod gets
     // nothing, not even the token: the sender is told to retry.
     let mut pod = server.get("pods", NS, "r1").unwrap();
@@ -1054,47 +819,29 @@ async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
 /// pod is evicted), then the Lease is released for the next replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
-    let (server, kube) = api_server().await;
-    server
-        .create(
-            "nodes",
-            "",
-            NodeFixture::new("n1")
-                .label("team", "a")
-                .taint("other.example/maintenance", "x")
-                .ready(true)
-                .build(),
-        )
-        .unwrap();
-    server
-        .create(
-            "pods",
-            "default",
-            PodFixture::new("train", "n1").gpu().build(),
-        )
-        .unwrap();
-    let (_dir, token_file) = token_file();
-    let a1 = agent("n1").await;
-    let agents = format!("http://{}", a1.addr);
-    let agg = Launch::healing(&kube, "r1")
-        .args(&[
-            "--agents",
-            &agents,
-            "--intake-token-file",
-            token_file.to_str().unwrap(),
-        ])
+    let w = Scenario::new()
+        .node(NodeFixture::shared("n1").ready(true))
+        .pod(PodFixture::new("train", "n1").gpu())
+        .agents()
         .start()
         .await;
-    holds(&server, "r1").await;
+    let server = &w.server;
+    let (_dir, token_file) = token_file();
+    let agg = w
+        .healing("r1")
+        .args(&["--intake-token-file", token_file.to_str().unwrap()])
+        .start()
+        .await;
+    holds(server, "r1").await;
     // Every API call now takes 150 ms: a pass takes seconds (and the 3 s Lease is
     // still renewed in time).
     server.set_faults(Faults {
         latency_ms: 150,
         ..Default::default()
     });
-    fail(&a1, "gpu1").await;
+    fail(w.agent("n1"), "gpu1").await;
     until(Duration::from_secs(15), "tainted", || {
-        (our_taints(&server, "n1") == 1).then_some(())
+        (our_taints(server, "n1") == 1).then_some(())
     })
     .await;
     assert!(
@@ -1102,7 +849,7 @@ async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
         "stop before the eviction"
     );
     let addr = agg.addr;
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
@@ -1126,8 +873,8 @@ async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
         lease["spec"]["holderIdentity"].is_null(),
         "released: {lease}"
     );
-    assert_eq!(evictions(&server, "train"), 1);
-    assert!(evicted_once(&server, "train"));
+    assert_eq!(evictions(server, "train"), 1);
+    assert!(evicted_once(server, "train"));
 }
 
 /// What an SRE runs first: `kubectl describe node` shows faultline's Events, which it
@@ -1148,49 +895,35 @@ async fn kubectl_describe_node_shows_faultlines_events() {
         eprintln!("SKIPPED kubectl_describe_node_shows_faultlines_events: no kubectl on PATH (.ci/run installs it)");
         return;
     }
-    let (server, kube) = api_server().await;
-    server
-        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
-        .unwrap();
     // kubectl sends no token over plain HTTP: let its anonymous requests read, as a
     // person's view role would.
-    server
-        .create(
+    let w = Scenario::ready_nodes(&["n1"])
+        .object(
             "clusterroles",
             "",
             json!({"metadata": {"name": "viewer"}, "rules": [{"apiGroups": ["", "coordination.k8s.io"], "resources": ["*"], "verbs": ["get", "list", "watch"]}]}),
         )
-        .unwrap();
-    server
-        .create(
+        .object(
             "clusterrolebindings",
             "",
             json!({"metadata": {"name": "viewer"}, "subjects": [{"kind": "User", "name": "system:anonymous"}], "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "viewer"}}),
         )
-        .unwrap();
-    let a1 = agent("n1").await;
-    let agents = format!("n1=http://{}", a1.addr);
-    let agg = Launch::healing(&kube, "r1")
-        .args(&["--agents", &agents])
         .start()
         .await;
-    fail(&a1, "gpu1").await;
+    let (server, kube) = (&w.server, &w.kube);
+    let agg = w.healing("r1").start().await;
+    fail(w.agent("n1"), "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
-        (events(&server, "n1", "FaultlineQuarantined") == 1).then_some(())
+        (events_on(server, "n1", "FaultlineQuarantined") == 1).then_some(())
     })
     .await;
     let out = tokio::process::Command::new("kubectl")
-        .args(["--server", &kube, "describe", "node", "n1"])
+        .args(["--server", kube, "describe", "node", "n1"])
         .output()
         .await
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let denied: Vec<String> = server
-        .calls()
-        .into_iter()
-        .filter(|c| c.status == 401 || c.status == 403)
-        .map(|c| format!("{} {} {}", c.status, c.method, c.uri))
-        .collect();
+    let denied = refused(server);
     assert!(
         out.status.success(),
         "{stdout}\n{}\n{denied:?}",
@@ -1202,7 +935,7 @@ async fn kubectl_describe_node_shows_faultlines_events() {
         .unwrap_or_else(|| panic!("no Events section: {stdout}"));
     assert!(events_section.contains("FaultlineQuarantined"), "{stdout}");
     assert!(events_section.contains("gpu1"), "{stdout}");
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -1213,27 +946,16 @@ async fn kubectl_describe_node_shows_faultlines_events() {
 /// `faultline breaker close` lets remediation go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
-    let (server, kube) = api_server().await;
-    let mut agents = Vec::new();
-    for n in ["n1", "n2", "n3"] {
-        server
-            .create("nodes", "", NodeFixture::new(n).ready(true).build())
-            .unwrap();
-        agents.push(agent(n).await);
-    }
-    let urls: Vec<String> = ["n1", "n2", "n3"]
-        .iter()
-        .zip(&agents)
-        .map(|(n, a)| format!("{n}=http://{}", a.addr))
-        .collect();
-    let urls = urls.join(",");
+    let w = Scenario::ready_nodes(&["n1", "n2", "n3"]).start().await;
+    let (server, kube, agents) = (&w.server, &w.kube, &w.agents);
     // The default window (5 min), judged on a clock the test moves.
     let clock = faultline_common::time::Clock::default();
-    let agg = Launch::healing(&kube, "r1")
-        .args(&["--agents", &urls, "--breaker-nodes", "2"])
+    let agg = w
+        .healing("r1")
+        .args(&["--breaker-nodes", "2"])
         .start_on(&clock)
         .await;
-    let quarantined = |n: &str| our_taints(&server, n) == 1;
+    let quarantined = |n: &str| our_taints(server, n) == 1;
     fail(&agents[0], "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
         quarantined("n1").then_some(())
@@ -1259,7 +981,7 @@ async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
         !quarantined("n3"),
         "nothing is quarantined while the breaker is open"
     );
-    let status = faultline_status(&kube).await;
+    let status = faultline_status(kube).await;
     assert!(
         status.starts_with("breaker: open (2 nodes failed within 300s)"),
         "{status}"
@@ -1269,7 +991,7 @@ async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
             "breaker",
             "close",
             "--kube-server",
-            &kube,
+            kube,
             "--kube-token-file",
             admin_token_file().to_str().unwrap(),
         ])
@@ -1287,7 +1009,7 @@ async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
         || quarantined("n3").then_some(()),
     )
     .await;
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -1296,23 +1018,16 @@ async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
 /// however many passes run) and the node is quarantined once room frees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_back_node_is_quarantined_once_room_frees() {
-    let (server, kube) = api_server().await;
-    let mut agents = Vec::new();
-    for n in ["n1", "n2"] {
-        server
-            .create(
-                "nodes",
-                "",
-                NodeFixture::new(n).label("rack", "r1").ready(true).build(),
-            )
-            .unwrap();
-        agents.push(agent(n).await);
-    }
-    let urls = format!("n1=http://{},n2=http://{}", agents[0].addr, agents[1].addr);
-    let agg = Launch::healing(&kube, "r1")
+    let w = Scenario::new()
+        .nodes(["n1", "n2"].map(|n| NodeFixture::new(n).label("rack", "r1").ready(true)))
+        .agents()
+        .named()
+        .start()
+        .await;
+    let (server, kube, agents) = (&w.server, &w.kube, &w.agents);
+    let agg = w
+        .healing("r1")
         .args(&[
-            "--agents",
-            &urls,
             "--failure-domain-label",
             "rack",
             "--max-quarantined-per-domain",
@@ -1322,36 +1037,36 @@ async fn a_held_back_node_is_quarantined_once_room_frees() {
         .await;
     fail(&agents[0], "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
-        (our_taints(&server, "n1") == 1).then_some(())
+        (our_taints(server, "n1") == 1).then_some(())
     })
     .await;
     fail(&agents[1], "gpu1").await;
     until(Duration::from_secs(10), "n2 held back", || {
-        (events(&server, "n2", "FaultlineHeldBack") == 1).then_some(())
+        (events_on(server, "n2", "FaultlineHeldBack") == 1).then_some(())
     })
     .await;
     // Reconcile passes every 500 ms: still held back, announced once.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(our_taints(&server, "n2"), 0, "one per rack");
-    assert_eq!(events(&server, "n2", "FaultlineHeldBack"), 1);
+    assert_eq!(our_taints(server, "n2"), 0, "one per rack");
+    assert_eq!(events_on(server, "n2", "FaultlineHeldBack"), 1);
     // A person releases n1 (its GPU replaced): room frees, n2 is quarantined.
-    faultline_release(&kube, "n1").await;
+    faultline_release(kube, "n1").await;
     until(
         Duration::from_secs(10),
         "n2 quarantined once room frees",
-        || (our_taints(&server, "n2") == 1).then_some(()),
+        || (our_taints(server, "n2") == 1).then_some(()),
     )
     .await;
     // The event is recorded after the taint (isolate, then announce): wait for it.
     until(Duration::from_secs(10), "n2's quarantine announced", || {
-        (events(&server, "n2", "FaultlineQuarantined") >= 1).then_some(())
+        (events_on(server, "n2", "FaultlineQuarantined") >= 1).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(our_taints(&server, "n1"), 0, "the person's release holds");
-    assert_eq!(events(&server, "n2", "FaultlineHeldBack"), 1);
-    assert_eq!(events(&server, "n2", "FaultlineQuarantined"), 1);
-    assert_no_forbidden(&server);
+    assert_eq!(our_taints(server, "n1"), 0, "the person's release holds");
+    assert_eq!(events_on(server, "n2", "FaultlineHeldBack"), 1);
+    assert_eq!(events_on(server, "n2", "FaultlineQuarantined"), 1);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -1360,41 +1075,34 @@ async fn a_held_back_node_is_quarantined_once_room_frees() {
 /// --dedup-window, and only that long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persons_release_holds_for_the_dedup_window_only() {
-    let (server, kube) = api_server().await;
-    server
-        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
-        .unwrap();
-    let a1 = agent("n1").await;
-    let agents = format!("n1=http://{}", a1.addr);
+    let w = Scenario::ready_nodes(&["n1"]).start().await;
+    let server = &w.server;
     // The default window (15 min), judged on a clock the test moves.
     let clock = faultline_common::time::Clock::default();
-    let agg = Launch::healing(&kube, "r1")
-        .args(&["--agents", &agents])
-        .start_on(&clock)
-        .await;
-    fail(&a1, "gpu1").await;
+    let agg = w.healing("r1").start_on(&clock).await;
+    fail(w.agent("n1"), "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
-        (our_taints(&server, "n1") == 1).then_some(())
+        (our_taints(server, "n1") == 1).then_some(())
     })
     .await;
-    faultline_release(&kube, "n1").await;
+    faultline_release(&w.kube, "n1").await;
     // The agent still says failed; passes every 500 ms do not undo the release...
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(our_taints(&server, "n1"), 0, "within the dedup window");
+    assert_eq!(our_taints(server, "n1"), 0, "within the dedup window");
     clock.advance(Duration::from_secs(14 * 60));
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        our_taints(&server, "n1"),
+        our_taints(server, "n1"),
         0,
         "14 of the window's 15 minutes later"
     );
     // ...until the window ends.
     clock.advance(Duration::from_secs(61));
     until(Duration::from_secs(10), "n1 quarantined again", || {
-        (our_taints(&server, "n1") == 1).then_some(())
+        (our_taints(server, "n1") == 1).then_some(())
     })
     .await;
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }
@@ -1405,11 +1113,8 @@ async fn a_persons_release_holds_for_the_dedup_window_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_notifies_audits_and_stops_on_sigterm() {
     use std::sync::{Arc, Mutex};
-    let (server, kube) = api_server().await;
-    server
-        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
-        .unwrap();
-    let a1 = agent("n1").await;
+    let w = Scenario::ready_nodes(&["n1"]).start().await;
+    let server = &w.server;
     // One receiver for every format, recording (path, body).
     let got: Arc<Mutex<Vec<(String, Value)>>> = Default::default();
     let app = {
@@ -1436,15 +1141,9 @@ async fn the_binary_notifies_audits_and_stops_on_sigterm() {
     let notify = ["generic", "slack", "wecom", "dingtalk", "feishu"]
         .map(|f| format!("{f}=http://{hooks}/{f}"))
         .join(",");
-    let args = Launch::healing(&kube, "r1")
-        .args(&[
-            "--agents",
-            &format!("n1=http://{}", a1.addr),
-            "--notify",
-            &notify,
-            "--log-format",
-            "json",
-        ])
+    let args = w
+        .healing("r1")
+        .args(&["--notify", &notify, "--log-format", "json"])
         .into_args();
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_faultline-aggregator"))
         .args(&args)
@@ -1452,10 +1151,10 @@ async fn the_binary_notifies_audits_and_stops_on_sigterm() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    holds(&server, "r1").await;
-    fail(&a1, "gpu1").await;
+    holds(server, "r1").await;
+    fail(w.agent("n1"), "gpu1").await;
     until(Duration::from_secs(10), "n1 quarantined", || {
-        (our_taints(&server, "n1") == 1).then_some(())
+        (our_taints(server, "n1") == 1).then_some(())
     })
     .await;
     let (bodies, _) = until(Duration::from_secs(10), "every receiver told", || {
@@ -1512,7 +1211,7 @@ async fn the_binary_notifies_audits_and_stops_on_sigterm() {
             .contains("gpu1"),
         "{audit}"
     );
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
 }
 
 /// SIGTERM to `pid` through the `kill` command (no unsafe code in the tests).
@@ -1529,23 +1228,18 @@ fn unsafe_free_kill(pid: i32) -> i32 {
 /// acted on: no taint, nothing evicted on a guess.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_alert_for_a_device_nobody_reports_is_only_announced() {
-    let (server, kube) = api_server().await;
-    server
-        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
-        .unwrap();
-    // A GPU pod the kubelet says nothing about (no allocatedResourcesStatus).
-    server
-        .create(
-            "pods",
-            "default",
-            PodFixture::new("train", "n1").gpu().build(),
-        )
-        .unwrap();
+    let w = Scenario::new()
+        .node(NodeFixture::new("n1").ready(true))
+        // A GPU pod the kubelet says nothing about (no allocatedResourcesStatus).
+        .pod(PodFixture::new("train", "n1").gpu())
+        .agents_flag(&format!("n1={NO_AGENT}"))
+        .start()
+        .await;
+    let server = &w.server;
     let (_dir, token_file) = token_file();
-    let agg = Launch::healing(&kube, "r1")
+    let agg = w
+        .healing("r1")
         .args(&[
-            "--agents",
-            "n1=http://127.0.0.1:9",
             "--intake-token-file",
             token_file.to_str().unwrap(),
             "--intake-threshold",
@@ -1560,17 +1254,17 @@ async fn an_alert_for_a_device_nobody_reports_is_only_announced() {
     assert_eq!(code, 202, "{body}");
     assert_eq!(body["acted"].as_array().unwrap().len(), 1, "{body}");
     until(Duration::from_secs(10), "announced as unattributed", || {
-        (events(&server, "n1", "FaultlineAlertUnattributed") == 1).then_some(())
+        (events_on(server, "n1", "FaultlineAlertUnattributed") == 1).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(our_taints(&server, "n1"), 0, "no taint on a guess");
+    assert_eq!(our_taints(server, "n1"), 0, "no taint on a guess");
     assert!(
         server.get("pods", "default", "train").is_some(),
         "nothing evicted"
     );
-    assert_eq!(events(&server, "n1", "FaultlineAlertUnattributed"), 1);
-    assert_no_forbidden(&server);
+    assert_eq!(events_on(server, "n1", "FaultlineAlertUnattributed"), 1);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;
 }

@@ -6,62 +6,35 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use faultline_common::fault::{shard_of, NodeFaults, ShardIndex};
+use faultline_common::fault::shard_of;
 use faultline_common::DeviceStatus;
 use faultline_test_apiserver::ApiServer;
 use serde_json::{json, Value};
 use support::*;
 
-fn shard_doc(server: &ApiServer, shard: u32) -> Option<ShardIndex> {
-    let cm = server.get("configmaps", NS, &format!("faultline-shard-{shard}"))?;
-    serde_json::from_str(cm["data"]["fault.json"].as_str()?).ok()
-}
-
-fn node_entry(server: &ApiServer, shards: u32, node: &str) -> Option<NodeFaults> {
-    let cm = server.get(
-        "configmaps",
-        NS,
-        &format!("faultline-shard-{}", shard_of(node, shards)),
-    )?;
-    serde_json::from_str(cm["data"][format!("{node}.json")].as_str()?).ok()
-}
-
-fn holder(server: &ApiServer, shard: u32) -> Option<String> {
-    let l = server.get("leases", NS, &format!("faultline-shard-{shard}"))?;
-    l["spec"]["holderIdentity"].as_str().map(String::from)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
-    let (server, kube) = api_server().await;
-    let agents = [agent("n1").await, agent("n2").await, agent("n3").await];
-    let urls: Vec<String> = agents
-        .iter()
-        .map(|a| format!("http://{}", a.addr))
-        .collect();
-    for (name, node, phase) in [
-        ("train-0", "n2", "Running"),
-        ("train-1", "n2", "Running"),
-        ("done", "n2", "Succeeded"),
-        ("other", "n1", "Running"),
-    ] {
-        server
-            .create(
-                "pods",
-                "default",
-                PodFixture::new(name, node).phase(phase).build(),
-            )
-            .unwrap();
-    }
-    let agg = Launch::configmap(&kube, "r1", 2)
-        .args(&[
-            "--agents".into(),
-            urls.join(","),
-            // The pods live in default: the shards are published there, and only
-            // pods of publish namespaces are nudged.
-            "--publish-namespaces".into(),
-            "default".into(),
-        ])
+    let w = Scenario::new()
+        .agent("n1")
+        .agent("n2")
+        .agent("n3")
+        .pods(
+            [
+                ("train-0", "n2", "Running"),
+                ("train-1", "n2", "Running"),
+                ("done", "n2", "Succeeded"),
+                ("other", "n1", "Running"),
+            ]
+            .map(|(name, node, phase)| PodFixture::new(name, node).phase(phase)),
+        )
+        .start()
+        .await;
+    let server = &w.server;
+    let agg = w
+        .configmap("r1", 2)
+        // The pods live in default: the shards are published there, and only pods of
+        // publish namespaces are nudged.
+        .args(&["--publish-namespaces", "default"])
         .start()
         .await;
     let (_, _) = until(
@@ -70,20 +43,20 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
         || {
             ["n1", "n2", "n3"]
                 .iter()
-                .all(|n| node_entry(&server, 2, n).is_some_and(|e| e.summary.healthy == 4))
+                .all(|n| node_entry(server, 2, n).is_some_and(|e| e.summary.healthy == 4))
                 .then_some(())
         },
     )
     .await;
     // Each shard holds exactly its nodes.
     for s in 0..2 {
-        let doc = shard_doc(&server, s).unwrap();
+        let doc = shard_doc(server, s).unwrap();
         assert_eq!((doc.shard, doc.shards, doc.writer.as_str()), (s, 2, "r1"));
         for n in doc.nodes.keys() {
             assert_eq!(shard_of(n, 2), s);
         }
     }
-    assert_eq!(holder(&server, 0).as_deref(), Some("r1"));
+    assert_eq!(holder(server, 0).as_deref(), Some("r1"));
     // Issue 11: a change is written to its own shard alone (the other one is not
     // rewritten with it, so a fault never waits behind the other shards' writes).
     let other = 1 - shard_of("n2", 2);
@@ -96,17 +69,9 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
     let other_rv = rv(other);
 
     let t0 = Instant::now();
-    assert_eq!(
-        post(
-            agents[1].addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu1","fault":"xid","xid":79}"#
-        )
-        .await,
-        201
-    );
+    inject(w.agent("n2"), r#"{"device":"gpu1","fault":"xid","xid":79}"#).await;
     let (entry, _) = until(Duration::from_secs(5), "gpu1 failed in n2's entry", || {
-        node_entry(&server, 2, "n2").filter(|e| {
+        node_entry(server, 2, "n2").filter(|e| {
             e.npus
                 .iter()
                 .any(|d| d.id == "gpu1" && d.status == DeviceStatus::Failed)
@@ -156,43 +121,34 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
         .unwrap()
         .iter()
         .any(|d| d["id"] == "gpu1" && d["status"] == "failed"));
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nudging_can_be_turned_off() {
-    let (server, kube) = api_server().await;
-    let a = agent("n1").await;
-    server
-        .create("pods", "default", json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}))
-        .unwrap();
-    let agg = Launch::configmap(&kube, "r1", 1)
-        .args(&[
-            "--agents".into(),
-            format!("http://{}", a.addr),
-            "--nudge-rate".into(),
-            "0".into(),
-            "--publish-namespaces".into(),
-            "default".into(),
-        ])
+    let w = Scenario::new()
+        .agent("n1")
+        .object(
+            "pods",
+            "default",
+            json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}),
+        )
+        .start()
+        .await;
+    let server = &w.server;
+    let agg = w
+        .configmap("r1", 1)
+        .args(&["--nudge-rate", "0", "--publish-namespaces", "default"])
         .start()
         .await;
     until(Duration::from_secs(10), "healthy", || {
-        node_entry(&server, 1, "n1").filter(|e| e.summary.healthy == 4)
+        node_entry(server, 1, "n1").filter(|e| e.summary.healthy == 4)
     })
     .await;
-    assert_eq!(
-        post(
-            a.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu0","fault":"lost"}"#
-        )
-        .await,
-        201
-    );
+    inject(w.agent("n1"), r#"{"device":"gpu0","fault":"lost"}"#).await;
     until(Duration::from_secs(5), "failed", || {
-        node_entry(&server, 1, "n1").filter(|e| e.summary.failed == 1)
+        node_entry(server, 1, "n1").filter(|e| e.summary.failed == 1)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -209,40 +165,47 @@ async fn nudging_can_be_turned_off() {
     .await
     .0;
     assert!(there["data"]["fault.json"].is_string());
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_are_discovered_and_forgotten() {
-    let (server, kube) = api_server().await;
-    let a = agent("gpu-7").await;
-    let node = json!({"metadata": {"name": "gpu-7", "labels": {"accelerator": "nvidia"}},
-                      "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}});
-    server.create("nodes", "", node).unwrap();
-    server.create("nodes", "", json!({"metadata": {"name": "cpu-1"}, "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}})).unwrap();
-    let agg = Launch::configmap(&kube, "r1", 1)
+    let w = Scenario::new()
+        .node(
+            NodeFixture::new("gpu-7")
+                .label("accelerator", "nvidia")
+                .address("127.0.0.1"),
+        )
+        .node(NodeFixture::new("cpu-1").address("127.0.0.1"))
+        .agent("gpu-7")
+        .unlisted()
+        .start()
+        .await;
+    let server = &w.server;
+    let agg = w
+        .configmap("r1", 1)
         .args(&[
-            "--node-selector".into(),
-            "accelerator=nvidia".into(),
-            "--agent-port".into(),
-            a.addr.port().to_string(),
+            "--node-selector",
+            "accelerator=nvidia",
+            "--agent-port",
+            &w.agent("gpu-7").addr.port().to_string(),
         ])
         .start()
         .await;
     until(Duration::from_secs(20), "gpu-7 in the shard", || {
-        node_entry(&server, 1, "gpu-7").filter(|e| e.summary.healthy == 4)
+        node_entry(server, 1, "gpu-7").filter(|e| e.summary.healthy == 4)
     })
     .await;
-    assert!(node_entry(&server, 1, "cpu-1").is_none(), "not selected");
+    assert!(node_entry(server, 1, "cpu-1").is_none(), "not selected");
     server.delete("nodes", "", "gpu-7").unwrap();
     until(Duration::from_secs(20), "gpu-7 gone", || {
-        shard_doc(&server, 0)
+        shard_doc(server, 0)
             .filter(|d| d.nodes.is_empty())
             .map(|_| ())
     })
     .await;
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
 
@@ -259,22 +222,16 @@ async fn nodes_are_discovered_and_forgotten() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fault_is_written_beside_another_shards_write_in_flight() {
     const SLOW: u64 = 2_000;
-    let (server, kube) = api_server().await;
     let quiet = ["n1", "n2", "n3", "n4", "n5"];
     let na = *quiet.iter().find(|n| shard_of(n, 2) == 0).unwrap();
     let nb = *quiet.iter().find(|n| shard_of(n, 2) == 1).unwrap();
-    let (a, b) = (agent(na).await, agent(nb).await);
-    let agg = Launch::configmap(&kube, "r1", 2)
-        .args(&[
-            "--agents".into(),
-            format!("http://{},http://{}", a.addr, b.addr),
-        ])
-        .start()
-        .await;
+    let mut w = Scenario::new().agent(na).agent(nb).start().await;
+    let server = &w.server;
+    let agg = w.configmap("r1", 2).start().await;
     until(Duration::from_secs(20), "both nodes healthy", || {
         [na, nb]
             .iter()
-            .all(|n| node_entry(&server, 2, n).is_some_and(|e| e.summary.healthy == 4))
+            .all(|n| node_entry(server, 2, n).is_some_and(|e| e.summary.healthy == 4))
             .then_some(())
     })
     .await;
@@ -293,23 +250,15 @@ async fn a_fault_is_written_beside_another_shards_write_in_flight() {
             .find(|r| r.method == "PUT" && r.at_ms >= after && r.uri.contains(&put_of(shard)))
     };
     // `na`'s agent goes away: its shard is written (a change, not urgent), slowly.
-    a.shutdown().await;
+    w.agents.take(na).shutdown().await;
     let (other, _) = until(Duration::from_secs(20), "shard 0's PUT in flight", || {
         received(0, since)
     })
     .await;
     let posted = faultline_common::time::now_ms();
-    assert_eq!(
-        post(
-            b.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu1","fault":"xid","xid":79}"#
-        )
-        .await,
-        201
-    );
+    inject(w.agent(nb), r#"{"device":"gpu1","fault":"xid","xid":79}"#).await;
     until(Duration::from_secs(15), "gpu1 failed in nb's entry", || {
-        node_entry(&server, 2, nb).filter(|e| {
+        node_entry(server, 2, nb).filter(|e| {
             e.npus
                 .iter()
                 .any(|d| d.id == "gpu1" && d.status == DeviceStatus::Failed)
@@ -337,28 +286,21 @@ async fn a_fault_is_written_beside_another_shards_write_in_flight() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_holder_is_replaced_within_the_lease_duration() {
-    let (server, kube) = api_server().await;
-    let a = agent("n1").await;
-    let agents = ["--agents".to_string(), format!("http://{}", a.addr)];
-    let r1 = Launch::configmap(&kube, "r1", 1)
-        .args(&agents)
-        .start()
-        .await;
+    let w = Scenario::new().agent("n1").start().await;
+    let server = &w.server;
+    let r1 = w.configmap("r1", 1).start().await;
     until(Duration::from_secs(10), "r1 holds the shard", || {
-        (holder(&server, 0).as_deref() == Some("r1")).then_some(())
+        (holder(server, 0).as_deref() == Some("r1")).then_some(())
     })
     .await;
-    let r2 = Launch::configmap(&kube, "r2", 1)
-        .args(&agents)
-        .start()
-        .await;
+    let r2 = w.configmap("r2", 1).start().await;
     until(Duration::from_secs(10), "r1 writes", || {
-        shard_doc(&server, 0).filter(|d| d.writer == "r1")
+        shard_doc(server, 0).filter(|d| d.writer == "r1")
     })
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        holder(&server, 0).as_deref(),
+        holder(server, 0).as_deref(),
         Some("r1"),
         "r2 must not take a held shard"
     );
@@ -367,7 +309,7 @@ async fn a_dead_holder_is_replaced_within_the_lease_duration() {
     let t0 = Instant::now();
     r1.abort();
     let (_, took) = until(Duration::from_secs(10), "r2 holds the shard", || {
-        (holder(&server, 0).as_deref() == Some("r2")).then_some(())
+        (holder(server, 0).as_deref() == Some("r2")).then_some(())
     })
     .await;
     assert!(
@@ -375,7 +317,7 @@ async fn a_dead_holder_is_replaced_within_the_lease_duration() {
         "took {took:?}, lease duration 3 s"
     );
     let (doc, _) = until(Duration::from_secs(5), "r2 writes", || {
-        shard_doc(&server, 0).filter(|d| d.writer == "r2")
+        shard_doc(server, 0).filter(|d| d.writer == "r2")
     })
     .await;
     assert!(
@@ -389,19 +331,15 @@ async fn a_dead_holder_is_replaced_within_the_lease_duration() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_lost_its_lease_writes_nothing_more() {
-    let (server, kube) = api_server().await;
-    let a = agent("n1").await;
-    let agg = Launch::configmap(&kube, "r1", 1)
-        .args(&[
-            "--agents".into(),
-            format!("http://{}", a.addr),
-            "--heartbeat".into(),
-            "1s".into(),
-        ])
+    let w = Scenario::new().agent("n1").start().await;
+    let server = &w.server;
+    let agg = w
+        .configmap("r1", 1)
+        .args(&["--heartbeat", "1s"])
         .start()
         .await;
     until(Duration::from_secs(10), "r1 writes", || {
-        shard_doc(&server, 0).filter(|d| d.writer == "r1")
+        shard_doc(server, 0).filter(|d| d.writer == "r1")
     })
     .await;
 
@@ -430,15 +368,7 @@ async fn a_replica_that_lost_its_lease_writes_nothing_more() {
     let rv_before = server.get("configmaps", NS, "faultline-shard-0").unwrap()["metadata"]
         ["resourceVersion"]
         .clone();
-    assert_eq!(
-        post(
-            a.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu0","fault":"lost"}"#
-        )
-        .await,
-        201
-    );
+    inject(w.agent("n1"), r#"{"device":"gpu0","fault":"lost"}"#).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let cm: Value = server.get("configmaps", NS, "faultline-shard-0").unwrap();
     assert_eq!(
@@ -455,7 +385,7 @@ async fn a_replica_that_lost_its_lease_writes_nothing_more() {
         "{m}"
     );
     keep.abort();
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
 
@@ -465,22 +395,11 @@ async fn a_replica_that_lost_its_lease_writes_nothing_more() {
 /// ConfigMap write. Without the self-expiry it would act on a Lease it may have lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_renewals_fail_stops_acting_on_its_own_clock() {
-    let (server, kube) = api_server().await;
-    server
-        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
-        .unwrap();
-    let a = agent("n1").await;
-    let agg = Launch::healing(&kube, "r1")
-        .args(&[
-            "--agents".into(),
-            format!("n1=http://{}", a.addr),
-            "--heartbeat".into(),
-            "1s".into(),
-        ])
-        .start()
-        .await;
+    let w = Scenario::ready_nodes(&["n1"]).start().await;
+    let server = &w.server;
+    let agg = w.healing("r1").args(&["--heartbeat", "1s"]).start().await;
     until(Duration::from_secs(10), "r1 writes", || {
-        shard_doc(&server, 0).filter(|d| d.writer == "r1")
+        shard_doc(server, 0).filter(|d| d.writer == "r1")
     })
     .await;
     // Every Lease call is refused from now on (429, as API Priority and Fairness does).
@@ -495,15 +414,7 @@ async fn a_replica_whose_renewals_fail_stops_acting_on_its_own_clock() {
     let rv_before = server.get("configmaps", NS, "faultline-shard-0").unwrap()["metadata"]
         ["resourceVersion"]
         .clone();
-    assert_eq!(
-        post(
-            a.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
-        )
-        .await,
-        201
-    );
+    fail(w.agent("n1"), "gpu1").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let node = server.get("nodes", "", "n1").unwrap();
     assert!(
@@ -540,20 +451,13 @@ async fn a_replica_whose_renewals_fail_stops_acting_on_its_own_clock() {
     agg.cancel_token().cancel();
 }
 
-async fn metrics(addr: std::net::SocketAddr) -> String {
-    get_text(&format!("http://{addr}/metrics")).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_converge_through_conflicts_and_server_errors() {
-    let (server, kube) = api_server().await;
-    let a = agent("n1").await;
-    let agg = Launch::configmap(&kube, "r1", 1)
-        .args(&["--agents".into(), format!("http://{}", a.addr)])
-        .start()
-        .await;
+    let w = Scenario::new().agent("n1").start().await;
+    let server = &w.server;
+    let agg = w.configmap("r1", 1).start().await;
     until(Duration::from_secs(10), "healthy", || {
-        node_entry(&server, 1, "n1").filter(|e| e.summary.healthy == 4)
+        node_entry(server, 1, "n1").filter(|e| e.summary.healthy == 4)
     })
     .await;
     server.set_faults(faultline_test_apiserver::Faults {
@@ -564,19 +468,11 @@ async fn writes_converge_through_conflicts_and_server_errors() {
     });
     // A few seconds of lease renewals and heartbeats through the faults first.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        post(
-            a.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu2","fault":"row-remap-failure"}"#
-        )
-        .await,
-        201
-    );
+    fail(w.agent("n1"), "gpu2").await;
     let (entry, _) = until(
         Duration::from_secs(20),
         "the fault lands despite 409s and 500s",
-        || node_entry(&server, 1, "n1").filter(|e| e.summary.failed == 1),
+        || node_entry(server, 1, "n1").filter(|e| e.summary.failed == 1),
     )
     .await;
     assert_eq!(
@@ -597,70 +493,53 @@ async fn writes_converge_through_conflicts_and_server_errors() {
         "no injected fault was met: {} calls",
         calls.len()
     );
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_nothing() {
-    let (server, kube) = api_server().await;
-    let (a1, a2) = (agent("n1").await, agent("n2").await);
-    for n in ["n1", "n2"] {
-        server
-            .create("nodes", "", NodeFixture::new(n).build())
-            .unwrap();
-    }
-    let agents = format!("http://{},http://{}", a1.addr, a2.addr);
+    let mut w = Scenario::new()
+        .nodes(["n1", "n2"].map(NodeFixture::new))
+        .agents()
+        .start()
+        .await;
+    let server = &w.server;
     // Devices go unknown 1 s after their agent is lost (not 30 s), so within the test
     // n2 really is unknown, below the default 5 min tolerance.
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, "state_machine:\n  unknown_after_ms: 1000\n").unwrap();
-    let agg = Launch::configmap(&kube, "r1", 1)
+    let agg = w
+        .configmap("r1", 1)
         .args(&[
-            "--agents".into(),
-            agents,
-            "--remediation".into(),
-            "enforce".into(),
-            "--reconcile-interval".into(),
-            "500ms".into(),
-            "--rules".into(),
-            rules.to_str().unwrap().into(),
+            "--remediation",
+            "enforce",
+            "--reconcile-interval",
+            "500ms",
+            "--rules",
+            rules.to_str().unwrap(),
             // No share budget: only the unknown tolerance may keep n2 untainted.
-            "--max-quarantined-percent".into(),
-            "100".into(),
+            "--max-quarantined-percent",
+            "100",
         ])
         .start()
         .await;
     until(Duration::from_secs(10), "healthy", || {
-        (node_entry(&server, 1, "n1").is_some_and(|e| e.summary.healthy == 4)
-            && node_entry(&server, 1, "n2").is_some_and(|e| e.summary.healthy == 4))
+        (node_entry(server, 1, "n1").is_some_and(|e| e.summary.healthy == 4)
+            && node_entry(server, 1, "n2").is_some_and(|e| e.summary.healthy == 4))
         .then_some(())
     })
     .await;
-    let taints = |n: &str| -> Vec<Value> {
-        server.get("nodes", "", n).unwrap()["spec"]["taints"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-    };
-    assert_eq!(
-        post(
-            a1.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu1","fault":"xid","xid":79}"#
-        )
-        .await,
-        201
-    );
+    inject(w.agent("n1"), r#"{"device":"gpu1","fault":"xid","xid":79}"#).await;
     until(Duration::from_secs(5), "n1 tainted", || {
-        (!taints("n1").is_empty()).then_some(())
+        (!taints(server, "n1").is_empty()).then_some(())
     })
     .await;
     // n2's agent dies: its devices turn unknown, which never isolates anything.
-    a2.shutdown().await;
+    w.agents.take("n2").shutdown().await;
     until(Duration::from_secs(10), "n2's devices unknown", || {
-        node_entry(&server, 1, "n2")
+        node_entry(server, 1, "n2")
             .filter(|e| e.summary.unknown == 4)
             .map(|_| ())
     })
@@ -668,20 +547,18 @@ async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_no
     // Repeated samples and reconcile passes (every 500 ms) add nothing.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
-        node_entry(&server, 1, "n2").unwrap().summary.unknown,
+        node_entry(server, 1, "n2").unwrap().summary.unknown,
         4,
         "still unknown while the passes ran"
     );
-    assert_eq!(taints("n1").len(), 1);
-    assert_eq!(taints("n1")[0]["key"], "nvidia.com/gpu-fault");
-    assert!(taints("n2").is_empty(), "unknown alone must not taint");
-    let quarantined = server
-        .list("events", "default")
-        .iter()
-        .filter(|e| e["reason"] == "FaultlineQuarantined")
-        .count();
-    assert_eq!(quarantined, 1);
-    assert_no_forbidden(&server);
+    assert_eq!(taints(server, "n1").len(), 1);
+    assert_eq!(taints(server, "n1")[0]["key"], "nvidia.com/gpu-fault");
+    assert!(
+        taints(server, "n2").is_empty(),
+        "unknown alone must not taint"
+    );
+    assert_eq!(events(server, "FaultlineQuarantined"), 1);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
 
@@ -691,51 +568,40 @@ async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_no
 /// (issue 10, finding 6) and taints nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_eviction() {
-    let (server, kube) = api_server().await;
-    let mut agents = Vec::new();
-    for i in 1..=5 {
-        let name = format!("n{i}");
-        agents.push(agent(&name).await);
-        server
-            .create("nodes", "", NodeFixture::new(&name).build())
-            .unwrap();
-    }
-    server
-        .create("pods", "default", PodFixture::new("w", "n1").gpu().build())
-        .unwrap();
+    let mut w = Scenario::new()
+        .nodes((1..=5).map(|i| NodeFixture::new(&format!("n{i}"))))
+        .pod(PodFixture::new("w", "n1").gpu())
+        .agents()
+        .named()
+        .start()
+        .await;
+    let server = &w.server;
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, "state_machine:\n  unknown_after_ms: 1000\n").unwrap();
-    let urls: Vec<String> = agents
-        .iter()
-        .enumerate()
-        .map(|(i, a)| format!("n{}=http://{}", i + 1, a.addr))
-        .collect();
-    let agg = Launch::configmap(&kube, "r1", 1)
+    let agg = w
+        .configmap("r1", 1)
         .args(&[
-            "--agents".into(),
-            urls.join(","),
-            "--remediation".into(),
-            "enforce".into(),
-            "--unknown-tolerance".into(),
-            "1s".into(),
-            "--reconcile-interval".into(),
-            "1s".into(),
-            "--rules".into(),
-            rules.to_str().unwrap().into(),
+            "--remediation",
+            "enforce",
+            "--unknown-tolerance",
+            "1s",
+            "--reconcile-interval",
+            "1s",
+            "--rules",
+            rules.to_str().unwrap(),
         ])
         .start()
         .await;
     until(Duration::from_secs(10), "healthy", || {
         (1..=5)
             .all(|i| {
-                node_entry(&server, 1, &format!("n{i}")).is_some_and(|e| e.summary.healthy == 4)
+                node_entry(server, 1, &format!("n{i}")).is_some_and(|e| e.summary.healthy == 4)
             })
             .then_some(())
     })
     .await;
-    let mut agents = agents.into_iter();
-    agents.next().unwrap().shutdown().await;
+    w.agents.take("n1").shutdown().await;
     let taint_of = |n: &str| {
         server.get("nodes", "", n).unwrap()["spec"]["taints"]
             .as_array()
@@ -749,8 +615,8 @@ async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_evictio
         (taint["key"].as_str(), taint["value"].as_str()),
         (Some("nvidia.com/gpu-fault"), Some("unknown"))
     );
-    for a in agents.by_ref().take(2) {
-        a.shutdown().await;
+    for n in ["n2", "n3"] {
+        w.agents.take(n).shutdown().await;
     }
     // Well past the tolerance and several reconciles.
     tokio::time::sleep(Duration::from_secs(11)).await;
@@ -774,7 +640,7 @@ async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_evictio
             .len(),
         1
     );
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
 
@@ -783,20 +649,21 @@ async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_evictio
 /// ConfigMap with a key such as `http://10.0.0.7:8081.json` with 422; issue 9, bug 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_down_from_the_start_leaves_every_shard_writable() {
-    let (server, kube) = api_server().await;
-    let a = agent("n1").await;
-    let agents = format!("http://127.0.0.1:9,http://{},n7=http://127.0.0.1:9", a.addr);
-    let agg = Launch::configmap(&kube, "r1", 2)
-        .args(&["--agents".to_string(), agents])
+    let w = Scenario::new().agent("n1").unlisted().start().await;
+    let server = &w.server;
+    let agents = format!("{NO_AGENT},http://{},n7={NO_AGENT}", w.agent("n1").addr);
+    let agg = w
+        .configmap("r1", 2)
+        .args(&["--agents", &agents])
         .start()
         .await;
     until(Duration::from_secs(10), "n1 published", || {
-        node_entry(&server, 2, "n1").filter(|e| e.summary.healthy == 4)
+        node_entry(server, 2, "n1").filter(|e| e.summary.healthy == 4)
     })
     .await;
     // The named agent that is down is published as unreachable, under its name.
     let (n7, _) = until(Duration::from_secs(10), "n7 published", || {
-        node_entry(&server, 2, "n7")
+        node_entry(server, 2, "n7")
     })
     .await;
     assert!(!n7.agent.reachable);
@@ -815,7 +682,7 @@ async fn an_agent_down_from_the_start_leaves_every_shard_writable() {
         !m.contains("faultline_aggregator_write_errors_total"),
         "no write refused: {m}"
     );
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
 
@@ -825,22 +692,23 @@ async fn an_agent_down_from_the_start_leaves_every_shard_writable() {
 /// (client-go leaderelection.go `observedTime`; issue 9, bug 10).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skewed_holder_keeps_its_lease_while_it_renews() {
-    let (server, kube) = api_server().await;
     let skewed = || {
         json!(humantime::format_rfc3339_micros(
             std::time::SystemTime::now() - Duration::from_secs(3600)
         )
         .to_string())
     };
-    server
-        .create(
+    let w = Scenario::new()
+        .object(
             "leases",
             NS,
             json!({"metadata": {"name": "faultline-shard-0"}, "spec": {
                 "holderIdentity": "skewed", "leaseDurationSeconds": 3,
                 "acquireTime": skewed(), "renewTime": skewed(), "leaseTransitions": 0}}),
         )
-        .unwrap();
+        .start()
+        .await;
+    let server = &w.server;
     // The skewed holder renews every 500 ms until told to stop.
     let stop = tokio_util::sync::CancellationToken::new();
     let renewer = {
@@ -856,10 +724,10 @@ async fn a_skewed_holder_keeps_its_lease_while_it_renews() {
             }
         })
     };
-    let agg = Launch::configmap(&kube, "r1", 1).start().await;
+    let agg = w.configmap("r1", 1).start().await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(
-        holder(&server, 0).as_deref(),
+        holder(server, 0).as_deref(),
         Some("skewed"),
         "a live holder's Lease was taken: two holders"
     );
@@ -869,7 +737,7 @@ async fn a_skewed_holder_keeps_its_lease_while_it_renews() {
     until(
         Duration::from_secs(10),
         "r1 takes the abandoned Lease",
-        || (holder(&server, 0).as_deref() == Some("r1")).then_some(()),
+        || (holder(server, 0).as_deref() == Some("r1")).then_some(()),
     )
     .await;
     assert!(
@@ -877,7 +745,7 @@ async fn a_skewed_holder_keeps_its_lease_while_it_renews() {
         "taken {:?} after the last renewal; the lease lasts 3 s",
         t.elapsed()
     );
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
 
@@ -887,28 +755,28 @@ async fn a_skewed_holder_keeps_its_lease_while_it_renews() {
 /// cache (`resourceVersion=0`), not a quorum read (issue 9, bugs 7 and 9).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_node_watch_is_not_relisted() {
-    let (server, kube) = api_server().await;
-    let a = agent("gpu-7").await;
-    server
-        .create(
-            "nodes",
-            "",
-            NodeFixture::new("gpu-7")
-                .address(&a.addr.ip().to_string())
-                .build(),
-        )
-        .unwrap();
-    let agg = Launch::configmap(&kube, "r1", 1)
+    // The agents listen on 127.0.0.1: the Node's address.
+    let w = Scenario::new()
+        .node(NodeFixture::new("gpu-7").address("127.0.0.1"))
+        .agents()
+        .unlisted()
+        .start()
+        .await;
+    let server = &w.server;
+    let a = w.agent("gpu-7");
+    assert_eq!(a.addr.ip().to_string(), "127.0.0.1");
+    let agg = w
+        .configmap("r1", 1)
         .args(&[
-            "--agent-port".to_string(),
-            a.addr.port().to_string(),
-            "--kube-timeout".into(),
-            "1s".into(),
+            "--agent-port",
+            &a.addr.port().to_string(),
+            "--kube-timeout",
+            "1s",
         ])
         .start()
         .await;
     until(Duration::from_secs(10), "gpu-7 followed", || {
-        node_entry(&server, 1, "gpu-7").filter(|e| e.agent.reachable)
+        node_entry(server, 1, "gpu-7").filter(|e| e.agent.reachable)
     })
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -935,7 +803,7 @@ async fn a_quiet_node_watch_is_not_relisted() {
         m.contains("faultline_aggregator_discovery_errors_total 0"),
         "no watch error: {m}"
     );
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
 
@@ -943,39 +811,15 @@ async fn a_quiet_node_watch_is_not_relisted() {
 /// failed device changes nothing on the cluster, and what would be done is announced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_default_install_is_a_dry_run() {
-    let (server, kube) = api_server().await;
-    let a = agent("n1").await;
-    server
-        .create("nodes", "", NodeFixture::new("n1").ready(true).build())
-        .unwrap();
-    server
-        .create(
-            "pods",
-            "default",
-            PodFixture::new("train", "n1").gpu().build(),
-        )
-        .unwrap();
-    let before = server.get("nodes", "", "n1").unwrap();
-    let agg = Launch::configmap(&kube, "r1", 1)
-        .args(&["--agents".to_string(), format!("n1=http://{}", a.addr)])
+    let w = Scenario::ready_nodes(&["n1"])
+        .pod(PodFixture::new("train", "n1").gpu())
         .start()
         .await;
-    assert_eq!(
-        post(
-            a.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu1","fault":"row-remap-failure"}"#
-        )
-        .await,
-        201
-    );
-    let announced = |reason: &str| {
-        server
-            .list("events", "default")
-            .iter()
-            .filter(|e| e["reason"] == reason)
-            .count()
-    };
+    let server = &w.server;
+    let before = server.get("nodes", "", "n1").unwrap();
+    let agg = w.configmap("r1", 1).start().await;
+    fail(w.agent("n1"), "gpu1").await;
+    let announced = |reason: &str| events(server, reason);
     until(Duration::from_secs(10), "dry-run announcements", || {
         (announced("FaultlineWouldQuarantine") == 1 && announced("FaultlineWouldEvict") == 1)
             .then_some(())
@@ -999,7 +843,7 @@ async fn a_default_install_is_a_dry_run() {
         .filter(|c| c.uri.contains("/eviction"))
         .count();
     assert_eq!(evictions, 0);
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
 
@@ -1019,38 +863,27 @@ fn shard_writes(server: &ApiServer) -> usize {
 /// nothing changes in is still rewritten every --heartbeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sequence_carries_over_and_a_quiet_shard_heartbeats() {
-    let (server, kube) = api_server().await;
-    let a = agent("n1").await;
-    let agents = format!("n1=http://{}", a.addr);
-    let r1 = Launch::configmap(&kube, "r1", 1)
-        .args(&[
-            "--agents".to_string(),
-            agents.clone(),
-            "--write-interval".into(),
-            "1s".into(),
-            "--heartbeat".into(),
-            "2s".into(),
-        ])
+    let w = Scenario::new().agent("n1").named().start().await;
+    let server = &w.server;
+    let r1 = w
+        .configmap("r1", 1)
+        .args(&["--write-interval", "1s", "--heartbeat", "2s"])
         .start()
         .await;
     until(Duration::from_secs(10), "a few writes by r1", || {
-        shard_doc(&server, 0).filter(|d| d.sequence >= 2)
+        shard_doc(server, 0).filter(|d| d.sequence >= 2)
     })
     .await;
-    let seq = shard_doc(&server, 0).unwrap().sequence;
+    let seq = shard_doc(server, 0).unwrap().sequence;
     // A crash; the next holder continues the sequence from the ConfigMap.
     r1.abort();
-    let r2 = Launch::configmap(&kube, "r2", 1)
-        .args(&[
-            "--agents".to_string(),
-            agents,
-            "--heartbeat".into(),
-            "2s".into(),
-        ])
+    let r2 = w
+        .configmap("r2", 1)
+        .args(&["--heartbeat", "2s"])
         .start()
         .await;
     let (doc, _) = until(Duration::from_secs(15), "r2 writes", || {
-        shard_doc(&server, 0).filter(|d| d.writer == "r2")
+        shard_doc(server, 0).filter(|d| d.writer == "r2")
     })
     .await;
     assert!(doc.sequence > seq, "{} after {seq}", doc.sequence);
@@ -1064,27 +897,22 @@ async fn the_sequence_carries_over_and_a_quiet_shard_heartbeats() {
 
     // Heartbeat: a shard nothing changes in (its agent gone, its node unknown and
     // steady) is still rewritten every --heartbeat.
-    let quiet = Launch::configmap(&kube, "r3", 1)
-        .args(&[
-            "--agents".to_string(),
-            "http://127.0.0.1:9".into(),
-            "--heartbeat".into(),
-            "1s".into(),
-        ])
+    let quiet = Launch::configmap(&w.kube, "r3", 1)
+        .args(&["--agents", NO_AGENT, "--heartbeat", "1s"])
         .start()
         .await;
     until(Duration::from_secs(15), "r3 holds the shard", || {
-        shard_doc(&server, 0).filter(|d| d.writer == "r3")
+        shard_doc(server, 0).filter(|d| d.writer == "r3")
     })
     .await;
-    let before = shard_writes(&server);
+    let before = shard_writes(server);
     tokio::time::sleep(Duration::from_millis(3500)).await;
-    let beats = shard_writes(&server) - before;
+    let beats = shard_writes(server) - before;
     assert!(
         (2..=4).contains(&beats),
         "{beats} heartbeats in 3.5 s with --heartbeat 1s"
     );
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     quiet.cancel_token().cancel();
 }
 
@@ -1092,40 +920,34 @@ async fn the_sequence_carries_over_and_a_quiet_shard_heartbeats() {
 /// rate) and touch only pods matching --nudge-selector.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nudges_keep_to_their_rate_and_selector() {
-    let (server, kube) = api_server().await;
-    let a = agent("n2").await;
-    for (name, app) in [("train-a", "train"), ("train-b", "train"), ("web", "web")] {
-        let mut p = PodFixture::new(name, "n2").build();
-        p["metadata"]["labels"]["app"] = json!(app);
-        server.create("pods", "default", p).unwrap();
-    }
-    let agg = Launch::configmap(&kube, "r1", 1)
+    let w = Scenario::new()
+        .agent("n2")
+        .named()
+        .pods(
+            [("train-a", "train"), ("train-b", "train"), ("web", "web")]
+                .map(|(name, app)| PodFixture::new(name, "n2").label("app", app)),
+        )
+        .start()
+        .await;
+    let server = &w.server;
+    let agg = w
+        .configmap("r1", 1)
         .args(&[
-            "--agents".to_string(),
-            format!("n2=http://{}", a.addr),
-            "--publish-namespaces".into(),
-            "default".into(),
+            "--publish-namespaces",
+            "default",
             // One token (a burst of twice 0.5), refilled every 2 s.
-            "--nudge-rate".into(),
-            "0.5".into(),
-            "--nudge-selector".into(),
-            "app=train".into(),
+            "--nudge-rate",
+            "0.5",
+            "--nudge-selector",
+            "app=train",
         ])
         .start()
         .await;
     until(Duration::from_secs(10), "n2 published", || {
-        node_entry(&server, 1, "n2").filter(|e| e.summary.healthy == 4)
+        node_entry(server, 1, "n2").filter(|e| e.summary.healthy == 4)
     })
     .await;
-    assert_eq!(
-        post(
-            a.addr,
-            "/v1/sim/faults",
-            r#"{"device":"gpu1","fault":"lost"}"#
-        )
-        .await,
-        201
-    );
+    inject(w.agent("n2"), r#"{"device":"gpu1","fault":"lost"}"#).await;
     let nudged = |name: &str| {
         server.get("pods", "default", name).unwrap()["metadata"]["annotations"]
             ["faultline.io/fault-refresh"]
@@ -1135,22 +957,18 @@ async fn nudges_keep_to_their_rate_and_selector() {
         (nudged("train-a") || nudged("train-b")).then_some(())
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !metrics(agg.addr)
-        .await
-        .contains("faultline_aggregator_pod_nudges_total{result=\"rate-limited\"} 1")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the rate limit was never counted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The rate limit is counted.
+    metric_until(
+        agg.addr,
+        "faultline_aggregator_pod_nudges_total{result=\"rate-limited\"} 1",
+        Duration::from_secs(5),
+    )
+    .await;
     assert!(
         !(nudged("train-a") && nudged("train-b")),
         "one token: one nudge"
     );
     assert!(!nudged("web"), "not matching --nudge-selector");
-    assert_no_forbidden(&server);
+    assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }

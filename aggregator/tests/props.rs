@@ -9,9 +9,10 @@ use faultline_aggregator::metrics::Metrics;
 use faultline_aggregator::pipeline::Pipeline;
 use faultline_aggregator::rules_file;
 use faultline_common::document::limits;
-use faultline_common::reading::{DeviceReading, DeviceStatus, Vendor};
+use faultline_common::reading::DeviceStatus;
 use faultline_common::rules::Rules;
-use faultline_common::{DeviceHealth, NodeHealth, Summary};
+use faultline_common::testing::{device, node};
+use faultline_common::{DeviceHealth, NodeHealth};
 use proptest::prelude::*;
 
 fn status() -> impl Strategy<Value = DeviceStatus> {
@@ -23,7 +24,7 @@ fn status() -> impl Strategy<Value = DeviceStatus> {
     ])
 }
 
-fn device() -> impl Strategy<Value = DeviceHealth> {
+fn any_device() -> impl Strategy<Value = DeviceHealth> {
     (
         prop::sample::select(vec!["gpu0", "gpu1", "gpu2", "npu0", "", "x"]).prop_map(String::from),
         ".{0,140}",
@@ -33,19 +34,12 @@ fn device() -> impl Strategy<Value = DeviceHealth> {
     )
         .prop_map(|(id, odd_id, status, reason, temp)| {
             let id = if odd_id.len() % 3 == 0 { odd_id } else { id };
-            let mut r = DeviceReading::new(id, Vendor::Nvidia, "prop");
-            r.temperature_c = temp;
-            DeviceHealth {
-                reading: r,
-                status,
-                reason,
-                findings: vec![],
-                ecc_errors: None,
-                pcie_link_status: None,
-                sampled_at: None,
-                sample_age_ms: None,
-                recent_xids: vec![],
-            }
+            device(id)
+                .source("prop")
+                .temperature(temp)
+                .status(status)
+                .reason(reason)
+                .build()
         })
 }
 
@@ -53,18 +47,14 @@ fn doc() -> impl Strategy<Value = NodeHealth> {
     (
         prop::sample::select(vec!["n1", "n2", "n3"]).prop_map(String::from),
         any::<u64>(),
-        prop::collection::vec(device(), 0..12),
+        prop::collection::vec(any_device(), 0..12),
     )
-        .prop_map(|(node, generation, npus)| NodeHealth {
-            schema_version: faultline_common::document::SCHEMA_VERSION.into(),
-            generation,
-            timestamp: "2026-12-01T00:00:00Z".into(),
-            node,
-            agent_version: "prop".into(),
-            summary: Summary::of(&npus),
-            npus,
-            sources: vec![],
-            unattributed_xids: vec![],
+        .prop_map(|(name, generation, npus)| {
+            node(&name)
+                .generation(generation)
+                .agent_version("prop")
+                .npus(npus)
+                .build()
         })
 }
 

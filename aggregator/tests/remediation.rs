@@ -11,22 +11,15 @@ use faultline_aggregator::remediate::{
 use faultline_aggregator::shard::Fence;
 use faultline_test_apiserver::{ApiServer, Faults};
 use serde_json::{json, Value};
-use support::{api_server, kube_client, NodeFixture, PodFixture};
+use support::{events, kube_client, record, NodeFixture, PodFixture, Scenario};
 
 /// The API test server with `gpu-1` (someone else's taint and label on it); a client.
 async fn setup() -> (ApiServer, kube::Client) {
-    let (server, url) = api_server().await;
-    server
-        .create(
-            "nodes",
-            "",
-            NodeFixture::new("gpu-1")
-                .label("team", "a")
-                .taint("other.example/maintenance", "x")
-                .build(),
-        )
-        .unwrap();
-    (server, kube_client(&url))
+    let w = Scenario::new()
+        .node(NodeFixture::shared("gpu-1"))
+        .start()
+        .await;
+    (w.server, kube_client(&w.kube))
 }
 
 fn failed(id: &str) -> Vec<RecordDevice> {
@@ -53,14 +46,6 @@ fn budget(max_nodes: usize, max_percent: f64, per_domain: Option<(&str, usize)>)
         per_domain: per_domain.map(|(l, n)| (l.to_string(), n)),
         ..Budget::default()
     }
-}
-
-fn events(server: &ApiServer, reason: &str) -> usize {
-    server
-        .list("events", "default")
-        .iter()
-        .filter(|e| e["reason"] == reason)
-        .count()
 }
 
 #[tokio::test]
@@ -192,19 +177,13 @@ async fn a_refused_write_changes_nothing_and_the_next_pass_completes() {
 }
 
 /// The quarantine record on `gpu-1`.
-fn record(server: &ApiServer) -> Value {
-    let node = server.get("nodes", "", "gpu-1").unwrap();
-    serde_json::from_str(
-        node["metadata"]["annotations"][RECORD_ANNOTATION]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap()
+fn gpu1_record(server: &ApiServer) -> Value {
+    record(server, "gpu-1").expect("gpu-1 has a quarantine record")
 }
 
 /// A pod on `gpu-1`; with `gpu` it asks for one; `allocated`: the device the kubelet
 /// says it holds (Unhealthy).
-fn pod(name: &str, gpu: bool, allocated: Option<&str>) -> Value {
+fn pod(name: &str, gpu: bool, allocated: Option<&str>) -> PodFixture {
     let mut p = PodFixture::new(name, "gpu-1");
     if gpu {
         p = p.gpu();
@@ -212,7 +191,7 @@ fn pod(name: &str, gpu: bool, allocated: Option<&str>) -> Value {
     if let Some(id) = allocated {
         p = p.holds(id, "Unhealthy");
     }
-    p.build()
+    p
 }
 
 #[tokio::test]
@@ -221,38 +200,28 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
     // On the failed GPU (KEP-4680 says so), on a healthy GPU, no GPU, a DaemonSet pod,
     // a pod whose GPU is unknown to us (no device status: evicted to be safe), and a
     // pod on the failed GPU protected by a budget that allows no disruption.
-    server
-        .create("pods", "default", pod("on-failed", true, Some("GPU-1234")))
-        .unwrap();
-    server
-        .create("pods", "default", pod("on-healthy", true, Some("GPU-9999")))
-        .unwrap();
-    server
-        .create("pods", "default", pod("cpu-only", false, None))
-        .unwrap();
-    let ds = PodFixture::new("ds-agent", "gpu-1")
+    pod("on-failed", true, Some("GPU-1234")).create(&server);
+    pod("on-healthy", true, Some("GPU-9999")).create(&server);
+    pod("cpu-only", false, None).create(&server);
+    PodFixture::new("ds-agent", "gpu-1")
         .gpu()
-        .owner("DaemonSet");
-    server.create("pods", "default", ds.build()).unwrap();
+        .owner("DaemonSet")
+        .create(&server);
     // Issue 14, guardrail 5: on the failed device too, but never evicted: a mirror pod
     // (the kubelet's static pod), a finished one and one already terminating.
-    let mut mirror = pod("mirror", true, Some("GPU-1234"));
+    let mut mirror = pod("mirror", true, Some("GPU-1234")).build();
     mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "hash"});
     server.create("pods", "default", mirror).unwrap();
-    let done = PodFixture::new("finished", "gpu-1")
+    PodFixture::new("finished", "gpu-1")
         .gpu()
         .holds("GPU-1234", "Unhealthy")
-        .phase("Succeeded");
-    server.create("pods", "default", done.build()).unwrap();
-    let mut leaving = pod("terminating", true, Some("GPU-1234"));
+        .phase("Succeeded")
+        .create(&server);
+    let mut leaving = pod("terminating", true, Some("GPU-1234")).build();
     leaving["metadata"]["deletionTimestamp"] = json!("2026-11-30T00:00:00Z");
     server.create("pods", "default", leaving).unwrap();
-    server
-        .create("pods", "default", pod("no-status", true, None))
-        .unwrap();
-    server
-        .create("pods", "default", pod("guarded", true, Some("GPU-1234")))
-        .unwrap();
+    pod("no-status", true, None).create(&server);
+    pod("guarded", true, Some("GPU-1234")).create(&server);
     server
         .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
         .unwrap();
@@ -353,7 +322,7 @@ async fn ten_failed_nodes_against_a_budget_of_three() {
     let (server, client) = setup().await;
     for i in 0..30 {
         let n = NodeFixture::new(&format!("n{i:02}")).label("rack", &format!("r{}", i % 3));
-        server.create("nodes", "", n.build()).unwrap();
+        n.create(&server);
     }
     let r = remediator(client, Mode::Enforce).with_budget(budget(3, 50.0, None));
     let mut isolated = 0;
@@ -400,7 +369,7 @@ async fn ten_failed_nodes_against_a_budget_of_three() {
     let (server, client) = setup().await;
     for i in 0..6 {
         let n = NodeFixture::new(&format!("m{i}")).label("rack", &format!("r{}", i % 2));
-        server.create("nodes", "", n.build()).unwrap();
+        n.create(&server);
     }
     let r = remediator(client, Mode::Enforce).with_budget(budget(10, 100.0, Some(("rack", 1))));
     let outcomes: Vec<bool> = futures_util::future::join_all((0..4).map(|i| {
@@ -422,9 +391,7 @@ async fn ten_failed_nodes_against_a_budget_of_three() {
 async fn the_breaker_stops_everything_until_a_person_closes_it() {
     let (server, client) = setup().await;
     for i in 0..5 {
-        server
-            .create("nodes", "", NodeFixture::new(&format!("b{i}")).build())
-            .unwrap();
+        NodeFixture::new(&format!("b{i}")).create(&server);
     }
     let breaker = faultline_aggregator::remediate::Breaker::new(
         kube::Api::namespaced(client.clone(), "faultline"),
@@ -478,9 +445,7 @@ async fn the_breaker_stops_everything_until_a_person_closes_it() {
 async fn evictions_are_rate_limited_and_the_rest_wait() {
     let (server, client) = setup().await;
     for i in 0..4 {
-        server
-            .create("pods", "default", pod(&format!("w{i}"), true, None))
-            .unwrap();
+        pod(&format!("w{i}"), true, None).create(&server);
     }
     let r = remediator(client, Mode::Enforce).with_breaker(None, 2.0);
     r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
@@ -509,12 +474,8 @@ fn running(server: &ApiServer) -> Vec<Value> {
 #[tokio::test]
 async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alone() {
     let (server, client) = setup().await;
-    server
-        .create("pods", "default", pod("w0", true, None))
-        .unwrap();
-    server
-        .create("nodes", "", NodeFixture::new("down").ready(false).build())
-        .unwrap();
+    pod("w0", true, None).create(&server);
+    NodeFixture::new("down").ready(false).create(&server);
     let r = remediator(client, Mode::Enforce);
     let unknown = vec![RecordDevice::new("gpu0", "no-fresh-data")];
     assert_eq!(
@@ -561,9 +522,7 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
 async fn a_refused_held_back_announcement_is_made_by_the_next_pass() {
     let (server, client) = setup().await;
     for n in ["h1", "h2"] {
-        server
-            .create("nodes", "", NodeFixture::new(n).build())
-            .unwrap();
+        NodeFixture::new(n).create(&server);
     }
     let r = remediator(client, Mode::Enforce).with_budget(budget(1, 100.0, None));
     let fence = Fence::unfenced();
@@ -649,9 +608,7 @@ async fn the_breaker_counts_across_replicas_and_restarts() {
 async fn the_unknown_guard_has_its_own_budget() {
     let (server, client) = setup().await;
     for n in ["u1", "u2", "f1"] {
-        server
-            .create("nodes", "", NodeFixture::new(n).build())
-            .unwrap();
+        NodeFixture::new(n).create(&server);
     }
     let b = Budget {
         max_nodes: 1,
@@ -702,15 +659,7 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
             .unwrap(),
         Outcome::Isolated
     );
-    let record = |server: &ApiServer| -> Value {
-        serde_json::from_str(
-            server.get("nodes", "", "gpu-1").unwrap()["metadata"]["annotations"][RECORD_ANNOTATION]
-                .as_str()
-                .unwrap(),
-        )
-        .unwrap()
-    };
-    let first = record(&server)["expiry"].as_str().unwrap().to_string();
+    let first = gpu1_record(&server)["expiry"].as_str().unwrap().to_string();
     // Not expired yet: waiting for a person, nothing written.
     assert!(matches!(
         r.release_pass("gpu-1", &[], 0, &Fence::unfenced())
@@ -718,7 +667,7 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
             .unwrap(),
         Outcome::Waiting(_)
     ));
-    assert_eq!(record(&server)["expiry"], first);
+    assert_eq!(gpu1_record(&server)["expiry"], first);
     // Past the expiry, on the remediator's clock (moved, not slept).
     clock.advance(std::time::Duration::from_millis(1100));
     assert!(matches!(
@@ -727,7 +676,7 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
             .unwrap(),
         Outcome::Waiting(_)
     ));
-    let second = record(&server)["expiry"].as_str().unwrap().to_string();
+    let second = gpu1_record(&server)["expiry"].as_str().unwrap().to_string();
     assert!(second > first, "extended: {first} -> {second}");
     assert_eq!(events(&server, "FaultlineQuarantineExtended"), 1);
     // Again before the new expiry: nothing more.
@@ -748,7 +697,7 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
     );
     let node = server.get("nodes", "", "gpu-1").unwrap();
     assert_eq!(node["metadata"]["labels"][DEVICES_LABEL], "gpu3");
-    let rec = record(&server);
+    let rec = gpu1_record(&server);
     assert_eq!(rec["devices"].as_array().unwrap().len(), 1);
     assert!(rec["released_devices"]["gpu5"].is_string());
     // The pipeline still says gpu5 failed: within the dedup window it is not taken back.
@@ -756,7 +705,7 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
         r.isolate("gpu-1", two, &Fence::unfenced()).await.unwrap(),
         Outcome::AlreadyDone
     );
-    assert_eq!(record(&server)["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(gpu1_record(&server)["devices"].as_array().unwrap().len(), 1);
     // Read after that pass: still one taint of ours, the label still gpu3 alone.
     let node = server.get("nodes", "", "gpu-1").unwrap();
     assert_eq!(node["metadata"]["labels"][DEVICES_LABEL], "gpu3");
@@ -776,9 +725,7 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
 #[tokio::test]
 async fn force_deletion_past_the_deadline_only_when_configured() {
     let (server, client) = setup().await;
-    server
-        .create("pods", "default", pod("guarded", true, Some("GPU-1234")))
-        .unwrap();
+    pod("guarded", true, Some("GPU-1234")).create(&server);
     server
         .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
         .unwrap();
@@ -799,9 +746,7 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
     assert_eq!(events(&server, "FaultlineEvictionBlocked"), 1);
 
     // Configured: a new pod on a new fault is deleted past the deadline.
-    server
-        .create("pods", "default", pod("guarded-2", true, Some("GPU-gpu5")))
-        .unwrap();
+    pod("guarded-2", true, Some("GPU-gpu5")).create(&server);
     let r = remediator(client, Mode::Enforce)
         .with_resources(vec![], deadline)
         .with_force_delete(true)
@@ -866,9 +811,9 @@ async fn devices_named_by_bus_id_or_uuid_give_a_valid_label() {
 async fn one_pods_eviction_error_does_not_stop_the_pass() {
     let (server, client) = setup().await;
     for name in ["a-two-budgets", "b-plain", "c-plain"] {
-        let mut p = pod(name, true, Some("GPU-1234"));
-        p["metadata"]["labels"]["team"] = json!("x");
-        server.create("pods", "default", p).unwrap();
+        pod(name, true, Some("GPU-1234"))
+            .label("team", "x")
+            .create(&server);
     }
     for (pdb, sel) in [
         ("by-app", json!({"app": "a-two-budgets"})),
@@ -895,7 +840,7 @@ async fn one_pods_eviction_error_does_not_stop_the_pass() {
         "the pass went on"
     );
     assert!(server.get("pods", "default", "a-two-budgets").is_some());
-    let rec = record(&server);
+    let rec = gpu1_record(&server);
     assert_eq!(rec["evicted"].as_array().unwrap().len(), 2, "{rec}");
     let why = rec["eviction_failed"]
         .as_object()
@@ -924,9 +869,7 @@ async fn one_pods_eviction_error_does_not_stop_the_pass() {
 #[tokio::test]
 async fn a_load_shedding_429_is_not_a_budget() {
     let (server, client) = setup().await;
-    server
-        .create("pods", "default", pod("train", true, Some("GPU-1234")))
-        .unwrap();
+    pod("train", true, Some("GPU-1234")).create(&server);
     let clock = faultline_common::time::Clock::default();
     let r = remediator(client, Mode::Enforce)
         .with_resources(vec![], std::time::Duration::from_secs(600))
@@ -951,7 +894,7 @@ async fn a_load_shedding_429_is_not_a_budget() {
         "never force-deleted"
     );
     assert!(
-        record(&server)["eviction_blocked"].is_null(),
+        gpu1_record(&server)["eviction_blocked"].is_null(),
         "the deadline never started"
     );
     server.set_faults(Faults::default());
@@ -967,9 +910,7 @@ async fn a_load_shedding_429_is_not_a_budget() {
 async fn the_record_survives_node_churn() {
     let (server, client) = setup().await;
     for name in ["w0", "w1"] {
-        server
-            .create("pods", "default", pod(name, true, Some("GPU-1234")))
-            .unwrap();
+        pod(name, true, Some("GPU-1234")).create(&server);
     }
     let r = remediator(client, Mode::Enforce);
     r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
@@ -981,7 +922,7 @@ async fn the_record_survives_node_churn() {
     });
     let out = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
     assert_eq!(out.evicted.len(), 2, "{out:?}");
-    let rec = record(&server);
+    let rec = gpu1_record(&server);
     assert_eq!(rec["evicted"].as_array().unwrap().len(), 2, "{rec}");
     let evictions = rec["actions"]
         .as_array()
@@ -1000,9 +941,7 @@ async fn a_replica_without_its_lease_changes_nothing() {
     use faultline_aggregator::shard::Held;
     use std::time::{Duration, Instant};
     let (server, client) = setup().await;
-    server
-        .create("pods", "default", pod("train", true, Some("GPU-1234")))
-        .unwrap();
+    pod("train", true, Some("GPU-1234")).create(&server);
     let r = remediator(client, Mode::Enforce);
     let held = Held::default();
     let fence = Fence::shard(held.clone(), 0);

@@ -119,27 +119,19 @@ impl Sim {
             .collect();
         let (server, url) = support::api_server_for(&users).await;
         for i in 0..NODES {
-            server
-                .create("nodes", "", NodeFixture::new(&node(i)).ready(true).build())
-                .unwrap();
+            NodeFixture::new(&node(i)).ready(true).create(&server);
             for p in 0..2 {
                 let name = format!("job-{i}-{p}");
-                server
-                    .create(
-                        "pods",
-                        "default",
-                        PodFixture::new(&name, &node(i)).gpu().build(),
-                    )
-                    .unwrap();
+                PodFixture::new(&name, &node(i)).gpu().create(&server);
             }
         }
         // One job under a budget that allows one disruption of its two pods.
-        let mut guarded = PodFixture::new("guarded-a", &node(0)).gpu().build();
-        guarded["metadata"]["labels"]["app"] = json!("guarded");
-        server.create("pods", "default", guarded).unwrap();
-        let mut other = PodFixture::new("guarded-b", &node(1)).gpu().build();
-        other["metadata"]["labels"]["app"] = json!("guarded");
-        server.create("pods", "default", other).unwrap();
+        for (name, i) in [("guarded-a", 0), ("guarded-b", 1)] {
+            PodFixture::new(name, &node(i))
+                .gpu()
+                .label("app", "guarded")
+                .create(&server);
+        }
         server
             .create(
                 "poddisruptionbudgets",

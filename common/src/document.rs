@@ -491,31 +491,10 @@ pub struct SourceStatus {
 mod tests {
     use super::*;
     use crate::reading::Vendor;
+    use crate::testing::{device, node};
 
     fn node_doc(devices: usize) -> NodeHealth {
-        NodeHealth {
-            schema_version: SCHEMA_VERSION.into(),
-            generation: 1,
-            timestamp: "2026-12-01T00:00:00Z".into(),
-            node: "n1".into(),
-            agent_version: "0".into(),
-            npus: (0..devices)
-                .map(|i| DeviceHealth {
-                    reading: DeviceReading::new(format!("gpu{i}"), Vendor::Nvidia, "sim"),
-                    status: DeviceStatus::Healthy,
-                    reason: None,
-                    findings: vec![],
-                    ecc_errors: None,
-                    pcie_link_status: None,
-                    sampled_at: None,
-                    sample_age_ms: None,
-                    recent_xids: vec![],
-                })
-                .collect(),
-            summary: Summary::default(),
-            sources: vec![],
-            unattributed_xids: vec![],
-        }
+        node("n1").devices(devices).build()
     }
 
     /// Issue 11: the aggregator's borrowed view reads the same values as the whole
@@ -659,20 +638,17 @@ mod tests {
 
     #[test]
     fn device_entry_keeps_the_seed_field_names() {
-        let mut r = DeviceReading::new("npu1", Vendor::Ascend, "npu-smi");
-        r.temperature_c = Some(89.2);
-        r.power_w = Some(312.5);
-        let d = DeviceHealth {
-            reading: r,
-            status: DeviceStatus::Degraded,
-            reason: Some("high-temp".into()),
-            findings: vec![],
-            ecc_errors: Some(3),
-            pcie_link_status: Some("up".into()),
-            sampled_at: None,
-            sample_age_ms: Some(10),
-            recent_xids: vec![],
-        };
+        let d = device("npu1")
+            .vendor(Vendor::Ascend)
+            .source("npu-smi")
+            .temperature(89.2)
+            .power(312.5)
+            .status(DeviceStatus::Degraded)
+            .reason(Some("high-temp".into()))
+            .ecc_errors(3)
+            .pcie("up")
+            .sample_age_ms(10)
+            .build();
         let v = serde_json::to_value(&d).unwrap();
         for (k, want) in [
             ("id", serde_json::json!("npu1")),
@@ -760,17 +736,7 @@ mod tests {
 
     #[test]
     fn summary_counts_every_status() {
-        let mk = |s| DeviceHealth {
-            reading: DeviceReading::new("x", Vendor::Other, "sim"),
-            status: s,
-            reason: None,
-            findings: vec![],
-            ecc_errors: None,
-            pcie_link_status: None,
-            sampled_at: None,
-            sample_age_ms: None,
-            recent_xids: vec![],
-        };
+        let mk = |s| device("x").vendor(Vendor::Other).status(s).build();
         let ds = [
             mk(DeviceStatus::Healthy),
             mk(DeviceStatus::Healthy),

@@ -5,7 +5,8 @@
 //! No Kubernetes, no NVML, no I/O: everything here is a pure function or a plain type so
 //! the agent, the aggregator and the tests share one definition. The one exception is
 //! `runtime` (cargo feature `runtime`, off by default): the logging and signal wiring
-//! both binaries share, which pulls in tokio and tracing-subscriber.
+//! both binaries share, which pulls in tokio and tracing-subscriber. `testing` (cargo
+//! feature `test-util`, off by default) is for tests and benchmarks only.
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -22,6 +23,8 @@ pub mod server;
 pub mod state;
 pub mod status;
 pub mod sync;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 pub mod time;
 pub mod xid;
 

@@ -475,7 +475,7 @@ impl Rules {
 mod tests {
     use super::*;
     use crate::classify::Finding;
-    use crate::reading::{DeviceReading, Vendor};
+    use crate::reading::Vendor;
 
     /// Issue 11: the ring of bits keeps what a list of the last `of` samples keeps,
     /// across its wrap and across a reload that shortens or lengthens the window (the
@@ -505,20 +505,14 @@ mod tests {
     }
 
     fn dev(temp: f64) -> DeviceHealth {
-        let mut r = DeviceReading::new("npu0", Vendor::Ascend, "sim");
-        r.temperature_c = Some(temp);
-        r.power_w = Some(300.0);
-        DeviceHealth {
-            reading: r,
-            status: DeviceStatus::Healthy,
-            reason: None,
-            findings: vec![],
-            ecc_errors: Some(0),
-            pcie_link_status: Some("up".into()),
-            sampled_at: None,
-            sample_age_ms: Some(10),
-            recent_xids: vec![],
-        }
+        crate::testing::device("npu0")
+            .vendor(Vendor::Ascend)
+            .temperature(temp)
+            .power(300.0)
+            .ecc_errors(0)
+            .pcie("up")
+            .sample_age_ms(10)
+            .build()
     }
 
     fn finding(code: &str, status: DeviceStatus) -> Finding {

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use faultline_common::sync::Locked;
 use faultline_common::time::now_ms;
 use faultline_common::xid::class_of;
 use faultline_common::{
@@ -94,7 +95,7 @@ impl NvmlSource {
     }
 
     fn handle(&self) -> Result<Arc<Nvml>, ProbeError> {
-        let mut g = self.nvml.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.nvml.locked();
         if let Some(n) = g.as_ref() {
             return Ok(n.clone());
         }
@@ -114,10 +115,7 @@ impl NvmlSource {
         let Some(stream) = &self.events else {
             return;
         };
-        let mut running = self
-            .events_running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut running = self.events_running.locked();
         if running.as_ref().is_some_and(|t| !t.is_cancelled()) {
             return;
         }
@@ -141,13 +139,8 @@ impl NvmlSource {
     /// Drop the handle (the driver lost its state): the next sample starts NVML over,
     /// and its event thread with it.
     fn reset_handle(&self) {
-        *self.nvml.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        if let Some(t) = self
-            .events_running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        *self.nvml.locked() = None;
+        if let Some(t) = self.events_running.locked().take() {
             t.cancel();
         }
     }
@@ -155,12 +148,7 @@ impl NvmlSource {
     fn read_device(&self, nvml: &Nvml, index: u32) -> DeviceReading {
         let mut r = DeviceReading::new(format!("gpu{index}"), Vendor::Nvidia, "nvml");
         r.index = Some(index);
-        let known = self
-            .known
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&index)
-            .cloned();
+        let known = self.known.locked().get(&index).cloned();
         if let Some(k) = &known {
             r.uuid = k.uuid.clone();
             r.pci_bus_id = k.bus.clone();
@@ -202,10 +190,7 @@ impl NvmlSource {
             name: r.name.clone(),
         };
         if !r.lost && identity.uuid.is_some() && known.is_none_or(|k| k.uuid != identity.uuid) {
-            self.known
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(index, identity);
+            self.known.locked().insert(index, identity);
         }
         r
     }

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::ProbeError;
+use faultline_common::sync::Locked;
 
 /// Largest stdout we keep; anything past it is a parse error.
 pub const MAX_STDOUT: usize = 4 << 20;
@@ -20,9 +21,7 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<String, ProbeError> {
         .ok_or_else(|| ProbeError::Init("empty command".into()))?;
     // Spawned and registered under the reaper's lock: the reaper never takes the exit
     // status of a child waited for here.
-    let mut registry = crate::reaper::CHILDREN
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let mut registry = crate::reaper::CHILDREN.locked();
     let mut child = Command::new(prog)
         .args(args)
         .stdin(Stdio::null())
@@ -113,10 +112,7 @@ struct Registered(i32);
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        crate::reaper::CHILDREN
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.0);
+        crate::reaper::CHILDREN.locked().remove(&self.0);
     }
 }
 

@@ -4,6 +4,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use faultline_common::sync::Locked;
 use faultline_common::time::now_ms;
 use faultline_common::xid::class_of;
 use faultline_common::{
@@ -147,7 +148,7 @@ impl SimControl {
             until,
             delivered: false,
         };
-        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let mut faults = self.faults.locked();
         // A new fault of the same kind on the same device replaces the old one.
         faults.retain(|o| {
             !(o.device == f.device && o.request.fault == f.request.fault)
@@ -166,15 +167,12 @@ impl SimControl {
 
     /// Faults in force.
     pub fn faults(&self) -> Vec<ActiveFault> {
-        self.faults
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.faults.locked().clone()
     }
 
     /// Clear every fault; returns how many there were.
     pub fn clear(&self) -> usize {
-        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = self.faults.locked();
         let n = f.len();
         f.clear();
         n
@@ -280,7 +278,7 @@ impl Source for SimSource {
     fn sample(&self, _timeout: Duration) -> Result<SourceSample, ProbeError> {
         let elapsed = self.start.elapsed().as_secs_f64();
         {
-            let mut sc = self.scenario.lock().unwrap_or_else(|p| p.into_inner());
+            let mut sc = self.scenario.locked();
             let (due, later): (Vec<_>, Vec<_>) = sc.drain(..).partition(|s| s.at_s <= elapsed);
             *sc = later;
             for step in due {
@@ -291,11 +289,7 @@ impl Source for SimSource {
         }
         let now = Instant::now();
         let faults = {
-            let mut f = self
-                .control
-                .faults
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut f = self.control.faults.locked();
             f.retain(|x| x.until.is_none_or(|u| u > now));
             let snapshot = f.clone();
             for x in f.iter_mut() {
@@ -316,8 +310,7 @@ impl Source for SimSource {
                         let still = self
                             .control
                             .faults
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
+                            .locked()
                             .iter()
                             .any(|x| x.request.fault == FaultKind::Hang);
                         if !still {
@@ -331,7 +324,7 @@ impl Source for SimSource {
                 _ => {}
             }
         }
-        let mut noise = self.noise.lock().unwrap_or_else(|p| p.into_inner());
+        let mut noise = self.noise.locked();
         let mut out = SourceSample::default();
         let at_ms = now_ms();
         for (i, id) in self.control.ids.iter().enumerate() {

@@ -1,6 +1,7 @@
 //! Helpers shared by the agent's integration tests: build the C test doubles of the
 //! vendor libraries, run the real `faultline-agent` binary with its own environment on
-//! a loopback port, talk to it over HTTP, wait for conditions with a deadline.
+//! a loopback port, talk to it over HTTP, wait for conditions with a deadline. The
+//! repository root and [`ChildGuard`] come from `faultline_common::testing`.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -10,23 +11,17 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+#[allow(unused_imports)]
+pub use faultline_common::testing::{repo_root, ChildGuard};
 use faultline_common::{DeviceHealth, NodeHealth};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-/// Repository root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
 /// Path of a file under the repository's `tests/`.
 pub fn test_path(rel: &str) -> PathBuf {
-    root().join("tests").join(rel)
+    repo_root().join("tests").join(rel)
 }
 
 fn build_double(src: &str, name: &str) -> PathBuf {
@@ -261,16 +256,5 @@ impl StateFile {
     /// The path as a str.
     pub fn p(&self) -> &str {
         self.path.to_str().unwrap()
-    }
-}
-
-/// A child process killed (and reaped) when dropped: a test that fails half way does
-/// not leave it running.
-pub struct ChildGuard(pub std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }

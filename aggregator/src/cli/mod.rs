@@ -1,4 +1,4 @@
-//! `faultline`, also `kubectl faultline` (the same code as `kubectl-faultline`): what an
+//! `faultline`, also `kubectl faultline` (the same binary, installed as `kubectl-faultline`): what an
 //! SRE runs against the cluster.
 //!
 //! - `status`: the quarantined nodes, their devices and why, the breaker.

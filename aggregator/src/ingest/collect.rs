@@ -462,19 +462,7 @@ mod tests {
             "/v1/health",
             get(move || {
                 let name = name.lock().unwrap().clone();
-                async move {
-                    axum::Json(NodeHealth {
-                        schema_version: faultline_common::document::SCHEMA_VERSION.into(),
-                        generation: 1,
-                        timestamp: "2026-12-01T00:00:00Z".into(),
-                        node: name,
-                        agent_version: "0".into(),
-                        npus: vec![],
-                        summary: Default::default(),
-                        sources: vec![],
-                        unattributed_xids: vec![],
-                    })
-                }
+                async move { axum::Json(doc_of(&name, 1)) }
             }),
         );
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -557,18 +545,11 @@ mod tests {
         cancel.cancel();
     }
 
+    /// Node `node`'s document at `generation`, without devices.
     fn doc_of(node: &str, generation: u64) -> NodeHealth {
-        NodeHealth {
-            schema_version: faultline_common::document::SCHEMA_VERSION.into(),
-            generation,
-            timestamp: "2026-12-01T00:00:00Z".into(),
-            node: node.into(),
-            agent_version: "0".into(),
-            npus: vec![],
-            summary: Default::default(),
-            sources: vec![],
-            unattributed_xids: vec![],
-        }
+        faultline_common::testing::node(node)
+            .generation(generation)
+            .build()
     }
 
     /// The requests an agent double saw (path and query), in order.

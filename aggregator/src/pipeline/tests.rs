@@ -1,50 +1,26 @@
 //! The pipeline's unit tests.
 
 use super::*;
-use faultline_common::classify::Finding;
+use faultline_common::testing::{self, device};
 use faultline_common::time::rfc3339_ms as rfc3339;
-use faultline_common::{DeviceHealth, DeviceReading, NodeHealth, Summary, Vendor, SCHEMA_VERSION};
+use faultline_common::{DeviceHealth, NodeHealth};
 
 fn doc(node: &str, devs: Vec<DeviceHealth>) -> NodeHealth {
-    NodeHealth {
-        schema_version: SCHEMA_VERSION.into(),
-        generation: 1,
-        timestamp: String::new(),
-        node: node.into(),
-        agent_version: "test".into(),
-        summary: Summary::of(&devs),
-        npus: devs,
-        sources: vec![],
-        unattributed_xids: vec![],
-    }
+    testing::node(node).npus(devs).build()
 }
 
+/// Device `id` at `temp` C, failed for a code or healthy.
 fn dev(id: &str, temp: f64, failed: Option<&str>) -> DeviceHealth {
-    let mut r = DeviceReading::new(id, Vendor::Nvidia, "sim");
-    r.temperature_c = Some(temp);
-    DeviceHealth {
-        reading: r,
-        status: if failed.is_some() {
-            DeviceStatus::Failed
-        } else {
-            DeviceStatus::Healthy
-        },
-        reason: failed.map(String::from),
-        findings: failed
-            .map(|c| {
-                vec![Finding {
-                    code: c.into(),
-                    status: DeviceStatus::Failed,
-                    detail: String::new(),
-                }]
-            })
-            .unwrap_or_default(),
-        ecc_errors: Some(0),
-        pcie_link_status: Some("up".into()),
-        sampled_at: None,
-        sample_age_ms: Some(1),
-        recent_xids: vec![],
+    let d = device(id)
+        .temperature(temp)
+        .ecc_errors(0)
+        .pcie("up")
+        .sample_age_ms(1);
+    match failed {
+        Some(code) => d.failed(code),
+        None => d,
     }
+    .build()
 }
 
 fn pipeline() -> Pipeline {

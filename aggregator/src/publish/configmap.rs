@@ -430,61 +430,25 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::pipeline::Pipeline;
     use crate::publish::document;
-    use faultline_common::classify::Finding;
     use faultline_common::fault::shard_of;
     use faultline_common::rules::Rules;
-    use faultline_common::{
-        DeviceHealth, DeviceReading, DeviceStatus, NodeHealth, Summary, Vendor, SCHEMA_VERSION,
-    };
+    use faultline_common::testing::{self, Device};
+    use faultline_common::NodeHealth;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
-    use tokio_util::sync::CancellationToken;
 
+    /// Node `node`'s document: `devices` GPUs as NVML reads them, gpu3 failed (Xid 79).
     fn node_doc(node: &str, devices: u32) -> NodeHealth {
-        let npus: Vec<DeviceHealth> = (0..devices)
-            .map(|i| {
-                let mut r = DeviceReading::new(format!("gpu{i}"), Vendor::Nvidia, "nvml");
-                r.uuid = Some(format!("GPU-5157e000-0000-4000-8000-{i:012x}"));
-                r.pci_bus_id = Some(format!("0000:{:02x}:00.0", 0x18 + i * 0x10));
-                r.temperature_c = Some(61.5);
-                r.power_w = Some(312.25);
-                let failed = i == 3;
-                DeviceHealth {
-                    reading: r,
-                    status: if failed {
-                        DeviceStatus::Failed
-                    } else {
-                        DeviceStatus::Healthy
-                    },
-                    reason: failed.then(|| "xid-79".to_string()),
-                    findings: if failed {
-                        vec![Finding {
-                            code: "xid-79".into(),
-                            status: DeviceStatus::Failed,
-                            detail: String::new(),
-                        }]
-                    } else {
-                        vec![]
-                    },
-                    ecc_errors: Some(12),
-                    pcie_link_status: Some("up".into()),
-                    sampled_at: None,
-                    sample_age_ms: Some(100),
-                    recent_xids: vec![],
-                }
-            })
-            .collect();
-        NodeHealth {
-            schema_version: SCHEMA_VERSION.into(),
-            generation: 1,
-            timestamp: String::new(),
-            node: node.into(),
-            agent_version: "test".into(),
-            summary: Summary::of(&npus),
-            npus,
-            sources: vec![],
-            unattributed_xids: vec![],
-        }
+        testing::node(node)
+            .npus((0..devices).map(|i| {
+                let d = Device::nvml(i)
+                    .temperature(61.5)
+                    .power(312.25)
+                    .ecc_errors(12)
+                    .sample_age_ms(100);
+                if i == 3 { d.failed("xid-79") } else { d }.build()
+            }))
+            .build()
     }
 
     /// A pipeline with `nodes` nodes of 8 devices (one failed each), their names, and
@@ -504,21 +468,10 @@ mod tests {
         for n in &names {
             p.on_document(node_doc(n, 8), 1_000);
         }
-        let server = faultline_test_apiserver::ApiServer::new();
-        server
-            .create(
-                "namespaces",
-                "",
-                serde_json::json!({"metadata": {"name": "faultline"}}),
-            )
-            .unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(faultline_test_apiserver::serve(
-            listener,
-            server.clone(),
-            CancellationToken::new(),
-        ));
+        let (server, url) = faultline_test_apiserver::Bootstrap::new()
+            .namespace("faultline")
+            .spawn()
+            .await;
         let mut kc = kube::Config::new(url.parse().unwrap());
         kc.default_retry = false;
         let client = kube::Client::try_from(kc).unwrap();

@@ -1,14 +1,30 @@
-//! Helpers shared by the aggregator's integration tests: the Kubernetes API test
-//! server and a client of it, one aggregator launcher ([`Launch`]), Node and Pod
-//! fixtures ([`NodeFixture`], [`PodFixture`]), simulated agents in-process, HTTP calls
-//! on loopback, waiting with a deadline.
-#![allow(dead_code)]
+//! Helpers shared by the aggregator's integration tests: the Kubernetes API test server
+//! as the aggregator meets it in a cluster ([`api_server`]), a scenario of Nodes, Pods
+//! and simulated agents on it ([`Scenario`]), one aggregator launcher ([`Launch`]),
+//! Node and Pod fixtures ([`NodeFixture`], [`PodFixture`]), what the tests read back
+//! from the cluster ([`cluster`]), faults injected at agents, HTTP calls on loopback,
+//! waiting with a deadline.
+#![allow(dead_code, unused_imports)]
+
+pub mod cluster;
+mod fixtures;
+mod scenario;
+
+pub use cluster::*;
+pub use faultline_common::testing::{repo_root, ChildGuard};
+pub use fixtures::{NodeFixture, PodFixture};
+pub use scenario::{Scenario, World, NO_AGENT};
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use faultline_test_apiserver::{ApiServer, Bootstrap};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
 
 /// The namespace of the aggregator's Leases and ConfigMaps in the tests.
 pub const NS: &str = "faultline";
@@ -120,7 +136,6 @@ impl Launch {
 
     /// Start it with remediation and the intake judging time by `clock`: a test moves
     /// the clock past a window instead of sleeping through it (issue 14).
-    #[allow(dead_code)]
     pub async fn start_on(
         self,
         clock: &faultline_common::time::Clock,
@@ -132,102 +147,6 @@ impl Launch {
     }
 }
 
-/// A Node for the test API server, built like controller-rs's fixtures.
-pub struct NodeFixture(Value);
-
-impl NodeFixture {
-    /// A Node named `name`, with no labels, taints or status.
-    pub fn new(name: &str) -> Self {
-        NodeFixture(json!({"metadata": {"name": name}}))
-    }
-
-    /// A label.
-    pub fn label(mut self, key: &str, value: &str) -> Self {
-        self.0["metadata"]["labels"][key] = json!(value);
-        self
-    }
-
-    /// A NoSchedule taint someone else put there.
-    pub fn taint(mut self, key: &str, value: &str) -> Self {
-        let t = json!({"key": key, "value": value, "effect": "NoSchedule"});
-        match self.0["spec"]["taints"].as_array_mut() {
-            Some(list) => list.push(t),
-            None => self.0["spec"]["taints"] = json!([t]),
-        }
-        self
-    }
-
-    /// The Ready condition.
-    pub fn ready(mut self, ready: bool) -> Self {
-        self.0["status"]["conditions"] =
-            json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
-        self
-    }
-
-    /// The Node's InternalIP (where discovery finds its agent).
-    pub fn address(mut self, ip: &str) -> Self {
-        self.0["status"]["addresses"] = json!([{"type": "InternalIP", "address": ip}]);
-        self
-    }
-
-    /// The object.
-    pub fn build(self) -> Value {
-        self.0
-    }
-}
-
-/// A Pod for the test API server, built like controller-rs's fixtures.
-pub struct PodFixture(Value);
-
-impl PodFixture {
-    /// A running, Ready pod `name` in `default` on `node`, one container, labelled
-    /// `app=name` (what its kubelet would have reported).
-    pub fn new(name: &str, node: &str) -> Self {
-        PodFixture(json!({
-            "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-        }))
-    }
-
-    /// Not Ready (a crash-looping or starting container).
-    pub fn unready(mut self) -> Self {
-        self.0["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
-        self
-    }
-
-    /// It asks for one `nvidia.com/gpu`.
-    pub fn gpu(mut self) -> Self {
-        self.0["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
-        self
-    }
-
-    /// The kubelet says it holds device `id` with `health` (KEP-4680).
-    pub fn holds(mut self, id: &str, health: &str) -> Self {
-        self.0["status"]["containerStatuses"] = json!([{"name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
-            "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [{"resourceID": id, "health": health}]}]}]);
-        self
-    }
-
-    /// Owned by a controller of `kind`.
-    pub fn owner(mut self, kind: &str) -> Self {
-        self.0["metadata"]["ownerReferences"] =
-            json!([{"apiVersion": "apps/v1", "kind": kind, "name": "owner", "uid": "owner-uid"}]);
-        self
-    }
-
-    /// Its phase.
-    pub fn phase(mut self, phase: &str) -> Self {
-        self.0["status"]["phase"] = json!(phase);
-        self
-    }
-
-    /// The object.
-    pub fn build(self) -> Value {
-        self.0
-    }
-}
-
 /// A kube client of the API server at `url` as the aggregator's ServiceAccount, with
 /// kube's own retries off.
 pub fn kube_client(url: &str) -> kube::Client {
@@ -236,11 +155,6 @@ pub fn kube_client(url: &str) -> kube::Client {
     kc.default_retry = false;
     kube::Client::try_from(kc).unwrap()
 }
-
-use http_body_util::{BodyExt, Empty, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 /// The user the aggregator runs as in a cluster (deploy/base/aggregator.yaml).
 pub const AGGREGATOR_USER: &str = "system:serviceaccount:faultline:faultline-aggregator";
@@ -276,7 +190,7 @@ pub const ADMIN_TOKEN: &str = "admin-token";
 /// The Kubernetes API test server on loopback, with the namespace `faultline`, the RBAC
 /// objects of deploy/base/aggregator.yaml and RBAC enforced: the aggregator runs with
 /// exactly the permissions its manifest grants (issue 9). Its URL.
-pub async fn api_server() -> (faultline_test_apiserver::ApiServer, String) {
+pub async fn api_server() -> (ApiServer, String) {
     api_server_for(&[
         ("aggregator-token", AGGREGATOR_USER),
         (ADMIN_TOKEN, faultline_test_apiserver::rbac::ADMIN),
@@ -285,34 +199,20 @@ pub async fn api_server() -> (faultline_test_apiserver::ApiServer, String) {
 }
 
 /// [`api_server`] with these users by bearer token.
-pub async fn api_server_for(
-    tokens: &[(&str, &str)],
-) -> (faultline_test_apiserver::ApiServer, String) {
-    let server = faultline_test_apiserver::ApiServer::new();
-    server
-        .create(
-            "namespaces",
-            "",
-            serde_json::json!({"metadata": {"name": "faultline"}}),
-        )
-        .unwrap();
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/aggregator.yaml");
-    let loaded = server
-        .load_manifests(&std::fs::read_to_string(manifest).unwrap())
+pub async fn api_server_for(tokens: &[(&str, &str)]) -> (ApiServer, String) {
+    let manifest = repo_root().join("deploy/base/aggregator.yaml");
+    let running = Bootstrap::new()
+        .namespace(NS)
+        .manifests(std::fs::read_to_string(manifest).unwrap())
+        .rbac(tokens)
+        .start()
+        .await
         .unwrap();
     assert!(
-        loaded >= 4,
+        running.loaded >= 4,
         "the RBAC objects of deploy/base/aggregator.yaml"
     );
-    server.enforce_rbac(tokens);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(faultline_test_apiserver::serve(
-        listener,
-        server.clone(),
-        tokio_util::sync::CancellationToken::new(),
-    ));
-    (server, url)
+    (running.server, running.url)
 }
 
 /// A simulated agent with 4 GPUs sampling every 100 ms, serving `node`.
@@ -321,7 +221,6 @@ pub async fn agent(node: &str) -> faultline_agent::Agent {
 }
 
 /// [`agent`], with more flags.
-#[allow(dead_code)]
 pub async fn agent_with(node: &str, extra: &[&str]) -> faultline_agent::Agent {
     let mut args = vec![
         "faultline-agent",
@@ -341,14 +240,52 @@ pub async fn agent_with(node: &str, extra: &[&str]) -> faultline_agent::Agent {
     faultline_agent::start(cfg).await.unwrap()
 }
 
+/// One request: status and JSON body (null if none or not JSON).
+pub async fn call(method: &str, url: &str, token: Option<&str>, body: String) -> (u16, Value) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = client
+        .request(req.body(Full::new(Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
 /// POST a JSON body; the status.
 pub async fn post(addr: SocketAddr, path: &str, body: &str) -> u16 {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = hyper::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    client.request(req).await.unwrap().status().as_u16()
+    call("POST", &format!("http://{addr}{path}"), None, body.into())
+        .await
+        .0
+}
+
+/// Inject a fault at a simulated agent (`POST /v1/sim/faults`, e.g.
+/// `{"device":"gpu1","fault":"xid","xid":79}`); it must be taken.
+pub async fn inject(agent: &faultline_agent::Agent, fault: &str) {
+    assert_eq!(
+        post(agent.addr, "/v1/sim/faults", fault).await,
+        201,
+        "{fault}"
+    );
+}
+
+/// `device` on the agent's node fails for good (a row remap failure).
+pub async fn fail(agent: &faultline_agent::Agent, device: &str) {
+    inject(
+        agent,
+        &format!(r#"{{"device":"{device}","fault":"row-remap-failure"}}"#),
+    )
+    .await;
 }
 
 /// GET a text body.
@@ -356,6 +293,28 @@ pub async fn get_text(url: &str) -> String {
     let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let resp = client.get(url.parse().unwrap()).await.unwrap();
     String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned()
+}
+
+/// The Prometheus text of the process listening at `addr`.
+pub async fn metrics(addr: SocketAddr) -> String {
+    get_text(&format!("http://{addr}/metrics")).await
+}
+
+/// Poll the metrics at `addr` (every 20 ms, `within` at most) until they contain
+/// `needle`; the text.
+pub async fn metric_until(addr: SocketAddr, needle: &str, within: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        let text = metrics(addr).await;
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            start.elapsed() < within,
+            "no {needle} within {within:?} in\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Poll `f` until it gives a value or `within` passes; the value and the time it took.
@@ -375,27 +334,4 @@ pub async fn until<T>(
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// A child process killed (and reaped) when dropped: a test that fails half way does
-/// not leave it running.
-pub struct ChildGuard(pub std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Nothing the aggregator asked was refused by RBAC: the shipped manifest grants every
-/// call the code made (a missing verb in deploy/base/aggregator.yaml fails here).
-pub fn assert_no_forbidden(server: &faultline_test_apiserver::ApiServer) {
-    let refused: Vec<String> = server
-        .calls()
-        .into_iter()
-        .filter(|c| c.status == 401 || c.status == 403)
-        .map(|c| format!("{} {} {}", c.status, c.method, c.uri))
-        .collect();
-    assert!(refused.is_empty(), "refused by RBAC: {refused:?}");
 }

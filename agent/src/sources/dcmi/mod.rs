@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use faultline_common::ascend::Catalog;
+use faultline_common::sync::Locked;
 use faultline_common::{DeviceReading, Vendor};
 use libloading::{Library, Symbol};
 
@@ -231,7 +232,7 @@ extern "C" fn on_fault_event(ev: *mut DcmiEvent) {
             return;
         }
         let e = &ev.dms;
-        let g = EVENT_TARGET.lock().unwrap_or_else(|p| p.into_inner());
+        let g = EVENT_TARGET.locked();
         let Some(t) = g.as_ref() else {
             return;
         };
@@ -246,7 +247,7 @@ extern "C" fn on_fault_event(ev: *mut DcmiEvent) {
         }
         // Event id 0 carries nothing; 0x8C2FA009 is "reset finished": re-read only.
         if e.event_id != 0 && e.event_id != 0x8C2F_A009 {
-            let mut codes = t.codes.lock().unwrap_or_else(|p| p.into_inner());
+            let mut codes = t.codes.locked();
             let list = codes.entry(u32::from(e.deviceid)).or_default();
             list.retain(|(c, _)| *c != e.event_id);
             if e.assertion != 0 {
@@ -311,12 +312,12 @@ impl DcmiSource {
     }
 
     fn handle(&self) -> Result<Arc<Dcmi>, ProbeError> {
-        let mut g = self.lib.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.lib.locked();
         if let Some(d) = g.as_ref() {
             return Ok(d.clone());
         }
         let lib = {
-            let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+            let mut loaded = self.loaded.locked();
             match loaded.as_ref() {
                 Some(l) => l.clone(),
                 None => {
@@ -371,7 +372,7 @@ impl DcmiSource {
             mode("polling");
             return;
         }
-        *EVENT_TARGET.lock().unwrap_or_else(|p| p.into_inner()) = Some(EventTarget {
+        *EVENT_TARGET.locked() = Some(EventTarget {
             wake: self.wake.clone(),
             codes: self.event_codes.clone(),
             metrics: self.metrics.clone(),
@@ -414,19 +415,11 @@ impl DcmiSource {
     }
 
     fn memo(&self, a: Addr) -> ChipMemo {
-        self.chips
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(a)
-            .or_default()
-            .clone()
+        self.chips.locked().entry(a).or_default().clone()
     }
 
     fn set_memo(&self, a: Addr, m: &ChipMemo) {
-        self.chips
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(a, m.clone());
+        self.chips.locked().insert(a, m.clone());
     }
 
     /// Codes events reported for `logic` within the last minute, still asserted.
@@ -434,7 +427,7 @@ impl DcmiSource {
         let Some(logic) = logic.and_then(|l| u32::try_from(l).ok()) else {
             return Vec::new();
         };
-        let mut g = self.event_codes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.event_codes.locked();
         let Some(list) = g.get_mut(&logic) else {
             return Vec::new();
         };

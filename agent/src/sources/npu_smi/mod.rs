@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use faultline_common::sync::Locked;
 use faultline_common::{
     DeviceReading, EccCounts, PcieLink, Vendor, VendorHealth, VendorHealthLevel,
 };
@@ -65,7 +66,7 @@ impl NpuSmiSource {
     /// Learn the physical ids of `chips`: the table's, else `phyid-remap` for each
     /// davinci node (once, then at most once a minute while a chip is missing).
     fn learn_phys(&self, chips: &[parser::InfoChip], deadline: Instant) -> Option<String> {
-        let mut phys = self.phys.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut phys = self.phys.locked().clone();
         for c in chips {
             if let Some(p) = c.phy {
                 phys.entry((c.npu, c.chip)).or_insert(p);
@@ -73,7 +74,7 @@ impl NpuSmiSource {
         }
         let missing = chips.iter().any(|c| !phys.contains_key(&(c.npu, c.chip)));
         let due = {
-            let mut last = self.phy_scan.lock().unwrap_or_else(|p| p.into_inner());
+            let mut last = self.phy_scan.locked();
             let due = missing && last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
             if due {
                 *last = Some(Instant::now());
@@ -111,7 +112,7 @@ impl NpuSmiSource {
                 }
             }
         }
-        *self.phys.lock().unwrap_or_else(|p| p.into_inner()) = phys;
+        *self.phys.locked() = phys;
         err
     }
 
@@ -145,7 +146,7 @@ impl Source for NpuSmiSource {
         let info = self.run(&["info"], deadline)?;
         let chips = parser::parse_info(&info).map_err(ProbeError::Parse)?;
         let n = {
-            let mut s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+            let mut s = self.samples.locked();
             *s += 1;
             *s
         };
@@ -158,7 +159,7 @@ impl Source for NpuSmiSource {
         }
         let multi_chip = self.multi_chip.load(std::sync::atomic::Ordering::Relaxed);
         let phy_error = self.learn_phys(&chips, deadline);
-        let phys = self.phys.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let phys = self.phys.locked().clone();
         let any_phy = chips.iter().any(|c| phys.contains_key(&(c.npu, c.chip)));
         let mut out = SourceSample::default();
         for c in chips {
@@ -237,12 +238,7 @@ impl Source for NpuSmiSource {
                 }
             }
             // The cache lock is never held across a child process (which may hang).
-            let cached = self
-                .ecc
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&id)
-                .copied();
+            let cached = self.ecc.locked().get(&id).copied();
             r.ecc = cached;
             if read_ecc || cached.is_none() {
                 match self
@@ -251,10 +247,7 @@ impl Source for NpuSmiSource {
                 {
                     Ok(e) => {
                         r.ecc = Some(e);
-                        self.ecc
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(id.clone(), e);
+                        self.ecc.locked().insert(id.clone(), e);
                     }
                     Err(e) => r.probe_errors.push(format!("ecc: {e}")),
                 }
