@@ -25,11 +25,11 @@ COPY . .
 # The lockfile is the one tested: --locked refuses to resolve anything new.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p faultline-agent -p faultline-aggregator \
+    cargo build --profile image --locked -p faultline-agent -p faultline-aggregator \
  && mkdir -p /out \
- && cp target/release/faultline-agent target/release/faultline-aggregator \
-       target/release/faultline /out/ \
- && cp target/release/faultline /out/kubectl-faultline
+ && cp target/image/faultline-agent target/image/faultline-aggregator \
+       target/image/faultline /out/ \
+ && cp target/image/faultline /out/kubectl-faultline
 
 FROM docker.io/library/debian:bookworm-slim AS agent
 ARG VERSION

@@ -81,9 +81,9 @@ for y in sorted((root / "deploy/base").glob("*.yaml")):
             errors.append(f"{y}: image tag {tag} is not the workspace version {version}")
 if f"ARG VERSION={version}" not in docker:
     errors.append(f"Dockerfile: ARG VERSION is not {version}")
-copied = set(re.findall(r"target/release/(\S+)", docker))
+copied = set(re.findall(r"target/(?:release|image)/(\S+)", docker))
 for b in sorted(copied - bins):
-    errors.append(f"Dockerfile copies target/release/{b}, which no [[bin]] builds")
+    errors.append(f"Dockerfile copies target/<profile>/{b}, which no [[bin]] builds")
 have = tuple(int(x) for x in re.search(r"ARG RUST_VERSION=(\S+)", docker).group(1).split("."))
 need = tuple(int(x) for x in rust.split("."))
 if have < need:
