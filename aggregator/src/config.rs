@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, ValueEnum};
+use faultline_common::names;
 use faultline_common::time::parse_duration;
 
 use crate::ingest::IntakeConfig;
@@ -25,6 +26,19 @@ pub fn positive_duration(v: &str) -> Result<Duration, String> {
             "{v:?}: expected a duration such as 200ms, 15s, 5m, 24h"
         )),
     }
+}
+
+/// `--name`: a DNS-1123 label, since it is both part of object names and the value of
+/// the member label (`faultline_common::names`).
+fn base_name(v: &str) -> Result<String, String> {
+    names::dns_label(v)?;
+    Ok(v.to_string())
+}
+
+/// `--replica`: a DNS-1123 subdomain (it is part of the member Lease's name).
+fn replica_name(v: &str) -> Result<String, String> {
+    names::dns_subdomain(v)?;
+    Ok(v.to_string())
 }
 
 /// Where documents go.
@@ -137,8 +151,9 @@ pub struct PublishArgs {
     /// only mount ConfigMaps of its own namespace, so list the workloads' namespaces.
     #[arg(long, env = "FAULTLINE_PUBLISH_NAMESPACES", default_value = "")]
     pub publish_namespaces: String,
-    /// Base name of Leases and ConfigMaps: `<name>-shard-<i>`.
-    #[arg(long, env = "FAULTLINE_NAME", default_value = "faultline")]
+    /// Base name of Leases and ConfigMaps: `<name>-shard-<i>`; also a label value (a
+    /// DNS-1123 label, at most 63 characters).
+    #[arg(long, env = "FAULTLINE_NAME", default_value = "faultline", value_parser = base_name)]
     pub name: String,
     /// Least time between two writes of a document (jittered up to +20%).
     #[arg(long, env = "FAULTLINE_WRITE_INTERVAL", default_value = "1s", value_parser = positive_duration)]
@@ -177,8 +192,9 @@ pub struct ShardArgs {
     /// How often Leases are renewed or tried.
     #[arg(long, env = "FAULTLINE_LEASE_RETRY", default_value = "2s", value_parser = positive_duration)]
     pub lease_retry: Duration,
-    /// This replica's name (default: $POD_NAME, then the hostname).
-    #[arg(long, env = "FAULTLINE_REPLICA")]
+    /// This replica's name (default: $POD_NAME, then the hostname); a DNS-1123
+    /// subdomain, as it names the member Lease `<name>-member-<replica>`.
+    #[arg(long, env = "FAULTLINE_REPLICA", value_parser = replica_name)]
     pub replica: Option<String>,
     /// This replica's API as other replicas reach it (annotated on the shard Leases it
     /// holds, for alert hand-over); default http://$POD_IP:<listen port>, or the listen
@@ -417,12 +433,8 @@ fn agents(a: &AgentArgs) -> anyhow::Result<Vec<AgentTarget>> {
             _ => (None, raw),
         };
         if let Some(n) = &node {
-            let valid = !n.is_empty()
-                && n.len() <= 253
-                && n.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
-            if !valid {
-                bail!("--agents: {n:?} is not a node name");
+            if let Err(e) = names::dns_subdomain(n) {
+                bail!("--agents: not a node name: {e}");
             }
         }
         let url = url.trim_end_matches('/').to_string();
@@ -469,15 +481,47 @@ fn canary(r: &RemediationArgs, namespace: &str) -> anyhow::Result<Option<CanaryS
 }
 
 fn replica(asked: Option<String>) -> String {
-    asked
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()))
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|s| s.trim().to_string())
+    asked.filter(|s| !s.is_empty()).unwrap_or_else(|| {
+        std::env::var("POD_NAME")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|s| s.trim().to_string())
+            })
+            .map(|s| as_subdomain(&s))
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "aggregator".into())
+    })
+}
+
+/// A name not given by flag (a hostname may have capitals or `_`) made a DNS-1123
+/// subdomain: lowercase, anything else `-`, no `-` or `.` at either end.
+fn as_subdomain(s: &str) -> String {
+    let mapped: String = s
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '.') => c,
+            _ => '-',
         })
-        .unwrap_or_else(|| "aggregator".into())
+        .collect();
+    let mut out = mapped.trim_matches(['-', '.']).to_string();
+    out.truncate(names::SUBDOMAIN_MAX - "faultline-member-".len());
+    out.trim_end_matches(['-', '.']).replace("..", ".")
+}
+
+/// The names `name` and `replica` make (the member Lease, the last shard's last page),
+/// each checked as the API server checks object names.
+fn check_names(name: &str, replica: &str, shards: u32, pages: u32) -> anyhow::Result<()> {
+    let member = format!("{name}-member-{replica}");
+    names::dns_subdomain(&member).map_err(|e| {
+        anyhow::anyhow!("--name and --replica make the member Lease name {e}; set --replica")
+    })?;
+    let page = faultline_common::fault::page_name(name, shards - 1, pages - 1);
+    names::dns_subdomain(&page)
+        .map_err(|e| anyhow::anyhow!("--name makes the ConfigMap name {e}"))?;
+    Ok(())
 }
 
 impl Config {
@@ -490,6 +534,8 @@ impl Config {
         if s.pages == 0 || s.pages > 16 {
             bail!("--pages must be between 1 and 16");
         }
+        let replica = replica(s.replica);
+        check_names(&p.name, &replica, s.shards, s.pages)?;
         if p.sink == SinkKind::File && s.shards != 1 {
             bail!("--shards applies to --sink configmap; the file sink is one directory");
         }
@@ -559,7 +605,7 @@ impl Config {
             write_interval: p.write_interval,
             urgent_spacing: p.urgent_spacing,
             heartbeat: p.heartbeat,
-            replica: replica(s.replica),
+            replica,
             log_json: a.log_format == LogFormat::Json,
             runtime_threads: a.runtime_threads,
             release: ReleasePolicy {
@@ -609,6 +655,40 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 25: `--name` and `--replica` become object names and a label value; one the
+    /// API server would refuse fails at start, naming the flag.
+    #[test]
+    fn names_are_checked_as_the_api_server_checks_them() {
+        for bad in ["Faultline", "fault_line", "-x", &"a".repeat(64)] {
+            assert!(
+                Config::parse_from(["a", "--name", bad]).is_err(),
+                "--name {bad}"
+            );
+        }
+        for bad in ["R1", "r_1", "r1.", ""] {
+            let r = Config::parse_from(["a", "--replica", bad]);
+            assert!(bad.is_empty() || r.is_err(), "--replica {bad}");
+        }
+        let long = "r".repeat(240);
+        let err = Config::parse_from(["a", "--replica", &long]).unwrap_err();
+        assert!(err.to_string().contains("member Lease"), "{err}");
+        let c = Config::parse_from([
+            "a",
+            "--name",
+            "gpu-health",
+            "--replica",
+            "gpu-health-7d9f.x",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.name.as_str(), c.replica.as_str()),
+            ("gpu-health", "gpu-health-7d9f.x")
+        );
+        // A name not given by flag is made one.
+        assert_eq!(as_subdomain("My_Host.Example."), "my-host.example");
+        assert_eq!(as_subdomain("--x--"), "x");
+    }
 
     #[test]
     fn agents_must_be_http_urls() {

@@ -14,6 +14,7 @@ pub mod ascend;
 pub mod classify;
 pub mod document;
 pub mod fault;
+pub mod names;
 pub mod reading;
 pub mod rules;
 #[cfg(feature = "runtime")]

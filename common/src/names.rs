@@ -1,0 +1,115 @@
+//! Kubernetes' rules for names and label values, as kube-apiserver checks them
+//! (`k8s.io/apimachinery/pkg/util/validation/validation.go`: `IsDNS1123Label`,
+//! `IsDNS1123Subdomain`, `IsValidLabelValue`). Whatever faultline turns into an object
+//! name or a label value is checked here first, at start, so a bad flag is a clear error
+//! instead of 422s on every write.
+
+/// At most this many characters in a DNS-1123 label (and a label value).
+pub const LABEL_MAX: usize = 63;
+/// At most this many characters in a DNS-1123 subdomain (most object names).
+pub const SUBDOMAIN_MAX: usize = 253;
+
+fn alnum_lower(c: char) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit()
+}
+
+/// Whether `v` is a DNS-1123 label: 1 to 63 lowercase letters, digits and `-`, starting
+/// and ending with a letter or digit; what is wrong, if not.
+pub fn dns_label(v: &str) -> Result<(), String> {
+    if v.is_empty() || v.len() > LABEL_MAX {
+        return Err(format!(
+            "{v:?} must be 1 to {LABEL_MAX} characters (a DNS-1123 label)"
+        ));
+    }
+    let ok = v.chars().all(|c| alnum_lower(c) || c == '-')
+        && v.starts_with(alnum_lower)
+        && v.ends_with(alnum_lower);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{v:?} must be lowercase letters, digits and '-', starting and ending with a letter or digit (a DNS-1123 label)"
+        ))
+    }
+}
+
+/// Whether `v` is a DNS-1123 subdomain: at most 253 characters of DNS-1123 labels joined
+/// by `.` (each label here may be up to 253 long, as upstream's regular expression
+/// allows); what is wrong, if not.
+pub fn dns_subdomain(v: &str) -> Result<(), String> {
+    if v.is_empty() || v.len() > SUBDOMAIN_MAX {
+        return Err(format!(
+            "{v:?} must be 1 to {SUBDOMAIN_MAX} characters (a DNS-1123 subdomain)"
+        ));
+    }
+    let ok = v.split('.').all(|l| {
+        !l.is_empty()
+            && l.chars().all(|c| alnum_lower(c) || c == '-')
+            && l.starts_with(alnum_lower)
+            && l.ends_with(alnum_lower)
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{v:?} must be lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit (a DNS-1123 subdomain)"
+        ))
+    }
+}
+
+/// Whether `v` is a valid label value: empty, or at most 63 letters, digits, `-`, `_`
+/// and `.`, starting and ending with a letter or digit; what is wrong, if not.
+pub fn label_value(v: &str) -> Result<(), String> {
+    if v.is_empty() {
+        return Ok(());
+    }
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    let ok = v.len() <= LABEL_MAX
+        && v.chars().all(|c| alnum(c) || matches!(c, '-' | '_' | '.'))
+        && v.starts_with(alnum)
+        && v.ends_with(alnum);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{v:?} must be at most {LABEL_MAX} letters, digits, '-', '_' and '.', starting and ending with a letter or digit (a label value)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cases of upstream's validation_test.go that apply, and their edges.
+    #[test]
+    fn names_and_label_values_as_the_api_server_checks_them() {
+        for ok in ["a", "0", "faultline", "a-b", "a1-2b", &"a".repeat(63)] {
+            assert_eq!(dns_label(ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", "a b", &"a".repeat(64)] {
+            assert!(dns_label(bad).is_err(), "{bad}");
+        }
+        for ok in ["a", "a.b", "gpu-node-1.example", &"a".repeat(253)] {
+            assert_eq!(dns_subdomain(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            ".a",
+            "a.",
+            "a..b",
+            "A.b",
+            "a_b",
+            "-a.b",
+            &"a".repeat(254),
+        ] {
+            assert!(dns_subdomain(bad).is_err(), "{bad}");
+        }
+        for ok in ["", "a", "A_b.c-D", "1", &"a".repeat(63)] {
+            assert_eq!(label_value(ok), Ok(()), "{ok}");
+        }
+        for bad in ["-a", "a_", "a b", "a/b", &"a".repeat(64)] {
+            assert!(label_value(bad).is_err(), "{bad}");
+        }
+    }
+}
