@@ -497,18 +497,23 @@ fn replica(asked: Option<String>) -> String {
 }
 
 /// A name not given by flag (a hostname may have capitals or `_`) made a DNS-1123
-/// subdomain: lowercase, anything else `-`, no `-` or `.` at either end.
+/// subdomain: each `.`-separated part lowercase, anything else `-`, no `-` at either end
+/// of a part, empty parts dropped. Too long a result is left for `check_names` to refuse.
 fn as_subdomain(s: &str) -> String {
-    let mapped: String = s
-        .chars()
-        .map(|c| match c.to_ascii_lowercase() {
-            c @ ('a'..='z' | '0'..='9' | '.') => c,
-            _ => '-',
+    s.split('.')
+        .map(|part| {
+            let mapped: String = part
+                .chars()
+                .map(|c| match c.to_ascii_lowercase() {
+                    c @ ('a'..='z' | '0'..='9') => c,
+                    _ => '-',
+                })
+                .collect();
+            mapped.trim_matches('-').to_string()
         })
-        .collect();
-    let mut out = mapped.trim_matches(['-', '.']).to_string();
-    out.truncate(names::SUBDOMAIN_MAX - "faultline-member-".len());
-    out.trim_end_matches(['-', '.']).replace("..", ".")
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 /// The names `name` and `replica` make (the member Lease, the last shard's last page),
@@ -688,6 +693,7 @@ mod tests {
         // A name not given by flag is made one.
         assert_eq!(as_subdomain("My_Host.Example."), "my-host.example");
         assert_eq!(as_subdomain("--x--"), "x");
+        assert_eq!(as_subdomain("a._b..c"), "a.b.c", "no part starts with '-'");
     }
 
     #[test]

@@ -13,6 +13,15 @@ fn alnum_lower(c: char) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit()
 }
 
+/// Lowercase letters, digits and `-`, starting and ending with a letter or digit (the
+/// rule of a DNS-1123 label, and of each part of a subdomain), any length.
+fn label_chars(l: &str) -> bool {
+    !l.is_empty()
+        && l.chars().all(|c| alnum_lower(c) || c == '-')
+        && l.starts_with(alnum_lower)
+        && l.ends_with(alnum_lower)
+}
+
 /// Whether `v` is a DNS-1123 label: 1 to 63 lowercase letters, digits and `-`, starting
 /// and ending with a letter or digit; what is wrong, if not.
 pub fn dns_label(v: &str) -> Result<(), String> {
@@ -21,10 +30,7 @@ pub fn dns_label(v: &str) -> Result<(), String> {
             "{v:?} must be 1 to {LABEL_MAX} characters (a DNS-1123 label)"
         ));
     }
-    let ok = v.chars().all(|c| alnum_lower(c) || c == '-')
-        && v.starts_with(alnum_lower)
-        && v.ends_with(alnum_lower);
-    if ok {
+    if label_chars(v) {
         Ok(())
     } else {
         Err(format!(
@@ -42,13 +48,7 @@ pub fn dns_subdomain(v: &str) -> Result<(), String> {
             "{v:?} must be 1 to {SUBDOMAIN_MAX} characters (a DNS-1123 subdomain)"
         ));
     }
-    let ok = v.split('.').all(|l| {
-        !l.is_empty()
-            && l.chars().all(|c| alnum_lower(c) || c == '-')
-            && l.starts_with(alnum_lower)
-            && l.ends_with(alnum_lower)
-    });
-    if ok {
+    if v.split('.').all(label_chars) {
         Ok(())
     } else {
         Err(format!(

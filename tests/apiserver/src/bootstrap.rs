@@ -1,6 +1,13 @@
 //! One way to start the server, for the tests of every crate, the benchmarks and the
 //! binary: [`spawn`] for an empty cluster on loopback, [`Bootstrap`] for one with
 //! namespaces, objects, manifests, RBAC or faults in place before the first request.
+//!
+//! Start-up only, no API behaviour of its own: the namespaces a server starts with are
+//! those kube-apiserver's system-namespaces controller makes
+//! (`pkg/controlplane/controller/systemnamespaces/system_namespaces_controller.go`,
+//! `default` and `kube-system`), and every namespace and object seeded here goes through
+//! the same create path, validation and admission a request does (nothing is written
+//! past them), so a seeded object kube-apiserver would refuse is refused here too.
 
 use std::net::SocketAddr;
 
