@@ -2,7 +2,8 @@
 # The manifests and images (issue 12): every kustomize overlay renders with `kubectl kustomize` and
 # validates strictly against the Kubernetes 1.30 schema (kubernetes-validate, PyPI);
 # the overlays say what they claim (Ascend sources and mounts, enforce turned on); the
-# Dockerfile passes hadolint and builds the images, binaries and version deploy/ names.
+# aggregator's RBAC follows its flags in each (scripts/gen-rbac.py); the Dockerfile
+# passes hadolint and builds the images, binaries and version deploy/ names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
@@ -21,10 +22,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+overlays=()
 for dir in deploy/overlays/*/; do
   o=$(basename "$dir")
   # A Component (overlays/enforce) is not built alone; the overlays that use it are.
   if grep -q '^kind: Component' "$dir/kustomization.yaml"; then continue; fi
+  overlays+=("deploy/overlays/$o")
   kubectl kustomize "$dir" >"$out/$o.yaml"
   validate -k 1.30.0 --strict --quiet "$out/$o.yaml"
   echo "deploy/overlays/$o: $(grep -c '^kind:' "$out/$o.yaml") objects, valid against 1.30"
@@ -45,6 +48,20 @@ expect nvidia-monitoring "kubernetes.io/metadata.name: monitoring"
 refuse nvidia "kind: PodMonitor"
 expect nvidia-enforce "--remediation=enforce"
 refuse nvidia-enforce "--remediation=dry-run"
+# RBAC follows the flags: in the base (the RBAC the end-to-end tests load) and in every
+# overlay, each publish namespace's Role names exactly the ConfigMaps that the
+# Deployment's --name, --shards and --pages make (common/src/fault.rs page_name), and
+# pods watch and delete are granted exactly when --watch-pod-health and
+# --force-delete-after-deadline are true (deploy/components/pod-health, force-delete).
+# A mismatch prints the command that regenerates the names.
+python3 scripts/gen-rbac.py --check deploy/base "${overlays[@]}" || {
+  echo "check-deploy: the aggregator's RBAC does not follow its flags (the fix is named above)" >&2
+  exit 1
+}
+# The check itself: a resized overlay, moved publish namespaces, a feature's flag without
+# its component and a component's rule without its flag must each fail, and
+# gen-rbac.py --write must fix each (sized variants rendered in a temporary directory).
+python3 scripts/gen-rbac.py --self-test
 # The consumer kit's example Job (consumers/): renders, validates, and exits on 42
 # without counting it against backoffLimit.
 kubectl kustomize consumers >"$out/consumers.yaml"
