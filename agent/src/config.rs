@@ -278,6 +278,17 @@ pub struct Args {
     /// Exit when a source cannot start instead of serving unknown and retrying.
     #[arg(long, env = "FAULTLINE_FAIL_ON_INIT_ERROR")]
     pub fail_on_init_error: bool,
+    /// A temperature change (C) smaller than this is not announced as a new document
+    /// (the API and metrics still show it; it goes out with the next refresh).
+    #[arg(long, env = "FAULTLINE_TEMP_DEADBAND", default_value_t = 2.0, value_parser = temperature)]
+    pub temp_deadband: f64,
+    /// A power change smaller than this share (0-1) of the last announced power (and a
+    /// watt) is not announced as a new document.
+    #[arg(long, env = "FAULTLINE_POWER_DEADBAND", default_value_t = 0.1)]
+    pub power_deadband: f64,
+    /// Readings that drifted within the deadbands are announced at most this often.
+    #[arg(long, env = "FAULTLINE_READINGS_REFRESH", default_value = "60s", value_parser = positive_duration)]
+    pub readings_refresh: Duration,
     /// Temperature (C) at or above which a device is degraded.
     #[arg(long, env = "FAULTLINE_TEMP_THRESHOLD", default_value_t = 85.0, value_parser = temperature)]
     pub temp_threshold: f64,
@@ -338,6 +349,7 @@ pub struct Config {
     pub node_file: Option<PathBuf>,
     pub fail_on_init_error: bool,
     pub thresholds: Thresholds,
+    pub deadband: crate::deadband::Deadband,
     pub xid_policy: XidPolicy,
     pub log_json: bool,
     /// The Ascend fault-code table in force (built-in, with the site's overrides).
@@ -455,6 +467,11 @@ impl Config {
             thresholds: Thresholds {
                 temp_degraded_c: a.temp_threshold,
                 roce_down_failed: a.roce_link_down == RoceLinkDown::Failed,
+            },
+            deadband: crate::deadband::Deadband {
+                temperature_c: a.temp_deadband.max(0.0),
+                power_share: a.power_deadband.clamp(0.0, 1.0),
+                refresh: a.readings_refresh,
             },
             davinci_dir: a.davinci_dir,
             fault_codes: std::sync::Arc::new(fault_codes(a.ascend_fault_codes.as_deref())?),

@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod config;
+pub mod deadband;
 pub mod metrics;
 pub mod node_file;
 pub mod reaper;
@@ -70,6 +71,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
             cache_ttl: cfg.cache_ttl,
             thresholds: cfg.thresholds,
             xid_policy: cfg.xid_policy.clone(),
+            deadband: cfg.deadband,
         },
         metrics.clone(),
     );

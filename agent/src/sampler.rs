@@ -346,6 +346,7 @@ mod tests {
                     cache_ttl: Duration::from_secs(60),
                     thresholds: faultline_common::Thresholds::default(),
                     xid_policy: faultline_common::XidPolicy::default(),
+                    deadband: Default::default(),
                 },
                 metrics.clone(),
             );

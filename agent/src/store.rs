@@ -19,6 +19,7 @@ use faultline_common::{
 };
 use tokio::sync::watch;
 
+use crate::deadband::Deadband;
 use crate::metrics::Metrics;
 use crate::sources::{EventSink, ProbeError, SourceSample};
 
@@ -43,10 +44,16 @@ pub struct StoreConfig {
     pub cache_ttl: Duration,
     pub thresholds: Thresholds,
     pub xid_policy: XidPolicy,
+    /// When a new reading is announced as a new generation.
+    pub deadband: Deadband,
 }
 
 struct Cached {
+    /// The latest reading (what the document shows).
     reading: DeviceReading,
+    /// The reading as of the last generation: a new one moves the generation only
+    /// past the deadband.
+    announced: DeviceReading,
     at: Instant,
     at_ms: u64,
     /// Since when the device is absent from its source's successful samples.
@@ -73,6 +80,9 @@ struct Inner {
     sources: BTreeMap<&'static str, SourceState>,
     events: VecDeque<XidEvent>,
     generation: u64,
+    /// When the generation last moved (drift within the deadband waits for a refresh
+    /// after it).
+    announced_at: Instant,
     /// Per device: stale or not, and its Xid verdict, at the last upkeep.
     timed: TimedView,
 }
@@ -109,6 +119,7 @@ impl Store {
                 sources: BTreeMap::new(),
                 events: VecDeque::new(),
                 generation: 1,
+                announced_at: Instant::now(),
                 timed: BTreeMap::new(),
             }),
             generation,
@@ -134,6 +145,12 @@ impl Store {
     }
 
     fn bump(&self, inner: &mut Inner) {
+        inner.announced_at = self.now().0;
+        for c in inner.devices.values_mut() {
+            if c.announced != c.reading {
+                c.announced = c.reading.clone();
+            }
+        }
         inner.generation += 1;
         self.generation.send_replace(inner.generation);
     }
@@ -206,7 +223,11 @@ impl Store {
                     }
                 }
                 Some(c) => {
-                    changed |= c.reading != reading || c.missing_since.is_some();
+                    changed |= c.missing_since.is_some()
+                        || self
+                            .cfg
+                            .deadband
+                            .moved(&c.announced, &reading, &self.cfg.thresholds);
                     c.reading = reading;
                     c.at = now;
                     c.at_ms = now_ms;
@@ -217,6 +238,7 @@ impl Store {
                     inner.devices.insert(
                         reading.id.clone(),
                         Cached {
+                            announced: reading.clone(),
                             reading,
                             at: now,
                             at_ms: now_ms,
@@ -359,7 +381,10 @@ impl Store {
                 (id.clone(), (stale, v.map(|v| (v.status, v.reason))))
             })
             .collect();
-        if view != inner.timed || before != inner.events.len() || forgotten {
+        // Readings that drifted within the deadband, once a refresh has passed.
+        let drifted = now.duration_since(inner.announced_at) >= self.cfg.deadband.refresh
+            && inner.devices.values().any(|c| c.announced != c.reading);
+        if view != inner.timed || before != inner.events.len() || forgotten || drifted {
             inner.timed = view;
             self.bump(&mut inner);
         }
@@ -525,6 +550,7 @@ mod tests {
                 cache_ttl: Duration::from_millis(ttl_ms),
                 thresholds: Thresholds::default(),
                 xid_policy: policy,
+                deadband: Deadband::default(),
             },
             Arc::new(Metrics::new()),
         )
@@ -676,6 +702,40 @@ mod tests {
         assert_eq!(s.render().unattributed_xids.len(), 1);
     }
 
+    /// Issue 25: power and temperature noise within the deadband moves no generation
+    /// (the document shows the latest reading all the same); a step past it does at
+    /// once, and the drift goes out at the refresh.
+    #[test]
+    fn reading_noise_waits_for_the_refresh_and_a_step_goes_out_at_once() {
+        let s = store(60_000, XidPolicy::default());
+        let at = |temp: f64, power: f64| {
+            let mut r = reading("gpu0", "0000:18:00.0");
+            r.temperature_c = Some(temp);
+            r.power_w = Some(power);
+            sample(vec![r])
+        };
+        s.apply_sample("nvml", at(50.0, 400.0));
+        s.tick();
+        let g = s.generation();
+        for (i, p) in [401.3, 398.7, 412.0, 395.5].iter().enumerate() {
+            s.apply_sample("nvml", at(50.0 + i as f64 * 0.4, *p));
+            s.tick();
+        }
+        assert_eq!(s.generation(), g, "noise moved the generation");
+        let doc = s.render();
+        assert_eq!(
+            doc.npus[0].reading.power_w,
+            Some(395.5),
+            "the latest reading shown"
+        );
+        s.advance_clock(Duration::from_secs(61));
+        s.apply_sample("nvml", at(51.0, 396.0));
+        s.tick();
+        assert_eq!(s.generation(), g + 1, "the drift went out at the refresh");
+        s.apply_sample("nvml", at(51.0, 460.0));
+        assert_eq!(s.generation(), g + 2, "a step past the band at once");
+    }
+
     #[test]
     fn rendering_leaves_the_metrics_alone() {
         let metrics = Arc::new(Metrics::new());
@@ -685,6 +745,7 @@ mod tests {
                 cache_ttl: Duration::from_secs(60),
                 thresholds: Thresholds::default(),
                 xid_policy: XidPolicy::default(),
+                deadband: Deadband::default(),
             },
             metrics.clone(),
         );

@@ -162,9 +162,11 @@ pub struct PublishArgs {
     /// (beside a write of other shards in flight; the file sink: of its one document).
     #[arg(long, env = "FAULTLINE_URGENT_SPACING", default_value = "200ms", value_parser = positive_duration)]
     pub urgent_spacing: Duration,
-    /// Rewrite an unchanged document this often, so readers can tell it is alive.
-    #[arg(long, env = "FAULTLINE_HEARTBEAT", default_value = "30s", value_parser = positive_duration)]
-    pub heartbeat: Duration,
+    /// A shard whose entries moved without a change of status (readings, an agent's last
+    /// contact) is rewritten at most this often; a page whose content did not change is
+    /// never rewritten. Liveness is the shard's Lease, not a rewrite.
+    #[arg(long, alias = "heartbeat", env = "FAULTLINE_REFRESH", default_value = "10m", value_parser = positive_duration)]
+    pub refresh: Duration,
     /// Pods nudged per second after a device on their node turns degraded or failed, so
     /// kubelet refreshes their mounted fault.json at once (0: off).
     #[arg(long, env = "FAULTLINE_NUDGE_RATE", default_value_t = 20.0)]
@@ -393,7 +395,7 @@ pub struct Config {
     pub listen: SocketAddr,
     pub write_interval: Duration,
     pub urgent_spacing: Duration,
-    pub heartbeat: Duration,
+    pub refresh: Duration,
     pub replica: String,
     pub log_json: bool,
     /// `--runtime-threads`.
@@ -609,7 +611,7 @@ impl Config {
             listen: a.listen,
             write_interval: p.write_interval,
             urgent_spacing: p.urgent_spacing,
-            heartbeat: p.heartbeat,
+            refresh: p.refresh,
             replica,
             log_json: a.log_format == LogFormat::Json,
             runtime_threads: a.runtime_threads,

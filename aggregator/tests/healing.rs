@@ -211,6 +211,7 @@ async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
                 .holds("GPU-xyz", "Unknown"),
         )
         .agents_flag(NO_AGENT)
+        .component("pod-health")
         .start()
         .await;
     let server = &w.server;

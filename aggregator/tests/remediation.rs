@@ -724,7 +724,13 @@ async fn an_expired_quarantine_is_extended_and_a_partial_release_keeps_the_rest(
 /// force deletion configured, it is deleted instead, once.
 #[tokio::test]
 async fn force_deletion_past_the_deadline_only_when_configured() {
-    let (server, client) = setup().await;
+    // The force-delete component grants `pods delete` with the flag that turns it on.
+    let w = Scenario::new()
+        .node(NodeFixture::shared("gpu-1"))
+        .component("force-delete")
+        .start()
+        .await;
+    let (server, client) = (w.server, kube_client(&w.kube));
     pod("guarded", true, Some("GPU-1234")).create(&server);
     server
         .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))

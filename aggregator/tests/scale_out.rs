@@ -156,8 +156,8 @@ fn replica(kube: &str, name: &str, agents: &str) -> Replica {
     let mut args = Launch::configmap(kube, name, SHARDS)
         .args(&["--agents", agents, "--remediation", "off"])
         .args(&["--pages", &PAGES.to_string()])
-        // No heartbeat within the test: every write is one the test can account for.
-        .args(&["--heartbeat", "300s"])
+        // No refresh within the test: every write is one the test can account for.
+        .args(&["--refresh", "300s"])
         .into_args();
     let at = args.iter().position(|a| a == "--listen").unwrap() + 1;
     args[at] = format!("127.0.0.1:{port}");

@@ -4,7 +4,8 @@
 //! needs no lock.
 //!
 //! Writes: a document is written at most every `--write-interval` (jittered up to
-//! +20%), and an unchanged one every `--heartbeat`, one write at a time; a shard where a
+//! +20%), and a shard whose nodes did not change every `--refresh` (its unchanged pages
+//! are not written at all), one write at a time; a shard where a
 //! device turned failed by an urgent write of its own, `--urgent-spacing` after that
 //! shard's last write, beside the other write if one is in flight (the file sink: its
 //! one document, after the previous write). A failed write is retried by the next round.

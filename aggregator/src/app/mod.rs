@@ -429,7 +429,7 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
     let timing = WriteTiming {
         interval: cfg.write_interval,
         urgent_spacing: cfg.urgent_spacing,
-        heartbeat: cfg.heartbeat,
+        refresh: cfg.refresh,
         reconcile: cfg.reconcile_interval,
         shutdown: cfg.shutdown_timeout,
     };

@@ -2,9 +2,10 @@
 //! from the loop that carries the writes out). Pure: every method takes `now`, and the
 //! caller passes the jittered spacing, so the tests move time themselves.
 //!
-//! A document is written at most every `--write-interval` (jittered), and an unchanged
-//! one every `--heartbeat`, one write at a time; each shard has its own heartbeat, spread
-//! over the period. A shard where a device turned failed gets an urgent write of its
+//! A document is written at most every `--write-interval` (jittered), and a shard
+//! whose nodes did not change every `--refresh` (the sink then writes only the pages
+//! whose content moved: readings, an agent's last contact; issue 25), one write at a
+//! time; each shard has its own refresh, spread over the period. A shard where a device turned failed gets an urgent write of its
 //! own, `--urgent-spacing` after that shard's last write, beside the other write if one
 //! is in flight (the file sink, which has no shards: its one document, after the previous
 //! write). A shard just taken is written at once, and with fair sharing only once it is
@@ -20,8 +21,8 @@ pub struct WriteTiming {
     pub interval: Duration,
     /// `--urgent-spacing`.
     pub urgent_spacing: Duration,
-    /// `--heartbeat`.
-    pub heartbeat: Duration,
+    /// `--refresh`.
+    pub refresh: Duration,
     /// `--reconcile-interval`.
     pub reconcile: Duration,
     /// `--shutdown-timeout`.
@@ -35,7 +36,7 @@ pub struct WritePlan {
     pub urgent: BTreeSet<u32>,
     /// Shards whose nodes changed.
     pub changed: BTreeSet<u32>,
-    /// Shards written: the changed ones and those due their heartbeat.
+    /// Shards written: the changed ones and those due their refresh.
     pub include: BTreeSet<u32>,
     /// Every shard held (the first write, a final write, after a failed write).
     pub whole: bool,
@@ -60,8 +61,8 @@ pub struct WriteSchedule {
     /// Something other than a node's change is due (the first write, a final write, a
     /// failed write): the next write covers every shard held.
     whole: bool,
-    /// When each shard was last written (its heartbeat counts from it), spread over the
-    /// heartbeat period, so that no write carries every shard at once (issue 11).
+    /// When each shard was last written (its refresh counts from it), spread over the
+    /// refresh period, so that no write carries every shard at once (issue 11).
     written: HashMap<u32, Instant>,
     /// When the last (non-urgent) write started; `None`: due at once.
     last_write: Option<Instant>,
@@ -78,7 +79,7 @@ pub struct WriteSchedule {
 
 /// When the next write is due after one at `last` (`None`: now): `urgent_spacing`
 /// after it when a device turned failed since, `spacing` (the jittered interval) when
-/// anything else changed, and otherwise a heartbeat after the write of the shard
+/// anything else changed, and otherwise a refresh after the write of the shard
 /// written longest ago (`oldest`), never sooner than `spacing`. Changes between two
 /// writes are one write: urgency and dirtiness are flags, not a queue.
 pub fn write_due(
@@ -95,18 +96,18 @@ pub fn write_due(
     } else if dirty {
         last + spacing
     } else {
-        let beat = oldest.unwrap_or(last) + t.heartbeat;
+        let beat = oldest.unwrap_or(last) + t.refresh;
         beat.max(last + spacing)
     };
     Some(at)
 }
 
-/// The shards of `held` whose heartbeat is due at `now`: never written, or last
-/// written a heartbeat ago.
-fn heartbeat_due(
+/// The shards of `held` whose refresh is due at `now`: never written, or last
+/// written a refresh ago.
+fn refresh_due(
     held: &[u32],
     written: &HashMap<u32, Instant>,
-    heartbeat: Duration,
+    refresh: Duration,
     now: Instant,
 ) -> BTreeSet<u32> {
     held.iter()
@@ -114,18 +115,18 @@ fn heartbeat_due(
         .filter(|s| {
             written
                 .get(s)
-                .is_none_or(|t| now.saturating_duration_since(*t) >= heartbeat)
+                .is_none_or(|t| now.saturating_duration_since(*t) >= refresh)
         })
         .collect()
 }
 
-/// After a write of every shard in `shards` at `now`: their heartbeats spread evenly
+/// After a write of every shard in `shards` at `now`: their refreshes spread evenly
 /// over the next period (the i-th of n counts as written i/n of a period earlier), so
 /// the next ones come a shard or two at a time.
-fn spread(shards: &[u32], written: &mut HashMap<u32, Instant>, heartbeat: Duration, now: Instant) {
+fn spread(shards: &[u32], written: &mut HashMap<u32, Instant>, refresh: Duration, now: Instant) {
     let n = shards.len().max(1) as u32;
     for (i, s) in shards.iter().enumerate() {
-        let back = heartbeat * (i as u32) / n;
+        let back = refresh * (i as u32) / n;
         written.insert(*s, now.checked_sub(back).unwrap_or(now));
     }
 }
@@ -287,15 +288,15 @@ impl WriteSchedule {
 
     /// A write at `now` of the shards `held`: every shard when asked for and after a
     /// failed write (it may have been any); else the shards whose nodes changed and
-    /// those due their heartbeat. The urgent shards it carries are urgent no more.
+    /// those due their refresh. The urgent shards it carries are urgent no more.
     /// `next_spacing` is the jittered interval before the write after it.
     pub fn take_write(&mut self, held: &[u32], now: Instant, next_spacing: Duration) -> WritePlan {
         let whole = self.whole;
         let changed = std::mem::take(&mut self.changed);
-        let due = heartbeat_due(held, &self.written, self.timing.heartbeat, now);
+        let due = refresh_due(held, &self.written, self.timing.refresh, now);
         let include: BTreeSet<u32> = changed.union(&due).copied().collect();
         if whole {
-            spread(held, &mut self.written, self.timing.heartbeat, now);
+            spread(held, &mut self.written, self.timing.refresh, now);
         } else {
             for s in &include {
                 self.written.insert(*s, now);

@@ -6,7 +6,7 @@ fn timing() -> WriteTiming {
     WriteTiming {
         interval: Duration::from_secs(1),
         urgent_spacing: Duration::from_millis(50),
-        heartbeat: Duration::from_secs(30),
+        refresh: Duration::from_secs(30),
         reconcile: Duration::from_secs(10),
         shutdown: Duration::from_secs(20),
     }
@@ -24,7 +24,7 @@ fn set(s: &[u32]) -> BTreeSet<u32> {
 
 /// Issue 14, guardrail 9: a failed device is written `--urgent-spacing` after the
 /// last write, whatever the interval; other changes wait for the jittered interval;
-/// nothing changed waits for the heartbeat; the first write is at once.
+/// nothing changed waits for the refresh; the first write is at once.
 #[test]
 fn write_scheduling() {
     let t = timing();
@@ -44,13 +44,13 @@ fn write_scheduling() {
     );
     assert_eq!(
         write_due(Some(last), false, false, spacing, &t, Some(last)),
-        Some(last + t.heartbeat)
+        Some(last + t.refresh)
     );
     // The shard written longest ago decides, but never sooner than the interval.
     let earlier = last - Duration::from_secs(20);
     assert_eq!(
         write_due(Some(last), false, false, spacing, &t, Some(earlier)),
-        Some(earlier + t.heartbeat)
+        Some(earlier + t.refresh)
     );
     let long_ago = last - Duration::from_secs(60);
     assert_eq!(
@@ -59,23 +59,23 @@ fn write_scheduling() {
     );
 }
 
-/// Issue 11: after a write of every shard, the shards' heartbeats are spread over
+/// Issue 11: after a write of every shard, the shards' refreshs are spread over
 /// the period, so each later write carries one or two shards, never all; a shard
 /// never written is due at once.
 #[test]
-fn heartbeats_are_spread_over_the_period() {
+fn refreshs_are_spread_over_the_period() {
     let beat = Duration::from_secs(30);
     let now = Instant::now() + Duration::from_secs(100);
     let shards: Vec<u32> = (0..32).collect();
     let mut written = HashMap::new();
-    assert_eq!(heartbeat_due(&shards, &written, beat, now).len(), 32);
+    assert_eq!(refresh_due(&shards, &written, beat, now).len(), 32);
     spread(&shards, &mut written, beat, now);
-    assert!(heartbeat_due(&shards, &written, beat, now).is_empty());
+    assert!(refresh_due(&shards, &written, beat, now).is_empty());
     // Each second of the next period finds about one shard due.
     let mut most = 0;
     for sec in 1..=30 {
         let at = now + Duration::from_secs(sec);
-        let due = heartbeat_due(&shards, &written, beat, at);
+        let due = refresh_due(&shards, &written, beat, at);
         for s in &due {
             written.insert(*s, at);
         }
@@ -83,7 +83,7 @@ fn heartbeats_are_spread_over_the_period() {
     }
     assert!(most <= 2, "{most} shards due at once");
     assert!(
-        heartbeat_due(&shards, &written, beat, now + Duration::from_secs(30)).is_empty(),
+        refresh_due(&shards, &written, beat, now + Duration::from_secs(30)).is_empty(),
         "every shard written within the period"
     );
 }
@@ -100,9 +100,9 @@ fn the_first_write_is_whole_then_only_changed_shards() {
     assert_eq!(
         p.include,
         set(&[0, 1, 2]),
-        "never written: due their heartbeat"
+        "never written: due their refresh"
     );
-    // Nothing changed: the next is a heartbeat away (the spread's oldest shard).
+    // Nothing changed: the next is a refresh away (the spread's oldest shard).
     assert!(s.due().is_some_and(|d| d > t0 + SPACING));
     s.changed(Some(2));
     assert_eq!(s.due(), Some(t0 + SPACING));

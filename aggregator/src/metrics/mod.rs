@@ -37,6 +37,7 @@ pub struct Metrics {
     writes_superseded: Family<ShardLabel, Counter>,
     write_conflicts: Family<SinkLabels, Counter>,
     invalid_keys: Counter,
+    pages_unchanged: Counter,
     lease_held: Family<ShardLabel, Gauge>,
     lease_errors: Counter,
     shards_held: Gauge,
@@ -96,6 +97,7 @@ impl Metrics {
             writes_superseded: Family::default(),
             write_conflicts: Family::default(),
             invalid_keys: Counter::default(),
+            pages_unchanged: Counter::default(),
             lease_held: Family::default(),
             lease_errors: Counter::default(),
             shards_held: Gauge::default(),
@@ -235,6 +237,11 @@ impl Metrics {
             m.invalid_keys.clone(),
         );
         registry.register(
+            "configmap_pages_unchanged",
+            "Shard ConfigMap pages not written: their content is what this replica last wrote",
+            m.pages_unchanged.clone(),
+        );
+        registry.register(
             "discovery_errors",
             "Node list requests that failed",
             m.discovery_errors.clone(),
@@ -361,7 +368,12 @@ impl Metrics {
             .inc();
     }
 
-    /// Node entries left out of a shard: not valid ConfigMap keys.
+    /// A shard ConfigMap page not written: unchanged since this replica wrote it.
+    pub fn page_unchanged(&self, _shard: u32) {
+        self.pages_unchanged.inc();
+    }
+
+    /// Node entries left out of a shard: their key is not valid.
     pub fn invalid_keys(&self, n: usize) {
         self.invalid_keys.inc_by(n as u64);
     }

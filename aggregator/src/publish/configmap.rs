@@ -61,9 +61,20 @@ pub struct ConfigMapSink {
     name: String,
     /// ConfigMaps per shard (`--pages`).
     pages: u32,
-    /// Per shard and page: the resourceVersion and sequence of our last write.
-    last: Mutex<HashMap<(u32, u32), (String, u64)>>,
+    /// Per shard and page: our last write.
+    last: Mutex<HashMap<(u32, u32), Known>>,
     metrics: Option<std::sync::Arc<Metrics>>,
+}
+
+/// A page as this replica last wrote it.
+#[derive(Debug, Clone)]
+struct Known {
+    /// Its resourceVersion.
+    rv: String,
+    /// The shard's sequence it carried (page 0) or continued.
+    sequence: u64,
+    /// Its content fingerprint ([`PageBody::content`]).
+    content: u64,
 }
 
 /// The ConfigMap of a shard (its page 0).
@@ -119,25 +130,67 @@ fn page_entries(
     Ok(skipped)
 }
 
+/// A page's ConfigMap as encoded by [`page_body`].
+#[derive(Debug)]
+pub struct PageBody {
+    /// The ConfigMap's JSON.
+    pub body: Vec<u8>,
+    /// The bytes of its keys and values as the API counts them (unescaped).
+    pub bytes: usize,
+    /// The nodes left out (their key is not a valid ConfigMap key).
+    pub skipped: Vec<String>,
+    /// What the page says, without when it was written or its sequence (issue 25: a
+    /// page whose content did not change is not written again): FNV-1a over each key
+    /// and value, the index taken without its `timestamp` and `sequence`.
+    pub content: u64,
+}
+
+/// FNV-1a folded over what is written through it.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn add(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+impl std::io::Write for Fnv {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.add(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// The JSON of a `ConfigMap` with `meta` and the keys of page `page` of `pages` of a
 /// shard, encoded in one pass: each value is serialized straight into its escaped form
 /// in the body (issue 11: a value serialized to a string, kept in a map and escaped
 /// again by the ConfigMap's encoding was two passes over, and a copy of, every byte of
-/// a heartbeat write). The body, the bytes of its keys and values as the API counts
-/// them (unescaped), and the nodes left out.
+/// a write), with the page's content fingerprint.
 pub fn page_body(
     meta: &ObjectMeta,
     doc: &FaultDocument,
     page: u32,
     pages: u32,
     sequence: u64,
-) -> Result<(Vec<u8>, usize, Vec<String>), serde_json::Error> {
+) -> Result<PageBody, serde_json::Error> {
     let mut out = Vec::with_capacity(64 << 10);
     out.extend_from_slice(br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":"#);
     serde_json::to_writer(&mut out, meta)?;
     out.extend_from_slice(br#","data":{"#);
     let mut bytes = 0;
     let mut first = true;
+    let mut content = Fnv::new();
     let skipped = page_entries(doc, page, pages, sequence, |key, value| {
         if !std::mem::take(&mut first) {
             out.push(b',');
@@ -150,11 +203,24 @@ pub fn page_body(
         let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
         serde::Serialize::serialize(&value, &mut ser)?;
         bytes += key.len() + out.len() - start - added;
+        content.add(key.as_bytes());
+        match &value {
+            // The index without its timestamp and sequence: what it says of the shard.
+            Value::Index(i) => {
+                serde_json::to_writer(&mut content, &(&i.writer, i.shards, &i.summary, &i.nodes))?
+            }
+            Value::Node(_) => content.add(&out[start..]),
+        }
         out.push(b'"');
         Ok(())
     })?;
     out.extend_from_slice(b"}}");
-    Ok((out, bytes, skipped))
+    Ok(PageBody {
+        body: out,
+        bytes,
+        skipped,
+        content: content.0,
+    })
 }
 
 /// A JSON formatter whose output is already escaped as the content of a JSON string
@@ -285,7 +351,9 @@ impl ConfigMapSink {
 
     /// One page of a shard, with optimistic concurrency: the first write since taking
     /// the shard continues the sequence already published (page 0 carries it; the
-    /// others have none, and their sequence is never read).
+    /// others have none, and their sequence is never read). A page whose content is what
+    /// this replica last wrote is not written again (issue 25: every write of a page
+    /// reaches every watcher of it; a rewrite that says nothing new is pure cost).
     async fn write_page(
         &self,
         doc: &FaultDocument,
@@ -294,18 +362,38 @@ impl ConfigMapSink {
     ) -> Result<usize, WriteError> {
         let shard = doc.shard;
         let cm_name = page_name(&self.name, shard, page);
-        let (mut rv, mut seq) = self.known(shard, page).await?;
+        let (mut rv, mut seq, last) = self.known(shard, page).await?;
         for attempt in 0..3 {
             let sequence = seq + 1;
             let meta = Self::meta(&cm_name, rv.clone(), shard, page);
-            let (body, bytes) = self.page_body(&meta, doc, page, attempt, sequence)?;
+            let page_body = self.page_body(&meta, doc, page, attempt, sequence)?;
+            if attempt == 0 && last == Some(page_body.content) {
+                if let Some(m) = &self.metrics {
+                    m.page_unchanged(shard);
+                }
+                if page == 0 {
+                    held.note_published(shard, seq);
+                }
+                return Ok(0);
+            }
             match self
-                .put_fenced(&cm_name, shard, rv.is_some(), body, held)
+                .put_fenced(&cm_name, shard, rv.is_some(), page_body.body, held)
                 .await
             {
                 Ok(new_rv) => {
-                    self.remember(shard, page, new_rv, sequence);
-                    return Ok(bytes);
+                    if page == 0 {
+                        held.note_published(shard, sequence);
+                    }
+                    self.remember(
+                        shard,
+                        page,
+                        Known {
+                            rv: new_rv,
+                            sequence,
+                            content: page_body.content,
+                        },
+                    );
+                    return Ok(page_body.bytes);
                 }
                 // Written in between (or created already): read again and retry.
                 Err(WriteError::Api(kube::Error::Api(s))) if s.code == 409 && attempt < 2 => {
@@ -328,28 +416,42 @@ impl ConfigMapSink {
         Err(WriteError::Conflict(shard))
     }
 
-    /// The resourceVersion and sequence of a page: ours from the last write, else read.
-    async fn known(&self, shard: u32, page: u32) -> Result<(Option<String>, u64), WriteError> {
+    /// The resourceVersion, sequence and content of a page: ours from the last write,
+    /// else read (its content then unknown: the first write after reading writes).
+    async fn known(
+        &self,
+        shard: u32,
+        page: u32,
+    ) -> Result<(Option<String>, u64, Option<u64>), WriteError> {
         let cached = self.last.locked().get(&(shard, page)).cloned();
         Ok(match cached {
-            Some((rv, seq)) => (Some(rv), seq),
+            Some(k) => (Some(k.rv), k.sequence, Some(k.content)),
             None => match self
                 .api
                 .get_opt(&page_name(&self.name, shard, page))
                 .await?
             {
-                Some(cm) => (cm.metadata.resource_version.clone(), Self::sequence_in(&cm)),
-                None => (None, 0),
+                Some(cm) => (
+                    cm.metadata.resource_version.clone(),
+                    Self::sequence_in(&cm),
+                    None,
+                ),
+                None => (None, 0, None),
             },
         })
     }
 
-    fn remember(&self, shard: u32, page: u32, rv: String, seq: u64) {
-        self.last.locked().insert((shard, page), (rv, seq));
+    /// The sequence of shard `shard` as this replica last wrote it (page 0), if it did.
+    pub fn sequence(&self, shard: u32) -> Option<u64> {
+        self.last.locked().get(&(shard, 0)).map(|k| k.sequence)
     }
 
-    /// The body of a page's ConfigMap and the bytes of its keys, within the limit
-    /// (skipped keys counted and logged on the first attempt).
+    fn remember(&self, shard: u32, page: u32, known: Known) {
+        self.last.locked().insert((shard, page), known);
+    }
+
+    /// The body of a page's ConfigMap, within the limit (skipped keys counted and logged
+    /// on the first attempt).
     fn page_body(
         &self,
         meta: &ObjectMeta,
@@ -357,19 +459,22 @@ impl ConfigMapSink {
         page: u32,
         attempt: u32,
         sequence: u64,
-    ) -> Result<(Vec<u8>, usize), WriteError> {
+    ) -> Result<PageBody, WriteError> {
         let shard = doc.shard;
-        let (body, bytes, skipped) = page_body(meta, doc, page, self.pages, sequence)?;
-        if !skipped.is_empty() && attempt == 0 {
+        let body = page_body(meta, doc, page, self.pages, sequence)?;
+        if !body.skipped.is_empty() && attempt == 0 {
             if let Some(m) = &self.metrics {
-                m.invalid_keys(skipped.len());
+                m.invalid_keys(body.skipped.len());
             }
-            tracing::warn!(shard, nodes = ?skipped, "node names that are not valid ConfigMap keys: left out of the shard");
+            tracing::warn!(shard, nodes = ?body.skipped, "node names that are not valid ConfigMap keys: left out of the shard");
         }
-        if bytes > MAX_BYTES {
-            return Err(WriteError::TooLarge { shard, bytes });
+        if body.bytes > MAX_BYTES {
+            return Err(WriteError::TooLarge {
+                shard,
+                bytes: body.bytes,
+            });
         }
-        Ok((body, bytes))
+        Ok(body)
     }
 
     /// Write one ConfigMap if this replica still holds the shard (checked right before
@@ -544,8 +649,19 @@ mod tests {
             let mut seen = Vec::new();
             for page in 0..pages {
                 let meta = ConfigMapSink::meta("fl-shard-0", Some("42".into()), 0, page);
-                let (body, bytes, skipped) = page_body(&meta, &doc, page, pages, 9).unwrap();
+                let PageBody {
+                    body,
+                    bytes,
+                    skipped,
+                    content,
+                } = page_body(&meta, &doc, page, pages, 9).unwrap();
                 assert!(skipped.is_empty());
+                // The content is what the page says, not when or as which sequence.
+                let mut later = doc.clone();
+                later.timestamp = "2030-01-01T00:00:00.000Z".into();
+                let again = page_body(&meta, &later, page, pages, 10).unwrap();
+                assert_eq!(again.content, content);
+                assert_eq!(page == 0, again.body != body, "only the index says when");
                 let cm: ConfigMap = serde_json::from_slice(&body).unwrap();
                 let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
                 assert_eq!(
@@ -568,11 +684,22 @@ mod tests {
                 assert_eq!(page == 0, data.contains_key("fault.json"));
                 seen.extend(data.keys().filter(|k| *k != "fault.json").cloned());
             }
+            // A node's entry that changes changes the content of its page.
+            let mut moved = doc.clone();
+            moved.nodes.get_mut(&names[5]).unwrap().npus[1].reason = Some("xid-48".into());
+            let page = page_of(&names[5], doc.shards, pages);
+            let meta = ConfigMapSink::meta("fl-shard-0", None, 0, page);
+            assert_ne!(
+                page_body(&meta, &moved, page, pages, 9).unwrap().content,
+                page_body(&meta, &doc, page, pages, 9).unwrap().content
+            );
             seen.sort();
             let all: Vec<String> = names.iter().map(|n| format!("{n}.json")).collect();
             assert_eq!(seen, all, "each node on one page of {pages}");
         }
-        let (body, ..) = page_body(&ObjectMeta::default(), &doc, 0, 1, 9).unwrap();
+        let body = page_body(&ObjectMeta::default(), &doc, 0, 1, 9)
+            .unwrap()
+            .body;
         let cm: ConfigMap = serde_json::from_slice(&body).unwrap();
         let entry: NodeFaults =
             serde_json::from_str(&cm.data.unwrap()[&format!("{}.json", names[3])]).unwrap();

@@ -4,7 +4,7 @@
 
 use faultline_common::fault::shard_of;
 
-use super::lease::Held;
+use super::held::Held;
 
 /// The right to write for one node: its shard's Lease as held by this replica, asked
 /// right before every write, so a pass that loses the Lease stops where it is.

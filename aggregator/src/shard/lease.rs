@@ -13,20 +13,20 @@
 //! from its last published document (through [`SeedSource`]) before this replica
 //! writes it, so a change of holder changes no published status.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use faultline_common::fault::NodeFaults;
-use faultline_common::sync::Locked;
 use futures_util::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::held::Held;
 use super::plan::{plan, Listing, Observer, PlanInput, Record, ShardView};
 use crate::metrics::Metrics;
 use crate::model::{FinalWrite, Takeover};
@@ -49,80 +49,6 @@ impl Default for LeaseConfig {
             retry: Duration::from_secs(2),
             margin: Duration::from_secs(3),
         }
-    }
-}
-
-/// Which shards this replica holds, and until when (its own clock). Followers of the
-/// agents watch the set (`subscribe`): a replica follows only its shards' nodes.
-#[derive(Clone)]
-pub struct Held {
-    inner: Arc<Mutex<BTreeMap<u32, Instant>>>,
-    changes: Arc<watch::Sender<BTreeSet<u32>>>,
-}
-
-impl Default for Held {
-    fn default() -> Self {
-        Held {
-            inner: Arc::default(),
-            changes: Arc::new(watch::channel(BTreeSet::new()).0),
-        }
-    }
-}
-
-impl Held {
-    /// The set of shards held, as it changes (grants and releases, not expiry).
-    pub fn subscribe(&self) -> watch::Receiver<BTreeSet<u32>> {
-        self.changes.subscribe()
-    }
-
-    /// The shards granted and not released, whether or not their hold has run out on
-    /// this replica's clock (the set [`Held::subscribe`] sends).
-    pub fn keys(&self) -> BTreeSet<u32> {
-        self.changes.borrow().clone()
-    }
-
-    /// Whether this replica may write `shard` now.
-    pub fn holds(&self, shard: u32) -> bool {
-        self.inner
-            .locked()
-            .get(&shard)
-            .is_some_and(|until| Instant::now() < *until)
-    }
-
-    /// Shards held now.
-    pub fn shards(&self) -> Vec<u32> {
-        let now = Instant::now();
-        self.inner
-            .locked()
-            .iter()
-            .filter(|(_, u)| now < **u)
-            .map(|(s, _)| *s)
-            .collect()
-    }
-
-    /// Count `shard` as held until `until` (what a successful renewal does; also for
-    /// tests of the writers).
-    pub fn grant(&self, shard: u32, until: Instant) {
-        self.set(shard, Some(until));
-    }
-
-    fn set(&self, shard: u32, until: Option<Instant>) {
-        let mut g = self.inner.locked();
-        match until {
-            Some(u) => {
-                g.insert(shard, u);
-            }
-            None => {
-                g.remove(&shard);
-            }
-        }
-        let keys: BTreeSet<u32> = g.keys().copied().collect();
-        drop(g);
-        self.changes.send_if_modified(|s| {
-            let changed = *s != keys;
-            *s = keys;
-            changed
-        });
     }
 }
 
@@ -217,6 +143,13 @@ impl Sharing {
 
 /// The annotation on a shard Lease naming its holder's API.
 pub const URL_ANNOTATION: &str = "faultline.io/url";
+/// The annotation on a shard Lease with the sequence its holder last published; with
+/// the Lease's `renewTime` it says how fresh the shard is without a rewrite of its
+/// pages (issue 25).
+pub const SEQUENCE_ANNOTATION: &str = "faultline.io/sequence";
+/// The label on every Lease of an aggregator (shards and members): its `--name`. The
+/// Leases are listed by it, from the API server's cache (issue 25).
+pub const AGGREGATOR_LABEL: &str = "faultline.io/aggregator";
 /// The label on member Leases: the aggregator's `--name`.
 pub const MEMBER_LABEL: &str = "faultline.io/member-of";
 
@@ -229,8 +162,10 @@ impl ShardLeases {
     /// One pass: renew our member Lease; list every Lease once; judge them; plan; renew
     /// what we keep, hand one back, take free shards up to our share.
     pub async fn pass(&mut self) {
-        self.renew_member().await;
-        let (listing, mut leases) = match self.list().await {
+        // Side by side (issue 25: under a slow API server, every call in sequence made
+        // a pass as long as their sum, and the renewals came later than the holds last).
+        let (_, listed) = tokio::join!(self.renew_member(), self.list());
+        let (listing, mut leases) = match listed {
             Ok(l) => l,
             Err(e) => {
                 // Could not ask: keep what we have until it runs out on our own clock.
@@ -284,13 +219,20 @@ impl ShardLeases {
             self.held.set(*shard, None);
             self.metrics.set_lease(*shard, false);
         }
-        for shard in &p.renew {
-            let Some(lease) = leases.remove(shard) else {
-                continue;
-            };
-            let started = Instant::now();
-            let r = self.renew(*shard, lease).await;
-            self.outcome(*shard, r, started).await;
+        // Every renewal at once, each bounded by the client's timeout: one slow or hung
+        // Lease delays neither the others' renewals nor, beyond that bound, the pass.
+        let started = Instant::now();
+        let this = &*self;
+        let renewals: Vec<_> = p
+            .renew
+            .iter()
+            .filter_map(|shard| {
+                let lease = leases.remove(shard)?;
+                Some(async move { (*shard, this.renew(*shard, lease).await) })
+            })
+            .collect();
+        for (shard, r) in futures_util::future::join_all(renewals).await {
+            self.outcome(shard, r, started).await;
         }
         // The kept shards are renewed; now the one handed back goes.
         if let Some(shard) = p.hand_back {
@@ -327,7 +269,7 @@ impl ShardLeases {
     }
 
     /// Renew our member Lease (fair sharing only).
-    async fn renew_member(&mut self) {
+    async fn renew_member(&self) {
         if self.share.is_none() {
             return;
         }
@@ -338,9 +280,18 @@ impl ShardLeases {
             renew_time: Some(now_micro()),
             ..Default::default()
         };
+        let labels: BTreeMap<String, String> = [
+            (MEMBER_LABEL.to_string(), self.name.clone()),
+            (AGGREGATOR_LABEL.to_string(), self.name.clone()),
+        ]
+        .into();
         let r = match self.api.get_opt(&lname).await {
             Ok(Some(mut l)) => {
                 l.spec = Some(spec);
+                l.metadata
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .extend(labels);
                 self.api
                     .replace(&lname, &PostParams::default(), &l)
                     .await
@@ -350,7 +301,7 @@ impl ShardLeases {
                 let l = Lease {
                     metadata: ObjectMeta {
                         name: Some(lname.clone()),
-                        labels: Some([(MEMBER_LABEL.to_string(), self.name.clone())].into()),
+                        labels: Some(labels),
                         ..Default::default()
                     },
                     spec: Some(spec),
@@ -367,16 +318,21 @@ impl ShardLeases {
         }
     }
 
-    /// Every Lease of the namespace in one list: what the plan reads (the shards' and
-    /// this aggregator's members' records), and the shard Leases themselves by shard (a
-    /// renewal or take replaces the one read: a compare-and-swap).
+    /// This aggregator's Leases in one list (by [`AGGREGATOR_LABEL`], from the API
+    /// server's watch cache: `resourceVersion=0`, issue 25): what the plan reads (the
+    /// shards' and the members' records), and the shard Leases themselves by shard (a
+    /// renewal or take replaces the one read: a compare-and-swap, so a read the cache
+    /// served late costs a 409 and a fresh read, never a shard).
     async fn list(&self) -> Result<(Listing, BTreeMap<u32, Lease>), kube::Error> {
         let mut listing = Listing::default();
         let mut leases = BTreeMap::new();
         let names: BTreeMap<String, u32> = (0..self.shards)
             .map(|s| (lease_name(&self.name, s), s))
             .collect();
-        for l in self.api.list(&ListParams::default()).await?.items {
+        let lp = ListParams::default()
+            .labels(&format!("{AGGREGATOR_LABEL}={}", self.name))
+            .match_any();
+        for l in self.api.list(&lp).await?.items {
             let Some(name) = l.metadata.name.as_deref() else {
                 continue;
             };
@@ -432,11 +388,40 @@ impl ShardLeases {
         }
     }
 
-    /// Create the Lease of a shard nobody ever held.
+    /// Create the Lease of a shard nobody ever held. One that exists unlabelled (made by
+    /// a version before the label) is labelled instead, so that the next pass sees it
+    /// and judges it like any other: never taken without being observed.
     async fn create(&self, shard: u32) -> Result<bool, kube::Error> {
+        match self.create_new(shard).await {
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                self.adopt(shard).await?;
+                Ok(false)
+            }
+            r => r,
+        }
+    }
+
+    /// Label a shard Lease that exists without [`AGGREGATOR_LABEL`] (the label only, as a
+    /// compare-and-swap on what was read: its holder and times stay as they are).
+    async fn adopt(&self, shard: u32) -> Result<(), kube::Error> {
+        let lname = lease_name(&self.name, shard);
+        let Some(mut l) = self.api.get_opt(&lname).await? else {
+            return Ok(());
+        };
+        let labels = l.metadata.labels.get_or_insert_with(Default::default);
+        if labels.get(AGGREGATOR_LABEL) != Some(&self.name) {
+            labels.insert(AGGREGATOR_LABEL.to_string(), self.name.clone());
+            self.api.replace(&lname, &PostParams::default(), &l).await?;
+            tracing::info!(shard, lease = %lname, "labelled a shard lease made before the label");
+        }
+        Ok(())
+    }
+
+    async fn create_new(&self, shard: u32) -> Result<bool, kube::Error> {
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(lease_name(&self.name, shard)),
+                labels: Some([(AGGREGATOR_LABEL.to_string(), self.name.clone())].into()),
                 annotations: self
                     .url
                     .as_ref()
@@ -458,8 +443,35 @@ impl ShardLeases {
             .map(|_| true)
     }
 
-    /// Renew our Lease, or take one that is free.
-    async fn renew(&mut self, shard: u32, mut lease: Lease) -> Result<bool, kube::Error> {
+    /// Renew our Lease, or take one that is free. A renewal the API refuses with a 409
+    /// (the Lease read from the cache was behind) is tried once more on a fresh read, if
+    /// that still shows this replica as the holder.
+    async fn renew(&self, shard: u32, lease: Lease) -> Result<bool, kube::Error> {
+        let mine = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some(self.me.as_str());
+        match self.replace_lease(shard, lease).await {
+            Err(kube::Error::Api(s)) if s.code == 409 && mine => {
+                let fresh = self.api.get(&lease_name(&self.name, shard)).await?;
+                let still = fresh
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.holder_identity.as_deref())
+                    == Some(self.me.as_str());
+                if !still {
+                    return Ok(false);
+                }
+                self.replace_lease(shard, fresh).await
+            }
+            r => r,
+        }
+    }
+
+    /// Write `lease` as held by this replica, renewed now (a compare-and-swap on its
+    /// resourceVersion), with the label, this replica's URL and the shard's sequence.
+    async fn replace_lease(&self, shard: u32, mut lease: Lease) -> Result<bool, kube::Error> {
         let lname = lease_name(&self.name, shard);
         let spec = lease.spec.get_or_insert_with(Default::default);
         let mine = spec.holder_identity.as_deref() == Some(self.me.as_str());
@@ -470,19 +482,32 @@ impl ShardLeases {
         }
         spec.renew_time = Some(now_micro());
         spec.lease_duration_seconds = Some(self.cfg.duration.as_secs() as i32);
+        lease
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(AGGREGATOR_LABEL.to_string(), self.name.clone());
+        let annotations = lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
         // The holder's URL, or none: never the previous holder's.
         match &self.url {
             Some(u) => {
-                lease
-                    .metadata
-                    .annotations
-                    .get_or_insert_with(Default::default)
-                    .insert(URL_ANNOTATION.to_string(), u.clone());
+                annotations.insert(URL_ANNOTATION.to_string(), u.clone());
             }
             None => {
-                if let Some(a) = lease.metadata.annotations.as_mut() {
-                    a.remove(URL_ANNOTATION);
-                }
+                annotations.remove(URL_ANNOTATION);
+            }
+        }
+        // The sequence this replica published; a new holder's none yet: not the last
+        // holder's, which it has not confirmed.
+        match self.held.published(shard).filter(|_| mine) {
+            Some(seq) => {
+                annotations.insert(SEQUENCE_ANNOTATION.to_string(), seq.to_string());
+            }
+            None => {
+                annotations.remove(SEQUENCE_ANNOTATION);
             }
         }
         // The resourceVersion we read makes this a compare-and-swap.

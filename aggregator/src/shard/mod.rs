@@ -2,11 +2,13 @@
 //! write asks.
 
 pub mod fence;
+pub mod held;
 pub mod lease;
 pub mod plan;
 
 pub use fence::{Fence, Shards};
+pub use held::Held;
 pub use lease::{
-    lease_name, Held, LeaseConfig, SeedSource, ShardLeases, Sharing, MEMBER_LABEL, URL_ANNOTATION,
+    lease_name, LeaseConfig, SeedSource, ShardLeases, Sharing, MEMBER_LABEL, URL_ANNOTATION,
 };
 pub use plan::share;

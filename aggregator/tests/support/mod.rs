@@ -109,6 +109,15 @@ impl Launch {
         ])
     }
 
+    /// `flag` set to `value`, in place of the value the base gave it if it gave one.
+    pub fn set(mut self, flag: &str, value: &str) -> Self {
+        match self.0.iter().position(|a| a == flag) {
+            Some(i) if i + 1 < self.0.len() => self.0[i + 1] = value.into(),
+            _ => self.0.extend([flag.to_string(), value.to_string()]),
+        }
+        self
+    }
+
     /// More flags.
     pub fn args<S: AsRef<str>>(mut self, extra: &[S]) -> Self {
         self.0.extend(extra.iter().map(|s| s.as_ref().to_string()));
@@ -191,23 +200,33 @@ pub const ADMIN_TOKEN: &str = "admin-token";
 /// objects of deploy/base/aggregator.yaml and RBAC enforced: the aggregator runs with
 /// exactly the permissions its manifest grants (issue 9). Its URL.
 pub async fn api_server() -> (ApiServer, String) {
-    api_server_for(&[
-        ("aggregator-token", AGGREGATOR_USER),
-        (ADMIN_TOKEN, faultline_test_apiserver::rbac::ADMIN),
-    ])
-    .await
+    api_server_with(&USERS, &[]).await
 }
+
+/// The aggregator's ServiceAccount and an administrator, by bearer token.
+pub const USERS: [(&str, &str); 2] = [
+    ("aggregator-token", AGGREGATOR_USER),
+    (ADMIN_TOKEN, faultline_test_apiserver::rbac::ADMIN),
+];
 
 /// [`api_server`] with these users by bearer token.
 pub async fn api_server_for(tokens: &[(&str, &str)]) -> (ApiServer, String) {
+    api_server_with(tokens, &[]).await
+}
+
+/// [`api_server_for`], with the RBAC of these kustomize components too
+/// (`deploy/components/<c>/rbac.yaml`: a feature's flag and its permission come
+/// together, so only a test that turns the feature on loads them).
+pub async fn api_server_with(tokens: &[(&str, &str)], components: &[&str]) -> (ApiServer, String) {
     let manifest = repo_root().join("deploy/base/aggregator.yaml");
-    let running = Bootstrap::new()
+    let mut boot = Bootstrap::new()
         .namespace(NS)
-        .manifests(std::fs::read_to_string(manifest).unwrap())
-        .rbac(tokens)
-        .start()
-        .await
-        .unwrap();
+        .manifests(std::fs::read_to_string(manifest).unwrap());
+    for c in components {
+        let rbac = repo_root().join(format!("deploy/components/{c}/rbac.yaml"));
+        boot = boot.manifests(std::fs::read_to_string(rbac).unwrap());
+    }
+    let running = boot.rbac(tokens).start().await.unwrap();
     assert!(
         running.loaded >= 4,
         "the RBAC objects of deploy/base/aggregator.yaml"

@@ -44,6 +44,7 @@ pub struct Scenario {
     agents: Vec<String>,
     every_node: bool,
     listed: Listed,
+    components: Vec<&'static str>,
 }
 
 impl Default for Scenario {
@@ -61,7 +62,15 @@ impl Scenario {
             agents: Vec::new(),
             every_node: false,
             listed: Listed::Bare,
+            components: Vec::new(),
         }
+    }
+
+    /// The RBAC of the kustomize component `c` too (`deploy/components/<c>`), for a
+    /// test that turns its feature on.
+    pub fn component(mut self, c: &'static str) -> Self {
+        self.components.push(c);
+        self
     }
 
     /// Ready Nodes of these names, each with a simulated agent that `--agents` names
@@ -135,7 +144,7 @@ impl Scenario {
 
     /// Seed the API server, start the agents.
     pub async fn start(self) -> World {
-        let (server, kube) = super::api_server().await;
+        let (server, kube) = super::api_server_with(&super::USERS, &self.components).await;
         let mut names = self.agents;
         if self.every_node {
             for n in &self.nodes {

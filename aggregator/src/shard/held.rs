@@ -1,0 +1,97 @@
+//! Which shards this replica holds, and until when, on its own clock: what the Lease
+//! loop grants and every writer asks before it writes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use faultline_common::sync::Locked;
+use tokio::sync::watch;
+
+/// Which shards this replica holds, and until when (its own clock). Followers of the
+/// agents watch the set (`subscribe`): a replica follows only its shards' nodes.
+#[derive(Clone)]
+pub struct Held {
+    inner: Arc<Mutex<BTreeMap<u32, Instant>>>,
+    changes: Arc<watch::Sender<BTreeSet<u32>>>,
+    /// Per shard, the sequence this replica last published (its renewals carry it).
+    published: Arc<Mutex<BTreeMap<u32, u64>>>,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Held {
+            inner: Arc::default(),
+            changes: Arc::new(watch::channel(BTreeSet::new()).0),
+            published: Arc::default(),
+        }
+    }
+}
+
+impl Held {
+    /// Shard `shard` was published as of `sequence` (the writers say so).
+    pub fn note_published(&self, shard: u32, sequence: u64) {
+        self.published.locked().insert(shard, sequence);
+    }
+
+    /// The sequence of shard `shard` this replica last published, if it did.
+    pub fn published(&self, shard: u32) -> Option<u64> {
+        self.published.locked().get(&shard).copied()
+    }
+
+    /// The set of shards held, as it changes (grants and releases, not expiry).
+    pub fn subscribe(&self) -> watch::Receiver<BTreeSet<u32>> {
+        self.changes.subscribe()
+    }
+
+    /// The shards granted and not released, whether or not their hold has run out on
+    /// this replica's clock (the set [`Held::subscribe`] sends).
+    pub fn keys(&self) -> BTreeSet<u32> {
+        self.changes.borrow().clone()
+    }
+
+    /// Whether this replica may write `shard` now.
+    pub fn holds(&self, shard: u32) -> bool {
+        self.inner
+            .locked()
+            .get(&shard)
+            .is_some_and(|until| Instant::now() < *until)
+    }
+
+    /// Shards held now.
+    pub fn shards(&self) -> Vec<u32> {
+        let now = Instant::now();
+        self.inner
+            .locked()
+            .iter()
+            .filter(|(_, u)| now < **u)
+            .map(|(s, _)| *s)
+            .collect()
+    }
+
+    /// Count `shard` as held until `until` (what a successful renewal does; also for
+    /// tests of the writers).
+    pub fn grant(&self, shard: u32, until: Instant) {
+        self.set(shard, Some(until));
+    }
+
+    pub(super) fn set(&self, shard: u32, until: Option<Instant>) {
+        let mut g = self.inner.locked();
+        match until {
+            Some(u) => {
+                g.insert(shard, u);
+            }
+            None => {
+                g.remove(&shard);
+                self.published.locked().remove(&shard);
+            }
+        }
+        let keys: BTreeSet<u32> = g.keys().copied().collect();
+        drop(g);
+        self.changes.send_if_modified(|s| {
+            let changed = *s != keys;
+            *s = keys;
+            changed
+        });
+    }
+}
