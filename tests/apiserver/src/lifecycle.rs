@@ -19,12 +19,11 @@ use std::time::{Duration, SystemTime};
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-use crate::{disruption, ApiError, ApiServer, Inner, WatchEvent};
+use crate::store::Change;
+use crate::{disruption, ApiError, ApiServer, Inner, Key, WatchEvent};
 
 /// How often the simulated kubelet and disruption controller look.
 const TICK: Duration = Duration::from_millis(20);
-
-type Key = (String, String, String);
 
 fn terminal(pod: &Value) -> bool {
     matches!(
@@ -103,11 +102,14 @@ impl ApiServer {
         Self::record(
             &mut g,
             &self.events,
-            key,
-            "Pod",
-            "MODIFIED",
-            obj.clone(),
-            prev,
+            Change {
+                key,
+                kind: "Pod",
+                event: "MODIFIED",
+                object: obj.clone(),
+                prev,
+                charge: Some(("delete", "pods".to_string())),
+            },
         );
         sync_budgets(&mut g, &self.events, ns);
         Ok(obj)
@@ -157,11 +159,20 @@ fn tick(g: &mut Inner, tx: &broadcast::Sender<WatchEvent>) {
             continue;
         }
         g.terminating.remove(&key);
-        if let Some(mut obj) = g.objects.remove(&key) {
+        if let Some(prev) = g.objects.remove(&key) {
             g.rv += 1;
+            let mut obj = prev.clone();
             obj["metadata"]["resourceVersion"] = json!(g.rv.to_string());
             namespaces.push(key.1.clone());
-            ApiServer::record(g, tx, key, "Pod", "DELETED", obj, None);
+            let change = Change {
+                key,
+                kind: "Pod",
+                event: "DELETED",
+                object: obj,
+                prev: Some(prev),
+                charge: None,
+            };
+            ApiServer::record(g, tx, change);
         }
     }
     for ns in namespaces {
@@ -227,10 +238,13 @@ pub(crate) fn write_status(
     ApiServer::record(
         g,
         tx,
-        key,
-        "PodDisruptionBudget",
-        "MODIFIED",
-        obj,
-        Some(pdb),
+        Change {
+            key,
+            kind: "PodDisruptionBudget",
+            event: "MODIFIED",
+            object: obj,
+            prev: Some(pdb),
+            charge: Some(("update", "poddisruptionbudgets/status".to_string())),
+        },
     );
 }

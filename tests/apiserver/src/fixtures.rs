@@ -1,0 +1,585 @@
+//! Objects of a real cluster's shape and size, for benchmarks that must pay what a
+//! real API server pays to store, list and watch them.
+//!
+//! [`realistic_node`] is a Node as an 8-GPU H100 node of a GPU Operator cluster reports
+//! itself (about 26 KB of JSON, where a bare test Node is a few hundred bytes): the
+//! kubelet's labels, Node Feature Discovery's `feature.node.kubernetes.io/*` labels
+//! and annotations, GPU Feature Discovery's and the operator's `nvidia.com/*` labels
+//! (`nvidia.com/gpu.present=true`, `gpu.count=8`, `gpu.product`, CUDA versions,
+//! `gpu.deploy.*`), one `managedFields` entry per writer (kubelet, its status,
+//! kube-controller-manager, nfd-master, gpu-feature-discovery, gpu-operator) with its
+//! `fieldsV1`, `capacity` and `allocatable` with `nvidia.com/gpu: 8`, the kubelet's
+//! four conditions, `nodeInfo`, `runtimeHandlers`, and 50 container images with
+//! digests and sizes (the kubelet reports at most 50, `--node-status-max-images`,
+//! pkg/kubelet/nodestatus/setters.go `Images`). Values are made up but well formed:
+//! every label passes the API's validation, and the object decodes as a
+//! `k8s-openapi` Node.
+
+use serde_json::{json, Map, Value};
+
+/// 64 hex digits derived from `seed` (FNV-1a, four lanes): a stable fake digest.
+fn digest(seed: &str) -> String {
+    (0u64..4)
+        .map(|lane| {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ lane.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            for b in seed.bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+            format!("{h:016x}")
+        })
+        .collect()
+}
+
+/// CPU flags NFD labels on a Sapphire Rapids host (`cpu-cpuid.*`; a real one has
+/// about 50, some left out here to keep the Node near 26 KB).
+const CPUID: &[&str] = &[
+    "ADX",
+    "AESNI",
+    "AMXBF16",
+    "AMXINT8",
+    "AMXTILE",
+    "AVX",
+    "AVX2",
+    "AVX512BF16",
+    "AVX512BW",
+    "AVX512CD",
+    "AVX512DQ",
+    "AVX512F",
+    "AVX512FP16",
+    "AVX512IFMA",
+    "AVX512VBMI",
+    "AVX512VL",
+    "AVX512VNNI",
+    "AVXVNNI",
+    "FMA3",
+    "FSRM",
+    "GFNI",
+    "HYPERVISOR",
+    "MOVDIR64B",
+    "SERIALIZE",
+    "SHA",
+    "VAES",
+    "VPCLMULQDQ",
+    "XSAVE",
+];
+
+/// NFD's other labels (`feature.node.kubernetes.io/<name>`).
+const NFD: &[(&str, &str)] = &[
+    ("cpu-cstate.enabled", "true"),
+    ("cpu-hardware_multithreading", "true"),
+    ("cpu-model.family", "6"),
+    ("cpu-model.id", "143"),
+    ("cpu-model.vendor_id", "Intel"),
+    ("cpu-pstate.scaling_governor", "performance"),
+    ("cpu-pstate.status", "active"),
+    ("cpu-pstate.turbo", "true"),
+    ("cpu-rdt.RDTCMT", "true"),
+    ("cpu-rdt.RDTL3CA", "true"),
+    ("cpu-rdt.RDTMBA", "true"),
+    ("cpu-rdt.RDTMBM", "true"),
+    ("cpu-rdt.RDTMON", "true"),
+    ("kernel-config.NO_HZ", "true"),
+    ("kernel-config.NO_HZ_IDLE", "true"),
+    ("kernel-version.full", "5.15.0-1056-aws"),
+    ("kernel-version.major", "5"),
+    ("kernel-version.minor", "15"),
+    ("kernel-version.revision", "0"),
+    ("memory-numa", "true"),
+    ("network-sriov.capable", "true"),
+    ("pci-10de.present", "true"),
+    ("pci-10de.sriov.capable", "true"),
+    ("pci-1d0f.present", "true"),
+    ("pci-1d0f.sriov.capable", "true"),
+    ("rdma.available", "true"),
+    ("rdma.capable", "true"),
+    ("storage-nonrotationaldisk", "true"),
+    ("system-os_release.ID", "ubuntu"),
+    ("system-os_release.VERSION_ID", "22.04"),
+    ("system-os_release.VERSION_ID.major", "22"),
+    ("system-os_release.VERSION_ID.minor", "04"),
+];
+
+/// GPU Feature Discovery's labels (`nvidia.com/<name>`).
+const GFD: &[(&str, &str)] = &[
+    ("cuda.driver-version.full", "550.90.07"),
+    ("cuda.driver-version.major", "550"),
+    ("cuda.driver-version.minor", "90"),
+    ("cuda.driver-version.revision", "07"),
+    ("cuda.runtime-version.full", "12.4"),
+    ("cuda.runtime-version.major", "12"),
+    ("cuda.runtime-version.minor", "4"),
+    ("gfd.timestamp", "1733011200"),
+    ("gpu.compute.major", "9"),
+    ("gpu.compute.minor", "0"),
+    ("gpu.count", "8"),
+    ("gpu.family", "hopper"),
+    ("gpu.machine", "p5.48xlarge"),
+    ("gpu.memory", "81559"),
+    ("gpu.mode", "compute"),
+    ("gpu.present", "true"),
+    ("gpu.product", "NVIDIA-H100-80GB-HBM3"),
+    ("gpu.replicas", "1"),
+    ("gpu.sharing-strategy", "none"),
+    ("mig.capable", "true"),
+    ("mig.strategy", "single"),
+    ("mps.capable", "false"),
+    ("vgpu.present", "false"),
+];
+
+/// The GPU Operator's labels (`nvidia.com/<name>`).
+const OPERATOR: &[(&str, &str)] = &[
+    ("gpu-driver-upgrade-state", "upgrade-done"),
+    ("gpu.deploy.container-toolkit", "true"),
+    ("gpu.deploy.dcgm", "true"),
+    ("gpu.deploy.dcgm-exporter", "true"),
+    ("gpu.deploy.device-plugin", "true"),
+    ("gpu.deploy.driver", "true"),
+    ("gpu.deploy.gpu-feature-discovery", "true"),
+    ("gpu.deploy.mig-manager", "true"),
+    ("gpu.deploy.node-status-exporter", "true"),
+    ("gpu.deploy.operator-validator", "true"),
+    ("mig.config", "all-disabled"),
+    ("mig.config.state", "success"),
+];
+
+/// Images a GPU node has pulled: (repository, tag, size in bytes).
+const IMAGES: &[(&str, &str, u64)] = &[
+    ("nvcr.io/nvidia/pytorch", "24.07-py3", 9_764_183_412),
+    ("nvcr.io/nvidia/pytorch", "24.05-py3", 9_603_118_207),
+    ("nvcr.io/nvidia/nemo", "24.07", 15_211_904_833),
+    ("nvcr.io/nvidia/tritonserver", "24.07-py3", 7_120_436_988),
+    ("nvcr.io/nvidia/tensorflow", "24.07-tf2-py3", 7_981_337_120),
+    (
+        "nvcr.io/nvidia/cuda",
+        "12.4.1-devel-ubuntu22.04",
+        3_521_840_117,
+    ),
+    (
+        "nvcr.io/nvidia/cuda",
+        "12.4.1-runtime-ubuntu22.04",
+        1_401_265_512,
+    ),
+    (
+        "nvcr.io/nvidia/cuda",
+        "12.4.1-base-ubuntu22.04",
+        106_118_337,
+    ),
+    (
+        "nvcr.io/nvidia/driver",
+        "550.90.07-ubuntu22.04",
+        1_231_004_566,
+    ),
+    ("nvcr.io/nvidia/k8s-device-plugin", "v0.16.2", 130_482_114),
+    (
+        "nvcr.io/nvidia/k8s/container-toolkit",
+        "v1.16.1-ubuntu20.04",
+        150_321_880,
+    ),
+    (
+        "nvcr.io/nvidia/k8s/dcgm-exporter",
+        "3.3.7-3.5.0-ubuntu22.04",
+        345_921_007,
+    ),
+    (
+        "nvcr.io/nvidia/cloud-native/dcgm",
+        "3.3.7-1-ubuntu22.04",
+        1_802_447_190,
+    ),
+    (
+        "nvcr.io/nvidia/cloud-native/gpu-operator-validator",
+        "v24.6.1",
+        117_300_912,
+    ),
+    (
+        "nvcr.io/nvidia/cloud-native/k8s-driver-manager",
+        "v0.6.10",
+        244_610_338,
+    ),
+    (
+        "nvcr.io/nvidia/cloud-native/k8s-mig-manager",
+        "v0.8.0-ubuntu20.04",
+        182_004_663,
+    ),
+    (
+        "nvcr.io/nvidia/cloud-native/k8s-kata-manager",
+        "v0.2.1",
+        93_120_455,
+    ),
+    (
+        "nvcr.io/nvidia/cloud-native/vgpu-device-manager",
+        "v0.2.7",
+        84_337_019,
+    ),
+    ("nvcr.io/nvidia/gpu-operator", "v24.6.1", 173_220_846),
+    (
+        "nvcr.io/nvidia/mellanox/doca-driver",
+        "24.04-0.6.6.0-0-ubuntu22.04",
+        1_544_209_873,
+    ),
+    (
+        "nvcr.io/nvidia/cloud-native/network-operator",
+        "v24.4.1",
+        71_094_315,
+    ),
+    (
+        "registry.k8s.io/nfd/node-feature-discovery",
+        "v0.16.3",
+        78_530_204,
+    ),
+    ("registry.k8s.io/kube-proxy", "v1.30.4", 29_038_616),
+    ("registry.k8s.io/pause", "3.9", 321_520),
+    ("registry.k8s.io/coredns/coredns", "v1.11.1", 18_182_961),
+    (
+        "registry.k8s.io/sig-storage/csi-node-driver-registrar",
+        "v2.11.1",
+        10_810_410,
+    ),
+    (
+        "registry.k8s.io/sig-storage/livenessprobe",
+        "v2.13.1",
+        10_255_447,
+    ),
+    (
+        "public.ecr.aws/ebs-csi-driver/aws-ebs-csi-driver",
+        "v1.33.0",
+        36_720_511,
+    ),
+    (
+        "602401143452.dkr.ecr.us-east-1.amazonaws.com/amazon-k8s-cni",
+        "v1.18.3-eksbuild.2",
+        50_301_877,
+    ),
+    (
+        "602401143452.dkr.ecr.us-east-1.amazonaws.com/amazon-k8s-cni-init",
+        "v1.18.3-eksbuild.2",
+        61_422_089,
+    ),
+    (
+        "602401143452.dkr.ecr.us-east-1.amazonaws.com/amazon/aws-network-policy-agent",
+        "v1.1.2-eksbuild.2",
+        38_912_350,
+    ),
+    (
+        "602401143452.dkr.ecr.us-east-1.amazonaws.com/eks/kube-proxy",
+        "v1.30.3-minimal-eksbuild.5",
+        34_270_118,
+    ),
+    (
+        "602401143452.dkr.ecr.us-east-1.amazonaws.com/eks/aws-efa-k8s-device-plugin",
+        "v0.5.4",
+        19_903_442,
+    ),
+    ("quay.io/prometheus/node-exporter", "v1.8.2", 12_004_890),
+    (
+        "quay.io/prometheus-operator/prometheus-config-reloader",
+        "v0.75.2",
+        14_220_311,
+    ),
+    ("cr.fluentbit.io/fluent/fluent-bit", "3.1.6", 38_447_120),
+    ("docker.io/grafana/promtail", "3.1.1", 81_330_077),
+    ("docker.io/rocm/k8s-device-plugin", "1.25.2.8", 61_002_334),
+    ("ghcr.io/faultline/agent", "v0.9.0", 24_117_302),
+    (
+        "ghcr.io/kubeflow/training-operator/pytorchjob-init",
+        "v1.8.0",
+        88_930_016,
+    ),
+    (
+        "ghcr.io/volcano-sh/vc-webhook-manager",
+        "v1.10.0",
+        45_320_778,
+    ),
+    ("docker.io/library/busybox", "1.36.1", 2_157_312),
+    ("docker.io/library/python", "3.11-slim", 51_226_003),
+    ("docker.io/bitnami/kubectl", "1.30.4", 93_440_213),
+    (
+        "nvcr.io/nvidia/k8s/cuda-sample",
+        "vectoradd-cuda12.5.0",
+        137_700_440,
+    ),
+    (
+        "nvcr.io/nvidia/k8s/cuda-sample",
+        "nbody-cuda11.7.1-ubuntu18.04",
+        1_201_884_337,
+    ),
+    ("nvcr.io/nvidia/hpc-benchmarks", "24.03", 5_310_446_882),
+    ("nvcr.io/nvidia/nccl-tests", "2.13.10", 4_088_212_503),
+    (
+        "nvcr.io/nvidia/cloud-native/dcgm-diag",
+        "3.3.7",
+        1_120_398_611,
+    ),
+    (
+        "mcr.microsoft.com/aks/nvidia-validator",
+        "v1.2.0",
+        66_201_947,
+    ),
+];
+
+fn labels(name: &str) -> Map<String, Value> {
+    let mut l = Map::new();
+    for (k, v) in [
+        ("beta.kubernetes.io/arch", "amd64"),
+        ("beta.kubernetes.io/instance-type", "p5.48xlarge"),
+        ("beta.kubernetes.io/os", "linux"),
+        ("failure-domain.beta.kubernetes.io/region", "us-east-1"),
+        ("failure-domain.beta.kubernetes.io/zone", "us-east-1a"),
+        ("kubernetes.io/arch", "amd64"),
+        ("kubernetes.io/hostname", name),
+        ("kubernetes.io/os", "linux"),
+        ("node.kubernetes.io/instance-type", "p5.48xlarge"),
+        ("topology.kubernetes.io/region", "us-east-1"),
+        ("topology.kubernetes.io/zone", "us-east-1a"),
+        ("topology.ebs.csi.aws.com/zone", "us-east-1a"),
+        ("vpc.amazonaws.com/efa.present", "true"),
+    ] {
+        l.insert(k.into(), json!(v));
+    }
+    for flag in CPUID {
+        l.insert(
+            format!("feature.node.kubernetes.io/cpu-cpuid.{flag}"),
+            json!("true"),
+        );
+    }
+    for (k, v) in NFD {
+        l.insert(format!("feature.node.kubernetes.io/{k}"), json!(v));
+    }
+    for (k, v) in GFD.iter().chain(OPERATOR) {
+        l.insert(format!("nvidia.com/{k}"), json!(v));
+    }
+    l
+}
+
+/// `fieldsV1` of the keys of `m` under `field` (`{"f:labels": {".": {}, "f:k": {}}}`).
+fn owned(field: &str, keys: impl Iterator<Item = String>) -> Value {
+    let mut m = Map::new();
+    m.insert(".".into(), json!({}));
+    for k in keys {
+        m.insert(format!("f:{k}"), json!({}));
+    }
+    json!({ format!("f:{field}"): m })
+}
+
+fn entry(manager: &str, time: &str, sub: Option<&str>, fields: Value) -> Value {
+    let mut e = json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
+        "time": time, "fieldsType": "FieldsV1", "fieldsV1": fields});
+    if let Some(s) = sub {
+        e["subresource"] = json!(s);
+    }
+    e
+}
+
+fn managed_fields(labels: &Map<String, Value>, annotations: &Map<String, Value>) -> Value {
+    let with = |prefix: &str| {
+        labels
+            .keys()
+            .filter(move |k| k.starts_with(prefix))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let gfd: Vec<String> = GFD.iter().map(|(k, _)| format!("nvidia.com/{k}")).collect();
+    let operator: Vec<String> = OPERATOR
+        .iter()
+        .map(|(k, _)| format!("nvidia.com/{k}"))
+        .collect();
+    let kubelet_labels = labels
+        .keys()
+        .filter(|k| !k.starts_with("feature.node.") && !k.starts_with("nvidia.com/"))
+        .cloned();
+    let nfd_annotations = annotations
+        .keys()
+        .filter(|k| k.starts_with("nfd."))
+        .cloned();
+    let mut nfd_meta = owned("labels", with("feature.node.kubernetes.io/").into_iter());
+    nfd_meta["f:annotations"] = owned("annotations", nfd_annotations)["f:annotations"].clone();
+    let condition = |t: &str| {
+        (
+            format!("k:{{\"type\":\"{t}\"}}"),
+            json!({".": {}, "f:lastHeartbeatTime": {}, "f:lastTransitionTime": {}, "f:message": {}, "f:reason": {}, "f:status": {}, "f:type": {}}),
+        )
+    };
+    let conditions: Map<String, Value> = ["DiskPressure", "MemoryPressure", "PIDPressure", "Ready"]
+        .iter()
+        .map(|t| condition(t))
+        .collect();
+    let resources = json!({"f:cpu": {}, "f:ephemeral-storage": {}, "f:hugepages-1Gi": {}, "f:hugepages-2Mi": {}, "f:memory": {}, "f:nvidia.com/gpu": {}, "f:pods": {}, "f:vpc.amazonaws.com/efa": {}});
+    json!([
+        entry(
+            "kubelet",
+            "2024-12-01T09:12:44Z",
+            None,
+            json!({
+            "f:metadata": {
+                "f:annotations": {".": {}, "f:alpha.kubernetes.io/provided-node-ip": {}, "f:volumes.kubernetes.io/controller-managed-attach-detach": {}},
+                "f:labels": owned("labels", kubelet_labels)["f:labels"].clone()},
+            "f:spec": {"f:providerID": {}}})
+        ),
+        entry(
+            "kube-controller-manager",
+            "2024-12-01T09:12:52Z",
+            None,
+            json!({
+            "f:metadata": {"f:annotations": {"f:node.alpha.kubernetes.io/ttl": {}}},
+            "f:spec": {"f:podCIDR": {}, "f:podCIDRs": {".": {}, "v:\"10.244.12.0/24\"": {}}}})
+        ),
+        entry(
+            "nfd-master",
+            "2024-12-01T09:14:03Z",
+            None,
+            json!({"f:metadata": nfd_meta})
+        ),
+        entry(
+            "gpu-feature-discovery",
+            "2024-12-01T09:16:31Z",
+            None,
+            json!({"f:metadata": owned("labels", gfd.into_iter())})
+        ),
+        entry(
+            "gpu-operator",
+            "2024-12-01T09:15:10Z",
+            None,
+            json!({"f:metadata": owned("labels", operator.into_iter())})
+        ),
+        entry(
+            "kubelet",
+            "2024-12-01T11:40:12Z",
+            Some("status"),
+            json!({"f:status": {
+            "f:allocatable": resources, "f:capacity": resources,
+            "f:conditions": conditions,
+            "f:features": {".": {}, "f:supplementalGroupsPolicy": {}},
+            "f:images": {}, "f:nodeInfo": {"f:bootID": {}, "f:containerRuntimeVersion": {}, "f:kernelVersion": {}, "f:kubeProxyVersion": {}, "f:kubeletVersion": {}},
+            "f:runtimeHandlers": {}}})
+        ),
+    ])
+}
+
+/// A Node named `name` whose InternalIP is `ip`, the shape and size (about 26 KB of
+/// JSON) of a real 8-GPU H100 node (see the module comment). Create it with
+/// [`crate::ApiServer::create`] or POST it; each name gets its own IDs.
+pub fn realistic_node(name: &str, ip: &str) -> Value {
+    let labels = labels(name);
+    let id = digest(name);
+    let feature_labels: Vec<&str> = labels
+        .keys()
+        .filter_map(|k| k.strip_prefix("feature.node.kubernetes.io/"))
+        .collect();
+    let mut annotations = Map::new();
+    for (k, v) in [
+        ("alpha.kubernetes.io/provided-node-ip", ip.to_string()),
+        (
+            "csi.volume.kubernetes.io/nodeid",
+            format!("{{\"ebs.csi.aws.com\":\"i-{}\"}}", &id[..17]),
+        ),
+        (
+            "nfd.node.kubernetes.io/feature-labels",
+            feature_labels.join(","),
+        ),
+        ("nfd.node.kubernetes.io/extended-resources", String::new()),
+        ("nfd.node.kubernetes.io/worker.version", "v0.16.3".into()),
+        ("node.alpha.kubernetes.io/ttl", "0".into()),
+        (
+            "volumes.kubernetes.io/controller-managed-attach-detach",
+            "true".into(),
+        ),
+    ] {
+        annotations.insert(k.into(), json!(v));
+    }
+    let images: Vec<Value> = IMAGES
+        .iter()
+        .map(|(repo, tag, size)| {
+            json!({"names": [format!("{repo}@sha256:{}", digest(&format!("{repo}:{tag}"))), format!("{repo}:{tag}")], "sizeBytes": size})
+        })
+        .collect();
+    let resources = |cpu: &str, memory: &str, storage: &str| {
+        json!({"cpu": cpu, "ephemeral-storage": storage, "hugepages-1Gi": "0", "hugepages-2Mi": "21000Mi",
+            "memory": memory, "nvidia.com/gpu": "8", "pods": "100", "vpc.amazonaws.com/efa": "32"})
+    };
+    let condition = |t: &str, status: &str, reason: &str, message: &str| {
+        json!({"type": t, "status": status, "lastHeartbeatTime": "2024-12-01T11:40:12Z",
+            "lastTransitionTime": "2024-12-01T09:13:20Z", "reason": reason, "message": message})
+    };
+    let handler = |n: &str| json!({"name": n, "features": {"recursiveReadOnlyMounts": true, "userNamespaces": true}});
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": annotations,
+            "managedFields": managed_fields(&labels, &annotations),
+        },
+        "spec": {
+            "podCIDR": "10.244.12.0/24",
+            "podCIDRs": ["10.244.12.0/24"],
+            "providerID": format!("aws:///us-east-1a/i-{}", &id[..17]),
+        },
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": ip},
+                {"type": "InternalDNS", "address": format!("ip-{}.ec2.internal", ip.replace('.', "-"))},
+                {"type": "Hostname", "address": name},
+            ],
+            "allocatable": resources("191450m", "2002345612Ki", "3276800000000"),
+            "capacity": resources("192", "2097075404Ki", "3437823369216"),
+            "conditions": [
+                condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "features": {"supplementalGroupsPolicy": true},
+            "images": images,
+            "nodeInfo": {
+                "architecture": "amd64",
+                "bootID": format!("{}-{}-{}-{}-{}", &id[..8], &id[8..12], &id[12..16], &id[16..20], &id[20..32]),
+                "containerRuntimeVersion": "containerd://1.7.20",
+                "kernelVersion": "5.15.0-1056-aws",
+                "kubeProxyVersion": "v1.30.4",
+                "kubeletVersion": "v1.30.4",
+                "machineID": &id[32..64],
+                "operatingSystem": "linux",
+                "osImage": "Ubuntu 22.04.4 LTS",
+                "systemUUID": format!("ec2{}-{}-{}-{}-{}", &id[35..40], &id[40..44], &id[44..48], &id[48..52], &id[52..64]),
+            },
+            "runtimeHandlers": [handler("nvidia"), handler("runc"), handler("")],
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_nodes_size_and_labels() {
+        let n = realistic_node("gpu-node-0001", "10.0.12.7");
+        let size = serde_json::to_vec(&n).unwrap().len();
+        assert!((15_000..=40_000).contains(&size), "{size} bytes");
+        assert_eq!(
+            n.pointer("/metadata/labels/nvidia.com~1gpu.present"),
+            Some(&json!("true"))
+        );
+        assert_eq!(
+            n.pointer("/status/capacity/nvidia.com~1gpu"),
+            Some(&json!("8"))
+        );
+        assert_eq!(
+            n.pointer("/status/addresses/0/address"),
+            Some(&json!("10.0.12.7"))
+        );
+        assert_eq!(n["status"]["images"].as_array().unwrap().len(), 50);
+        for (k, v) in n["metadata"]["labels"].as_object().unwrap() {
+            assert!(crate::validation::is_qualified_name(k).is_empty(), "{k}");
+            assert!(
+                crate::validation::is_label_value(v.as_str().unwrap()).is_empty(),
+                "{k}={v}"
+            );
+        }
+        let other = realistic_node("gpu-node-0002", "10.0.12.8");
+        assert_ne!(n["spec"]["providerID"], other["spec"]["providerID"]);
+        assert_eq!(digest("x").len(), 64);
+    }
+}

@@ -1,0 +1,155 @@
+//! The kinds served: group, version, resource, kind and scope, as discovery lists them.
+
+use axum::http::StatusCode;
+
+use crate::ApiError;
+
+/// One kind the server knows.
+#[derive(Debug, Clone, Copy)]
+pub struct Kind {
+    /// `""` for the core group.
+    pub group: &'static str,
+    /// `v1`.
+    pub version: &'static str,
+    /// Plural resource name.
+    pub plural: &'static str,
+    /// Kind name.
+    pub kind: &'static str,
+    /// Namespaced or cluster scoped.
+    pub namespaced: bool,
+    /// Short names for kubectl.
+    pub short: &'static [&'static str],
+}
+
+/// Every kind served.
+pub const KINDS: &[Kind] = &[
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "nodes",
+        kind: "Node",
+        namespaced: false,
+        short: &["no"],
+    },
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "pods",
+        kind: "Pod",
+        namespaced: true,
+        short: &["po"],
+    },
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        kind: "ConfigMap",
+        namespaced: true,
+        short: &["cm"],
+    },
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "secrets",
+        kind: "Secret",
+        namespaced: true,
+        short: &[],
+    },
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "events",
+        kind: "Event",
+        namespaced: true,
+        short: &["ev"],
+    },
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "namespaces",
+        kind: "Namespace",
+        namespaced: false,
+        short: &["ns"],
+    },
+    Kind {
+        group: "coordination.k8s.io",
+        version: "v1",
+        plural: "leases",
+        kind: "Lease",
+        namespaced: true,
+        short: &[],
+    },
+    Kind {
+        group: "batch",
+        version: "v1",
+        plural: "jobs",
+        kind: "Job",
+        namespaced: true,
+        short: &[],
+    },
+    Kind {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "roles",
+        kind: "Role",
+        namespaced: true,
+        short: &[],
+    },
+    Kind {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "rolebindings",
+        kind: "RoleBinding",
+        namespaced: true,
+        short: &[],
+    },
+    Kind {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "clusterroles",
+        kind: "ClusterRole",
+        namespaced: false,
+        short: &[],
+    },
+    Kind {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "clusterrolebindings",
+        kind: "ClusterRoleBinding",
+        namespaced: false,
+        short: &[],
+    },
+    Kind {
+        group: "policy",
+        version: "v1",
+        plural: "poddisruptionbudgets",
+        kind: "PodDisruptionBudget",
+        namespaced: true,
+        short: &["pdb"],
+    },
+];
+
+pub(crate) fn kind_of(group: &str, plural: &str) -> Option<&'static Kind> {
+    KINDS
+        .iter()
+        .find(|k| k.group == group && k.plural == plural)
+}
+
+pub(crate) fn api_version(k: &Kind) -> String {
+    if k.group.is_empty() {
+        k.version.to_string()
+    } else {
+        format!("{}/{}", k.group, k.version)
+    }
+}
+
+/// The kind whose resource is `plural`, or a 404 as for an unknown resource.
+pub(crate) fn kind_of_plural(plural: &str) -> Result<&'static Kind, ApiError> {
+    KINDS.iter().find(|k| k.plural == plural).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("the server could not find the requested resource ({plural})"),
+        )
+    })
+}
