@@ -20,6 +20,7 @@ use serde_json::json;
 use crate::metrics::Metrics;
 use crate::sources::sim::{FaultRequest, SimControl};
 use crate::store::Store;
+use crate::verdict::Verdicts;
 
 /// Longest a long-poll may wait.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -36,6 +37,8 @@ pub struct ApiState {
     pub waiters: Arc<tokio::sync::Semaphore>,
     /// Ends the watch streams (the agent is stopping).
     pub stop: tokio_util::sync::CancellationToken,
+    /// The aggregator's verdict on this node (`/v1/fault`).
+    pub verdicts: Arc<Verdicts>,
 }
 
 /// Long polls held open at once; past this a poll waits at most [`SHORT_WAIT`], so
@@ -48,12 +51,19 @@ impl ApiState {
     /// The state over `store`, with the long-poll cap.
     pub fn new(store: Arc<Store>, metrics: Arc<Metrics>, sim: Option<Arc<SimControl>>) -> Self {
         ApiState {
+            verdicts: Verdicts::new(store.node(), None, Duration::from_secs(60)),
             store,
             metrics,
             sim,
             waiters: Arc::new(tokio::sync::Semaphore::new(MAX_WAITERS)),
             stop: tokio_util::sync::CancellationToken::new(),
         }
+    }
+
+    /// The verdicts `/v1/fault` serves and takes.
+    pub fn with_verdicts(mut self, verdicts: Arc<Verdicts>) -> Self {
+        self.verdicts = verdicts;
+        self
     }
 
     /// Watch streams end when `stop` is cancelled.
@@ -131,6 +141,12 @@ struct HealthQuery {
 
 /// The router.
 pub fn router(state: ApiState) -> Router {
+    router_with(state, Router::new())
+}
+
+/// The router with more routes (the agent adds `/v1/fault`, [`crate::fault_api`]), under
+/// the same fallbacks and request counting.
+pub fn router_with(state: ApiState, more: Router<ApiState>) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/health/{device}", get(device))
@@ -141,6 +157,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/healthz", get(|| async { Json(json!({"ok": true})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(more)
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
@@ -163,6 +180,7 @@ async fn count_requests(
         "/healthz" => "/healthz",
         "/readyz" => "/readyz",
         "/metrics" => "/metrics",
+        "/v1/fault" => "/v1/fault",
         p if p.starts_with("/v1/health/") => "/v1/health/{device}",
         _ => "other",
     };

@@ -275,6 +275,21 @@ pub struct Args {
     /// Also write the node document here, atomically, on every change.
     #[arg(long, env = "FAULTLINE_NODE_FILE")]
     pub node_file: Option<PathBuf>,
+    /// Keep the node's own fault.json (the aggregator's verdict with this agent's
+    /// readings) in this directory, atomically, for pods that mount it from the host.
+    #[arg(long, env = "FAULTLINE_FAULT_DIR")]
+    pub fault_dir: Option<PathBuf>,
+    /// Also serve GET /v1/fault (and /healthz, nothing else) here, for the node's pods.
+    #[arg(long, env = "FAULTLINE_FAULT_LISTEN")]
+    pub fault_listen: Option<SocketAddr>,
+    /// The token the aggregator presents to set this node's verdict (PUT /v1/fault);
+    /// without it no verdict can be set.
+    #[arg(long, env = "FAULTLINE_DELIVERY_TOKEN_FILE")]
+    pub delivery_token_file: Option<PathBuf>,
+    /// Longest a verdict holds without a confirmation from the aggregator; past it the
+    /// node's fault.json says stale and its healthy devices unknown.
+    #[arg(long, env = "FAULTLINE_VERDICT_STALE_AFTER", default_value = "60s", value_parser = positive_duration)]
+    pub verdict_stale_after: Duration,
     /// Exit when a source cannot start instead of serving unknown and retrying.
     #[arg(long, env = "FAULTLINE_FAIL_ON_INIT_ERROR")]
     pub fail_on_init_error: bool,
@@ -347,6 +362,10 @@ pub struct Config {
     pub http: faultline_common::server::Limits,
     pub node_name: String,
     pub node_file: Option<PathBuf>,
+    pub fault_dir: Option<PathBuf>,
+    pub fault_listen: Option<SocketAddr>,
+    pub delivery_token_file: Option<PathBuf>,
+    pub verdict_stale_after: Duration,
     pub fail_on_init_error: bool,
     pub thresholds: Thresholds,
     pub deadband: crate::deadband::Deadband,
@@ -463,6 +482,10 @@ impl Config {
             },
             node_name,
             node_file: a.node_file,
+            fault_dir: a.fault_dir,
+            fault_listen: a.fault_listen,
+            delivery_token_file: a.delivery_token_file,
+            verdict_stale_after: a.verdict_stale_after,
             fail_on_init_error: a.fail_on_init_error,
             thresholds: Thresholds {
                 temp_degraded_c: a.temp_threshold,

@@ -9,12 +9,14 @@
 pub mod api;
 pub mod config;
 pub mod deadband;
+pub mod fault_api;
 pub mod metrics;
 pub mod node_file;
 pub mod reaper;
 pub mod sampler;
 pub mod sources;
 pub mod store;
+pub mod verdict;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +38,8 @@ pub struct Agent {
     pub metrics: Arc<Metrics>,
     /// The address the API listens on.
     pub addr: std::net::SocketAddr,
+    /// The address of `--fault-listen`, if given.
+    pub fault_addr: Option<std::net::SocketAddr>,
     cancel: CancellationToken,
     server: tokio::task::JoinHandle<()>,
 }
@@ -185,13 +189,49 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
         ));
     }
 
+    let token = match &cfg.delivery_token_file {
+        Some(p) => Some(
+            verdict::Verdicts::read_token(p)
+                .with_context(|| format!("--delivery-token-file {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let verdicts = verdict::Verdicts::new(&cfg.node_name, token, cfg.verdict_stale_after);
+    if let Some(dir) = cfg.fault_dir.clone() {
+        tokio::spawn(verdict::run_file(
+            dir,
+            verdicts.clone(),
+            store.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        ));
+    }
+
     let limits = cfg.http;
     let listener = faultline_common::server::bind(cfg.listen, limits.backlog)
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
-    let app = api::router(
-        api::ApiState::new(store.clone(), metrics.clone(), sim_control).with_stop(cancel.clone()),
-    );
+    let state = api::ApiState::new(store.clone(), metrics.clone(), sim_control)
+        .with_stop(cancel.clone())
+        .with_verdicts(verdicts);
+    let fault_addr = match cfg.fault_listen {
+        Some(at) => {
+            let l = faultline_common::server::bind(at, limits.backlog)
+                .with_context(|| format!("cannot listen on {at} (--fault-listen)"))?;
+            let bound = l.local_addr()?;
+            let (cancel, stats) = (cancel.clone(), metrics.server.clone());
+            tokio::spawn(faultline_common::server::serve(
+                l,
+                fault_api::pod_router(state.clone()),
+                limits,
+                stats,
+                async move { cancel.cancelled().await },
+            ));
+            Some(bound)
+        }
+        None => None,
+    };
+    let app = api::router_with(state, fault_api::routes());
     let server = {
         let cancel = cancel.clone();
         let stats = metrics.server.clone();
@@ -208,6 +248,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
         store,
         metrics,
         addr,
+        fault_addr,
         cancel,
         server,
     })

@@ -127,6 +127,15 @@ pub struct AgentArgs {
     #[arg(long, env = "FAULTLINE_NODE_SELECTOR", default_value = "")]
     pub node_selector: String,
     /// Port of the agents on the nodes.
+    /// Deliver each followed node's published entry to its agent (PUT /v1/fault), which
+    /// keeps it as the node's own fault.json; this file holds the token the agents
+    /// expect (their --delivery-token-file). Unset: no delivery.
+    #[arg(long, env = "FAULTLINE_DELIVERY_TOKEN_FILE")]
+    pub delivery_token_file: Option<PathBuf>,
+    /// A delivered entry is confirmed this often; an agent not confirmed for three times
+    /// this calls its node's verdict stale.
+    #[arg(long, env = "FAULTLINE_DELIVERY_CONFIRM", default_value = "10s", value_parser = positive_duration)]
+    pub delivery_confirm: Duration,
     #[arg(long, env = "FAULTLINE_AGENT_PORT", default_value_t = 8081)]
     pub agent_port: u16,
     /// Rules file (YAML, TOML or JSON), reloaded on change. Default: the seed's rules.
@@ -396,6 +405,8 @@ pub struct Config {
     pub write_interval: Duration,
     pub urgent_spacing: Duration,
     pub refresh: Duration,
+    /// Node-local delivery: the token (read at start) and the confirmation period.
+    pub delivery: Option<(String, Duration)>,
     pub replica: String,
     pub log_json: bool,
     /// `--runtime-threads`.
@@ -550,6 +561,22 @@ impl Config {
             bail!("--nudge-rate must be between 0 and 10000 per second");
         }
         let remediation = mode(r.remediation, p.sink)?;
+        let delivery = match &a.agents.delivery_token_file {
+            Some(path) => {
+                let t = std::fs::read_to_string(path).map_err(|e| {
+                    anyhow::anyhow!("--delivery-token-file {}: {e}", path.display())
+                })?;
+                let t = t.trim();
+                if t.is_empty() || t.contains(|c: char| c.is_whitespace() || c.is_control()) {
+                    bail!(
+                        "--delivery-token-file {}: the token must be one word",
+                        path.display()
+                    );
+                }
+                Some((t.to_string(), a.agents.delivery_confirm))
+            }
+            None => None,
+        };
         if i.intake_token_file.is_some() && remediation == Mode::Off {
             bail!("--intake-token-file needs --sink configmap and --remediation dry-run or enforce: alerts are acted on by remediation");
         }
@@ -612,6 +639,7 @@ impl Config {
             write_interval: p.write_interval,
             urgent_spacing: p.urgent_spacing,
             refresh: p.refresh,
+            delivery,
             replica,
             log_json: a.log_format == LogFormat::Json,
             runtime_threads: a.runtime_threads,

@@ -98,6 +98,60 @@ pub struct NodeFaults {
     pub npus: Vec<NpuFault>,
     /// Counts by status.
     pub summary: FaultSummary,
+    /// When the readings shown (`temperature_c`, `power_w`, ...) were taken (RFC 3339):
+    /// in the node's own `fault.json`, the agent's latest sample; absent in the cluster
+    /// view, whose readings are as of `agent.last_seen`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readings_at: Option<String>,
+    /// In the node's own `fault.json` (served by its agent): whose verdict this is and how
+    /// fresh. Absent in the cluster view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<VerdictSource>,
+}
+
+/// Where a node's own `fault.json` got its statuses, and whether they can still be
+/// trusted (issue 25: once the aggregator falls silent the file says so, with a bounded
+/// age; it never silently keeps saying "healthy").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VerdictSource {
+    /// The aggregator replica that published it; absent before any verdict arrived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
+    /// The writer's sequence of this entry (increases with each new entry it publishes).
+    pub sequence: u64,
+    /// When the writer published this entry (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<String>,
+    /// When the node last heard from the aggregator: this entry, or its confirmation
+    /// (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmed: Option<String>,
+    /// No verdict yet, or none confirmed within `stale_after_s`: every device that the
+    /// last verdict called healthy is `unknown` (reason `verdict-stale`); degraded and
+    /// failed ones keep their status.
+    pub stale: bool,
+    /// How long a verdict holds without a confirmation, in seconds.
+    pub stale_after_s: u64,
+}
+
+/// What an aggregator sends a node's agent (`PUT /v1/fault`, bearer token): its verdict
+/// on the node, or a confirmation that the last one still holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Delivery {
+    /// The aggregator replica sending it.
+    pub writer: String,
+    /// The writer's sequence of `entry` (a confirmation names the one it confirms).
+    pub sequence: u64,
+    /// When the writer published the entry (RFC 3339).
+    pub published: String,
+    /// How long the agent may serve it without a confirmation, in milliseconds.
+    pub stale_after_ms: u64,
+    /// The node's entry; absent in a confirmation of (`writer`, `sequence`), which the
+    /// agent answers 409 when it does not hold that entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<NodeFaults>,
 }
 
 /// The agent as the aggregator sees it.
@@ -328,6 +382,8 @@ mod tests {
                 pci_bus_id: None,
             }],
             summary: FaultSummary::of(&[DeviceStatus::Failed]),
+            readings_at: None,
+            verdict: None,
         };
         let v = serde_json::to_value(&n).unwrap();
         assert_eq!(v["node"], "atlas900-node-042");

@@ -27,6 +27,7 @@ use super::schedule::WriteSchedule;
 pub use super::schedule::WriteTiming;
 use crate::api::DocumentAsk;
 use crate::ingest::collect::admit_raw;
+use crate::ingest::deliver::Deliveries;
 use crate::ingest::AgentEvent;
 use crate::metrics::Metrics;
 use crate::model::{FinalWrite, Takeover, Verdict};
@@ -78,6 +79,8 @@ pub struct Core {
     last_reconcile: Instant,
     /// Final writes waiting for the next write to finish.
     final_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Node-local delivery of each changed entry (issue 25), when on.
+    deliveries: Option<Arc<Deliveries>>,
 }
 
 /// Agent events handled in one turn of the loop after the one that woke it.
@@ -115,6 +118,25 @@ impl Core {
             alarming: BTreeSet::new(),
             last_reconcile: Instant::now(),
             final_waiters: Vec::new(),
+            deliveries: None,
+        }
+    }
+
+    /// Deliver each node's entry to its agent as it changes.
+    pub fn with_deliveries(mut self, deliveries: Option<Arc<Deliveries>>) -> Self {
+        self.deliveries = deliveries;
+        self
+    }
+
+    /// Offer `node`'s entry for delivery: when it changed, or when its agent has had
+    /// none yet (just followed: a start, a takeover).
+    fn deliver(&self, node: &str, changed: bool) {
+        if let Some(d) = &self.deliveries {
+            if changed || d.wants(node) {
+                if let Some(entry) = self.pipeline.node_faults(node) {
+                    d.offer(node, entry);
+                }
+            }
         }
     }
 
@@ -270,6 +292,11 @@ impl Core {
 
     fn on_agent(&mut self, ev: AgentEvent) {
         let now = now_ms();
+        let followed: Option<Arc<str>> = match &ev {
+            AgentEvent::Raw { node, .. } => Some(node.clone()),
+            AgentEvent::Unreachable { node, .. } => Some(Arc::from(node.as_str())),
+            AgentEvent::Removed { .. } => None,
+        };
         let c = match ev {
             AgentEvent::Raw { node, body } => match admit_raw(&node, &body) {
                 Ok(doc) => {
@@ -297,12 +324,16 @@ impl Core {
             },
         };
         self.on_change(c);
+        if let Some(node) = followed {
+            self.deliver(&node, false);
+        }
     }
 
     /// What a change means beyond the document: urgency, remediation, nudges.
     fn on_change(&mut self, c: Change) {
         for n in &c.nodes {
             self.schedule.changed(self.publisher.shard_of(n));
+            self.deliver(n, true);
         }
         if c.urgent {
             for n in &c.nodes {

@@ -23,6 +23,7 @@ use self::core::{Core, Inputs, WriteTiming};
 use self::dispatch::Dispatch;
 use crate::api::{self, ApiState};
 use crate::config::{Config, SinkKind};
+use crate::ingest::deliver::{Deliveries, Fence as DeliveryFence};
 use crate::ingest::{collect, discover, podhealth, AgentEvent, Intake, Route};
 use crate::metrics::Metrics;
 use crate::model::Verdict;
@@ -128,6 +129,7 @@ fn follow_agents(
     metrics: &Arc<Metrics>,
     cancel: &CancellationToken,
     ownership: Option<discover::Ownership>,
+    deliveries: Option<Arc<Deliveries>>,
 ) -> anyhow::Result<mpsc::Receiver<AgentEvent>> {
     let (tx, rx) = mpsc::channel::<AgentEvent>(1024);
     let client = collect::client();
@@ -138,7 +140,8 @@ fn follow_agents(
         metrics.clone(),
         cancel.clone(),
         ownership,
-    );
+    )
+    .with_deliveries(deliveries);
     if cfg.agents.is_empty() {
         let api: Api<Node> = Api::all(
             watch
@@ -302,7 +305,27 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
         held: held.subscribe(),
         shards: cfg.shards,
     });
-    let agents = follow_agents(&cfg, watch.as_ref(), &metrics, &cancel, ownership)?;
+    // Node-local delivery (issue 25): each followed node's entry to its agent.
+    let deliveries = cfg.delivery.as_ref().map(|(token, confirm)| {
+        Deliveries::new(
+            &cfg.replica,
+            token.clone(),
+            *confirm,
+            sharing.then(|| DeliveryFence {
+                held: held.clone(),
+                shards: cfg.shards,
+            }),
+            metrics.clone(),
+        )
+    });
+    let agents = follow_agents(
+        &cfg,
+        watch.as_ref(),
+        &metrics,
+        &cancel,
+        ownership,
+        deliveries.clone(),
+    )?;
     let (takeover_tx, takeovers) = mpsc::channel(64);
     let (final_tx, final_writes) = mpsc::channel(16);
 
@@ -443,6 +466,7 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
         ready,
     );
     let core = if sharing { core.with_seeding() } else { core };
+    let core = core.with_deliveries(deliveries);
     drop((takeover_tx, final_tx));
     let inputs = Inputs {
         agents,

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::collect::{self, AgentClient, AgentEvent};
+use super::deliver::Deliveries;
 use crate::metrics::Metrics;
 
 /// The agent URL of a node: its InternalIP at `port`.
@@ -66,6 +67,8 @@ pub struct Followers {
     /// Every node known and its agent's URL, followed or not.
     known: BTreeMap<String, String>,
     ownership: Option<Ownership>,
+    /// Node-local delivery to each followed agent, when on.
+    deliveries: Option<Arc<Deliveries>>,
 }
 
 impl Followers {
@@ -87,7 +90,14 @@ impl Followers {
             by_node: BTreeMap::new(),
             known: BTreeMap::new(),
             ownership,
+            deliveries: None,
         }
+    }
+
+    /// Deliver each followed node's entry to its agent too.
+    pub fn with_deliveries(mut self, deliveries: Option<Arc<Deliveries>>) -> Self {
+        self.deliveries = deliveries;
+        self
     }
 
     /// Follow `node` (again, if its address changed).
@@ -123,6 +133,9 @@ impl Followers {
             self.metrics.clone(),
             token.clone(),
         ));
+        if let Some(d) = &self.deliveries {
+            d.open(&name, &url, token.clone());
+        }
         tracing::debug!(node = %name, %url, "following agent");
         self.by_node.insert(name, (url, token));
         self.metrics.set_nodes_followed(self.by_node.len());
@@ -137,6 +150,9 @@ impl Followers {
     async fn unfollow(&mut self, name: &str, why: &str) {
         if let Some((_, t)) = self.by_node.remove(name) {
             t.cancel();
+            if let Some(d) = &self.deliveries {
+                d.close(name);
+            }
             tracing::debug!(node = %name, "{why}");
             self.metrics.set_nodes_followed(self.by_node.len());
             let _ = self

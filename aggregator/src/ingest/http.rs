@@ -262,13 +262,15 @@ impl Conn {
         self.lines = None;
         let request = self.request(path);
         let reused = self.stream.is_some();
-        match self.exchange(&request, limit).await {
+        match self.exchange(request.as_bytes(), limit).await {
             // The server closed the kept connection while it was idle: once more on a new
             // one (nothing of the answer was read, so the request was not acted on).
-            Err(Exchange::Stale) if reused => match self.exchange(&request, limit).await {
-                Ok(r) => Ok(r),
-                Err(e) => Err(e.into()),
-            },
+            Err(Exchange::Stale) if reused => {
+                match self.exchange(request.as_bytes(), limit).await {
+                    Ok(r) => Ok(r),
+                    Err(e) => Err(e.into()),
+                }
+            }
             r => r.map_err(Into::into),
         }
     }
@@ -280,12 +282,41 @@ impl Conn {
         )
     }
 
-    async fn exchange(&mut self, request: &str, limit: usize) -> Result<Response, Exchange> {
+    /// `PUT prefix + path` with a JSON `body` and a bearer token, reading at most `limit`
+    /// body bytes of the answer. Sent again once on a kept connection the server had
+    /// closed while idle (nothing of the answer was read; a PUT may be repeated).
+    pub async fn put_json(
+        &mut self,
+        path: &str,
+        bearer: &str,
+        body: &[u8],
+        limit: usize,
+    ) -> Result<Response, HttpError> {
+        self.lines = None;
+        let mut request = format!(
+            "PUT {}{path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {bearer}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nUser-Agent: faultline-aggregator\r\n\r\n",
+            self.target.prefix,
+            self.target.authority,
+            body.len()
+        )
+        .into_bytes();
+        request.extend_from_slice(body);
+        let reused = self.stream.is_some();
+        match self.exchange(&request, limit).await {
+            Err(Exchange::Stale) if reused => match self.exchange(&request, limit).await {
+                Ok(r) => Ok(r),
+                Err(e) => Err(e.into()),
+            },
+            r => r.map_err(Into::into),
+        }
+    }
+
+    async fn exchange(&mut self, request: &[u8], limit: usize) -> Result<Response, Exchange> {
         let mut stream = match self.stream.take() {
             Some(s) => s,
             None => connect(&self.target.authority, self.connect_timeout).await?,
         };
-        if let Err(e) = stream.write_all(request.as_bytes()).await {
+        if let Err(e) = stream.write_all(request).await {
             return Err(Exchange::stale_or(e));
         }
         let (response, keep) = read_response(&mut stream, limit).await?;

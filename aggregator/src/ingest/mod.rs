@@ -2,6 +2,7 @@
 //! alerts (`POST /v1/alerts`) and the kubelet's word on devices (KEP-4680).
 
 pub mod collect;
+pub mod deliver;
 pub mod discover;
 pub mod http;
 pub mod intake;

@@ -20,6 +20,12 @@ pub(super) struct TransitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct DeliveryLabels {
+    pub(super) kind: String,
+    pub(super) result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct SinkLabels {
     pub(super) sink: String,
     pub(super) shard: String,

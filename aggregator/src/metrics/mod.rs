@@ -13,8 +13,8 @@ mod labels;
 
 pub use labels::{Action, ActionResult};
 use labels::{
-    ActionLabel, ActionLabels, CodeLabel, KindLabel, ResultLabel, ShardLabel, SinkLabels,
-    StateLabel, TransitionLabels,
+    ActionLabel, ActionLabels, CodeLabel, DeliveryLabels, KindLabel, ResultLabel, ShardLabel,
+    SinkLabels, StateLabel, TransitionLabels,
 };
 
 /// Every metric of the aggregator.
@@ -49,6 +49,7 @@ pub struct Metrics {
     /// `agent_polls{result="ok"}`, resolved once: it is counted for every document.
     agent_polls_ok: Counter,
     agent_watch_fallbacks: Counter,
+    deliveries: Family<DeliveryLabels, Counter>,
     discovery_errors: Counter,
     devices_forgotten: Counter,
     nodes_refused: Counter,
@@ -108,6 +109,7 @@ impl Metrics {
             seeded_devices: Counter::default(),
             agent_polls_ok: Counter::default(),
             agent_watch_fallbacks: Counter::default(),
+            deliveries: Family::default(),
             discovery_errors: Counter::default(),
             devices_forgotten: Counter::default(),
             nodes_refused: Counter::default(),
@@ -368,6 +370,16 @@ impl Metrics {
             .inc();
     }
 
+    /// A delivery to an agent and how it went.
+    pub fn delivery(&self, kind: &str, result: &str) {
+        self.deliveries
+            .get_or_create(&DeliveryLabels {
+                kind: kind.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+
     /// A shard ConfigMap page not written: unchanged since this replica wrote it.
     pub fn page_unchanged(&self, _shard: u32) {
         self.pages_unchanged.inc();
@@ -444,6 +456,11 @@ impl Metrics {
             "seeded_devices",
             "Devices seeded from a taken shard's last published document",
             m.seeded_devices.clone(),
+        );
+        registry.register(
+            "deliveries",
+            "Node-local deliveries to agents (kind: entry or confirm; result: ok, conflict, refused, unreachable, error)",
+            m.deliveries.clone(),
         );
         registry.register(
             "agent_watch_fallbacks",

@@ -67,6 +67,8 @@ impl Pipeline {
             },
             summary: FaultSummary::of(npus.iter().map(|d| &d.status)),
             npus,
+            readings_at: None,
+            verdict: None,
         }
     }
 

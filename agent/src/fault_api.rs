@@ -1,0 +1,171 @@
+//! `/v1/fault`: the node's own `fault.json` ([`crate::verdict`]). `GET` serves it (a
+//! watch stream with `watch=true`), `PUT` takes the aggregator's delivery (bearer
+//! token). [`pod_router`] serves only the `GET`, for `--fault-listen`: the port the
+//! node's pods may reach.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use faultline_common::fault::Delivery;
+use faultline_common::time::now_ms;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::{ApiError, ApiState, NDJSON, WATCH_HEARTBEAT, WATCH_MIN_LIFE};
+use crate::verdict::Refused;
+
+/// Largest delivery accepted (an entry of 1,024 devices is about 400 KiB).
+pub const MAX_DELIVERY: usize = 1 << 20;
+/// How often a watch looks whether the verdict turned stale.
+const STALE_LOOK: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FaultQuery {
+    /// `true` (or `1`): each new version as one line ([`NDJSON`]).
+    watch: Option<String>,
+    /// With `watch`, the heartbeat's period in milliseconds (default 10000).
+    timeout_ms: Option<u64>,
+}
+
+/// The `/v1/fault` routes of the agent's API.
+pub fn routes() -> Router<ApiState> {
+    Router::new().route(
+        "/v1/fault",
+        get(fault)
+            .put(deliver)
+            .layer(DefaultBodyLimit::max(MAX_DELIVERY)),
+    )
+}
+
+/// What `--fault-listen` serves: the node's `fault.json` and a liveness probe, nothing
+/// else (no delivery, no health document, no metrics).
+pub fn pod_router(state: ApiState) -> Router {
+    Router::new()
+        .route("/v1/fault", get(fault))
+        .route("/healthz", get(|| async { Json(json!({"ok": true})) }))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+        })
+        .with_state(state)
+}
+
+fn document(s: &ApiState) -> faultline_common::fault::NodeFaults {
+    s.verdicts.render(&s.store.render(), now_ms())
+}
+
+async fn fault(
+    State(s): State<ApiState>,
+    q: Result<Query<FaultQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let watch = match q.watch.as_deref() {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(w) => {
+            return Err(ApiError::bad_request(format!(
+                "watch {w:?}: expected true or false"
+            )))
+        }
+    };
+    if !watch {
+        if q.timeout_ms.is_some() {
+            return Err(ApiError::bad_request(
+                "timeout_ms only makes sense with watch",
+            ));
+        }
+        return Ok(Json(document(&s)).into_response());
+    }
+    let heartbeat = Duration::from_millis(q.timeout_ms.unwrap_or(10_000))
+        .clamp(WATCH_HEARTBEAT.0, WATCH_HEARTBEAT.1);
+    Ok(match s.waiters.clone().try_acquire_owned() {
+        Ok(permit) => stream(s, heartbeat, permit),
+        Err(_) => {
+            s.metrics.long_poll_shortened();
+            Json(document(&s)).into_response()
+        }
+    })
+}
+
+/// The document at once, then each new version (a new verdict or confirmation, a new
+/// agent document, the verdict turning stale), and a blank line after `heartbeat`
+/// without one; it ends after its life, when the agent stops, or when the client goes.
+fn stream(s: ApiState, heartbeat: Duration, permit: tokio::sync::OwnedSemaphorePermit) -> Response {
+    let end = tokio::time::Instant::now() + WATCH_MIN_LIFE.mul_f64(rand::random_range(1.0..2.0));
+    let (verdicts, docs) = (s.verdicts.subscribe(), s.store.subscribe());
+    type Seen = Option<(u64, u64, bool)>;
+    let stream = futures_util::stream::unfold(
+        (s, verdicts, docs, None::<(u64, u64, bool)>, permit),
+        move |(s, mut verdicts, mut docs, seen, permit): (_, _, _, Seen, _)| async move {
+            let quiet = tokio::time::Instant::now() + heartbeat;
+            loop {
+                let now = (
+                    *verdicts.borrow_and_update(),
+                    *docs.borrow_and_update(),
+                    s.verdicts.stale(now_ms()),
+                );
+                if seen != Some(now) {
+                    let mut line = match serde_json::to_vec(&document(&s)) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot encode fault.json: the watch ends");
+                            return None;
+                        }
+                    };
+                    line.push(b'\n');
+                    let item = Ok::<_, std::convert::Infallible>(Bytes::from(line));
+                    return Some((item, (s, verdicts, docs, Some(now), permit)));
+                }
+                tokio::select! {
+                    _ = s.stop.cancelled() => return None,
+                    _ = tokio::time::sleep_until(end) => return None,
+                    r = verdicts.changed() => if r.is_err() { return None },
+                    r = docs.changed() => if r.is_err() { return None },
+                    _ = tokio::time::sleep(STALE_LOOK) => {}
+                    _ = tokio::time::sleep_until(quiet) => {
+                        let item = Ok(Bytes::from_static(b"\n"));
+                        return Some((item, (s, verdicts, docs, seen, permit)));
+                    }
+                }
+            }
+        },
+    );
+    (
+        [(header::CONTENT_TYPE, NDJSON)],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+async fn deliver(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let refused = |e: Refused| {
+        s.metrics.count_error("delivery", e.label());
+        let status = match e {
+            Refused::Off => StatusCode::FORBIDDEN,
+            Refused::Unauthorized => StatusCode::UNAUTHORIZED,
+            Refused::Invalid(_) => StatusCode::BAD_REQUEST,
+            Refused::Conflict(_) => StatusCode::CONFLICT,
+        };
+        ApiError::new(status, e.to_string())
+    };
+    s.verdicts
+        .authorize(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
+        .map_err(refused)?;
+    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+    let d: Delivery = serde_json::from_slice(&body)
+        .map_err(|e| refused(Refused::Invalid(format!("not a delivery: {e}"))))?;
+    let sequence = d.sequence;
+    s.verdicts.apply(d, now_ms()).map_err(refused)?;
+    Ok(Json(json!({"sequence": sequence})).into_response())
+}

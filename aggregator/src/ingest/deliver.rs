@@ -1,0 +1,219 @@
+//! Node-local delivery (issue 25): each followed node's published entry goes to that
+//! node's agent (`PUT /v1/fault`, the bearer token of `--delivery-token-file`), which
+//! keeps it as the node's own `fault.json` for its pods. A change costs one node, not a
+//! page that every kubelet of the fleet receives; no kubelet volume refresh is involved.
+//!
+//! Each followed node has a slot holding its latest entry and a task that delivers it:
+//! a new entry at once, then a confirmation (no entry: the writer and sequence only)
+//! every `--delivery-confirm`, so the agent can tell a silent aggregator from a quiet
+//! node (it turns the verdict stale after three confirmations missed). An agent that
+//! answers a confirmation with 409 (it restarted, or holds another writer's entry) gets
+//! the entry again. A slow or dead agent delays only its own slot. Only the holder of a
+//! node's shard delivers (asked before every send), as only it writes the shard.
+//!
+//! Sequences are per writer and never go back across restarts: they start from the
+//! wall clock in microseconds and count up.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use faultline_common::fault::{shard_of, Delivery, NodeFaults};
+use faultline_common::sync::Locked;
+use faultline_common::time::{now_ms, now_rfc3339};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::http::{Conn, Target};
+use crate::metrics::Metrics;
+use crate::shard::Held;
+
+/// Bound on one delivery, connecting included.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(3);
+/// Largest answer read from an agent.
+const MAX_ANSWER: usize = 64 << 10;
+/// The path deliveries go to.
+const PATH: &str = "/v1/fault";
+
+/// One node's entry as offered for delivery.
+#[derive(Debug)]
+pub struct Offer {
+    sequence: u64,
+    published: String,
+    entry: NodeFaults,
+}
+
+type Slot = watch::Sender<Option<Arc<Offer>>>;
+
+/// Who may deliver: the holder of the node's shard (with shard ownership).
+#[derive(Clone)]
+pub struct Fence {
+    /// The shards held.
+    pub held: Held,
+    /// Number of shards.
+    pub shards: u32,
+}
+
+/// Every followed node's slot, and what their deliveries share.
+pub struct Deliveries {
+    writer: String,
+    token: String,
+    confirm: Duration,
+    next: AtomicU64,
+    slots: Mutex<HashMap<String, Slot>>,
+    fence: Option<Fence>,
+    metrics: Arc<Metrics>,
+}
+
+impl Deliveries {
+    /// Deliveries by `writer` with `token`, confirmed every `confirm`, fenced by `fence`
+    /// (none: this replica publishes every node).
+    pub fn new(
+        writer: &str,
+        token: String,
+        confirm: Duration,
+        fence: Option<Fence>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Arc::new(Deliveries {
+            writer: writer.to_string(),
+            token,
+            confirm,
+            next: AtomicU64::new(now_ms().saturating_mul(1000)),
+            slots: Mutex::new(HashMap::new()),
+            fence,
+            metrics,
+        })
+    }
+
+    /// Offer `node`'s new entry (a node not followed here: nothing).
+    pub fn offer(&self, node: &str, entry: NodeFaults) {
+        let slots = self.slots.locked();
+        if let Some(slot) = slots.get(node) {
+            let offer = Offer {
+                sequence: self.next.fetch_add(1, Ordering::Relaxed),
+                published: now_rfc3339(),
+                entry,
+            };
+            slot.send_replace(Some(Arc::new(offer)));
+        }
+    }
+
+    /// Whether `node` is followed here and has had no entry yet.
+    pub fn wants(&self, node: &str) -> bool {
+        self.slots
+            .locked()
+            .get(node)
+            .is_some_and(|s| s.borrow().is_none())
+    }
+
+    /// Start delivering to `node`'s agent at `url` until `cancel`.
+    pub fn open(self: &Arc<Self>, node: &str, url: &str, cancel: CancellationToken) {
+        let target = match Target::parse(url) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(%node, %url, error = %e, "no delivery to an agent whose URL does not parse");
+                return;
+            }
+        };
+        let (tx, rx) = watch::channel(None);
+        self.slots.locked().insert(node.to_string(), tx);
+        tokio::spawn(self.clone().run(node.to_string(), target, rx, cancel));
+    }
+
+    /// Stop delivering to `node` (its task ends with its follower's token).
+    pub fn close(&self, node: &str) {
+        self.slots.locked().remove(node);
+    }
+
+    fn may(&self, node: &str) -> bool {
+        self.fence
+            .as_ref()
+            .is_none_or(|f| f.held.holds(shard_of(node, f.shards)))
+    }
+
+    async fn run(
+        self: Arc<Self>,
+        node: String,
+        target: Target,
+        mut rx: watch::Receiver<Option<Arc<Offer>>>,
+        cancel: CancellationToken,
+    ) {
+        let mut conn = Conn::new(target, DELIVERY_TIMEOUT);
+        // The sequence the agent holds, as far as this task knows.
+        let mut acked: Option<u64> = None;
+        let mut confirm_at = tokio::time::Instant::now() + self.confirm;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = rx.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep_until(confirm_at) => {}
+            }
+            confirm_at = tokio::time::Instant::now() + self.confirm;
+            let Some(offer) = rx.borrow_and_update().clone() else {
+                continue;
+            };
+            if !self.may(&node) {
+                acked = None;
+                continue;
+            }
+            let full = acked != Some(offer.sequence);
+            acked = match self.send(&mut conn, &offer, full).await {
+                Ok(()) => Some(offer.sequence),
+                // Not held there (the agent restarted, or took another writer's): the
+                // entry itself, at once.
+                Err(409) if !full => match self.send(&mut conn, &offer, true).await {
+                    Ok(()) => Some(offer.sequence),
+                    Err(_) => None,
+                },
+                Err(_) => None,
+            };
+            if acked.is_none() {
+                tracing::debug!(%node, "delivery failed; again at the next change or confirmation");
+            }
+        }
+    }
+
+    /// Deliver `offer` (its entry when `full`, else a confirmation). `Err(status)`:
+    /// refused with that status (0: not answered).
+    async fn send(&self, conn: &mut Conn, offer: &Offer, full: bool) -> Result<(), u16> {
+        let d = Delivery {
+            writer: self.writer.clone(),
+            sequence: offer.sequence,
+            published: offer.published.clone(),
+            stale_after_ms: (self.confirm * 3).as_millis() as u64,
+            entry: full.then(|| offer.entry.clone()),
+        };
+        let kind = if full { "entry" } else { "confirm" };
+        let body = match serde_json::to_vec(&d) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot encode a delivery");
+                return Err(0);
+            }
+        };
+        let r = tokio::time::timeout(
+            DELIVERY_TIMEOUT,
+            conn.put_json(PATH, &self.token, &body, MAX_ANSWER),
+        )
+        .await;
+        let status = match r {
+            Ok(Ok(resp)) => resp.status,
+            Ok(Err(_)) | Err(_) => 0,
+        };
+        let result = match status {
+            200 => "ok",
+            409 => "conflict",
+            401 | 403 => "refused",
+            0 => "unreachable",
+            _ => "error",
+        };
+        self.metrics.delivery(kind, result);
+        if status == 200 {
+            Ok(())
+        } else {
+            Err(status)
+        }
+    }
+}
