@@ -60,6 +60,15 @@ pub enum ReleaseMode {
     Auto,
 }
 
+/// Where the agents are found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Discovery {
+    /// The EndpointSlices of the agents' headless Service.
+    Endpoints,
+    /// Nodes matching --node-selector, at their InternalIP.
+    Nodes,
+}
+
 /// Log format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -126,7 +135,6 @@ pub struct AgentArgs {
     /// Nodes to follow when no --agents are given (seed: node-role.kubernetes.io/atlas=true).
     #[arg(long, env = "FAULTLINE_NODE_SELECTOR", default_value = "")]
     pub node_selector: String,
-    /// Port of the agents on the nodes.
     /// Deliver each followed node's published entry to its agent (PUT /v1/fault), which
     /// keeps it as the node's own fault.json; this file holds the token the agents
     /// expect (their --delivery-token-file). Unset: no delivery.
@@ -136,6 +144,25 @@ pub struct AgentArgs {
     /// this calls its node's verdict stale.
     #[arg(long, env = "FAULTLINE_DELIVERY_CONFIRM", default_value = "10s", value_parser = positive_duration)]
     pub delivery_confirm: Duration,
+    /// Where the agents are found when none are listed: `endpoints`, the EndpointSlices
+    /// of the agents' headless Service (--agent-service in --namespace; slim, and quiet
+    /// in steady state), or `nodes`, every Node matching --node-selector at its
+    /// InternalIP (whole Node objects: for small clusters).
+    #[arg(
+        long,
+        env = "FAULTLINE_DISCOVERY",
+        value_enum,
+        default_value = "endpoints"
+    )]
+    pub discovery: Discovery,
+    /// The agents' headless Service (--discovery endpoints).
+    #[arg(
+        long,
+        env = "FAULTLINE_AGENT_SERVICE",
+        default_value = "faultline-agent"
+    )]
+    pub agent_service: String,
+    /// Port of the agents on the nodes.
     #[arg(long, env = "FAULTLINE_AGENT_PORT", default_value_t = 8081)]
     pub agent_port: u16,
     /// Rules file (YAML, TOML or JSON), reloaded on change. Default: the seed's rules.
@@ -384,6 +411,8 @@ pub struct Config {
     pub lease_duration: Duration,
     pub lease_retry: Duration,
     pub node_selector: String,
+    pub discovery: Discovery,
+    pub agent_service: String,
     pub agent_port: u16,
     pub nudge_rate: f64,
     pub nudge_selector: String,
@@ -503,30 +532,10 @@ fn replica(asked: Option<String>) -> String {
                     .ok()
                     .map(|s| s.trim().to_string())
             })
-            .map(|s| as_subdomain(&s))
+            .map(|s| names::as_subdomain(&s))
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "aggregator".into())
     })
-}
-
-/// A name not given by flag (a hostname may have capitals or `_`) made a DNS-1123
-/// subdomain: each `.`-separated part lowercase, anything else `-`, no `-` at either end
-/// of a part, empty parts dropped. Too long a result is left for `check_names` to refuse.
-fn as_subdomain(s: &str) -> String {
-    s.split('.')
-        .map(|part| {
-            let mapped: String = part
-                .chars()
-                .map(|c| match c.to_ascii_lowercase() {
-                    c @ ('a'..='z' | '0'..='9') => c,
-                    _ => '-',
-                })
-                .collect();
-            mapped.trim_matches('-').to_string()
-        })
-        .filter(|p| !p.is_empty())
-        .collect::<Vec<_>>()
-        .join(".")
 }
 
 /// The names `name` and `replica` make (the member Lease, the last shard's last page),
@@ -562,19 +571,11 @@ impl Config {
         }
         let remediation = mode(r.remediation, p.sink)?;
         let delivery = match &a.agents.delivery_token_file {
-            Some(path) => {
-                let t = std::fs::read_to_string(path).map_err(|e| {
-                    anyhow::anyhow!("--delivery-token-file {}: {e}", path.display())
-                })?;
-                let t = t.trim();
-                if t.is_empty() || t.contains(|c: char| c.is_whitespace() || c.is_control()) {
-                    bail!(
-                        "--delivery-token-file {}: the token must be one word",
-                        path.display()
-                    );
-                }
-                Some((t.to_string(), a.agents.delivery_confirm))
-            }
+            Some(path) => Some((
+                names::read_token(path)
+                    .map_err(|e| anyhow::anyhow!("--delivery-token-file {e}"))?,
+                a.agents.delivery_confirm,
+            )),
             None => None,
         };
         if i.intake_token_file.is_some() && remediation == Mode::Off {
@@ -612,6 +613,8 @@ impl Config {
             pages: s.pages,
             lease_duration: s.lease_duration,
             lease_retry: s.lease_retry,
+            discovery: a.agents.discovery,
+            agent_service: a.agents.agent_service.clone(),
             node_selector: a.agents.node_selector.clone(),
             agent_port: a.agents.agent_port,
             nudge_rate: p.nudge_rate,
@@ -721,9 +724,13 @@ mod tests {
             ("gpu-health", "gpu-health-7d9f.x")
         );
         // A name not given by flag is made one.
-        assert_eq!(as_subdomain("My_Host.Example."), "my-host.example");
-        assert_eq!(as_subdomain("--x--"), "x");
-        assert_eq!(as_subdomain("a._b..c"), "a.b.c", "no part starts with '-'");
+        assert_eq!(names::as_subdomain("My_Host.Example."), "my-host.example");
+        assert_eq!(names::as_subdomain("--x--"), "x");
+        assert_eq!(
+            names::as_subdomain("a._b..c"),
+            "a.b.c",
+            "no part starts with '-'"
+        );
     }
 
     #[test]

@@ -186,6 +186,8 @@ async fn nodes_are_discovered_and_forgotten() {
     let agg = w
         .configmap("r1", 1)
         .args(&[
+            "--discovery",
+            "nodes",
             "--node-selector",
             "accelerator=nvidia",
             "--agent-port",
@@ -768,6 +770,8 @@ async fn a_quiet_node_watch_is_not_relisted() {
     let agg = w
         .configmap("r1", 1)
         .args(&[
+            "--discovery",
+            "nodes",
             "--agent-port",
             &a.addr.port().to_string(),
             "--kube-timeout",

@@ -77,6 +77,37 @@ pub fn label_value(v: &str) -> Result<(), String> {
     }
 }
 
+/// A name not given by flag (a hostname may have capitals or `_`) made a DNS-1123
+/// subdomain: each `.`-separated part lowercase, anything else `-`, no `-` at either end
+/// of a part, empty parts dropped. Too long a result is left for the caller to refuse.
+pub fn as_subdomain(s: &str) -> String {
+    s.split('.')
+        .map(|part| {
+            let mapped: String = part
+                .chars()
+                .map(|c| match c.to_ascii_lowercase() {
+                    c @ ('a'..='z' | '0'..='9') => c,
+                    _ => '-',
+                })
+                .collect();
+            mapped.trim_matches('-').to_string()
+        })
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// A bearer token from `path`: its content trimmed, one word (no whitespace or control
+/// characters inside, not empty). The error names the path.
+pub fn read_token(path: &std::path::Path) -> Result<String, String> {
+    let t = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let t = t.trim();
+    if t.is_empty() || t.contains(|c: char| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{}: the token must be one word", path.display()));
+    }
+    Ok(t.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

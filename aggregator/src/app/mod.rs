@@ -15,6 +15,7 @@ use anyhow::Context;
 use faultline_common::rules::Rules;
 use faultline_common::time::Clock;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -22,9 +23,9 @@ use tokio_util::sync::CancellationToken;
 use self::core::{Core, Inputs, WriteTiming};
 use self::dispatch::Dispatch;
 use crate::api::{self, ApiState};
-use crate::config::{Config, SinkKind};
+use crate::config::{Config, Discovery, SinkKind};
 use crate::ingest::deliver::{Deliveries, Fence as DeliveryFence};
-use crate::ingest::{collect, discover, podhealth, AgentEvent, Intake, Route};
+use crate::ingest::{collect, discover, endpoints, podhealth, AgentEvent, Intake, Route};
 use crate::metrics::Metrics;
 use crate::model::Verdict;
 use crate::notify::Notifier;
@@ -143,12 +144,24 @@ fn follow_agents(
     )
     .with_deliveries(deliveries);
     if cfg.agents.is_empty() {
-        let api: Api<Node> = Api::all(
-            watch
-                .cloned()
-                .context("discovery needs the Kubernetes API")?,
-        );
-        tokio::spawn(discover::run(api, cfg.node_selector.clone(), followers));
+        let client = watch
+            .cloned()
+            .context("discovery needs the Kubernetes API")?;
+        match cfg.discovery {
+            Discovery::Endpoints => {
+                let api: Api<EndpointSlice> = Api::namespaced(client, &cfg.namespace);
+                tokio::spawn(endpoints::run(
+                    api,
+                    cfg.agent_service.clone(),
+                    cfg.agent_port,
+                    followers,
+                ));
+            }
+            Discovery::Nodes => {
+                let api: Api<Node> = Api::all(client);
+                tokio::spawn(discover::run(api, cfg.node_selector.clone(), followers));
+            }
+        }
         return Ok(rx);
     }
     let mut followers = followers;

@@ -191,6 +191,41 @@ impl Followers {
         );
     }
 
+    /// Follow exactly these nodes' agents (node -> URL): the others known are forgotten,
+    /// a changed URL followed anew (EndpointSlice discovery).
+    pub async fn follow_exactly(&mut self, wanted: BTreeMap<String, String>) {
+        let gone: Vec<String> = self
+            .known
+            .keys()
+            .filter(|n| !wanted.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.remove(&name).await;
+        }
+        for (name, url) in wanted {
+            if self.known.get(&name) != Some(&url) {
+                self.known.insert(name.clone(), url.clone());
+                self.follow(name, url);
+            }
+        }
+    }
+
+    /// The metrics the followers count in.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// The token that stops every follower.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// The shards held as they change, with shard ownership.
+    pub fn held(&self) -> Option<watch::Receiver<BTreeSet<u32>>> {
+        self.ownership.as_ref().map(|o| o.held.clone())
+    }
+
     /// A node named on the command line (`--agents NODE=URL`).
     pub fn add_static(&mut self, name: String, url: String) {
         self.known.insert(name.clone(), url.clone());

@@ -4,6 +4,7 @@
 pub mod collect;
 pub mod deliver;
 pub mod discover;
+pub mod endpoints;
 pub mod http;
 pub mod intake;
 pub mod podhealth;

@@ -18,7 +18,6 @@ use kube::api::{Api, ListParams, PostParams};
 use super::error::RemediateError;
 use super::policy::Budget;
 use super::record::{DEVICES_LABEL, UNKNOWN_MARK};
-use super::view;
 
 /// The quarantine budget, counted from the Nodes themselves (the devices label), so
 /// every replica sees the same count.
@@ -46,7 +45,9 @@ impl BudgetGuard {
 
     /// Why quarantining `node` now would exceed the budget, if it would. Nodes the
     /// unknown guard tainted do not count: they have their own budget
-    /// ([`BudgetGuard::unknown_refusal`]).
+    /// ([`BudgetGuard::unknown_refusal`]). Every read is of metadata only, in pages
+    /// (issue 25: a real GPU Node is 15-40 KB; a list of every Node in one answer was
+    /// 0.3-0.8 GB at 20,000 nodes).
     pub async fn refusal(
         &self,
         nodes: &Api<Node>,
@@ -55,28 +56,26 @@ impl BudgetGuard {
         // A consistent read: a count from a lagging cache could miss a quarantine just
         // made and let one more through (this list is one per new quarantine, not per
         // pass).
-        let quarantined: Vec<Node> = nodes
-            .list(&ListParams::default().labels(DEVICES_LABEL))
-            .await?
-            .items
-            .into_iter()
-            .filter(|n| !unknown_only(n))
-            .collect();
-        let domain = |n: &Node| {
+        let mut quarantined: Vec<ObjectMeta> = Vec::new();
+        each_page(nodes, DEVICES_LABEL, |page| {
+            quarantined.extend(page.filter(|m| !unknown_only(m)));
+        })
+        .await?;
+        let domain = |m: &ObjectMeta| {
             let label = self.budget.per_domain.as_ref().map(|(l, _)| l.as_str())?;
-            view::label(n, label)
+            m.labels.as_ref()?.get(label).cloned()
         };
         let domains: Vec<Option<String>> = quarantined.iter().map(domain).collect();
-        let mine = domain(node);
+        let mine = domain(&node.metadata);
         if quarantined.len() >= self.budget.max_nodes {
             return Ok(self.budget.refusal(mine.as_deref(), &domains, || 0));
         }
-        // The share's base may come from the watch cache (resourceVersion=0).
-        let mut lp = ListParams::default().match_any();
-        if !self.budget.node_selector.is_empty() {
-            lp = lp.labels(&self.budget.node_selector);
-        }
-        let total = nodes.list(&lp).await?.items.len();
+        // The share's base: counted page by page, nothing kept.
+        let mut total = 0;
+        each_page(nodes, &self.budget.node_selector, |page| {
+            total += page.count()
+        })
+        .await?;
         Ok(self.budget.refusal(mine.as_deref(), &domains, || total))
     }
 
@@ -86,11 +85,11 @@ impl BudgetGuard {
         &self,
         nodes: &Api<Node>,
     ) -> Result<Option<String>, RemediateError> {
-        let tainted = nodes
-            .list(&ListParams::default().labels(&format!("{DEVICES_LABEL}=unknown")))
-            .await?
-            .items
-            .len();
+        let mut tainted = 0;
+        each_page(nodes, &format!("{DEVICES_LABEL}={UNKNOWN_MARK}"), |page| {
+            tainted += page.count()
+        })
+        .await?;
         Ok((tainted >= self.budget.max_unknown).then(|| {
             format!(
                 "{tainted} nodes tainted for unknown devices, unknown-guard budget {}",
@@ -100,10 +99,35 @@ impl BudgetGuard {
     }
 }
 
-/// Whether the devices label says only the unknown guard acted on `node`.
-fn unknown_only(node: &Node) -> bool {
-    node.metadata
-        .labels
+/// Nodes listed per page.
+const PAGE: u32 = 500;
+
+/// The metadata of every Node matching `selector` (empty: all), a consistent read in
+/// pages of [`PAGE`] (`limit`/`continue`: the watch cache would ignore a limit at
+/// `resourceVersion=0` and answer whole), each page handed to `each` and dropped.
+async fn each_page(
+    nodes: &Api<Node>,
+    selector: &str,
+    mut each: impl FnMut(&mut dyn Iterator<Item = ObjectMeta>),
+) -> Result<(), kube::Error> {
+    let mut lp = ListParams::default().limit(PAGE);
+    if !selector.is_empty() {
+        lp = lp.labels(selector);
+    }
+    loop {
+        let page = nodes.list_metadata(&lp).await?;
+        let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+        each(&mut page.items.into_iter().map(|p| p.metadata));
+        match next {
+            Some(c) => lp = lp.continue_token(&c),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// Whether the devices label says only the unknown guard acted on a node.
+fn unknown_only(node: &ObjectMeta) -> bool {
+    node.labels
         .as_ref()
         .and_then(|l| l.get(DEVICES_LABEL))
         .is_some_and(|v| v == UNKNOWN_MARK)

@@ -356,12 +356,20 @@ async fn handle(
             if params.is_watch() {
                 watch::watch(s, k, &ns, &params, sel)
             } else {
-                Ok(Json(paging::list(s, k, &ns, &params, &sel)?).into_response())
+                let list = paging::list(s, k, &ns, &params, &sel)?;
+                Ok(Json(match metadata_only(headers) {
+                    Some(Partial::List) => partial_list(list),
+                    _ => list,
+                })
+                .into_response())
             }
         }
         (Method::GET, Some(n), None | Some("status")) => s
             .get(k.plural, &ns_of(&ns), &n)
-            .map(|o| Json(o).into_response())
+            .map(|o| match metadata_only(headers) {
+                Some(Partial::Object) => Json(partial(o)).into_response(),
+                _ => Json(o).into_response(),
+            })
             .ok_or_else(|| ApiError::not_found(k.plural, &n)),
         (Method::POST, None, None) => {
             let mut obj = parse_json(&body)?;
@@ -400,6 +408,59 @@ async fn handle(
             format!("{method} is not supported on {path}"),
         )),
     }
+}
+
+/// What a client asked for with `Accept: application/json;as=...;g=meta.k8s.io;v=v1`
+/// (staging/src/k8s.io/apiserver/pkg/endpoints/handlers/rest.go, the target of the
+/// content negotiation; response.go `transformResponseObject`): the objects' metadata
+/// only, as kube's `list_metadata` and `get_metadata` ask.
+enum Partial {
+    List,
+    Object,
+}
+
+fn metadata_only(headers: &HeaderMap) -> Option<Partial> {
+    let accept = headers.get("accept")?.to_str().ok()?;
+    accept.split(',').find_map(|media| {
+        let params: Vec<&str> = media.split(';').map(str::trim).collect();
+        let has = |p: &str| params.contains(&p);
+        if !has("g=meta.k8s.io") || !(has("v=v1") || has("v=v1beta1")) {
+            return None;
+        }
+        if has("as=PartialObjectMetadataList") {
+            Some(Partial::List)
+        } else if has("as=PartialObjectMetadata") {
+            Some(Partial::Object)
+        } else {
+            None
+        }
+    })
+}
+
+/// An object as `PartialObjectMetadata` (response.go `asPartialObjectMetadata`): its
+/// metadata, managedFields included, and nothing else.
+fn partial(obj: Value) -> Value {
+    serde_json::json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": obj.get("metadata").cloned().unwrap_or(Value::Null),
+    })
+}
+
+/// A list as `PartialObjectMetadataList` (response.go `asPartialObjectMetadataList`):
+/// the list's metadata (resourceVersion, continue, remainingItemCount) kept.
+fn partial_list(list: Value) -> Value {
+    let items: Vec<Value> = list
+        .get("items")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().cloned().map(partial).collect())
+        .unwrap_or_default();
+    serde_json::json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadataList",
+        "metadata": list.get("metadata").cloned().unwrap_or(Value::Null),
+        "items": items,
+    })
 }
 
 /// PATCH (staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go): the patch

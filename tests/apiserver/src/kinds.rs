@@ -71,6 +71,17 @@ pub const KINDS: &[Kind] = &[
         namespaced: false,
         short: &["ns"],
     },
+    // discovery.k8s.io/v1 EndpointSlices, as the endpointslice controller writes them
+    // (pkg/controller/endpointslice; staging/src/k8s.io/api/discovery/v1/types.go):
+    // tests seed them as that controller would for the agents' Service.
+    Kind {
+        group: "discovery.k8s.io",
+        version: "v1",
+        plural: "endpointslices",
+        kind: "EndpointSlice",
+        namespaced: true,
+        short: &[],
+    },
     Kind {
         group: "coordination.k8s.io",
         version: "v1",

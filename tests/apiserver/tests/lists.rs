@@ -477,3 +477,46 @@ async fn field_selectors_are_checked_per_kind() {
         matches!(first, kube::api::WatchEvent::Added(n) if n.metadata.name.as_deref() == Some("n2"))
     );
 }
+
+/// staging/src/k8s.io/apiserver/pkg/endpoints/handlers/response.go
+/// (`asPartialObjectMetadataList`): a client that accepts
+/// `as=PartialObjectMetadataList;g=meta.k8s.io;v=v1` gets each object's metadata only,
+/// in pages like any list, and is charged those bytes, not the whole Nodes'.
+#[tokio::test]
+async fn metadata_only_lists_carry_the_metadata_and_cost_its_bytes() {
+    let (s, url) = spawn().await;
+    for i in 0..3 {
+        s.create(
+            "nodes",
+            "",
+            faultline_test_apiserver::fixtures::realistic_node(&format!("gpu-{i}"), "10.0.0.1"),
+        )
+        .unwrap();
+    }
+    let nodes: Api<Node> = Api::all(client(&url));
+    s.reset_costs();
+    let full = nodes.list(&ListParams::default()).await.unwrap();
+    let full_bytes = s.costs().total.response_bytes;
+    s.reset_costs();
+    let meta = nodes
+        .list_metadata(&ListParams::default().limit(2))
+        .await
+        .unwrap();
+    let meta_bytes = s.costs().total.response_bytes;
+    assert_eq!(full.items.len(), 3);
+    assert_eq!(meta.items.len(), 2);
+    assert!(meta.metadata.continue_.is_some());
+    assert_eq!(meta.items[0].metadata.name.as_deref(), Some("gpu-0"));
+    assert!(meta.items[0]
+        .metadata
+        .labels
+        .as_ref()
+        .unwrap()
+        .contains_key("nvidia.com/gpu.present"));
+    assert!(
+        meta_bytes * 2 < full_bytes,
+        "metadata of 2 nodes: {meta_bytes} bytes; 3 whole nodes: {full_bytes}"
+    );
+    let one = nodes.get_metadata("gpu-1").await.unwrap();
+    assert_eq!(one.metadata.name.as_deref(), Some("gpu-1"));
+}

@@ -1,0 +1,125 @@
+//! Issue 25: discovery without full Nodes. The agents are found from the EndpointSlices
+//! of their headless Service (seeded here as the endpointslice controller writes them,
+//! pkg/controller/endpointslice: the label `kubernetes.io/service-name`, one endpoint per
+//! agent pod with its `nodeName` and `ready` condition): a ready endpoint is followed, an
+//! unready one is not until it turns ready, a node whose endpoint goes is forgotten, and
+//! no Node is listed or watched at all.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::*;
+
+fn slice(name: &str, node: &str, port: u16, ready: bool) -> Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {
+                "kubernetes.io/service-name": "faultline-agent",
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"
+            }
+        },
+        "addressType": "IPv4",
+        "endpoints": [{
+            "addresses": ["127.0.0.1"],
+            "conditions": {"ready": ready, "serving": ready, "terminating": false},
+            "nodeName": node,
+            "targetRef": {"kind": "Pod", "namespace": NS, "name": format!("faultline-agent-{node}")}
+        }],
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}]
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_are_found_from_endpointslices_and_no_node_is_listed() {
+    let w = Scenario::new()
+        .agent("gpu-7")
+        .agent("gpu-8")
+        .unlisted()
+        .start()
+        .await;
+    let server = &w.server;
+    let (p7, p8) = (w.agent("gpu-7").addr.port(), w.agent("gpu-8").addr.port());
+    server
+        .create(
+            "endpointslices",
+            NS,
+            slice("faultline-agent-a", "gpu-7", p7, true),
+        )
+        .unwrap();
+    server
+        .create(
+            "endpointslices",
+            NS,
+            slice("faultline-agent-b", "gpu-8", p8, false),
+        )
+        .unwrap();
+    // A slice of another Service names no agent.
+    let mut other = slice("web-x", "gpu-9", p8, true);
+    other["metadata"]["labels"]["kubernetes.io/service-name"] = json!("web");
+    server.create("endpointslices", NS, other).unwrap();
+    let agg = w.configmap("r1", 1).start().await;
+    until(Duration::from_secs(20), "gpu-7 published", || {
+        node_entry(server, 1, "gpu-7").filter(|e| e.summary.healthy == 4)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let nodes =
+        |s: &faultline_common::fault::ShardIndex| s.nodes.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        nodes(&shard_doc(server, 0).unwrap()),
+        ["gpu-7"],
+        "gpu-8 unready, gpu-9 not an agent"
+    );
+
+    // gpu-8's agent turns ready; gpu-7's slice goes.
+    server
+        .update(
+            "endpointslices",
+            NS,
+            "faultline-agent-b",
+            slice("faultline-agent-b", "gpu-8", p8, true),
+            None,
+        )
+        .unwrap();
+    until(Duration::from_secs(20), "gpu-8 published", || {
+        node_entry(server, 1, "gpu-8").filter(|e| e.summary.healthy == 4)
+    })
+    .await;
+    server
+        .delete("endpointslices", NS, "faultline-agent-a")
+        .unwrap();
+    until(Duration::from_secs(20), "gpu-7 forgotten", || {
+        shard_doc(server, 0).filter(|d| !d.nodes.contains_key("gpu-7"))
+    })
+    .await;
+
+    let calls = server.calls();
+    assert!(
+        !calls.iter().any(|c| c.uri.starts_with("/api/v1/nodes")),
+        "a Node was read: {:?}",
+        calls
+            .iter()
+            .filter(|c| c.uri.starts_with("/api/v1/nodes"))
+            .map(|c| &c.uri)
+            .collect::<Vec<_>>()
+    );
+    let lists: Vec<&str> = calls
+        .iter()
+        .filter(|c| c.uri.contains("/endpointslices?") && !c.uri.contains("watch=true"))
+        .map(|c| c.uri.as_str())
+        .collect();
+    assert_eq!(lists.len(), 1, "{lists:?}");
+    assert!(lists[0].contains("resourceVersion=0"), "{lists:?}");
+    assert!(
+        lists[0].contains("labelSelector=kubernetes.io%2Fservice-name%3Dfaultline-agent"),
+        "{lists:?}"
+    );
+    assert_no_forbidden(server);
+    agg.cancel_token().cancel();
+}
