@@ -1,0 +1,122 @@
+//! Issue 25: what discovery costs a replica's memory in a real cluster. 5,000 GPU Nodes
+//! of a real one's size and shape (`fixtures::realistic_node`: NFD and GPU feature
+//! discovery labels, ~50 images, managedFields; ~26 KB each) and the EndpointSlices of
+//! the agents' Service (100 endpoints each, as the endpointslice controller cuts them);
+//! the aggregator binary, in its own process, follows all 5,000 agents. Its peak
+//! resident memory (VmHWM) must stay within 128 MiB: a replica that listed and watched
+//! every Node in full peaked at 420 MiB (release build, measured from outside before).
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::*;
+
+const NODES: usize = 5_000;
+/// The endpointslice controller's default `--max-endpoints-per-slice`.
+const PER_SLICE: usize = 100;
+const LIMIT_KIB: u64 = 128 << 10;
+
+fn vm_hwm_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn following_5000_realistic_nodes_stays_within_128_mib() {
+    let (server, url) = api_server().await;
+    let name = |i: usize| format!("gpu-node-{i:05}");
+    for i in 0..NODES {
+        let ip = format!("10.{}.{}.{}", i / 65536, i / 256 % 256, i % 256);
+        server
+            .create(
+                "nodes",
+                "",
+                faultline_test_apiserver::fixtures::realistic_node(&name(i), &ip),
+            )
+            .unwrap();
+    }
+    // Every agent at a closed port: the replica follows them all (and finds them down).
+    for s in 0..NODES / PER_SLICE {
+        let endpoints: Vec<_> = (s * PER_SLICE..(s + 1) * PER_SLICE)
+            .map(|i| {
+                json!({"addresses": ["127.0.0.1"], "conditions": {"ready": true}, "nodeName": name(i)})
+            })
+            .collect();
+        server
+            .create(
+                "endpointslices",
+                NS,
+                json!({
+                    "metadata": {"name": format!("faultline-agent-{s:03}"), "namespace": NS,
+                        "labels": {"kubernetes.io/service-name": "faultline-agent"}},
+                    "addressType": "IPv4",
+                    "endpoints": endpoints,
+                    "ports": [{"name": "http", "port": 9, "protocol": "TCP"}]
+                }),
+            )
+            .unwrap();
+    }
+    let metrics_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let args = Launch::configmap(&url, "r1", 8)
+        .set("--listen", &format!("127.0.0.1:{metrics_port}"))
+        .into_args();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_faultline-aggregator"))
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = ChildGuard(child);
+    let pid = child.0.id();
+    let metrics = format!("http://127.0.0.1:{metrics_port}/metrics");
+    until(
+        Duration::from_secs(120),
+        "5,000 agents followed and published",
+        || {
+            let total: usize = (0..8)
+                .filter_map(|s| shard_doc(&server, s))
+                .map(|d| d.nodes.len())
+                .sum();
+            (total == NODES).then_some(())
+        },
+    )
+    .await;
+    let followed = get_text(&metrics).await;
+    assert!(
+        followed.contains(&format!("faultline_aggregator_nodes_followed {NODES}")),
+        "{}",
+        followed
+            .lines()
+            .filter(|l| l.contains("nodes_followed"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // A few rounds of the followers retrying.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let peak = vm_hwm_kib(pid);
+    eprintln!(
+        "peak RSS following {NODES} realistic nodes: {} MiB",
+        peak >> 10
+    );
+    assert!(peak > 0, "read /proc/{pid}/status");
+    assert!(
+        peak <= LIMIT_KIB,
+        "peak RSS {} MiB, over 128 MiB",
+        peak >> 10
+    );
+    let nodes_read = server
+        .calls()
+        .iter()
+        .filter(|c| c.uri.starts_with("/api/v1/nodes"))
+        .count();
+    assert_eq!(nodes_read, 0, "no Node read");
+}
