@@ -237,6 +237,26 @@ async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
     assert!(server.get("pods", "default", "infer").is_some());
     let m = metrics(agg.addr).await;
     assert!(m.contains("faultline_aggregator_intake_alerts_total{result=\"kubelet-unknown\"} 1"));
+    // Issue 25: the watcher lists every Pod in pages from storage, never whole from the
+    // watch cache (which ignores a limit at resourceVersion=0); remediation's lists are
+    // of one node's pods.
+    let pod_lists: Vec<String> = server
+        .calls()
+        .into_iter()
+        .filter(|c| {
+            c.uri.starts_with("/api/v1/pods?")
+                && !c.uri.contains("watch=true")
+                && !c.uri.contains("fieldSelector=spec.nodeName")
+        })
+        .map(|c| c.uri)
+        .collect();
+    assert!(!pod_lists.is_empty());
+    assert!(
+        pod_lists
+            .iter()
+            .all(|u| u.contains("limit=500") && !u.contains("resourceVersion=0")),
+        "{pod_lists:?}"
+    );
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;

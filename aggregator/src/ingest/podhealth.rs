@@ -93,8 +93,8 @@ pub fn unhealthy_devices(pod: &Pod, resources: &[String]) -> Vec<PodDevice> {
 }
 
 /// Watch every Pod and send each device that turns Unhealthy or Unknown, once per
-/// (node, device, health), from a `kube::runtime::watcher` (paginated list from the
-/// API server's cache, bookmarks, 410 handling, backoff after errors). `api` must come
+/// (node, device, health), from a `kube::runtime::watcher` (a consistent list in
+/// pages, bookmarks, 410 handling, backoff after errors). `api` must come
 /// from a client without a read timeout.
 pub async fn run(
     api: Api<Pod>,
@@ -115,7 +115,11 @@ pub async fn run(
         }
         out
     };
-    let cfg = watcher::Config::default().any_semantic().page_size(500);
+    // A consistent list in pages of 500 (issue 25): at `resourceVersion=0` the watch
+    // cache ignores the limit and sends every Pod of the cluster in one answer
+    // (staging/src/k8s.io/apiserver/pkg/storage/cacher/delegator.go), which a replica
+    // would hold whole; pages from storage are bounded, and only a (re)list pays for them.
+    let cfg = watcher::Config::default().page_size(500);
     let stream = watcher(api, cfg).default_backoff();
     let mut stream = std::pin::pin!(stream);
     loop {
