@@ -2,7 +2,10 @@
 //! out a ConfigMap volume (`..data` swapped by rename, `atomic_writer.go`), while the
 //! documents change under it; and against the agent's node file, replaced by rename as
 //! on a hostPath. Each consumer (Python, shell/jq, the Rust crate, the example Job)
-//! ignores other nodes' faults and reacts to its own node's failed device.
+//! ignores other nodes' faults and reacts to its own node's failed device. Then the
+//! node's own `fault.json` (issue 25), delivered by the aggregator to the agent: read
+//! from the agent's `--fault-dir` (the hostPath way) and from the copy the Python kit's
+//! follow mode keeps from `--fault-listen` (the sidecar way), fresh, failed and stale.
 
 mod support;
 
@@ -205,4 +208,187 @@ async fn every_consumer_reacts_to_its_own_nodes_failed_device_while_documents_ch
         text.starts_with(&format!("resumed from step {step}\n")),
         "{text}"
     );
+}
+
+/// The first `n` lines the child prints (at most `within`), read as they come.
+fn first_lines(c: &mut ChildGuard, n: usize, within: Duration) -> Vec<String> {
+    let out = c.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + within;
+    let mut lines = Vec::new();
+    while lines.len() < n {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) => lines.push(l),
+            Err(_) => break,
+        }
+    }
+    lines
+}
+
+fn own_file(path: &Path) -> Option<serde_json::Value> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kit_reads_the_nodes_own_fault_json_from_the_host_and_through_the_sidecar() {
+    need("python3");
+    need("jq");
+    let tmp = tempfile::tempdir().unwrap();
+    let token = tmp.path().join("token");
+    std::fs::write(&token, "kit-delivery-token\n").unwrap();
+    // The host's /run/faultline/node, and the emptyDir the sidecar writes.
+    let (host, empty) = (tmp.path().join("node"), tmp.path().join("config"));
+    std::fs::create_dir(&host).unwrap();
+    std::fs::create_dir(&empty).unwrap();
+    let agent = agent_with(
+        "n1",
+        &[
+            "--fault-dir",
+            host.to_str().unwrap(),
+            "--fault-listen",
+            "127.0.0.1:0",
+            "--delivery-token-file",
+            token.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let pod_port = agent.fault_addr.expect("--fault-listen bound");
+    let out = tempfile::tempdir().unwrap();
+    let agg = Launch::file_following(&format!("n1=http://{}", agent.addr), out.path())
+        .args(&[
+            "--delivery-token-file",
+            token.to_str().unwrap(),
+            "--delivery-confirm",
+            "500ms",
+        ])
+        .start()
+        .await;
+    let (hosted, copied) = (host.join("fault.json"), empty.join("fault.json"));
+    let fresh_and_healthy = |p: &Path| {
+        own_file(p).filter(|d| d["verdict"]["stale"] == false && d["summary"]["healthy"] == 4)
+    };
+    until(
+        Duration::from_secs(20),
+        "a fresh verdict on the host",
+        || fresh_and_healthy(&hosted),
+    )
+    .await;
+
+    // The sidecar: the follow mode keeps the emptyDir's copy.
+    let url = format!("http://{pod_port}/v1/fault");
+    let e = empty.to_str().unwrap().to_string();
+    let sidecar = ChildGuard(
+        Command::new("python3")
+            .arg(repo_root().join("consumers/python/faultline_consumer.py"))
+            .args(["--url", &url, "--write", &format!("{e}/fault.json")])
+            .env("NODE_NAME", "n1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    until(Duration::from_secs(10), "the sidecar's copy, fresh", || {
+        fresh_and_healthy(&copied)
+    })
+    .await;
+
+    let (h, c) = (hosted.to_str().unwrap(), copied.to_str().unwrap());
+    let flags = ["--exit-on-failed", "--interval", "0.1"];
+    let mut py = python(&[&["--file", h][..], &flags].concat());
+    let mut sh = shell(&[&["--file", h][..], &flags].concat());
+    let mut py_copy = python(&[&["--file", c][..], &flags].concat());
+    let mut seed = spawn(
+        Command::new("python3")
+            .arg(repo_root().join("tests/consumer/run_consumer.py"))
+            .arg(&hosted)
+            .env("NODE_NAME", "n1"),
+    );
+    let rust_copy = copied.clone();
+    let rust = tokio::task::spawn_blocking(move || {
+        let mut w = faultline_consumer::Watch::file(&rust_copy).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(Some(e)) = w.next(Duration::from_secs(1)).unwrap() {
+                if !e.failed().is_empty() {
+                    return e;
+                }
+            }
+        }
+        panic!("the Rust consumer saw no failed device in the sidecar's copy");
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (c, what) in [
+        (&mut py, "python"),
+        (&mut sh, "shell"),
+        (&mut py_copy, "python, the copy"),
+        (&mut seed, "seed 003"),
+    ] {
+        assert!(running(&mut c.0), "{what} exited while all was healthy");
+    }
+
+    // n1's gpu1 fails: every consumer of the host's file and of the copy exits on it.
+    fail(&agent, "gpu1").await;
+    let within = Duration::from_secs(15);
+    for (c, what) in [
+        (&mut py, "python"),
+        (&mut sh, "shell"),
+        (&mut py_copy, "python, the copy"),
+    ] {
+        let (code, text) = exited(c, what, within).await;
+        assert_eq!(code, Some(3), "{what}: {text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "n1 gpu0 healthy -", "{what}: {text}");
+        assert_eq!(
+            *lines.last().unwrap(),
+            "FAILED n1 gpu1 row-remap-failure",
+            "{what}: {text}"
+        );
+    }
+    let (code, text) = exited(&mut seed, "seed 003", within).await;
+    assert_eq!(code, Some(1), "{text}");
+    assert_eq!(
+        text.trim(),
+        "CRITICAL: NPU gpu1 failed, reason: row-remap-failure"
+    );
+    let e = tokio::time::timeout(within, rust).await.unwrap().unwrap();
+    assert_eq!((e.node.as_str(), e.stale), ("n1", None));
+    assert_eq!(e.failed()[0].id, "gpu1");
+
+    // The aggregator goes: the agent turns the verdict stale, the sidecar copies it, and
+    // the kit says so; the failed device stays failed, no device reads healthy.
+    agg.cancel_token().cancel();
+    agg.wait().await;
+    for (p, what) in [(&hosted, "the host's file"), (&copied, "the copy")] {
+        until(Duration::from_secs(10), &format!("{what} stale"), || {
+            own_file(p).filter(|d| d["verdict"]["stale"] == true)
+        })
+        .await;
+    }
+    let want = [
+        "n1 - unknown verdict-stale",
+        "n1 gpu0 unknown verdict-stale",
+        "n1 gpu1 failed row-remap-failure",
+        "n1 gpu2 unknown verdict-stale",
+        "n1 gpu3 unknown verdict-stale",
+    ];
+    for (mut c, what) in [
+        (python(&["--file", h]), "python"),
+        (shell(&["--file", h]), "shell"),
+        (python(&["--file", c]), "python, the copy"),
+    ] {
+        assert_eq!(first_lines(&mut c, want.len(), within), want, "{what}");
+    }
+    let e = faultline_consumer::read(&copied, Some("n1"), &[])
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.stale, Some(faultline_consumer::Stale::Unconfirmed));
+    drop(sidecar);
+    agent.shutdown().await;
 }

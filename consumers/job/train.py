@@ -7,11 +7,17 @@ the Job's podFailurePolicy ignores that exit (it does not count against backoffL
 so the Job starts a new pod, which the quarantine taint keeps off this node, and that
 pod resumes from the checkpoint.
 
-Environment: NODE_NAME (downward API), FAULTLINE_DIR (/config: the projected shard
-ConfigMaps) or FAULTLINE_FILE (the agent's node file), FAULTLINE_DEVICES (ids, UUIDs
-or bus ids of the devices this pod holds, comma separated; default: all; NVIDIA's
-device plugin sets NVIDIA_VISIBLE_DEVICES to the UUIDs), CHECKPOINT_DIR, STEPS,
-STEP_SECONDS, CHECKPOINT_EVERY.
+It says when its node's verdict is no longer confirmed (the aggregator or the agent fell
+silent): the devices the verdict called healthy then read "unknown", never "healthy".
+It goes on training: unknown is "could not look", not "broken"; a failed device still
+stops it.
+
+Environment: NODE_NAME (downward API), FAULTLINE_FILE (the node's own fault.json:
+/config/fault.json, on a hostPath or written by the kit's follow mode as a sidecar) or
+FAULTLINE_DIR (the projected shard ConfigMaps), FAULTLINE_DEVICES (ids, UUIDs or bus
+ids of the devices this pod holds, comma separated; default: all; NVIDIA's device
+plugin sets NVIDIA_VISIBLE_DEVICES to the UUIDs), CHECKPOINT_DIR, STEPS, STEP_SECONDS,
+CHECKPOINT_EVERY.
 """
 import json
 import os
@@ -62,7 +68,13 @@ def main():
         else:
             changes = faultline_consumer.watch_entry(
                 os.environ.get("FAULTLINE_DIR", "/config"), node, only, 0.2)
+        stale = None
         for entry in changes:
+            if entry is not None and entry.stale != stale:
+                stale = entry.stale
+                print("verdict on %s: %s" % (node, "stale (%s): devices it called healthy "
+                                             "read unknown" % stale if stale else "confirmed"),
+                      flush=True)
             if entry is not None and entry.failed():
                 why.extend("%s (%s)" % (d.id, d.reason) for d in entry.failed())
                 failed.set()

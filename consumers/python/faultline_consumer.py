@@ -1,39 +1,78 @@
 """faultline consumer: react to your own node's device health. Python 3.8+, stdlib only.
 
-Two ways a pod reads its node's entry (consumers/README.md):
+Three ways a pod reads its node's entry (consumers/README.md):
 
-* the shard ConfigMaps projected into one volume (Pod Security baseline):
-  ``watch_entry("/config", node)`` reads ``/config/<node>.json``;
-* the agent's node file on a hostPath (privileged namespaces, milliseconds):
-  ``watch_file("/config/fault.json")`` with ``/run/faultline`` mounted at ``/config``.
+* the node's own ``fault.json``, kept by its agent (the aggregator's verdict on this
+  node, with ``verdict``: whose, and whether it is still confirmed), either on a
+  read-only hostPath (``/run/faultline/node`` mounted at ``/config``) or, in a
+  ``restricted`` namespace, written into an emptyDir by this module's follow mode
+  running as a sidecar: ``watch_file("/config/fault.json")``;
+* the shard ConfigMaps projected into one volume (small clusters):
+  ``watch_entry("/config", node)`` reads ``/config/<node>.json``.
 
 Files are swapped, never rewritten in place: kubelet swaps the ``..data`` symlink of a
-ConfigMap volume (``atomic_writer.go``), the agent renames a new file over the old one.
-So this module re-opens the path on every change it sees (the ``..data`` target, the
-file's inode, size or mtime) and compares what it read; it never holds a file open.
+ConfigMap volume (``atomic_writer.go``), the agent and the follow mode rename a new file
+over the old one. So this module re-opens the path on every change it sees (the
+``..data`` target, the file's inode, size or mtime) and compares what it read; it never
+holds a file open.
+
+A verdict that is no longer confirmed is reported (``Entry.stale``, and the line
+``<node> - unknown verdict-stale``): by the agent itself (``verdict.stale``), or, when
+nobody rewrites the file any more (the agent or the follow mode stopped), by its age
+(``verdict.confirmed`` older than ``verdict.stale_after_s``); then every device the
+verdict called healthy reads ``unknown verdict-stale``, as the agent would write it.
+Failed and degraded devices keep their status.
 
 Command line (exit status 3 when ``--exit-on-failed`` sees a failed device)::
 
-    python3 faultline_consumer.py --dir /config --node "$NODE_NAME" --exit-on-failed
-    python3 faultline_consumer.py --file /config/fault.json --device gpu3
+    python3 faultline_consumer.py --file /config/fault.json --exit-on-failed
+    python3 faultline_consumer.py --dir /config --node "$NODE_NAME" --device gpu3
 
 Each change prints one line per device: ``<node> <device> <status> <reason or ->``.
+
+Follow mode, the sidecar of a ``restricted`` namespace (no hostPath): follow the agent's
+``/v1/fault?watch=true`` on the node's port 8082 and keep ``--write`` a copy of the
+latest document, replaced by rename; it reconnects with backoff and exits non-zero only
+on bad arguments::
+
+    python3 faultline_consumer.py --url "http://$HOST_IP:8082/v1/fault" --write /config/fault.json
 """
 
 import argparse
+import calendar
+import http.client
 import json
 import os
+import random
+import re
+import signal
 import sys
+import tempfile
+import threading
 import time
+import urllib.parse
 from collections import namedtuple
 
 STATUSES = ("healthy", "degraded", "failed", "unknown")
+# The reasons of a verdict that cannot be trusted (the agent's words for its devices):
+# none confirmed within its stale_after_s, or none received yet.
+STALE = "verdict-stale"
+NO_VERDICT = "no-verdict"
+# A verdict is judged stale by its age only this long after the agent would have said so
+# itself: a running agent rewrites the file when its verdict turns stale.
+STALE_GRACE_S = 5.0
+# Longest line the follow mode accepts from the agent's stream (a document of 1,024
+# devices is about 400 KiB); a longer one is skipped.
+MAX_LINE = 1 << 20
 
 Device = namedtuple("Device", "id status reason uuid pci_bus_id")
 
 
-class Entry(namedtuple("Entry", "node devices reachable")):
-    """One node's published health: its devices, and whether its agent was reached."""
+class Entry(namedtuple("Entry", "node devices reachable stale", defaults=(None,))):
+    """One node's published health: its devices, whether its agent was reached, and
+    ``stale``: None, or why the verdict is not to be trusted (``verdict-stale``: not
+    confirmed in time; ``no-verdict``: none received yet). Only the node's own
+    ``fault.json`` has a verdict; the shard ConfigMaps' entries are never stale here."""
 
     def failed(self):
         return [d for d in self.devices if d.status == "failed"]
@@ -42,15 +81,84 @@ class Entry(namedtuple("Entry", "node devices reachable")):
         return [d for d in self.devices if d.status == "degraded"]
 
 
-def parse(text, node=None, only=None):
-    """An Entry from a node document (the aggregator's ``<node>.json`` or the agent's
-    node file; both list ``npus``). ``node``: refuse another node's document.
-    ``only``: keep the devices named by id, UUID or PCI bus id. Raises ValueError."""
-    doc = json.loads(text)
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d+))?(?:([Zz])|([+-])(\d\d):(\d\d))$")
+
+
+def parse_time(text):
+    """Seconds since the epoch of an RFC 3339 time (``Z`` or an offset, any fraction);
+    None when it does not parse. (``datetime.fromisoformat`` reads ``Z`` only from 3.11.)"""
+    m = _RFC3339.match(text) if isinstance(text, str) else None
+    if not m:
+        return None
+    y, mo, d, h, mi, s = (int(x) for x in m.group(1, 2, 3, 4, 5, 6))
+    try:
+        t = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
+    if m.group(7):
+        t += int(m.group(7)) / 10 ** len(m.group(7))
+    if m.group(9):
+        off = int(m.group(10)) * 3600 + int(m.group(11)) * 60
+        t -= off if m.group(9) == "+" else -off
+    return t
+
+
+def stale_at(doc):
+    """When the verdict of a node's own ``fault.json`` must be judged stale by its age
+    (seconds since the epoch): ``verdict.confirmed`` + ``verdict.stale_after_s`` +
+    ``STALE_GRACE_S``; None without a confirmed verdict (or outside the node's own file)."""
+    v = doc.get("verdict") if isinstance(doc, dict) else None
+    if not isinstance(v, dict):
+        return None
+    confirmed = parse_time(v.get("confirmed"))
+    after = v.get("stale_after_s")
+    if confirmed is None or not isinstance(after, (int, float)):
+        return None
+    return confirmed + after + STALE_GRACE_S
+
+
+def mark_stale(doc):
+    """``doc`` (a node's own ``fault.json``) as its agent writes it once the verdict is
+    stale: ``verdict.stale``, every healthy device ``unknown`` (``verdict-stale``), the
+    summary counted again. Returns a new dict."""
+    doc = json.loads(json.dumps(doc))
+    doc.setdefault("verdict", {})["stale"] = True
+    counts = dict.fromkeys(STATUSES, 0)
+    for d in doc.get("npus", []):
+        if d.get("status") == "healthy":
+            d["status"], d["reason"] = "unknown", STALE
+        status = d.get("status")
+        counts[status if status in counts else "unknown"] += 1
+    counts["total"] = sum(counts.values())
+    doc["summary"] = counts
+    return doc
+
+
+def check_node_document(doc, node=None):
+    """Raise ValueError unless ``doc`` is a node document (of ``node``, when given)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("npus"), list):
         raise ValueError("not a faultline node document (no npus list)")
     if node is not None and doc.get("node") != node:
         raise ValueError("document of node %r, not %r" % (doc.get("node"), node))
+
+
+def parse(text, node=None, only=None, now=None):
+    """An Entry from a node document (the node's own ``fault.json``, the aggregator's
+    ``<node>.json`` or the agent's ``--node-file``; all list ``npus``). ``node``: refuse
+    another node's document. ``only``: keep the devices named by id, UUID or PCI bus id.
+    ``now`` (seconds since the epoch; default: the clock) judges the verdict's age.
+    Raises ValueError."""
+    doc = json.loads(text)
+    check_node_document(doc, node)
+    stale = None
+    verdict = doc.get("verdict")
+    if isinstance(verdict, dict):
+        at = stale_at(doc)
+        aged = at is not None and (time.time() if now is None else now) > at
+        if verdict.get("stale") or aged:
+            doc = mark_stale(doc)
+            stale = STALE if verdict.get("writer") else NO_VERDICT
     devices = []
     for d in doc["npus"]:
         status = d.get("status")
@@ -66,17 +174,23 @@ def parse(text, node=None, only=None):
         devices.append(dev)
     agent = doc.get("agent")
     reachable = agent.get("reachable", True) if isinstance(agent, dict) else True
-    return Entry(doc.get("node"), devices, bool(reachable))
+    return Entry(doc.get("node"), devices, bool(reachable), stale)
 
 
 def read(path, node=None, only=None):
     """The Entry at ``path``; None when it is not there (this node is not published)."""
+    return _read(path, node, only)[0]
+
+
+def _read(path, node, only):
+    """The Entry at ``path`` and when its verdict ages out (None: never)."""
     try:
         with open(path, "rb") as f:
             text = f.read()
     except (FileNotFoundError, NotADirectoryError):
-        return None
-    return parse(text, node, only)
+        return None, None
+    entry = parse(text, node, only)
+    return entry, (None if entry.stale else stale_at(json.loads(text)))
 
 
 def _stamp(path):
@@ -94,17 +208,18 @@ def _stamp(path):
 
 
 def watch(path, node=None, only=None, interval=0.5, errors=None):
-    """Yield the Entry (or None: not published) at ``path`` now and after every change.
+    """Yield the Entry (or None: not published) at ``path`` now and after every change,
+    including its verdict turning stale by age while the file stays as it is.
 
     A document that does not parse is skipped (and counted in ``errors``, a dict, if
     given); the last good one stands, and the next change is read again."""
-    stamp, last, first = object(), object(), True
+    stamp, last, first, ages_at = object(), object(), True, None
     while True:
         now = _stamp(path)
-        if now != stamp:
+        if now != stamp or (ages_at is not None and time.time() > ages_at):
             stamp = now
             try:
-                entry = read(path, node, only)
+                entry, ages_at = _read(path, node, only)
             except (ValueError, OSError) as e:
                 if errors is not None:
                     errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
@@ -122,7 +237,7 @@ def watch_entry(directory, node, only=None, interval=0.5):
 
 
 def watch_file(path, node=None, only=None, interval=0.5):
-    """``watch`` of the agent's node file (mounted from the host)."""
+    """``watch`` of the node's own ``fault.json`` (or the agent's ``--node-file``)."""
     return watch(path, node, only, interval)
 
 
@@ -133,16 +248,158 @@ def describe(entry, node):
     who = entry.node or node
     if not entry.reachable:
         return ["%s - unknown agent-unreachable" % who]
-    return [
+    head = ["%s - unknown %s" % (who, entry.stale)] if entry.stale else []
+    return head + [
         "%s %s %s %s" % (who, d.id, d.status, d.reason or "-") for d in entry.devices
     ]
+
+
+def write_atomic(path, data):
+    """Replace ``path`` with ``data`` (bytes): a temporary file in the same directory,
+    renamed over it, so a reader sees the old document or the new one, never half."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def watch_url(url):
+    """``url`` with ``watch=true`` in its query (kept when it already has one)."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    if not any(k == "watch" for k, _ in query):
+        query.append(("watch", "true"))
+    return parts._replace(query=urllib.parse.urlencode(query))
+
+
+class Follower:
+    """Follow mode: keep ``path`` a copy of the latest node document the agent streams
+    at ``url`` (``GET /v1/fault?watch=true``: one document a line, a blank line as a
+    heartbeat). Reconnects with exponential backoff (``backoff``: first and longest wait,
+    seconds, with jitter); a line over ``max_line`` bytes, or one that is not a node
+    document (of ``node``, when given), is skipped. While the agent cannot be reached,
+    the copy it last wrote is rewritten once as stale (``mark_stale``) when its verdict
+    ages out, so the file never keeps saying "healthy" on its own. ``stop``: a
+    threading.Event that ends ``run``."""
+
+    def __init__(self, url, path, node=None, max_line=MAX_LINE, backoff=(0.5, 30.0),
+                 read_timeout=35.0, stop=None, log=None):
+        self.url = watch_url(url)
+        if self.url.scheme not in ("http", "https") or not self.url.hostname:
+            raise ValueError("%s: an http:// URL with a host" % url)
+        self.path, self.node, self.max_line = path, node, max_line
+        self.backoff, self.read_timeout = backoff, read_timeout
+        self.stop = stop or threading.Event()
+        self.log = log or (lambda msg: print("faultline_consumer: %s" % msg, file=sys.stderr,
+                                            flush=True))
+        self.written = None     # the bytes last written
+        self.doc = None         # the document last written (parsed)
+        self.writes = 0
+        self._error = None      # the last write error logged, not to repeat it
+
+    def run(self):
+        wait = self.backoff[0]
+        while not self.stop.is_set():
+            streamed = False
+            try:
+                streamed = self._follow()
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                self.log("%s: %s" % (self.url.geturl(), e or type(e).__name__))
+            if self.stop.is_set():
+                return
+            # A stream that brought documents and ended (its life is bounded) is followed
+            # again soon; anything else (no connection, an error, the plain document of
+            # an agent with too many watches open) waits longer each time.
+            wait = self.backoff[0] if streamed else min(wait * 2, self.backoff[1])
+            self._pause(wait * random.uniform(0.5, 1.0))
+
+    def _pause(self, seconds):
+        """Sleep ``seconds`` (or until stopped), marking the copy stale when it ages out."""
+        end = time.time() + seconds
+        while not self.stop.is_set():
+            now = time.time()
+            fresh = self.doc is not None and not (self.doc.get("verdict") or {}).get("stale")
+            at = stale_at(self.doc) if fresh else None
+            if at is not None and now > at:
+                self.log("%s: no verdict confirmed since %s: marked stale"
+                         % (self.path, self.doc["verdict"].get("confirmed")))
+                self.doc = mark_stale(self.doc)
+                self._write(json.dumps(self.doc, separators=(",", ":")).encode())
+                continue
+            if now >= end:
+                return
+            self.stop.wait(min(end, at if at is not None else end) - now)
+
+    def _follow(self):
+        """One connection; whether it was a stream that brought documents."""
+        u = self.url
+        cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        conn = cls(u.hostname, u.port, timeout=self.read_timeout)
+        got = 0
+        try:
+            conn.request("GET", urllib.parse.urlunsplit(("", "", u.path or "/", u.query, "")),
+                         headers={"Accept": "application/x-ndjson",
+                                  "User-Agent": "faultline-consumer"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise ValueError("HTTP %d %s" % (resp.status, resp.read(512).decode("utf-8", "replace")))
+            stream = "ndjson" in (resp.getheader("Content-Type") or "")
+            while not self.stop.is_set():
+                line = resp.readline(self.max_line + 1)
+                if not line:
+                    return stream and got > 0
+                if len(line) > self.max_line and not line.endswith(b"\n"):
+                    self.log("a line over %d bytes: skipped" % self.max_line)
+                    while line and not line.endswith(b"\n"):
+                        line = resp.readline(self.max_line + 1)
+                    continue
+                line = line.strip()
+                if not line:
+                    continue            # a heartbeat
+                try:
+                    doc = json.loads(line)
+                    check_node_document(doc, self.node)
+                except ValueError as e:
+                    self.log("skipped a line: %s" % e)
+                    continue
+                got += 1
+                self.doc = doc
+                self._write(line)
+        finally:
+            conn.close()
+        return False
+
+    def _write(self, data):
+        if data == self.written:
+            return
+        try:
+            write_atomic(self.path, data)
+        except OSError as e:
+            if str(e) != self._error:
+                self.log("cannot write %s: %s (retried with the next document)" % (self.path, e))
+                self._error = str(e)
+            return
+        self._error, self.written = None, data
+        self.writes += 1
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--file", help="the node's own fault.json (or the agent's --node-file)")
     src.add_argument("--dir", help="the projected shard ConfigMaps (with --node)")
-    src.add_argument("--file", help="the agent's node file")
+    src.add_argument("--url", help="follow mode: the agent's /v1/fault (with --write)")
+    p.add_argument("--write", help="follow mode: keep this file the latest document")
     p.add_argument("--node", default=os.environ.get("NODE_NAME"),
                    help="this node (default: $NODE_NAME)")
     p.add_argument("--device", action="append", default=[],
@@ -153,6 +410,29 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.dir and not a.node:
         p.error("--dir needs --node or $NODE_NAME")
+    if bool(a.url) != bool(a.write):
+        p.error("--url and --write go together (follow mode)")
+    if a.url:
+        if a.exit_on_failed or a.device:
+            p.error("follow mode only writes the file: --exit-on-failed and --device "
+                    "belong to the consumer reading it")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(a.write))):
+            p.error("--write %s: its directory does not exist" % a.write)
+        try:
+            follower = Follower(a.url, a.write, a.node)
+        except ValueError as e:
+            p.error(str(e))
+        # SIGTERM (the pod stops) ends it with status 0, even in a blocking read.
+        def stop(*_):
+            follower.stop.set()
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            follower.run()
+        except KeyboardInterrupt:
+            pass
+        return 0
     if a.dir:
         changes = watch_entry(a.dir, a.node, a.device or None, a.interval)
     else:

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # faultline-watch.sh: react to your own node's device health from a shell (bash + jq).
 #
+#   faultline-watch.sh --file /config/fault.json [--exit-on-failed]          # the node's own fault.json
 #   faultline-watch.sh --dir /config --node "$NODE_NAME" [--exit-on-failed]   # shard ConfigMaps
-#   faultline-watch.sh --file /config/fault.json [--exit-on-failed]          # the agent's node file
 #   options: --device ID (repeatable: id, UUID or bus id)  --interval SECONDS (0.5)
 #
 # Prints one line per device whenever a status changes: "<node> <device> <status>
-# <reason or ->"; "<node> - unknown not-published" while the node has no entry. With
-# --exit-on-failed it prints "FAILED <node> <device> <reason>" and exits 3.
+# <reason or ->"; "<node> - unknown not-published" while the node has no entry;
+# "<node> - unknown verdict-stale" (or no-verdict) first while the node's verdict is not
+# confirmed: as the agent says (verdict.stale), or by its age when nobody rewrites the
+# file (verdict.confirmed older than verdict.stale_after_s + 5 s); then its healthy
+# devices read "unknown verdict-stale". With --exit-on-failed it prints
+# "FAILED <node> <device> <reason>" and exits 3.
 #
 # Files are swapped, never rewritten (kubelet's ..data symlink, the agent's rename), so
 # the path is re-read on every look and what it says is compared: no file is held open.
@@ -21,7 +25,7 @@ while [ $# -gt 0 ]; do
     --device) devices=$(jq -c --arg d "$2" '. + [$d]' <<<"$devices"); shift 2 ;;
     --interval) interval=$2; shift 2 ;;
     --exit-on-failed) exit_on_failed=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "faultline-watch: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -42,11 +46,20 @@ lines() {
     if (.npus | type) != "array" then error("not a faultline node document") else . end
     | if $node != "" and .node != $node then error("document of node \(.node)") else . end
     | .node as $n
+    | (.verdict | if type == "object" then . else null end) as $v
+    # Stale: the agent says so, or the confirmation is older than the verdict holds.
+    | ($v != null and ($v.stale == true
+        or ((try ($v.confirmed | sub("\\.[0-9]+"; "") | fromdateiso8601) catch null) as $at
+            | $at != null and ($v.stale_after_s | type) == "number"
+              and now > $at + $v.stale_after_s + 5))) as $stale
     | if (.agent | type) == "object" and .agent.reachable == false
       then "\($n) - unknown agent-unreachable"
-      else .npus[]
-        | select(($only | length) == 0 or ([.id, .uuid, .pci_bus_id] - ($only) | length) < 3)
-        | "\($n) \(.id) \(if (.status | IN("healthy","degraded","failed","unknown")) then .status else "unknown" end) \(.reason // "-")"
+      else
+        (if $stale then "\($n) - unknown \(if $v.writer then "verdict-stale" else "no-verdict" end)" else empty end),
+        (.npus[]
+         | select(($only | length) == 0 or ([.id, .uuid, .pci_bus_id] - ($only) | length) < 3)
+         | if $stale and .status == "healthy" then .status = "unknown" | .reason = "verdict-stale" else . end
+         | "\($n) \(.id) \(if (.status | IN("healthy","degraded","failed","unknown")) then .status else "unknown" end) \(.reason // "-")")
       end'
 }
 

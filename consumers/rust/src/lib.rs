@@ -1,24 +1,36 @@
 //! React to your own node's accelerator health as faultline publishes it.
 //!
-//! Two ways a pod reads its node's entry:
-//! - the shard ConfigMaps projected into one volume (Pod Security baseline):
-//!   [`Watch::entry`]`("/config", node)` reads `/config/<node>.json`;
-//! - the agent's node file on a hostPath (privileged namespaces, milliseconds):
-//!   [`Watch::file`]`("/config/fault.json")` with `/run/faultline` mounted at `/config`.
+//! Ways a pod reads its node's entry:
+//! - the node's own `fault.json`, kept by its agent (the aggregator's verdict on this
+//!   node, with `verdict`: whose, and whether it is still confirmed): on a read-only
+//!   hostPath (`/run/faultline/node` mounted at `/config`), or in a `restricted`
+//!   namespace written into an emptyDir by the Python kit's follow mode as a sidecar:
+//!   [`Watch::file`]`("/config/fault.json")`;
+//! - the shard ConfigMaps projected into one volume (small clusters):
+//!   [`Watch::entry`]`("/config", node)` reads `/config/<node>.json`.
 //!
-//! Neither file is ever rewritten in place: kubelet swaps the volume's `..data` symlink
+//! No file is ever rewritten in place: kubelet swaps the volume's `..data` symlink
 //! (`atomic_writer.go`) and the agent renames a new file over the old one. So a
 //! [`Watch`] watches the *directory* with `notify` (inotify on Linux), re-opens the path
 //! on every event and compares what it read; it never holds the file open. A slow
 //! re-read every few seconds covers a missed event.
 //!
+//! A verdict that is no longer confirmed is reported ([`Entry::stale`]): when the agent
+//! says so (`verdict.stale`), or by its age when nobody rewrites the file any more (the
+//! agent stopped: `verdict.confirmed` older than `verdict.stale_after_s`, plus
+//! [`STALE_GRACE`]). Then every device the verdict called healthy reads `unknown`
+//! (`verdict-stale`), as the agent writes it; failed and degraded ones keep their status.
+//!
 //! ```no_run
-//! let mut w = faultline_consumer::Watch::entry("/config", "gpu-node-7").unwrap();
+//! let mut w = faultline_consumer::Watch::file("/config/fault.json").unwrap();
 //! loop {
 //!     let entry = w.next(std::time::Duration::from_secs(60)).unwrap();
 //!     if let Some(Some(e)) = entry {
 //!         if !e.failed().is_empty() {
 //!             // checkpoint and exit
+//!         }
+//!         if let Some(why) = e.stale {
+//!             eprintln!("{}: verdict not confirmed ({})", e.node, why.as_str());
 //!         }
 //!     }
 //! }
@@ -26,7 +38,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use notify::{RecursiveMode, Watcher};
 use serde::Deserialize;
@@ -95,8 +107,35 @@ fn yes() -> bool {
     true
 }
 
-/// One node's entry: the aggregator's `<node>.json` or the agent's node file (both list
-/// `npus`; other fields are ignored, so newer documents still read).
+/// Why a node's verdict is not to be trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stale {
+    /// Not confirmed within its `stale_after_s` (`verdict-stale`).
+    Unconfirmed,
+    /// No verdict received yet (`no-verdict`).
+    NoVerdict,
+}
+
+impl Stale {
+    /// `verdict-stale`, `no-verdict`: the reason printed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stale::Unconfirmed => STALE_REASON,
+            Stale::NoVerdict => "no-verdict",
+        }
+    }
+}
+
+/// The reason of a device whose healthy verdict is no longer confirmed.
+pub const STALE_REASON: &str = "verdict-stale";
+
+/// How long after the agent would have said so itself a verdict is judged stale by its
+/// age: a running agent rewrites the file when its verdict turns stale.
+pub const STALE_GRACE: Duration = Duration::from_secs(5);
+
+/// One node's entry: the node's own `fault.json`, the aggregator's `<node>.json` or the
+/// agent's `--node-file` (all list `npus`; other fields are ignored, so newer documents
+/// still read).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The node it describes.
@@ -105,6 +144,9 @@ pub struct Entry {
     pub devices: Vec<Device>,
     /// Whether the aggregator reached the agent (always true in the agent's own file).
     pub reachable: bool,
+    /// `None`, or why the verdict is not to be trusted (only the node's own
+    /// `fault.json` has a verdict; a shard ConfigMap's entry is never stale here).
+    pub stale: Option<Stale>,
 }
 
 impl Entry {
@@ -123,6 +165,124 @@ struct Doc {
     npus: Vec<Device>,
     #[serde(default)]
     agent: Option<Reach>,
+    #[serde(default)]
+    verdict: Option<Verdict>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Verdict {
+    #[serde(default)]
+    writer: Option<String>,
+    #[serde(default)]
+    confirmed: Option<String>,
+    #[serde(default)]
+    stale: bool,
+    #[serde(default)]
+    stale_after_s: Option<u64>,
+}
+
+impl Verdict {
+    /// Stale at `now_ms`: as the agent says, or by the confirmation's age.
+    fn stale(&self, now_ms: u64) -> Option<Stale> {
+        let aged = || {
+            let at = parse_rfc3339_ms(self.confirmed.as_deref()?)?;
+            let holds = Duration::from_secs(self.stale_after_s?) + STALE_GRACE;
+            Some(now_ms > at.saturating_add(holds.as_millis() as u64))
+        };
+        let why = match self.writer {
+            Some(_) => Stale::Unconfirmed,
+            None => Stale::NoVerdict,
+        };
+        (self.stale || aged() == Some(true)).then_some(why)
+    }
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time (`Z` or `+HH:MM`, any fraction of a
+/// second); `None` when it does not parse or is before 1970.
+pub fn parse_rfc3339_ms(at: &str) -> Option<u64> {
+    let b = at.as_bytes();
+    let num = |r: std::ops::Range<usize>| num_of(at.get(r)?);
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let days_in = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&mo)
+        || d < 1
+        || d > days_in[(mo - 1) as usize]
+        || h > 23
+        || mi > 59
+        || sec > 60
+    {
+        return None;
+    }
+    let mut rest = &at[19..];
+    let mut frac_ms = 0i64;
+    if let Some(f) = rest.strip_prefix('.') {
+        let digits = f.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let ms = format!("{:0<3}", &f[..digits.min(3)]);
+        frac_ms = ms.parse().ok()?;
+        rest = &f[digits..];
+    }
+    let offset_s = match rest {
+        "Z" | "z" => 0,
+        _ if rest.len() == 6 && rest.as_bytes()[3] == b':' => {
+            let sign = match rest.as_bytes()[0] {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let (oh, om) = (num_of(rest.get(1..3)?)?, num_of(rest.get(4..6)?)?);
+            if oh > 23 || om > 59 {
+                return None;
+            }
+            sign * (oh * 3600 + om * 60)
+        }
+        _ => return None,
+    };
+    // Days from 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil).
+    let yy = if mo <= 2 { y - 1 } else { y };
+    let era = yy.div_euclid(400);
+    let yoe = yy - era * 400;
+    let doy = (153 * (if mo > 2 { mo - 3 } else { mo + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_s;
+    u64::try_from(secs * 1000 + frac_ms).ok()
+}
+
+/// Digits only (no sign, no space), as a number.
+fn num_of(t: &str) -> Option<i64> {
+    t.bytes()
+        .all(|c| c.is_ascii_digit())
+        .then(|| t.parse().ok())?
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What can go wrong.
@@ -149,7 +309,18 @@ impl std::fmt::Display for Error {
 impl std::error::Error for Error {}
 
 /// Parse a node document; `node`: refuse another node's; `only`: keep these devices.
+/// The verdict's age is judged on the clock ([`parse_at`] takes the time).
 pub fn parse(text: &[u8], node: Option<&str>, only: &[String]) -> Result<Entry, Error> {
+    parse_at(text, node, only, now_ms())
+}
+
+/// [`parse`], judging the verdict's age at `now_ms` (milliseconds since the epoch).
+pub fn parse_at(
+    text: &[u8],
+    node: Option<&str>,
+    only: &[String],
+    now_ms: u64,
+) -> Result<Entry, Error> {
     let doc: Doc = serde_json::from_slice(text).map_err(|e| Error::Invalid(e.to_string()))?;
     if let Some(n) = node.filter(|n| *n != doc.node) {
         return Err(Error::Invalid(format!(
@@ -157,14 +328,24 @@ pub fn parse(text: &[u8], node: Option<&str>, only: &[String]) -> Result<Entry, 
             doc.node
         )));
     }
+    let stale = doc.verdict.as_ref().and_then(|v| v.stale(now_ms));
     Ok(Entry {
         node: doc.node,
         devices: doc
             .npus
             .into_iter()
             .filter(|d| only.is_empty() || only.iter().any(|o| d.is(o)))
+            .map(|mut d| {
+                // As the agent writes a stale verdict (it may not be running to do so).
+                if stale.is_some() && d.status == Status::Healthy {
+                    d.status = Status::Unknown;
+                    d.reason = Some(STALE_REASON.into());
+                }
+                d
+            })
             .collect(),
         reachable: doc.agent.is_none_or(|a| a.reachable),
+        stale,
     })
 }
 
@@ -197,7 +378,7 @@ impl Watch {
         Self::new(dir.as_ref().join(format!("{node}.json")), Some(node))
     }
 
-    /// The agent's node file; `node`, when given, must be the document's.
+    /// The node's own `fault.json` (or the agent's `--node-file`).
     pub fn file(path: impl AsRef<Path>) -> Result<Self, Error> {
         Self::new(path.as_ref().to_path_buf(), None)
     }
@@ -298,6 +479,112 @@ mod tests {
         assert_eq!(e.devices[0].id, "gpu1");
         let e = parse(ENTRY.as_bytes(), None, &["gpu0".to_string()]).unwrap();
         assert!(e.failed().is_empty());
+    }
+
+    /// A node's own `fault.json` as its agent serves it, confirmed at `confirmed`.
+    fn own(statuses: &[&str], stale: bool, writer: bool, confirmed: &str) -> String {
+        let npus: Vec<String> = statuses
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let reason = if *s == "healthy" {
+                    "null"
+                } else {
+                    "\"xid-79\""
+                };
+                format!(r#"{{"id":"gpu{i}","status":"{s}","reason":{reason},"since":"t"}}"#)
+            })
+            .collect();
+        let writer = if writer { r#""writer":"agg-0","# } else { "" };
+        format!(
+            r#"{{"version":"faultline.fault/v1","node":"n1","timestamp":"t",
+            "agent":{{"reachable":true}},"npus":[{}],"summary":{{}},
+            "readings_at":"2026-01-01T00:00:00.000Z",
+            "verdict":{{{writer}"sequence":4,"published":"{confirmed}","confirmed":"{confirmed}",
+                       "stale":{stale},"stale_after_s":30}}}}"#,
+            npus.join(",")
+        )
+    }
+
+    fn statuses(e: &Entry) -> Vec<(&str, &str)> {
+        e.devices
+            .iter()
+            .map(|d| (d.status.as_str(), d.reason.as_deref().unwrap_or("-")))
+            .collect()
+    }
+
+    #[test]
+    fn the_nodes_own_fault_json_reports_a_stale_verdict() {
+        let at = "2026-01-01T00:00:00.000Z";
+        let t = parse_rfc3339_ms(at).unwrap();
+        let fresh = own(&["healthy", "failed"], false, true, at);
+        let e = parse_at(fresh.as_bytes(), Some("n1"), &[], t + 1000).unwrap();
+        assert_eq!(e.stale, None);
+        assert_eq!(statuses(&e), [("healthy", "-"), ("failed", "xid-79")]);
+
+        // The agent says stale: its healthy devices are already unknown.
+        let said = own(&["unknown", "failed"], true, true, at).replace(
+            r#""status":"unknown","reason":"xid-79""#,
+            r#""status":"unknown","reason":"verdict-stale""#,
+        );
+        let e = parse_at(said.as_bytes(), None, &[], t + 1000).unwrap();
+        assert_eq!(e.stale, Some(Stale::Unconfirmed));
+        assert_eq!(
+            statuses(&e),
+            [("unknown", "verdict-stale"), ("failed", "xid-79")]
+        );
+        assert_eq!(e.failed().len(), 1, "failed stays failed");
+
+        // Nobody rewrote the file: stale by its age, past stale_after_s and the grace.
+        let holds = 30_000 + STALE_GRACE.as_millis() as u64;
+        let e = parse_at(fresh.as_bytes(), None, &[], t + holds).unwrap();
+        assert_eq!(e.stale, None);
+        let e = parse_at(fresh.as_bytes(), None, &[], t + holds + 1).unwrap();
+        assert_eq!(e.stale, Some(Stale::Unconfirmed));
+        assert_eq!(
+            statuses(&e),
+            [("unknown", "verdict-stale"), ("failed", "xid-79")]
+        );
+
+        // No verdict yet.
+        let none = own(&["unknown"], true, false, at);
+        let e = parse_at(none.as_bytes(), None, &[], t).unwrap();
+        assert_eq!(e.stale.map(Stale::as_str), Some("no-verdict"));
+
+        // A shard ConfigMap's entry has no verdict: never stale.
+        assert_eq!(parse(ENTRY.as_bytes(), None, &[]).unwrap().stale, None);
+    }
+
+    #[test]
+    fn rfc3339_times() {
+        assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:01.25Z"), Some(1250));
+        assert_eq!(
+            parse_rfc3339_ms("1970-01-01T00:00:01.123456789Z"),
+            Some(1123)
+        );
+        assert_eq!(parse_rfc3339_ms("1970-01-01T01:00:00+01:00"), Some(0));
+        assert_eq!(
+            parse_rfc3339_ms("2026-03-01T00:00:00.500-00:30"),
+            Some((1_772_323_200 + 1800) * 1000 + 500)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2024-02-29T12:00:00Z"),
+            Some(1_709_208_000_000)
+        );
+        for bad in [
+            "",
+            "yesterday",
+            "2026-01-01T00:00:00",
+            "2026-13-01T00:00:00Z",
+            "2025-02-29T00:00:00Z",
+            "2026-01-01T00:00:00.Z",
+            "2026-01-01T00:00:00+1:00",
+            "1969-12-31T23:59:59Z",
+            "2026-01-01T00:00:-1Z",
+        ] {
+            assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
+        }
     }
 
     #[test]

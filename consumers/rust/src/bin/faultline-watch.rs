@@ -2,11 +2,12 @@
 //! `consumers/python/faultline_consumer.py` and `consumers/shell/faultline-watch.sh`.
 //!
 //! ```text
-//! faultline-watch --dir /config --node "$NODE_NAME" [--exit-on-failed] [--device ID]...
 //! faultline-watch --file /config/fault.json [--exit-on-failed]
+//! faultline-watch --dir /config --node "$NODE_NAME" [--exit-on-failed] [--device ID]...
 //! ```
-//! One line per device on each change: `<node> <device> <status> <reason or ->`;
-//! `FAILED <node> <device> <reason>` and exit status 3 with `--exit-on-failed`.
+//! One line per device on each change: `<node> <device> <status> <reason or ->`, after
+//! `<node> - unknown verdict-stale` (or `no-verdict`) while the node's verdict is not
+//! confirmed; `FAILED <node> <device> <reason>` and exit status 3 with `--exit-on-failed`.
 
 use std::time::Duration;
 
@@ -22,9 +23,10 @@ fn lines(entry: Option<&Entry>, node: &str) -> Vec<String> {
         None => vec![format!("{node} - unknown not-published")],
         Some(e) if !e.reachable => vec![format!("{} - unknown agent-unreachable", e.node)],
         Some(e) => e
-            .devices
-            .iter()
-            .map(|d| {
+            .stale
+            .map(|why| format!("{} - unknown {}", e.node, why.as_str()))
+            .into_iter()
+            .chain(e.devices.iter().map(|d| {
                 format!(
                     "{} {} {} {}",
                     e.node,
@@ -32,7 +34,7 @@ fn lines(entry: Option<&Entry>, node: &str) -> Vec<String> {
                     d.status.as_str(),
                     d.reason.as_deref().unwrap_or("-")
                 )
-            })
+            }))
             .collect(),
     }
 }
