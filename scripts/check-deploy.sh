@@ -48,6 +48,19 @@ expect nvidia-monitoring "kubernetes.io/metadata.name: monitoring"
 refuse nvidia "kind: PodMonitor"
 expect nvidia-enforce "--remediation=enforce"
 refuse nvidia-enforce "--remediation=dry-run"
+# Node-local delivery (issue 25): in every overlay the aggregator delivers verdicts with
+# the Secret's token, and the agent takes them with it, keeps the node's fault.json on
+# the host and serves it read-only on hostPort 8082, which the NetworkPolicy opens.
+for o in "${overlays[@]}"; do
+  o=$(basename "$o")
+  expect "$o" "--delivery-token-file=/etc/faultline/delivery/token"
+  expect "$o" "- /etc/faultline/delivery/token"
+  expect "$o" "- /run/faultline/node"
+  expect "$o" "path: /run/faultline/node"
+  expect "$o" "hostPort: 8082"
+  expect "$o" "secretName: faultline-delivery"
+  expect "$o" "port: 8082"
+done
 # RBAC follows the flags: in the base (the RBAC the end-to-end tests load) and in every
 # overlay, each publish namespace's Role names exactly the ConfigMaps that the
 # Deployment's --name, --shards and --pages make (common/src/fault.rs page_name), and
