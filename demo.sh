@@ -3,10 +3,12 @@
 #
 # Starts the Kubernetes API test server with three GPU nodes and two training pods on each,
 # one agent per node on 8 simulated GPUs, and the aggregator writing shard ConfigMaps
-# under a shard Lease. One agent runs a scenario (a GPU falls off the bus); then the demo
-# injects a fault through another agent's API and times how long it takes to reach the
-# ConfigMap and to nudge the pod on that node, and heals it: quarantine, eviction of the
-# pod on the failed GPU, alerts through the intake, `faultline status`, and a release.
+# under a shard Lease and delivering each node's verdict to its agent, which keeps it as
+# the node's own fault.json (what the node's pods read). One agent runs a scenario (a
+# GPU falls off the bus); then the demo injects a fault through another agent's API and
+# times how long it takes to reach that node's own fault.json, the ConfigMap and a nudge
+# of the pod on that node, and heals it: quarantine, eviction of the pod on the failed
+# GPU, alerts through the intake, `faultline status`, and a release.
 #   ./demo.sh            run the demo and exit
 #   ./demo.sh --serve    leave everything running afterwards (Ctrl-C to stop)
 # Every step is checked: the demo exits non-zero, naming the step and showing the
@@ -65,14 +67,22 @@ uuid_of() { curl -sf "http://127.0.0.1:$1/v1/health/gpu$2" | python3 -c 'import 
 patch_status() { curl -sf -X PATCH "$KUBE$1/status" -H 'content-type: application/merge-patch+json' -d "$2" >/dev/null; }
 post /api/v1/namespaces '{"metadata":{"name":"faultline"}}'
 
+# The token the aggregator delivers verdicts with and the agents take them with (in a
+# cluster: the Secret faultline-delivery).
+head -c 32 /dev/urandom | base64 >"$WORK/delivery-token"
 AGENTS=()
+NAMED=()
 for i in 1 2 3; do
   port=$((BASE + i - 1))
   post /api/v1/nodes "{\"metadata\":{\"name\":\"gpu-node-$i\",\"labels\":{\"nvidia.com/gpu.present\":\"true\"}},\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"127.0.0.1\"}],\"capacity\":{\"nvidia.com/gpu\":\"8\"}}}"
   extra=()
   [[ $i == 1 ]] && extra=(--sim-scenario deploy/scenarios/demo.json)
+  # --fault-dir: the node's own fault.json (on a node: /run/faultline/node, the hostPath
+  # its pods mount at /config).
+  mkdir "$WORK/node-$i"
   target/release/faultline-agent --source sim --sim-devices 8 --sim-seed "$i" "${extra[@]}" \
-    --listen "127.0.0.1:$port" --node-name "gpu-node-$i" >"$WORK/agent-$i.log" 2>&1 &
+    --listen "127.0.0.1:$port" --node-name "gpu-node-$i" \
+    --fault-dir "$WORK/node-$i" --delivery-token-file "$WORK/delivery-token" >"$WORK/agent-$i.log" 2>&1 &
   started "$WORK/agent-$i.log"
   wait_until 10 "agent $i answers" curl -sf "http://127.0.0.1:$port/v1/health"
   # Two 4-GPU jobs per node; the kubelet reports which GPUs each holds (KEP-4680), by
@@ -86,13 +96,16 @@ for i in 1 2 3; do
     patch_status /api/v1/namespaces/default/pods/train-$i$half "{\"status\":{\"phase\":\"Running\",\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\"}],\"containerStatuses\":[{\"name\":\"trainer\",\"ready\":true,\"restartCount\":0,\"image\":\"trainer\",\"imageID\":\"\",\"allocatedResourcesStatus\":[{\"name\":\"nvidia.com/gpu\",\"resources\":[${ids%,}]}]}]}}"
   done
   AGENTS+=("http://127.0.0.1:$port")
+  # Named, as discovery names them: the aggregator delivers to the agents of named nodes.
+  NAMED+=("gpu-node-$i=http://127.0.0.1:$port")
 done
 AGG="http://127.0.0.1:$((BASE + 10))"
 TOKEN=demo-token-$RANDOM
 echo "$TOKEN" >"$WORK/intake-token"
 target/release/faultline-aggregator --sink configmap --kube-server "$KUBE" --namespace faultline \
-  --remediation enforce --max-quarantined-percent 100 --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
+  --remediation enforce --max-quarantined-percent 100 --agents "$(IFS=,; echo "${NAMED[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
   --intake-token-file "$WORK/intake-token" --reconcile-interval 2s --publish-namespaces default \
+  --delivery-token-file "$WORK/delivery-token" \
   >"$WORK/aggregator.log" 2>&1 &
 started "$WORK/aggregator.log"
 # A second aggregator with the file sink: the same documents in a directory laid out the
@@ -111,6 +124,11 @@ failed_in_cm() {
 }
 failed_in_file() {
   python3 -c 'import json,sys; n=json.load(open(sys.argv[1])); sys.exit(0 if any(x["id"]==sys.argv[2] and x["status"]=="failed" for x in n["npus"]) else 1)' "$OUT/$1.json" "$2"
+}
+# failed_in_own I DEVICE: the device is failed in gpu-node-I's own fault.json (kept by its
+# agent from the aggregator's delivery), and the verdict is fresh (verdict.stale false).
+failed_in_own() {
+  python3 -c 'import json,sys; n=json.load(open(sys.argv[1])); sys.exit(0 if n["verdict"]["stale"] is False and any(x["id"]==sys.argv[2] and x["status"]=="failed" for x in n["npus"]) else 1)' "$WORK/node-$1/fault.json" "$2"
 }
 pod_exists() { curl -sf "$KUBE/api/v1/namespaces/default/pods/$1" >/dev/null; }
 pod_gone() { ! pod_exists "$1"; }
@@ -138,8 +156,11 @@ echo "== injecting a PCIe link-down on gpu-node-2/gpu5 through its agent's API"
 START=$(date +%s%N)
 curl -sf -X POST "${AGENTS[1]}/v1/sim/faults" -H 'content-type: application/json' \
   -d '{"device":"gpu5","fault":"pcie-down"}' >/dev/null
+wait_until 10 "gpu-node-2/gpu5 fails in gpu-node-2's own fault.json" failed_in_own 2 gpu5
+echo "  in gpu-node-2's own fault.json after $(ms_since "$START") ms (the agent samples once a second;"
+echo "  the aggregator delivered its verdict to the node's agent: no ConfigMap, no kubelet)"
 wait_until 10 "gpu-node-2/gpu5 fails in the ConfigMap" failed_in_cm gpu-node-2 gpu5
-echo "  in the ConfigMap after $(ms_since "$START") ms (the agent samples once a second)"
+echo "  in the ConfigMap after $(ms_since "$START") ms"
 wait_until 10 "gpu-node-2/gpu5 fails in the file sink" failed_in_file gpu-node-2 gpu5
 echo "  in the file sink $OUT/gpu-node-2.json after $(ms_since "$START") ms"
 wait_until 10 "pod train-2a is nudged" nudged train-2a
@@ -207,6 +228,26 @@ print("  history: %d record(s); last released by %s: %s" % (len(h), h[-1]["relea
 ours = [t for t in n["spec"].get("taints") or [] if t["key"] == "nvidia.com/gpu-fault"]
 sys.exit(0 if not ours and len(h) == 1 and "faultline.io/quarantine" not in a else 1)' \
   || fail "gpu-node-2 still quarantined after its release"
+echo "== gpu-node-1's own fault.json: what its pods read at /config/fault.json (hostPath or sidecar)"
+wait_until 10 "gpu-node-1's own fault.json says gpu3 failed, verdict fresh" failed_in_own 1 gpu3
+python3 - "$WORK/node-1/fault.json" <<'PY' || fail "gpu-node-1's own fault.json does not say gpu3 failed with a fresh verdict"
+import json, sys
+n = json.load(open(sys.argv[1]))
+v = n["verdict"]
+print("  %s: node %s  verdict of %s, sequence %s, confirmed %s, stale %s (after %s s unconfirmed)"
+      % (sys.argv[1], n["node"], v.get("writer"), v["sequence"], v.get("confirmed"), str(v["stale"]).lower(), v["stale_after_s"]))
+print("  summary %(summary)s  readings at %(readings_at)s" % n)
+for x in n["npus"]:
+    if x["status"] != "healthy":
+        print("  %-5s %-8s %s" % (x["id"], x["status"], x["reason"]))
+gpu3 = [x for x in n["npus"] if x["id"] == "gpu3"]
+sys.exit(0 if v["stale"] is False and gpu3 and gpu3[0]["status"] == "failed" else 1)
+PY
+# The consumer kit reads it as a pod would (and exits 3 on the failed device).
+kit=$(timeout 10 python3 consumers/python/faultline_consumer.py --file "$WORK/node-1/fault.json" --exit-on-failed) && code=0 || code=$?
+echo "$kit" | grep -v ' healthy -$' | sed 's/^/  consumer kit: /' || true
+[[ $code == 3 ]] || fail "the consumer kit did not exit 3 on gpu-node-1's failed gpu3 (status $code)"
+expect "the consumer kit names the failed gpu3" "FAILED gpu-node-1 gpu3 " "$kit"
 cat <<TXT
 == look yourself (./demo.sh --serve keeps all this running):
   kubectl --server $KUBE get nodes,pods -A
@@ -220,6 +261,8 @@ cat <<TXT
   kubectl --server $KUBE get cm faultline-shard-0 -n faultline -o jsonpath='{.data.gpu-node-2\.json}'
   ls -la $OUT; cat $OUT/gpu-node-2.json   # the file sink: ..data -> ..<timestamp>/, a key per node
   curl -s ${AGENTS[0]}/v1/health?format=pretty
+  cat $WORK/node-1/fault.json                  # gpu-node-1's own fault.json (its agent's --fault-dir)
+  curl -s ${AGENTS[0]}/v1/fault                # the same, served by its agent (?watch=true: a stream)
   curl -s $AGG/metrics | grep -E 'faultline_aggregator_(devices|lease_held|pod_nudges|remediation|quarantined|intake)'
   curl -s -X POST ${AGENTS[2]}/v1/sim/faults -H 'content-type: application/json' -d '{"device":"gpu0","fault":"xid","xid":48}'
 TXT
