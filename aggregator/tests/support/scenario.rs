@@ -73,11 +73,12 @@ impl Scenario {
         self
     }
 
-    /// Ready Nodes of these names, each with a simulated agent that `--agents` names
+    /// Ready GPU Nodes of these names, of a real one's size and shape
+    /// ([`NodeFixture::realistic`]), each with a simulated agent that `--agents` names
     /// (`n1=http://ADDR`): the cluster most tests start from.
     pub fn ready_nodes(names: &[&str]) -> Self {
         Self::new()
-            .nodes(names.iter().map(|n| NodeFixture::new(n).ready(true)))
+            .nodes(names.iter().map(|n| NodeFixture::realistic(n).ready(true)))
             .agents()
             .named()
     }
