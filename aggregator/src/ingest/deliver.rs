@@ -33,6 +33,8 @@ use crate::shard::Held;
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(3);
 /// Largest answer read from an agent.
 const MAX_ANSWER: usize = 64 << 10;
+/// The first retry after a failed delivery.
+const RETRY_FIRST: Duration = Duration::from_millis(500);
 /// The path deliveries go to.
 const PATH: &str = "/v1/fault";
 
@@ -144,6 +146,9 @@ impl Deliveries {
         // The sequence the agent holds, as far as this task knows.
         let mut acked: Option<u64> = None;
         let mut confirm_at = tokio::time::Instant::now() + self.confirm;
+        // After a failed delivery, the next try comes sooner than a confirmation: half a
+        // second, doubling up to the confirmation period while it keeps failing.
+        let mut retry = RETRY_FIRST;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -170,7 +175,11 @@ impl Deliveries {
                 Err(_) => None,
             };
             if acked.is_none() {
-                tracing::debug!(%node, "delivery failed; again at the next change or confirmation");
+                tracing::debug!(%node, ?retry, "delivery failed; trying again");
+                confirm_at = tokio::time::Instant::now() + retry;
+                retry = (retry * 2).min(self.confirm);
+            } else {
+                retry = RETRY_FIRST;
             }
         }
     }
