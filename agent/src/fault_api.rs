@@ -22,6 +22,9 @@ use crate::verdict::Refused;
 
 /// Largest delivery accepted (an entry of 1,024 devices is about 400 KiB).
 pub const MAX_DELIVERY: usize = 1 << 20;
+/// Watch streams open at once on `--fault-listen` (the node's pods), apart from the
+/// API's own cap; past it a watch gets the document once.
+pub const POD_WAITERS: usize = 64;
 /// How often a watch looks whether the verdict turned stale.
 const STALE_LOOK: Duration = Duration::from_millis(500);
 

@@ -220,9 +220,13 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
                 .with_context(|| format!("cannot listen on {at} (--fault-listen)"))?;
             let bound = l.local_addr()?;
             let (cancel, stats) = (cancel.clone(), metrics.server.clone());
+            // The pods' watches have a cap of their own: they never take the
+            // aggregator's place among /v1/health's streams.
+            let mut pods = state.clone();
+            pods.waiters = Arc::new(tokio::sync::Semaphore::new(fault_api::POD_WAITERS));
             tokio::spawn(faultline_common::server::serve(
                 l,
-                fault_api::pod_router(state.clone()),
+                fault_api::pod_router(pods),
                 limits,
                 stats,
                 async move { cancel.cancelled().await },

@@ -221,7 +221,7 @@ impl Verdicts {
                     published: Some(h.published),
                     confirmed: Some(rfc3339_ms(h.confirmed_ms)),
                     stale,
-                    stale_after_s: h.stale_after.as_secs(),
+                    stale_after_s: h.stale_after.as_millis().div_ceil(1000) as u64,
                 };
                 (h.entry, source)
             }

@@ -142,7 +142,7 @@ fn follow_agents(
         cancel.clone(),
         ownership,
     )
-    .with_deliveries(deliveries);
+    .with_deliveries(deliveries.clone());
     if cfg.agents.is_empty() {
         let client = watch
             .cloned()
@@ -169,6 +169,9 @@ fn follow_agents(
         match &a.node {
             Some(node) => followers.add_static(node.clone(), a.url.clone()),
             None => {
+                if deliveries.is_some() {
+                    tracing::warn!(url = %a.url, "an agent listed by URL alone gets no deliveries: name its node (NODE=URL)");
+                }
                 tokio::spawn(collect::follow(
                     a.url.clone(),
                     None,
