@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 mod node;
 mod views;
 
-use node::{measures, Device, Node};
+use node::{measures, Device, Node, NEW_ID_WINDOW_MS};
 
 /// Evaluations closer together than this are merged into the next tick.
 pub const MIN_EVAL_SPACING_MS: u64 = 900;
@@ -169,6 +169,8 @@ impl Pipeline {
             changed_ms: now_ms,
             lazy_since_tick: None,
             name_hash: fnv1a64(node.as_bytes()),
+            churn: (0, 0),
+            refused_logged_ms: None,
         });
         self.counts_stale = true;
         true
@@ -257,6 +259,18 @@ impl Pipeline {
                 self.nodes.get_mut(name).expect("just ensured")
             }
         };
+        if let Err(why) = node.admit_ids(doc, now_ms) {
+            self.metrics.agent_poll_error("device-churn");
+            // One line per node per window: a hostile agent sends one a second.
+            if node
+                .refused_logged_ms
+                .is_none_or(|t| now_ms.saturating_sub(t) >= NEW_ID_WINDOW_MS)
+            {
+                node.refused_logged_ms = Some(now_ms);
+                tracing::warn!(node = name, %why, "agent document refused (logged once per window)");
+            }
+            return Change::default();
+        }
         let was_skipped = node.settle(self.ticks, self.last_tick_ms);
         let reach_changed = !node.reach.reachable;
         self.counts_stale |= reach_changed;

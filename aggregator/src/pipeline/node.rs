@@ -68,7 +68,22 @@ pub(super) struct Node {
     /// [`fnv1a64`] of the name, which decides its shard (issue 11: a shard's document
     /// hashed every node's name to find its own, 5,000 names for each shard written).
     pub(super) name_hash: u64,
+    /// New device ids taken in the current window: when it began, and how many
+    /// ([`Node::admit_ids`]).
+    pub(super) churn: (u64, u32),
+    /// When a refused document was last logged for this node.
+    pub(super) refused_logged_ms: Option<u64>,
 }
+
+/// Most devices kept for one node, remembered ones included (issue 26: an agent that
+/// named 512 new device ids in every document grew a replica by 150 MB a minute and
+/// its shard's ConfigMap past the API's limit, so no node of the shard was published).
+/// A real node has at most 16 GPUs or 32 NPU chips.
+pub const MAX_DEVICES_PER_NODE: usize = 64;
+/// New device ids a node may name per [`NEW_ID_WINDOW_MS`] after its first document.
+pub const NEW_IDS_PER_WINDOW: u32 = 16;
+/// The window of [`NEW_IDS_PER_WINDOW`].
+pub const NEW_ID_WINDOW_MS: u64 = 10 * 60 * 1000;
 
 /// A device of `n` for a quarantine record, with the UUID and bus id of its last
 /// reading; the verdict is the agent's (through this pipeline).
@@ -106,6 +121,46 @@ impl Node {
 
     /// Keep the readings and sources of a document. The same devices as last time (the
     /// usual case) are updated in place: no allocation unless a text changed.
+    /// Whether the device ids of `doc` may be taken at `now_ms`: no more than
+    /// [`MAX_DEVICES_PER_NODE`] kept in all, and after the node's first document no
+    /// more than [`NEW_IDS_PER_WINDOW`] new ones per window. Why not, otherwise: the
+    /// document is refused whole and the node stays as it was, so one node's agent can
+    /// grow neither the replica nor its shard.
+    pub(super) fn admit_ids(&mut self, doc: &DocView<'_>, now_ms: u64) -> Result<(), String> {
+        let new = doc
+            .npus
+            .iter()
+            .filter(|d| !self.devices.contains_key(&*d.id))
+            .count();
+        if new == 0 {
+            return Ok(());
+        }
+        if self.devices.len() + new > MAX_DEVICES_PER_NODE {
+            return Err(format!(
+                "{new} new device ids beside {} kept: at most {MAX_DEVICES_PER_NODE} per node",
+                self.devices.len()
+            ));
+        }
+        let first = self.devices.is_empty() && self.churn == (0, 0);
+        if first {
+            self.churn = (now_ms, 0);
+            return Ok(());
+        }
+        if now_ms.saturating_sub(self.churn.0) >= NEW_ID_WINDOW_MS {
+            self.churn = (now_ms, 0);
+        }
+        let n = u32::try_from(new).unwrap_or(u32::MAX);
+        if self.churn.1.saturating_add(n) > NEW_IDS_PER_WINDOW {
+            return Err(format!(
+                "{new} new device ids, {} already in this window: at most {NEW_IDS_PER_WINDOW} per {} min",
+                self.churn.1,
+                NEW_ID_WINDOW_MS / 60_000
+            ));
+        }
+        self.churn.1 += n;
+        Ok(())
+    }
+
     pub(super) fn remember(&mut self, doc: &DocView<'_>) {
         fn set(slot: &mut Option<Box<str>>, v: Option<&str>) {
             if slot.as_deref() != v {

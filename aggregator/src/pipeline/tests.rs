@@ -435,3 +435,50 @@ fn sustained_heat_degrades_after_the_window_and_the_hold() {
         Some("high-temp")
     );
 }
+
+/// Issue 26: an agent that names new device ids in every document is refused once past
+/// the per-window budget (and past the per-node cap at once); the node keeps what it
+/// had, another node is judged as ever, and memory does not grow with the churn.
+#[test]
+fn device_id_churn_is_refused_and_other_nodes_go_on() {
+    let mut p = pipeline();
+    let eight = |prefix: &str, n: usize| -> Vec<DeviceHealth> {
+        (0..n)
+            .map(|i| dev(&format!("{prefix}{i}"), 40.0, None))
+            .collect()
+    };
+    p.on_document(doc("evil", eight("gpu", 8)), 1_000);
+    p.on_document(doc("good", eight("gpu", 8)), 1_000);
+    assert_eq!(p.node_faults("evil").unwrap().npus.len(), 8);
+    // A first document past the cap is refused whole.
+    p.on_document(doc("huge", eight("npu", 65)), 1_000);
+    assert!(p.node_faults("huge").is_none_or(|f| f.npus.is_empty()));
+    // 512 new ids a document, one a second for a minute.
+    for s in 1..=60u64 {
+        let ids: Vec<DeviceHealth> = (0..512)
+            .map(|i| dev(&format!("x{s}-{i}"), 40.0, None))
+            .collect();
+        let c = p.on_document(doc("evil", ids), 1_000 + s * 1_000);
+        assert!(c.nodes.is_empty(), "second {s}: {:?}", c.nodes);
+    }
+    assert_eq!(
+        p.node_faults("evil").unwrap().npus.len(),
+        8,
+        "nothing taken"
+    );
+    // Within the budget, a few new ids are taken (a device replaced).
+    let mut replaced = eight("gpu", 8);
+    replaced.push(dev("gpu8", 40.0, None));
+    p.on_document(doc("evil", replaced), 70_000);
+    assert_eq!(p.node_faults("evil").unwrap().npus.len(), 9);
+    // The other node's fault is judged as ever.
+    let c = p.on_document(
+        doc("good", vec![dev("gpu0", 40.0, Some("gpu-lost"))]),
+        71_000,
+    );
+    assert!(c.urgent);
+    assert_eq!(
+        p.device_state("good", "gpu0").unwrap().status,
+        DeviceStatus::Failed
+    );
+}

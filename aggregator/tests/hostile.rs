@@ -1,0 +1,92 @@
+//! Issue 26: hostile agents. An agent that names its own node (so every identity check
+//! passes) and 512 devices under new ids in every document must stop neither its
+//! shard's publication nor a real fault on another node of the same shard, and must not
+//! grow what the replica keeps.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use faultline_common::testing::{self, Device};
+use faultline_common::DeviceStatus;
+use support::*;
+
+/// An agent serving `node` that answers every request at once with 512 devices under
+/// ids it never used before (a plain JSON answer: the follower long-polls it, a
+/// document a second).
+async fn churning_agent(node: &'static str) -> std::net::SocketAddr {
+    let round = Arc::new(AtomicU64::new(0));
+    let app = Router::new().route(
+        "/v1/health",
+        get(move || {
+            let r = round.fetch_add(1, Ordering::Relaxed);
+            async move {
+                let doc = testing::node(node)
+                    .generation(r + 1)
+                    .npus((0..512).map(|i| {
+                        Device::nvml(i)
+                            .reading(|d| d.id = format!("x{r}-{i}"))
+                            .temperature(40.0)
+                            .build()
+                    }))
+                    .build();
+                axum::Json(doc)
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_churning_agent_stops_no_other_nodes_fault() {
+    let evil = churning_agent("evil").await;
+    let w = Scenario::new().agent("good").start().await;
+    let server = &w.server;
+    let agents = format!("evil=http://{evil},good=http://{}", w.agent("good").addr);
+    let agg = w
+        .configmap("r1", 1)
+        .set("--agents", &agents)
+        .start()
+        .await;
+    until(Duration::from_secs(20), "good published healthy", || {
+        node_entry(server, 1, "good").filter(|e| e.summary.healthy == 4)
+    })
+    .await;
+    // Ten seconds of churn (a document a second), then a real fault beside it.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    inject(
+        w.agent("good"),
+        r#"{"device":"gpu1","fault":"xid","xid":79}"#,
+    )
+    .await;
+    until(Duration::from_secs(10), "good's fault published", || {
+        node_entry(server, 1, "good").filter(|e| {
+            e.npus
+                .iter()
+                .any(|d| d.id == "gpu1" && d.status == DeviceStatus::Failed)
+        })
+    })
+    .await;
+    // The churning node kept no more than its first document's devices; the shard's
+    // ConfigMap stays small.
+    let evil_entry = node_entry(server, 1, "evil");
+    let kept = evil_entry.map_or(0, |e| e.npus.len());
+    assert!(kept <= 64, "{kept} devices kept for the churning node");
+    let cm = server.get("configmaps", NS, "faultline-shard-0").unwrap();
+    let bytes = serde_json::to_vec(&cm["data"]).unwrap().len();
+    assert!(bytes < 100 << 10, "the shard is {bytes} bytes");
+    let m = metrics(agg.addr).await;
+    assert!(
+        m.lines()
+            .any(|l| l.contains("device-churn") && !l.ends_with(" 0")),
+        "refusals counted"
+    );
+    agg.cancel_token().cancel();
+}
