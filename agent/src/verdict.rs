@@ -127,9 +127,9 @@ impl Verdicts {
     pub fn authorize(&self, authorization: Option<&[u8]>) -> Result<(), Refused> {
         let want = self.token.as_deref().ok_or(Refused::Off)?;
         let got = authorization
-            .and_then(|h| h.strip_prefix(b"Bearer "))
+            .and_then(faultline_common::names::bearer_token)
             .ok_or(Refused::Unauthorized)?;
-        if same_secret(got.trim_ascii(), want) {
+        if same_secret(got, want) {
             Ok(())
         } else {
             Err(Refused::Unauthorized)
@@ -378,6 +378,10 @@ mod tests {
     fn only_the_token_sets_a_verdict() {
         let v = Verdicts::new(NODE, Some(b"s3cret".to_vec()), Duration::from_secs(60));
         assert!(v.authorize(Some(b"Bearer s3cret")).is_ok());
+        assert!(
+            v.authorize(Some(b"bearer s3cret")).is_ok(),
+            "RFC 9110: any case"
+        );
         for bad in [
             None,
             Some(&b"Bearer s3cre"[..]),

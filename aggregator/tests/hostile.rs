@@ -50,11 +50,7 @@ async fn a_churning_agent_stops_no_other_nodes_fault() {
     let w = Scenario::new().agent("good").start().await;
     let server = &w.server;
     let agents = format!("evil=http://{evil},good=http://{}", w.agent("good").addr);
-    let agg = w
-        .configmap("r1", 1)
-        .set("--agents", &agents)
-        .start()
-        .await;
+    let agg = w.configmap("r1", 1).set("--agents", &agents).start().await;
     until(Duration::from_secs(20), "good published healthy", || {
         node_entry(server, 1, "good").filter(|e| e.summary.healthy == 4)
     })

@@ -108,6 +108,20 @@ pub fn read_token(path: &std::path::Path) -> Result<String, String> {
     Ok(t.to_string())
 }
 
+/// The token of an `Authorization` header's value with the `Bearer` scheme: the scheme
+/// matched without regard to case (RFC 9110 section 11.1: "It uses a case-insensitive
+/// token"; issue 26: `bearer` was refused), then one or more spaces, then the token
+/// (RFC 6750 section 2.1), surrounding whitespace trimmed. `None` for another scheme or
+/// no token.
+pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || !rest.starts_with(b" ") {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +155,26 @@ mod tests {
         }
         for bad in ["-a", "a_", "a b", "a/b", &"a".repeat(64)] {
             assert!(label_value(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for (header, want) in [
+            (&b"Bearer abc"[..], Some(&b"abc"[..])),
+            (b"bearer abc", Some(b"abc")),
+            (b"BEARER   abc ", Some(b"abc")),
+            (b"Bearerabc", None),
+            (b"Basic abc", None),
+            (b"Bearer ", None),
+            (b"Bear", None),
+        ] {
+            assert_eq!(
+                bearer_token(header),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(header)
+            );
         }
     }
 }

@@ -81,8 +81,12 @@ pub struct Core {
     final_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
     /// Node-local delivery of each changed entry (issue 25), when on.
     deliveries: Option<Arc<Deliveries>>,
+    /// Per node: when a refused document was last logged, and how many since were not.
+    refused_logged: std::collections::HashMap<String, (u64, u32)>,
 }
 
+/// A node's refused documents are logged at most this often.
+const REFUSED_LOG_MS: u64 = 60_000;
 /// Agent events handled in one turn of the loop after the one that woke it.
 const AGENT_BATCH: usize = 64;
 
@@ -119,6 +123,7 @@ impl Core {
             last_reconcile: Instant::now(),
             final_waiters: Vec::new(),
             deliveries: None,
+            refused_logged: std::collections::HashMap::new(),
         }
     }
 
@@ -290,6 +295,15 @@ impl Core {
         }
     }
 
+    /// Log a refused document, at most once a minute per node with the count of those
+    /// not logged (issue 26: a line per refused document was 394 KB/s of logs from one
+    /// hostile agent); the metric counts every one.
+    fn log_refused(&mut self, node: &str, error: &str, now: u64) {
+        if let Some(suppressed) = once_per(&mut self.refused_logged, node, now, REFUSED_LOG_MS) {
+            tracing::warn!(%node, %error, suppressed, "agent document refused (logged once a minute per node)");
+        }
+    }
+
     fn on_agent(&mut self, ev: AgentEvent) {
         let now = now_ms();
         let followed: Option<Arc<str>> = match &ev {
@@ -307,7 +321,7 @@ impl Core {
                     self.metrics.agent_poll("error");
                     self.metrics.agent_poll_error(e.metric_label());
                     let error = e.to_string();
-                    tracing::warn!(%node, %error, "agent document refused");
+                    self.log_refused(&node, &error, now);
                     self.pipeline.on_unreachable(&node, &error, now)
                 }
             },
@@ -315,10 +329,13 @@ impl Core {
                 self.pipeline.on_unreachable(&node, &error, now)
             }
             AgentEvent::Removed { node } => Change {
-                nodes: if self.pipeline.remove_node(&node) {
-                    vec![node]
-                } else {
-                    vec![]
+                nodes: {
+                    self.refused_logged.remove(&node);
+                    if self.pipeline.remove_node(&node) {
+                        vec![node]
+                    } else {
+                        vec![]
+                    }
                 },
                 ..Default::default()
             },
@@ -458,6 +475,23 @@ impl Core {
     }
 }
 
+/// Whether `key` may be logged at `now` (once per `every` ms): the number of times it was
+/// not since the last, or `None` (counted).
+fn once_per(
+    log: &mut std::collections::HashMap<String, (u64, u32)>,
+    key: &str,
+    now: u64,
+    every: u64,
+) -> Option<u32> {
+    let slot = log.entry(key.to_string()).or_insert((0, 0));
+    if slot.0 != 0 && now.saturating_sub(slot.0) < every {
+        slot.1 += 1;
+        return None;
+    }
+    slot.0 = now;
+    Some(std::mem::take(&mut slot.1))
+}
+
 /// Until `at`, or never.
 async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     match at {
@@ -499,6 +533,24 @@ async fn recv_settled(rx: &mut Option<mpsc::UnboundedReceiver<Settled>>) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 26: a node's refused documents are logged once a minute, with the count
+    /// of those that were not.
+    #[test]
+    fn refused_documents_are_logged_once_a_minute_per_node() {
+        let mut log = std::collections::HashMap::new();
+        assert_eq!(once_per(&mut log, "evil", 1_000, 60_000), Some(0));
+        for t in 1..=100 {
+            assert_eq!(once_per(&mut log, "evil", 1_000 + t * 100, 60_000), None);
+        }
+        assert_eq!(
+            once_per(&mut log, "good", 2_000, 60_000),
+            Some(0),
+            "per node"
+        );
+        assert_eq!(once_per(&mut log, "evil", 61_000, 60_000), Some(100));
+        assert_eq!(once_per(&mut log, "evil", 61_500, 60_000), None);
+    }
 
     /// The interval is jittered within 1.0-1.2 of itself, so a fleet of replicas does
     /// not write in lockstep.

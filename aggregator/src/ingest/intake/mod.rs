@@ -482,12 +482,10 @@ impl Intake {
         };
         let given = headers
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+            .and_then(|v| faultline_common::names::bearer_token(v.as_bytes()));
         match given {
             None => Err(IntakeError::Unauthorized("missing bearer token")),
-            Some(t) if !same(t.as_bytes(), token.as_bytes()) => {
+            Some(t) if !same(t, token.as_bytes()) => {
                 Err(IntakeError::Unauthorized("invalid bearer token"))
             }
             Some(_) => Ok(token),

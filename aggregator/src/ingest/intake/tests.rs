@@ -46,6 +46,10 @@ fn the_token_is_compared_in_full_and_follows_its_file() {
     let (mut i, _rx, _m) = intake(1, Duration::from_secs(60), Duration::from_secs(60));
     i.cfg.token_file = file.clone();
     assert!(i.authorize(&bearer("first-token")).is_ok());
+    // Issue 26: the scheme is case-insensitive (RFC 9110).
+    let mut lower = HeaderMap::new();
+    lower.insert(header::AUTHORIZATION, "bearer first-token".parse().unwrap());
+    assert!(i.authorize(&lower).is_ok());
     assert!(matches!(
         i.authorize(&bearer("nope")),
         Err(IntakeError::Unauthorized(_))
