@@ -36,8 +36,9 @@ async fn start(
     shards: u32,
     extra: &[&str],
 ) -> Result<Proc> {
+    // Each agent with its node (NODE=URL): --remediation enforce refuses bare URLs.
     let agents: Vec<String> = (0..nodes)
-        .map(|i| format!("http://{fleet}/n/{i}"))
+        .map(|i| format!("{}=http://{fleet}/n/{i}", node_name(i)))
         .collect();
     let list = std::env::temp_dir().join(format!("faultline-bench-agents-{}", std::process::id()));
     std::fs::write(&list, agents.join("\n"))?;

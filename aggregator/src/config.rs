@@ -15,6 +15,8 @@ use faultline_common::time::parse_duration;
 use crate::ingest::IntakeConfig;
 use crate::notify::Target;
 use crate::remediate::{Budget, CanarySpec, Mode, ReleasePolicy};
+use crate::targets;
+pub use crate::targets::AgentTarget;
 
 /// A duration such as `200ms`, `15s`, `5m`, `24h`; zero is refused (every duration
 /// flag here is a period, a deadline or a window, where zero means nothing).
@@ -123,9 +125,9 @@ pub struct Args {
 #[derive(Debug, ClapArgs)]
 #[command(next_help_heading = "Agents")]
 pub struct AgentArgs {
-    /// Agents to follow, comma separated: `NODE=URL` (http://10.0.0.7:8081), or a bare URL,
-    /// whose node is named by the agent's first answer (nothing is published for it
-    /// before: a URL is never a node).
+    /// Agents to follow, comma separated: `NODE=URL` (gpu-7=http://10.0.0.7:8081). A bare
+    /// URL takes its node from the agent's first answer: the agent says whom it speaks
+    /// for, so it is refused with --remediation enforce.
     #[arg(long, env = "FAULTLINE_AGENTS", default_value = "")]
     pub agents: String,
     /// A file listing agents' base URLs, one per line (`#` comments), for lists too long
@@ -386,15 +388,6 @@ pub struct IntakeArgs {
     pub intake_window: Duration,
 }
 
-/// An agent of `--agents`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentTarget {
-    /// The node it serves, when given (`NODE=URL`).
-    pub node: Option<String>,
-    /// Its base URL.
-    pub url: String,
-}
-
 /// The checked configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -453,42 +446,6 @@ pub struct Config {
 
 fn comma_list(s: &str) -> impl Iterator<Item = &str> {
     s.split(',').map(str::trim).filter(|s| !s.is_empty())
-}
-
-/// The agents of `--agents` and `--agents-file`, checked.
-fn agents(a: &AgentArgs) -> anyhow::Result<Vec<AgentTarget>> {
-    let listed = match &a.agents_file {
-        Some(p) => {
-            std::fs::read_to_string(p).with_context(|| format!("--agents-file {}", p.display()))?
-        }
-        None => String::new(),
-    };
-    let from_file = listed
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut agents = Vec::new();
-    for raw in comma_list(&a.agents).chain(comma_list(&from_file)) {
-        let (node, url) = match raw.split_once('=') {
-            Some((n, u)) if !n.contains(':') => (Some(n.trim().to_string()), u.trim()),
-            _ => (None, raw),
-        };
-        if let Some(n) = &node {
-            if let Err(e) = names::dns_subdomain(n) {
-                bail!("--agents: not a node name: {e}");
-            }
-        }
-        let url = url.trim_end_matches('/').to_string();
-        let uri: hyper::Uri = url
-            .parse()
-            .with_context(|| format!("--agents: {raw:?} is not a URL"))?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
-            bail!("--agents: {raw:?} must be http://HOST:PORT");
-        }
-        agents.push(AgentTarget { node, url });
-    }
-    Ok(agents)
 }
 
 /// The mode: the default follows the sink; acting needs the shard Leases.
@@ -603,7 +560,11 @@ impl Config {
             }
         }
         Ok(Config {
-            agents: agents(&a.agents)?,
+            agents: targets::agents(
+                &a.agents.agents,
+                a.agents.agents_file.as_deref(),
+                remediation == Mode::Enforce,
+            )?,
             sink: p.sink,
             kube_server: a.kube_server,
             kube_token_file: a.kube_token_file,
@@ -749,6 +710,21 @@ mod tests {
         for bad in ["10.0.0.7:8081", "https://x:1", "http://"] {
             assert!(Config::parse_from(["a", "--agents", bad]).is_err(), "{bad}");
         }
+        // Issue 26: an agent that acts is told whom it follows.
+        let enforce = |agents: &str| {
+            Config::parse_from([
+                "a",
+                "--sink",
+                "configmap",
+                "--remediation",
+                "enforce",
+                "--agents",
+                agents,
+            ])
+        };
+        let e = enforce("gpu-2=http://n2:8081,http://10.0.0.7:8081").unwrap_err();
+        assert!(e.to_string().contains("NODE=URL"), "{e}");
+        assert!(enforce("gpu-2=http://n2:8081").is_ok());
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! - `shard`: Leases and the fence every write asks;
 //! - `remediate`: isolation, eviction, release, with their guards and announcements;
 //! - `app`: the wiring, the core loop and the per-node dispatcher;
-//! - `api`, `config`, `metrics`, `notify`, `rules_file`, `model` (the shared vocabulary).
+//! - `api`, `config` (and `targets`, the agents it names), `metrics`, `notify`,
+//!   `rules_file`, `model` (the shared vocabulary).
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -25,5 +26,6 @@ pub mod publish;
 pub mod remediate;
 pub mod rules_file;
 pub mod shard;
+pub mod targets;
 
 pub use app::{connect, start, start_with_clock, Aggregator};

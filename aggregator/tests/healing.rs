@@ -38,7 +38,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
                 .holds("GPU-def", "Healthy"),
             PodFixture::new("cpu-only", "n1"),
         ])
-        .agents_flag(NO_AGENT)
+        .unlisted()
         .start()
         .await;
     let server = &w.server;
@@ -210,7 +210,7 @@ async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
                 .gpu()
                 .holds("GPU-xyz", "Unknown"),
         )
-        .agents_flag(NO_AGENT)
+        .unlisted()
         .component("pod-health")
         .start()
         .await;
@@ -769,7 +769,7 @@ async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
         )
         .object("pods", NS, replica_pod("r1"))
         .object("pods", NS, replica_pod("r2"))
-        .agents_flag(NO_AGENT)
+        .unlisted()
         .start()
         .await;
     let server = &w.server;

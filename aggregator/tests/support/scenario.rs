@@ -61,7 +61,7 @@ impl Scenario {
             objects: Vec::new(),
             agents: Vec::new(),
             every_node: false,
-            listed: Listed::Bare,
+            listed: Listed::Named,
             components: Vec::new(),
         }
     }
@@ -124,9 +124,17 @@ impl Scenario {
         self
     }
 
-    /// `--agents` names each agent's node: `n1=http://ADDR` (else the bare URLs).
+    /// `--agents` names each agent's node: `n1=http://ADDR` (the default; issue 26: an
+    /// agent that acts must be told whom it follows).
     pub fn named(mut self) -> Self {
         self.listed = Listed::Named;
+        self
+    }
+
+    /// `--agents` lists the bare URLs: each agent names its node by its first answer
+    /// (refused with `--remediation enforce`).
+    pub fn bare(mut self) -> Self {
+        self.listed = Listed::Bare;
         self
     }
 
