@@ -245,10 +245,13 @@ impl Following<'_> {
             Opened::Stream => {}
         }
         // The agent sends a document or its heartbeat (a blank line) within the poll
-        // wait: a read of either restarts the deadline. One timer for the stream, moved
-        // on only when it fires (issue 11: a timeout armed for each read was a timer
-        // wheel insertion and removal per document).
+        // wait: a line ended, either, restarts the deadline; bytes that end no line do
+        // not (issue 26: a byte every 5 s kept a stream, and its node, "reachable" with a
+        // frozen document). One timer for the stream, moved on only when it fires
+        // (issue 11: a timeout armed for each read was a timer wheel insertion and
+        // removal per document).
         let mut last_read = tokio::time::Instant::now();
+        let mut ended = conn.lines_ended();
         let deadline = tokio::time::sleep(REQUEST_TIMEOUT);
         tokio::pin!(deadline);
         loop {
@@ -267,7 +270,10 @@ impl Following<'_> {
                 }
             }
             .map_err(request_error)?;
-            last_read = tokio::time::Instant::now();
+            if conn.lines_ended() != ended {
+                ended = conn.lines_ended();
+                last_read = tokio::time::Instant::now();
+            }
             for line in lines {
                 if !self.deliver_line(line).await? {
                     return Ok(Watched::Stopped);
@@ -633,6 +639,65 @@ mod tests {
         );
         let text = metrics.encode();
         assert!(text.contains("agent_watch_fallbacks_total 0"), "{text}");
+    }
+
+    /// Issue 26: a stream kept open by a byte every few seconds, which never ends a line,
+    /// does not keep its node reachable with a frozen document: past the request timeout
+    /// without a whole line (a document or the heartbeat) it is given up.
+    #[tokio::test]
+    async fn a_trickled_stream_is_given_up() {
+        use futures_util::StreamExt;
+        let app = axum::Router::new().route(
+            "/v1/health",
+            get(|| async {
+                let first = {
+                    let mut l = serde_json::to_vec(&doc_of("n1", 1)).unwrap();
+                    l.push(b'\n');
+                    l
+                };
+                let trickle = futures_util::stream::unfold(0u32, |i| async move {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    (i < 100).then(|| {
+                        (
+                            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from_static(b" ")),
+                            i + 1,
+                        )
+                    })
+                });
+                let body = futures_util::stream::once(async move {
+                    Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(first))
+                })
+                .chain(trickle);
+                (
+                    [("content-type", "application/x-ndjson")],
+                    axum::body::Body::from_stream(body),
+                )
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        let (tx, mut rx) = mpsc::channel(8);
+        let cancel = CancellationToken::new();
+        tokio::spawn(follow(
+            url,
+            Some("n1".into()),
+            client(),
+            tx,
+            Arc::new(Metrics::new()),
+            cancel.clone(),
+        ));
+        assert!(matches!(next(&mut rx).await, AgentEvent::Raw { .. }));
+        let start = tokio::time::Instant::now();
+        match next(&mut rx).await {
+            AgentEvent::Unreachable { node, error } => {
+                assert_eq!(node, "n1");
+                assert!(error.contains("no answer within"), "{error}");
+            }
+            other => panic!("expected the stream given up, got {other:?}"),
+        }
+        assert!(start.elapsed() <= REQUEST_TIMEOUT + Duration::from_secs(3));
+        cancel.cancel();
     }
 
     /// An agent from before streams refuses `watch` (400: it knows no such parameter):

@@ -251,6 +251,11 @@ impl Conn {
         Ok(Some(got))
     }
 
+    /// Lines ended on the open stream so far, blank heartbeats included (0: none open).
+    pub fn lines_ended(&self) -> u64 {
+        self.lines.as_ref().map_or(0, |l| l.lines.ended())
+    }
+
     /// The agent.
     pub fn target(&self) -> &Target {
         &self.target

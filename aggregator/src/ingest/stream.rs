@@ -47,6 +47,8 @@ pub struct Lines {
     state: State,
     /// A line cut by the end of a read, waiting for its rest.
     partial: Vec<u8>,
+    /// Lines ended so far, blank ones (heartbeats) included.
+    ended: u64,
 }
 
 impl Default for Lines {
@@ -59,6 +61,7 @@ impl Default for Lines {
                 len: 0,
             },
             partial: Vec::new(),
+            ended: 0,
         }
     }
 }
@@ -75,6 +78,12 @@ pub enum StreamError {
 }
 
 impl Lines {
+    /// How many lines have ended so far, blank ones (the heartbeat) included: what tells
+    /// a live stream from one trickled a byte at a time (issue 26).
+    pub fn ended(&self) -> u64 {
+        self.ended
+    }
+
     /// The last chunk and its trailers have been read.
     pub fn done(&self) -> bool {
         self.state == State::Done
@@ -197,6 +206,7 @@ impl Lines {
         while let Some(i) = memchr::memchr(b'\n', data) {
             let (head, rest) = (&data[..i], &data[i + 1..]);
             data = rest;
+            self.ended += 1;
             if self.partial.is_empty() {
                 lines += deliver(head, limit, each)?;
             } else {
