@@ -8,6 +8,9 @@
 //!   closed at once (counted), so the backlog keeps moving and the client fails fast.
 //! - A request's head must arrive within [`Limits::header_timeout`] (hyper's
 //!   `header_read_timeout`), and its head is at most [`Limits::max_head_bytes`].
+//! - A request's body must arrive within [`Limits::body_timeout`] of its head (issue 26:
+//!   a token holder's slow body held its socket for the whole request timeout); past it
+//!   the handler reads an error (a 4xx) and the connection closes.
 //! - A request is answered within [`Limits::request_timeout`] (503 otherwise).
 //! - A connection with no request in flight and no bytes either way for
 //!   [`Limits::idle_timeout`] is closed.
@@ -41,6 +44,8 @@ pub struct Limits {
     pub backlog: u32,
     /// A request head must arrive within this.
     pub header_timeout: Duration,
+    /// A request's body must arrive within this of its head.
+    pub body_timeout: Duration,
     /// A request must be answered within this (long polls included).
     pub request_timeout: Duration,
     /// A connection idle this long (nothing in flight, no bytes) is closed.
@@ -55,6 +60,7 @@ impl Default for Limits {
             max_connections: 2048,
             backlog: 1024,
             header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
             // Above the agent's longest long poll (60 s).
             request_timeout: Duration::from_secs(75),
             idle_timeout: Duration::from_secs(60),
@@ -278,14 +284,20 @@ async fn connection(
         activity: activity.clone(),
     });
     let act = activity.clone();
-    let request_timeout = limits.request_timeout;
+    let (request_timeout, body_timeout) = (limits.request_timeout, limits.body_timeout);
     let timed_out = Arc::new(AtomicU64::new(0));
     let timed_out_in = timed_out.clone();
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let (router, act, timed_out) = (router.clone(), act.clone(), timed_out_in.clone());
         async move {
             let _busy = InFlight::new(&act);
-            match tokio::time::timeout(request_timeout, router.oneshot(req.map(Body::new))).await {
+            let req = req.map(|b| {
+                Body::new(TimedBody {
+                    inner: b,
+                    deadline: Box::pin(tokio::time::sleep(body_timeout)),
+                })
+            });
+            match tokio::time::timeout(request_timeout, router.oneshot(req)).await {
                 Ok(Ok(resp)) => Ok::<Response<Body>, Infallible>(resp),
                 Ok(Err(never)) => match never {},
                 Err(_) => {
@@ -337,6 +349,41 @@ async fn connection(
         .fetch_add(timed_out.load(Ordering::Relaxed), Ordering::Relaxed);
 }
 
+/// A request body that fails once its deadline passes before it is whole.
+struct TimedBody {
+    inner: Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl hyper::body::Body for TimedBody {
+    type Data = hyper::body::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(r) => Poll::Ready(r.map(|f| f.map_err(Into::into))),
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    Poll::Ready(Some(Err("the request body did not arrive in time".into())))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,6 +394,10 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let router = Router::new()
             .route("/ok", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/echo",
+                axum::routing::post(|b: axum::body::Bytes| async move { b }),
+            )
             .route(
                 "/slow",
                 axum::routing::get(|| async {
@@ -436,6 +487,45 @@ mod tests {
         drop(held);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(get(addr, "/ok").await.ends_with("ok"));
+    }
+
+    /// Issue 26: a body sent slowly is given up at the body timeout, not the request
+    /// timeout; a whole one is read as ever.
+    #[tokio::test]
+    async fn a_slow_body_is_given_up_at_the_body_timeout() {
+        let limits = Limits {
+            body_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let (addr, _) = start(limits).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789")
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let mut out = Vec::new();
+        let mut b = [0u8; 1024];
+        while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&b[..n]);
+        }
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.starts_with("HTTP/1.1 4"), "{out}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        let mut whole = TcpStream::connect(addr).await.unwrap();
+        whole
+            .write_all(b"POST /echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 5\r\n\r\nhello")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        let _ = whole.read_to_string(&mut out).await;
+        assert!(out.ends_with("hello"), "{out}");
     }
 
     /// A request that outlives the request timeout is answered 503.
