@@ -98,6 +98,24 @@ pub struct Store {
     clock: Clock,
 }
 
+/// Drop a temperature or power no sensor reads (a driver's "invalid" marker such as
+/// 0xFFFF, or garbage): the aggregator refuses a document carrying one (issue 26), so it
+/// would cost the node its every reading. Whether anything was dropped.
+fn out_of_range(r: &mut DeviceReading) -> bool {
+    use faultline_common::document::limits::{POWER_W, TEMPERATURE_C};
+    let mut dropped = false;
+    for (v, (lo, hi)) in [
+        (&mut r.temperature_c, TEMPERATURE_C),
+        (&mut r.power_w, POWER_W),
+    ] {
+        if v.is_some_and(|x| !(lo..=hi).contains(&x)) {
+            *v = None;
+            dropped = true;
+        }
+    }
+    dropped
+}
+
 fn empty(r: &DeviceReading) -> bool {
     r.temperature_c.is_none()
         && r.power_w.is_none()
@@ -210,7 +228,10 @@ impl Store {
         }
         self.metrics.set_source_up(source, true);
         let mut seen = Vec::with_capacity(sample.devices.len());
-        for reading in sample.devices {
+        for mut reading in sample.devices {
+            if out_of_range(&mut reading) {
+                self.metrics.count_error(source, "out-of-range");
+            }
             seen.push(reading.id.clone());
             let is_empty = empty(&reading);
             match inner.devices.get_mut(&reading.id) {
@@ -700,6 +721,20 @@ mod tests {
         sink.event(xid(79, "0000:18:00.0", "kmsg", t));
         sink.event(xid(79, "0000:18:00.0", "kmsg", t + 10));
         assert_eq!(s.render().unattributed_xids.len(), 1);
+    }
+
+    /// Issue 26: a reading no sensor reads (a driver's invalid marker) is dropped, not
+    /// served: the aggregator would refuse the whole document for it.
+    #[test]
+    fn a_reading_out_of_range_is_dropped() {
+        let s = store(60_000, XidPolicy::default());
+        let mut r = reading("gpu0", "0000:18:00.0");
+        r.temperature_c = Some(65535.0);
+        r.power_w = Some(300.0);
+        s.apply_sample("nvml", sample(vec![r]));
+        let doc = s.render();
+        assert_eq!(doc.npus[0].reading.temperature_c, None);
+        assert_eq!(doc.npus[0].reading.power_w, Some(300.0));
     }
 
     /// Issue 25: power and temperature noise within the deadband moves no generation

@@ -248,6 +248,8 @@ impl<'a> DocView<'a> {
                 d.pcie_link_status.as_deref().unwrap_or(""),
                 limits::ID,
             )?;
+            within("temperature_c", d.temperature_c, limits::TEMPERATURE_C)?;
+            within("power_w", d.power_w, limits::POWER_W)?;
             count("findings", d.findings.len(), limits::FINDINGS)?;
             for f in &d.findings {
                 len("finding code", &f.code, limits::ID)?;
@@ -264,6 +266,18 @@ fn len(what: &str, v: &str, max: usize) -> Result<(), String> {
         Err(format!("{what} is {} bytes (at most {max})", v.len()))
     } else {
         Ok(())
+    }
+}
+
+/// A reading within `range` (or absent), or what breaks it (issue 26: values were
+/// published as sent, ±1e300 C included).
+fn within(what: &str, v: Option<f64>, range: (f64, f64)) -> Result<(), String> {
+    match v {
+        Some(x) if !(range.0..=range.1).contains(&x) => Err(format!(
+            "{what} {x} is outside [{}, {}]",
+            range.0, range.1
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -295,6 +309,11 @@ pub mod limits {
     pub const SOURCES: usize = 32;
     /// Vendor error codes of one device (DCMI returns at most 128).
     pub const CODES: usize = 128;
+    /// A device temperature in C: no sensor of a working or dying accelerator reads
+    /// outside this (a die past ~125 C shuts down; cold plates stay above freezing).
+    pub const TEMPERATURE_C: (f64, f64) = (-40.0, 200.0);
+    /// A device's power draw in W (an NVL72 tray is ~1.2 kW per GPU at most).
+    pub const POWER_W: (f64, f64) = (0.0, 5_000.0);
 }
 
 /// One device in the document.
@@ -634,6 +653,19 @@ mod tests {
         let mut d = node_doc(1);
         d.node = "n".repeat(254);
         assert!(gate(&d).is_err());
+        // Issue 26: readings no sensor reads are refused, not published.
+        for (temp, power, ok) in [
+            (Some(1e300), None, false),
+            (Some(-273.0), None, false),
+            (None, Some(-5.0), false),
+            (None, Some(1e9), false),
+            (Some(95.0), Some(700.0), true),
+        ] {
+            let mut d = node_doc(1);
+            d.npus[0].reading.temperature_c = temp;
+            d.npus[0].reading.power_w = power;
+            assert_eq!(gate(&d).is_ok(), ok, "{temp:?} C, {power:?} W");
+        }
     }
 
     #[test]
