@@ -273,10 +273,9 @@ fn len(what: &str, v: &str, max: usize) -> Result<(), String> {
 /// published as sent, ±1e300 C included).
 fn within(what: &str, v: Option<f64>, range: (f64, f64)) -> Result<(), String> {
     match v {
-        Some(x) if !(range.0..=range.1).contains(&x) => Err(format!(
-            "{what} {x} is outside [{}, {}]",
-            range.0, range.1
-        )),
+        Some(x) if !(range.0..=range.1).contains(&x) => {
+            Err(format!("{what} {x} is outside [{}, {}]", range.0, range.1))
+        }
         _ => Ok(()),
     }
 }
