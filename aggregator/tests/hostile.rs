@@ -86,3 +86,76 @@ async fn a_churning_agent_stops_no_other_nodes_fault() {
     );
     agg.cancel_token().cancel();
 }
+
+/// Issue 26, finding 3: alerts for nodes this replica does not follow (here 2,000
+/// names, none a Node) wait at most 64 nodes at a time; the rest are dropped and
+/// counted. The replica keeps its Lease, a real fault is still published, and no more
+/// than that many nodes get a remediation pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_flood_for_unknown_nodes_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let w = Scenario::ready_nodes(&["good"]).start().await;
+    let server = &w.server;
+    let agg = w
+        .healing("r1")
+        .args(&[
+            "--intake-token-file",
+            token.to_str().unwrap(),
+            "--intake-threshold",
+            "1",
+        ])
+        .start()
+        .await;
+    until(Duration::from_secs(20), "good published healthy", || {
+        node_entry(server, 1, "good").filter(|e| e.summary.healthy == 4)
+    })
+    .await;
+    let url = format!("http://{}/v1/alerts", agg.addr);
+    for batch in 0..20 {
+        let alerts: Vec<String> = (0..100)
+            .map(|i| {
+                format!(
+                    r#"{{"node_name":"ghost-{batch}-{i}","gpu_uuid":"GPU-{i}","metric":"xid_error","value":"Xid 79","time":{}}}"#,
+                    1_700_000_000 + i
+                )
+            })
+            .collect();
+        let (code, _) = call(
+            "POST",
+            &url,
+            Some("s3cret"),
+            format!("[{}]", alerts.join(",")),
+        )
+        .await;
+        assert!(code < 500, "batch {batch}: {code}");
+    }
+    inject(
+        w.agent("good"),
+        r#"{"device":"gpu1","fault":"xid","xid":79}"#,
+    )
+    .await;
+    until(Duration::from_secs(10), "good's fault published", || {
+        node_entry(server, 1, "good").filter(|e| {
+            e.npus
+                .iter()
+                .any(|d| d.id == "gpu1" && d.status == DeviceStatus::Failed)
+        })
+    })
+    .await;
+    let m = metrics(agg.addr).await;
+    let dropped: u64 = m
+        .lines()
+        .find(|l| l.contains(r#"result="unfollowed-overflow""#))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0);
+    let events = server.list("events", "default").len();
+    eprintln!("{dropped} of 2,000 alerts for unknown nodes dropped; {events} Events");
+    assert!(dropped > 0, "{dropped} dropped");
+    assert!(
+        m.contains("faultline_aggregator_lease_held{shard=\"0\"} 1"),
+        "the Lease kept"
+    );
+    agg.cancel_token().cancel();
+}

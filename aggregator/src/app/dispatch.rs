@@ -105,6 +105,9 @@ impl UnknownGuard {
     }
 }
 
+/// Nodes not followed by this replica with verdicts waiting at once, at most.
+const MAX_UNFOLLOWED: usize = 64;
+
 impl Dispatch {
     /// A dispatcher; passes report to the receiver returned with it.
     pub fn new(
@@ -136,6 +139,17 @@ impl Dispatch {
 
     /// A verdict from the intake or the kubelet: pending until a pass records it.
     pub fn verdict(&mut self, pipeline: &Pipeline, mut v: Verdict) {
+        // Checked against what we know (issue 26: 40,000 alerts for nodes that do not
+        // exist made a pass, an Event and a failed remediation each): verdicts for nodes
+        // this replica does not follow (an agent down, or no such Node) wait at most
+        // MAX_UNFOLLOWED nodes at a time; past that they are dropped and counted.
+        if !pipeline.knows(&v.node) && !self.pending.contains_key(&v.node) {
+            let unfollowed = self.pending.keys().filter(|n| !pipeline.knows(n)).count();
+            if unfollowed >= MAX_UNFOLLOWED {
+                self.metrics.intake_alert("unfollowed-overflow");
+                return;
+            }
+        }
         // Name the device as the node's agent does, where it reports it.
         if let Some(id) = pipeline.device_id(&v.node, &v.device.id) {
             v.device.id = id;
@@ -175,20 +189,14 @@ impl Dispatch {
             self.standing_down = down;
         }
         self.metrics.set_unknown_standing_down(down);
-        let mut nodes: Vec<String> = pipeline.node_names().cloned().collect();
+        // A set (issue 26: a list searched once per pending node was quadratic).
+        let mut nodes: std::collections::BTreeSet<String> =
+            pipeline.node_names().cloned().collect();
         let window = self.remediator.dedup_window();
         self.pending.retain(|_, (t, _)| t.elapsed() < window);
-        for n in self.pending.keys() {
-            if !nodes.contains(n) {
-                nodes.push(n.clone());
-            }
-        }
-        for n in self.remediator.known_quarantined() {
-            if !nodes.contains(&n) {
-                nodes.push(n);
-            }
-        }
-        self.remediate(pipeline, nodes);
+        nodes.extend(self.pending.keys().cloned());
+        nodes.extend(self.remediator.known_quarantined());
+        self.remediate(pipeline, nodes.into_iter().collect());
         if !self.standing_down {
             self.guard_unknown(pipeline);
         }

@@ -226,6 +226,11 @@ impl Pipeline {
         self.nodes.remove(node).is_some()
     }
 
+    /// Whether `node` is followed (known to this pipeline).
+    pub fn knows(&self, node: &str) -> bool {
+        self.nodes.contains_key(node)
+    }
+
     /// Names of the known nodes, sorted.
     pub fn node_names(&self) -> impl Iterator<Item = &String> {
         let mut names: Vec<&String> = self.nodes.keys().collect();
