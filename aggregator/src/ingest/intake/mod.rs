@@ -7,7 +7,8 @@
 //! once acted on, the same key is a duplicate for the dedup window (default 15 min), so
 //! a burst of repeats is one action. Answers are JSON; every answer is counted by code.
 
-use std::collections::{HashMap, VecDeque};
+use aged::Aged;
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -176,29 +177,13 @@ type Key = (String, String, String);
 /// Keys (node, device, metric) counted or acted on at most; past it the oldest go
 /// (counted as `evicted`), so a token holder cannot grow memory without bound.
 pub const MAX_KEYS: usize = 10_000;
+/// Alerts in one request at most (issue 26).
+pub const MAX_ALERTS: usize = 1_000;
 /// Longest node name (a DNS-1123 subdomain), device id and metric name accepted; an
 /// alert naming longer ones is not attributed to anything.
 pub const MAX_NAME: usize = 253;
 /// Longest value kept (longer ones are cut).
 pub const MAX_VALUE: usize = 256;
-
-/// Drop the oldest entries of `map` (by `at`) until it has room for one more.
-fn make_room<V>(map: &mut HashMap<Key, V>, at: impl Fn(&V) -> Instant) -> usize {
-    let over = (map.len() + 1).saturating_sub(MAX_KEYS);
-    if over == 0 {
-        return 0;
-    }
-    for _ in 0..over {
-        let oldest = map
-            .iter()
-            .min_by_key(|(_, v)| at(v))
-            .map(|(k, _)| k.clone());
-        if let Some(k) = oldest {
-            map.remove(&k);
-        }
-    }
-    over
-}
 
 /// An Alertmanager alert seen again within this is a retry of the same send; later it
 /// is a re-send of a still-firing alert, another observation.
@@ -241,8 +226,8 @@ pub struct Intake {
     cfg: IntakeConfig,
     metrics: Arc<Metrics>,
     tx: mpsc::Sender<Verdict>,
-    counts: Mutex<HashMap<Key, Seen>>,
-    acted: Mutex<HashMap<Key, Instant>>,
+    counts: Mutex<Aged<Key, Seen>>,
+    acted: Mutex<Aged<Key, ()>>,
     route: Option<Route>,
     /// The token as last read, with the file's modification time and size: the file
     /// is read again only when it changes (a rotated Secret).
@@ -435,6 +420,12 @@ impl Intake {
             .await
             .map_err(|_| IntakeError::TooLarge(limit))?;
         let mut alerts = parse(&bytes).map_err(IntakeError::BadRequest)?;
+        if alerts.len() > MAX_ALERTS {
+            return Err(IntakeError::BadRequest(format!(
+                "{} alerts in one request, at most {MAX_ALERTS} (Alertmanager: set max_alerts on the receiver)",
+                alerts.len()
+            )));
+        }
         for a in &mut alerts {
             a.threshold = a.threshold.or(threshold);
         }
@@ -460,7 +451,12 @@ impl Intake {
             }
             None => alerts,
         };
-        for a in alerts {
+        for (i, a) in alerts.into_iter().enumerate() {
+            // Others' turn now and then (issue 26: a request's alerts, one after the
+            // other on the runtime's thread, held up the Lease renewals behind them).
+            if i % 64 == 63 {
+                tokio::task::yield_now().await;
+            }
             let result = self.one(a.clone()).await;
             self.metrics.intake_alert(result.as_str());
             out.count(result, &a);
@@ -583,20 +579,17 @@ impl Intake {
             // reaches the threshold and the one right after it cannot both count.
             let mut counts = self.counts.locked();
             let mut acted = self.acted.locked();
-            acted.retain(|_, t| now.duration_since(*t) < self.cfg.dedup);
+            acted.expire(now, self.cfg.dedup);
             if acted.contains_key(&key) {
                 return AlertOutcome::Duplicate;
             }
             // Forget keys whose window passed, so the map does not grow forever; past
             // the cap, the oldest go too.
-            if counts.len() >= MAX_KEYS && !counts.contains_key(&key) {
-                counts.retain(|_, q| {
-                    q.back()
-                        .is_some_and(|(t, _)| now.duration_since(*t) < self.cfg.window)
-                });
-                evicted += make_room(&mut counts, |q| q.back().map_or(now, |(t, _)| *t));
+            counts.expire(now, self.cfg.window);
+            if !counts.contains_key(&key) {
+                evicted += counts.make_room(MAX_KEYS);
             }
-            let q = counts.entry(key.clone()).or_default();
+            let q = counts.touch(key.clone(), now, Seen::new);
             while q
                 .front()
                 .is_some_and(|(t, _)| now.duration_since(*t) >= self.cfg.window)
@@ -625,8 +618,8 @@ impl Intake {
                 AlertOutcome::Counted
             } else {
                 counts.remove(&key);
-                evicted += make_room(&mut acted, |t| *t);
-                acted.insert(key, now);
+                evicted += acted.make_room(MAX_KEYS);
+                acted.touch(key, now, || ());
                 AlertOutcome::Acted
             }
         };
@@ -654,6 +647,8 @@ impl Intake {
         AlertOutcome::Acted
     }
 }
+
+mod aged;
 
 #[cfg(test)]
 mod tests;

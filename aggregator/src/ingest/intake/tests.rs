@@ -253,3 +253,52 @@ proptest::proptest! {
         }
     }
 }
+
+/// Issue 26, finding 4: the keys' cap drops the least recently touched key, a touch
+/// keeps a key, expiry drops what was last touched long ago; each in O(1) amortized
+/// (the queue of touches stays within twice the keys).
+#[test]
+fn aged_keys_go_oldest_first() {
+    let key = |i: usize| (format!("n{i}"), "gpu0".to_string(), "xid".to_string());
+    let t0 = Instant::now();
+    let mut a: Aged<Key, u32> = Aged::default();
+    for i in 0..MAX_KEYS {
+        *a.touch(key(i), t0 + Duration::from_millis(i as u64), || 0) += 1;
+    }
+    // Key 0 touched again: now the newest.
+    a.touch(key(0), t0 + Duration::from_secs(100), || 0);
+    assert_eq!(a.make_room(MAX_KEYS), 1);
+    assert!(a.contains_key(&key(0)) && !a.contains_key(&key(1)));
+    assert_eq!(a.len(), MAX_KEYS - 1);
+    // Many touches of a few keys do not grow the queue without bound.
+    for j in 0..100_000u64 {
+        a.touch(
+            key(5),
+            t0 + Duration::from_secs(100) + Duration::from_micros(j),
+            || 0,
+        );
+    }
+    assert!(a.order.len() <= 2 * a.len() + 65, "{}", a.order.len());
+    // Everything last touched over 50 s before t0 + 110 s goes; key 0 and key 5 stay.
+    a.expire(t0 + Duration::from_secs(110), Duration::from_secs(50));
+    assert_eq!(a.len(), 2);
+    assert!(a.contains_key(&key(0)) && a.contains_key(&key(5)));
+}
+
+/// Issue 26, finding 4: at most MAX_ALERTS alerts in one request.
+#[tokio::test]
+async fn a_request_of_too_many_alerts_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "t0k\n").unwrap();
+    let (mut i, _rx, _m) = intake(1, Duration::from_secs(60), Duration::from_secs(60));
+    i.cfg.token_file = file;
+    i.cfg.max_bytes = 8 << 20;
+    let one = r#"{"node_name":"n1","gpu_uuid":"GPU-1","metric":"xid_error","value":"79"}"#;
+    let body = format!("[{}]", vec![one; MAX_ALERTS + 1].join(","));
+    let r = i.handle(&bearer("t0k"), None, Body::from(body)).await;
+    assert!(
+        matches!(r, Err(IntakeError::BadRequest(ref e)) if e.contains("max_alerts")),
+        "{r:?}"
+    );
+}
