@@ -6,8 +6,11 @@
 //!   connections from a fleet does not leave clients in SYN retries.
 //! - At most [`Limits::max_connections`] connections are open; one more is accepted and
 //!   closed at once (counted), so the backlog keeps moving and the client fails fast.
+//! - One peer address holds at most [`Limits::max_per_peer`] of them (issue 26: ~2,100
+//!   sockets from anyone who could reach an agent's port shut its aggregator out).
 //! - A request's head must arrive within [`Limits::header_timeout`] (hyper's
-//!   `header_read_timeout`), and its head is at most [`Limits::max_head_bytes`].
+//!   `header_read_timeout`), a quarter of it while the server is over half full, and
+//!   its head is at most [`Limits::max_head_bytes`].
 //! - A request's body must arrive within [`Limits::body_timeout`] of its head (issue 26:
 //!   a token holder's slow body held its socket for the whole request timeout); past it
 //!   the handler reads an error (a 4xx) and the connection closes.
@@ -40,6 +43,8 @@ use tower::ServiceExt;
 pub struct Limits {
     /// Open connections at most.
     pub max_connections: usize,
+    /// Open connections from one peer address at most.
+    pub max_per_peer: usize,
     /// The listen backlog.
     pub backlog: u32,
     /// A request head must arrive within this.
@@ -58,6 +63,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: 2048,
+            max_per_peer: 128,
             backlog: 1024,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(10),
@@ -232,6 +238,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let peers: Peers = Arc::default();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
@@ -239,7 +246,7 @@ pub async fn serve(
             _ = &mut shutdown => break,
             a = listener.accept() => a,
         };
-        let (stream, _) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 // EMFILE and friends: wait a moment instead of spinning.
@@ -253,10 +260,21 @@ pub async fn serve(
             drop(stream);
             continue;
         };
+        let Some(peer_slot) = PeerSlot::take(&peers, peer.ip(), limits.max_per_peer) else {
+            stats.refused.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        };
+        // Over half full: a head must come four times sooner (a crowd of slow heads
+        // cannot hold the rest of the room for long).
+        let mut limits = limits;
+        if slots.available_permits() < limits.max_connections / 2 {
+            limits.header_timeout /= 4;
+        }
         let _ = stream.set_nodelay(true);
         let (router, stats, mut stop) = (router.clone(), stats.clone(), stop_rx.clone());
         tokio::spawn(async move {
-            let _slot = slot;
+            let (_slot, _peer) = (slot, peer_slot);
             stats.open.fetch_add(1, Ordering::Relaxed);
             connection(stream, router, limits, &stats, &mut stop).await;
             stats.open.fetch_sub(1, Ordering::Relaxed);
@@ -269,6 +287,48 @@ pub async fn serve(
         slots.acquire_many(limits.max_connections as u32),
     )
     .await;
+}
+
+/// Open connections per peer address.
+type Peers = Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
+
+/// One connection of a peer, counted while it lives.
+struct PeerSlot {
+    peers: Peers,
+    ip: std::net::IpAddr,
+}
+
+impl PeerSlot {
+    /// A slot for `ip`, if it holds fewer than `max`.
+    fn take(peers: &Peers, ip: std::net::IpAddr, max: usize) -> Option<Self> {
+        let mut p = peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = p.entry(ip).or_insert(0);
+        if *n >= max.max(1) {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: peers.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut p = self
+            .peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = p.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                p.remove(&self.ip);
+            }
+        }
+    }
 }
 
 async fn connection(
@@ -465,6 +525,29 @@ mod tests {
             "silent"
         );
         let _ = stats;
+    }
+
+    /// Issue 26: one peer holds at most `max_per_peer` connections; another peer is
+    /// still served.
+    #[tokio::test]
+    async fn one_peer_cannot_take_every_connection() {
+        let limits = Limits {
+            max_per_peer: 3,
+            ..Limits::default()
+        };
+        let (addr, stats) = start(limits).await;
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut extra, Duration::from_secs(2)).await);
+        assert_eq!(stats.refused.load(Ordering::Relaxed), 1);
+        // Its connections gone, the peer is served again.
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(get(addr, "/ok").await.ends_with("ok"));
     }
 
     /// Past the connection cap one more connection is closed at once (and counted);
