@@ -1,5 +1,6 @@
 //! Kernel log Xid parsing over real lines from public bug reports (each line's source is
-//! cited beside it in tests/data/xid/), and the kmsg source end to end.
+//! cited beside it in tests/data/xid/), forged records and lines that must fail no GPU
+//! (issue 26), and the kmsg source end to end.
 
 mod common;
 
@@ -33,10 +34,10 @@ fn field<'a>(comment: &'a str, key: &str) -> Option<&'a str> {
         .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
 }
 
-#[test]
-fn every_real_line_parses_as_its_source_says() {
-    let lines = cited_lines("data/xid/real_lines.txt");
-    assert!(lines.len() >= 40, "only {} cited lines", lines.len());
+/// Parse every cited line of a data file as its `# source:` comment says; the counts
+/// of Xid lines, Xid-less fall-offs and negatives.
+fn check_cited(rel: &str) -> (usize, usize, usize) {
+    let lines = cited_lines(rel);
     let (mut xids, mut implied, mut negatives) = (0, 0, 0);
     for (comment, line) in &lines {
         let got = Parser::default().parse(line);
@@ -73,10 +74,67 @@ fn every_real_line_parses_as_its_source_says() {
             (None, _) => panic!("no xid= in {comment}"),
         }
     }
+    (xids, implied, negatives)
+}
+
+#[test]
+fn every_real_line_parses_as_its_source_says() {
+    let (xids, implied, negatives) = check_cited("data/xid/real_lines.txt");
+    assert!(
+        xids + implied + negatives >= 40,
+        "only {} cited lines",
+        xids + implied + negatives
+    );
     assert!(
         xids >= 30 && implied >= 2 && negatives >= 10,
         "{xids} {implied} {negatives}"
     );
+}
+
+/// Verbatim messages in the /dev/kmsg framing, among them the three-line fall-off as
+/// the one record the kernel makes of it.
+#[test]
+fn every_constructed_record_parses_as_its_source_says() {
+    let (xids, implied, negatives) = check_cited("data/xid/kmsg_constructed.txt");
+    assert_eq!((xids, implied, negatives), (6, 2, 2));
+}
+
+/// The blocks of tests/data/xid/forged.txt: `(what, data lines)`.
+fn forged_blocks() -> Vec<(String, Vec<String>)> {
+    let text = std::fs::read_to_string(test_path("data/xid/forged.txt")).unwrap();
+    let mut blocks: Vec<(String, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if let Some(what) = line.strip_prefix("# === ") {
+            blocks.push((what.to_string(), Vec::new()));
+        } else if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        } else {
+            let (_, lines) = blocks.last_mut().expect("a data line before any block");
+            lines.push(line.to_string());
+        }
+    }
+    blocks
+}
+
+/// Issue 26: a process's records (a segfault of a task named `NVRM: x` in a file named
+/// `0001:1f:00.0 fallen off the bus`, the driver's lines in a file name after newlines),
+/// the templates with more around them, the three-line message broken up: no Xid, no
+/// fall-off, in any framing.
+#[test]
+fn forged_records_and_lines_fail_no_gpu() {
+    let blocks = forged_blocks();
+    assert!(blocks.len() >= 20, "only {} blocks", blocks.len());
+    for (what, lines) in &blocks {
+        assert!(!lines.is_empty(), "{what}: no data");
+        let mut p = Parser::default();
+        for line in lines {
+            let got = p.parse(line);
+            assert!(
+                !matches!(got, Line::Xid { .. } | Line::FallenOffBus { .. }),
+                "{what}\n{line}\nread as {got:?}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -245,26 +303,7 @@ async fn a_fifo_and_an_unreadable_log() {
         d.npus.len() == 2
     })
     .await;
-    // A blocking open for writing would wait forever if the agent never opened the
-    // FIFO; a non-blocking one fails (ENXIO) until it has, so retry with a deadline.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut writer = loop {
-        use std::os::unix::fs::OpenOptionsExt;
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&fifo)
-        {
-            Ok(f) => break f,
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the agent never opened the FIFO for reading: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let mut writer = fifo_writer(&fifo).await;
     writeln!(
         writer,
         "6,1234,5678901,-;NVRM: Xid (PCI:0000:19:00): 95, pid=1, name=x, Uncontained: SM"
@@ -305,6 +344,130 @@ async fn a_fifo_and_an_unreadable_log() {
         |d| d.summary.healthy == 8,
     )
     .await;
+}
+
+/// Open `fifo` for writing once the agent has opened it for reading. A blocking open
+/// would wait forever if the agent never did; a non-blocking one fails (ENXIO) until it
+/// has, so retry with a deadline.
+async fn fifo_writer(fifo: &std::path::Path) -> std::fs::File {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(fifo)
+        {
+            Ok(f) => return f,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the agent never opened the FIFO for reading: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// Issue 26, end to end: every forged record and line of tests/data/xid/forged.txt,
+/// written to a running agent's kernel log as the kernel would record them, fails no
+/// GPU and reports no Xid at all (most name 0000:1f:00.0, the simulated gpu7); the
+/// driver's own records then fail the GPUs they name.
+#[tokio::test]
+async fn a_process_cannot_fail_a_gpu_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("kmsg.fifo");
+    let ok = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let agent = spawn_agent(
+        &[
+            "--source",
+            "sim,kmsg",
+            "--sim-devices",
+            "8",
+            "--kmsg",
+            fifo.to_str().unwrap(),
+            "--interval",
+            "100ms",
+        ],
+        &[],
+    );
+    wait_for(&agent, Duration::from_secs(10), "eight healthy GPUs", |d| {
+        d.summary.healthy == 8
+    })
+    .await;
+    let mut writer = fifo_writer(&fifo).await;
+    let forged: Vec<String> = forged_blocks()
+        .into_iter()
+        .flat_map(|(_, lines)| lines)
+        .collect();
+    for line in &forged {
+        writeln!(writer, "{line}").unwrap();
+    }
+    // The driver's Xid for gpu1 (0000:19:00.0) marks the end of the forged lines: the
+    // agent reads the log in order, one line after the other.
+    writeln!(
+        writer,
+        "4,9001,8200000000,-;NVRM: Xid (PCI:0000:19:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    )
+    .unwrap();
+    let doc = wait_for(&agent, Duration::from_secs(5), "gpu1 failed", |d| {
+        status_of(d, "gpu1").0 == "failed"
+    })
+    .await;
+    assert_eq!(status_of(&doc, "gpu7").0, "healthy");
+    assert!(
+        device(&doc, "gpu7").recent_xids.is_empty(),
+        "{:?}",
+        device(&doc, "gpu7").recent_xids
+    );
+    assert!(
+        doc.unattributed_xids.is_empty(),
+        "a forged line was read as an Xid: {:?}",
+        doc.unattributed_xids
+    );
+    assert_eq!(
+        (doc.summary.failed, doc.summary.healthy),
+        (1, 7),
+        "only gpu1 failed"
+    );
+    let metrics = request("GET", &agent.url("/metrics"), None).await.body;
+    assert!(
+        metrics.contains("faultline_agent_kmsg_lines_total{result=\"refused\"}"),
+        "{metrics}"
+    );
+
+    // The driver's own messages: the single-line template for gpu7 (0000:1f:00.0), the
+    // probe message, one record of three lines, for gpu6 (0000:1e:00.0).
+    writeln!(
+        writer,
+        "4,9002,8200000001,-;NVRM: GPU 0000:1f:00.0: GPU has fallen off the bus."
+    )
+    .unwrap();
+    writeln!(
+        writer,
+        "4,9003,8200000002,-;NVRM: The NVIDIA GPU 0000:1e:00.0\\x0aNVRM: (PCI ID: 10de:2330) installed in this system has\\x0aNVRM: fallen off the bus and is not responding to commands."
+    )
+    .unwrap();
+    let doc = wait_for(
+        &agent,
+        Duration::from_secs(5),
+        "gpu7 and gpu6 failed",
+        |d| d.summary.failed == 3,
+    )
+    .await;
+    for gpu in ["gpu1", "gpu6", "gpu7"] {
+        assert_eq!(
+            status_of(&doc, gpu),
+            ("failed".into(), Some("xid-79".into())),
+            "{gpu}"
+        );
+    }
+    drop(writer);
 }
 
 /// Issue 14, guardrail 8: a followed kernel log that is rotated (renamed, a new file

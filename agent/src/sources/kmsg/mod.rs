@@ -8,6 +8,12 @@
 //! after an error; after rotation or truncation the new file is read from its start.
 //! A FIFO is read as written.
 //!
+//! A /dev/kmsg record goes to the parser whole, with its sequence number: only its first
+//! line starts a kernel message (a process's name or file name can put any text on the
+//! lines after it), and the probe-time "fallen off the bus" message is read only from
+//! one record or from records with consecutive numbers ([`parser`] has the rules and
+//! the driver's templates).
+//!
 //! Like NVML's event thread, kmsg reports through an [`EventSink`]: each Xid line as an
 //! event, and its own status (registered as a stream, up once the log is open, down
 //! with the error while it cannot be read). It never touches the store.
@@ -109,7 +115,8 @@ impl LineHandler {
     }
 
     /// One /dev/kmsg record: its message may hold several lines (escaped newlines).
-    /// Only the kernel's own records (facility 0) are read.
+    /// Only the kernel's own records (facility 0) are read; a record of another facility
+    /// never reaches the parser, so the records around it are not consecutive there.
     pub fn record(&mut self, rec: &Record<'_>) {
         if rec.prio >> 3 != 0 {
             return self.metrics.count_kmsg_line("not-kernel");
@@ -126,22 +133,40 @@ impl LineHandler {
             }
             None => now,
         };
-        for line in unescape(rec.message).lines() {
-            self.line_at(line, at_ms);
-        }
+        let message = unescape(rec.message);
+        let parsed = self.parser.record(rec.seq, &message);
+        self.handle(parsed, &message, at_ms);
     }
 
     /// One line of a text log, seen now.
     pub fn line(&mut self, line: &str) {
-        self.line_at(line, now_ms());
+        let parsed = self.parser.parse(line);
+        self.handle(parsed, line, now_ms());
     }
 
-    fn line_at(&mut self, line: &str, at_ms: u64) {
-        let (xid, bus, message, kind) = match self.parser.parse(line) {
-            Line::Xid { xid, bus, message } => (xid, bus, message, "xid"),
-            Line::FallenOffBus { bus, message } => (79, bus, message, "fallen-off-bus"),
+    fn handle(&mut self, parsed: Line, line: &str, at_ms: u64) {
+        let (xid, bus, message, class, kind) = match parsed {
+            Line::Xid {
+                xid,
+                bus,
+                message,
+                process,
+            } => {
+                // The class from the driver's text only, never from a process's name.
+                let class = class_of_message(xid, &message);
+                let message = match process {
+                    Some(p) => format!("{p}, {message}"),
+                    None => message,
+                };
+                (xid, bus, message, class, "xid")
+            }
+            Line::FallenOffBus { bus, message } => {
+                let class = class_of_message(79, &message);
+                (79, bus, message, class, "fallen-off-bus")
+            }
             Line::OtherNvrm => return self.metrics.count_kmsg_line("other-nvrm"),
             Line::Other => return self.metrics.count_kmsg_line("other"),
+            Line::Refused => return self.metrics.count_kmsg_line("refused"),
             Line::Malformed => {
                 tracing::warn!(line = %line.chars().take(200).collect::<String>(), "unreadable NVRM Xid line");
                 return self.metrics.count_kmsg_line("malformed");
@@ -150,7 +175,7 @@ impl LineHandler {
         self.metrics.count_kmsg_line(kind);
         self.sink.event(XidEvent {
             xid,
-            class: class_of_message(xid, &message),
+            class,
             pci_bus_id: bus,
             at_ms,
             source: SOURCE.into(),
@@ -391,7 +416,7 @@ mod tests {
 
     #[test]
     fn kmsg_records_and_escapes() {
-        let r = parse_record("4,1234,5678901,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: fallen off the bus.\n SUBSYSTEM=pci").unwrap();
+        let r = parse_record("4,1234,5678901,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: (PCI ID: 10de:26b5) installed in this system has\\x0aNVRM: fallen off the bus and is not responding to commands.\n SUBSYSTEM=pci").unwrap();
         assert_eq!((r.prio, r.seq, r.usec), (4, 1234, 5678901));
         // `logger` or `echo '<0>...' > /dev/kmsg` from user space: facility 1 (user).
         assert_eq!(
@@ -401,21 +426,42 @@ mod tests {
                 >> 3,
             1
         );
-        let lines: Vec<String> = unescape(r.message).lines().map(String::from).collect();
-        assert_eq!(
-            lines,
-            vec![
-                "NVRM: The NVIDIA GPU 0000:b3:00.0",
-                "NVRM: fallen off the bus."
-            ]
-        );
-        let mut p = Parser::default();
-        let parsed: Vec<Line> = lines.iter().map(|l| p.parse(l)).collect();
+        let message = unescape(r.message);
+        assert_eq!(message.lines().count(), 3);
         assert!(
-            matches!(&parsed[1], Line::FallenOffBus { bus: Some(b), .. } if b == "0000:b3:00.0"),
-            "{parsed:?}"
+            matches!(Parser::default().record(r.seq, &message), Line::FallenOffBus { bus: Some(b), .. } if b == "0000:b3:00.0"),
+            "{message}"
         );
         assert!(parse_record("garbage").is_none());
         assert_eq!(unescape("a\\x5cb\\xZZ\\x4"), "a\\b\\xZZ\\x4");
+    }
+
+    /// Issue 26: the kernel's record of a process's segfault, with the process named
+    /// `NVRM: x` and its file named after a bus, or with the driver's lines in the file's
+    /// name (newlines and all), becomes no event; the driver's own records do.
+    #[test]
+    fn a_process_record_is_no_event() {
+        let rec = Arc::new(Recorder::default());
+        let metrics = Arc::new(Metrics::new());
+        let mut h = LineHandler::new(rec.clone(), metrics.clone(), None);
+        for raw in [
+            "6,5001,8123456789,-;NVRM: x[10804]: segfault at 0 ip 00007f3c2a1b2c3d sp 00007ffd1e2f3a40 error 6 in 0001:1f:00.0 fallen off the bus[558712345000+1000]",
+            "6,5002,8123456790,-;a.out[10805]: segfault at 0 ip 00007f3c2a1b2c3d sp 00007ffd1e2f3a40 error 6 in x\\x0aNVRM: GPU 0001:1f:00.0: GPU has fallen off the bus.\\x0a[558712345000+1000]",
+        ] {
+            h.record(&parse_record(raw).unwrap());
+        }
+        assert!(rec.0.lock().unwrap().is_empty(), "{:?}", rec.0);
+        h.record(
+            &parse_record(
+                "4,5003,8123456791,-;NVRM: GPU 0001:1f:00.0: GPU has fallen off the bus.",
+            )
+            .unwrap(),
+        );
+        assert_eq!(*rec.0.lock().unwrap(), vec!["xid 79 0001:1f:00.0 kmsg"]);
+        let m = metrics.encode();
+        assert!(
+            m.contains("faultline_agent_kmsg_lines_total{result=\"refused\"} 1"),
+            "{m}"
+        );
     }
 }
