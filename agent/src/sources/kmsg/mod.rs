@@ -32,6 +32,7 @@ use faultline_common::xid::class_of_message;
 use faultline_common::XidEvent;
 use tokio_util::sync::CancellationToken;
 
+pub use self::parser::unescape;
 use self::parser::{Line, Parser};
 use super::{EventSink, ProbeError};
 use crate::metrics::Metrics;
@@ -80,26 +81,6 @@ pub fn parse_record(rec: &str) -> Option<Record<'_>> {
         usec,
         message,
     })
-}
-
-/// Undo /dev/kmsg's `\xNN` escaping (non-printable bytes, embedded newlines).
-pub fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1] == b'x' {
-            let hex = std::str::from_utf8(&b[i + 2..i + 4]).ok();
-            if let Some(v) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl LineHandler {

@@ -76,8 +76,6 @@
 
 use faultline_common::normalize_bus_id;
 
-use super::unescape;
-
 /// What one line (or record) says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Line {
@@ -560,6 +558,26 @@ fn split_process(text: &str) -> (Option<&str>, &str) {
         message = name[n..].strip_prefix(", ").unwrap_or_default();
     }
     (Some(&text[..end]), message)
+}
+
+/// Undo /dev/kmsg's `\xNN` escaping (non-printable bytes, embedded newlines).
+pub fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1] == b'x' {
+            let hex = std::str::from_utf8(&b[i + 2..i + 4]).ok();
+            if let Some(v) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
