@@ -20,7 +20,13 @@ WORK="$(mktemp -d)"
 PIDS=()
 # The log file of each process started, by pid: a process that dies is named.
 declare -A LOGS=()
-cleanup() { kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$WORK"; }
+# The processes are waited for before their files go (an agent or the file sink could
+# still write into $WORK while rm walks it); the removal never decides the exit status.
+cleanup() {
+  kill "${PIDS[@]}" 2>/dev/null || true
+  wait "${PIDS[@]}" 2>/dev/null || true
+  rm -rf "$WORK" 2>/dev/null || true
+}
 trap cleanup EXIT
 fail() {
   echo "demo: FAILED: $*" >&2
