@@ -60,9 +60,14 @@ impl Fleet {
 
     /// Nodes `first..first + n`.
     pub fn range(first: usize, n: usize) -> Arc<Self> {
+        Self::with_docs(first, n, node_health)
+    }
+
+    /// Nodes `first..first + n`, node `i`'s first document `doc(i)`.
+    pub fn with_docs(first: usize, n: usize, first_doc: impl Fn(usize) -> NodeHealth) -> Arc<Self> {
         let nodes = (first..first + n)
             .map(|i| {
-                let doc = node_health(i);
+                let doc = first_doc(i);
                 let bytes = bytes::Bytes::from(serde_json::to_vec(&doc).unwrap());
                 SimNode {
                     doc: Mutex::new((doc, bytes)),
@@ -71,6 +76,11 @@ impl Fleet {
             })
             .collect();
         Arc::new(Fleet { first, nodes })
+    }
+
+    /// The size of node `i`'s document (local index), in bytes.
+    pub fn doc_len(&self, i: usize) -> usize {
+        self.nodes[i].doc.lock().unwrap().1.len()
     }
 
     /// Change node `i` (local index) and wake its long-polls.
@@ -85,25 +95,32 @@ impl Fleet {
     }
 }
 
+/// The query of `/v1/health`.
 #[derive(serde::Deserialize)]
-struct Q {
+pub struct Q {
     wait_generation: Option<u64>,
     timeout_ms: Option<u64>,
     watch: Option<String>,
 }
 
 /// The agent's watch stream (`agent/src/api.rs`): each new document as a line, a
-/// blank line at the heartbeat.
+/// blank line at the heartbeat; it ends after `life` when given (a real agent ends a
+/// stream after 5-10 minutes, `WATCH_MIN_LIFE`).
 fn watch(
     f: Arc<Fleet>,
     i: usize,
     seen: Option<u64>,
     heartbeat: Duration,
+    life: Option<Duration>,
 ) -> axum::response::Response {
     let rx = f.nodes[i].generation.subscribe();
+    let end = life.map(|l| tokio::time::Instant::now() + l);
     let stream =
         futures_util::stream::unfold((f, rx, seen), move |(f, mut rx, mut seen)| async move {
             loop {
+                if end.is_some_and(|e| tokio::time::Instant::now() >= e) {
+                    return None;
+                }
                 let now = *rx.borrow_and_update();
                 if seen != Some(now) {
                     let (generation, body) = {
@@ -117,9 +134,13 @@ fn watch(
                     let item = Ok::<_, std::convert::Infallible>(bytes::Bytes::from(line));
                     return Some((item, (f, rx, seen)));
                 }
-                match tokio::time::timeout(heartbeat, rx.changed()).await {
+                let wait = end.map_or(heartbeat, |e| {
+                    heartbeat.min(e.saturating_duration_since(tokio::time::Instant::now()))
+                });
+                match tokio::time::timeout(wait, rx.changed()).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => return None,
+                    Err(_) if end.is_some_and(|e| tokio::time::Instant::now() >= e) => return None,
                     Err(_) => {
                         let item = Ok(bytes::Bytes::from_static(b"\n"));
                         return Some((item, (f, rx, seen)));
@@ -142,9 +163,20 @@ async fn health(
     let Some(local) = i.checked_sub(f.first).filter(|i| *i < f.nodes.len()) else {
         return axum::http::StatusCode::NOT_FOUND.into_response();
     };
+    health_of(f, local, q, None).await
+}
+
+/// `/v1/health` of node `local` (an index into `f.nodes`): the document, a long-poll
+/// (`wait_generation`) or a watch stream (`watch=true`) that ends after `life` if given.
+pub async fn health_of(
+    f: Arc<Fleet>,
+    local: usize,
+    q: Q,
+    life: Option<Duration>,
+) -> axum::response::Response {
     if matches!(q.watch.as_deref(), Some("true" | "1")) {
         let heartbeat = Duration::from_millis(q.timeout_ms.unwrap_or(10_000).clamp(1_000, 30_000));
-        return watch(f.clone(), local, q.wait_generation, heartbeat);
+        return watch(f.clone(), local, q.wait_generation, heartbeat, life);
     }
     let node = &f.nodes[local];
     if let Some(seen) = q.wait_generation {

@@ -159,6 +159,60 @@ async fn a_hung_lease_call_stops_neither_the_other_renewals_nor_their_writes() {
     r1.cancel_token().cancel();
 }
 
+/// A hold that ran out on the replica's clock (its Lease calls hung past the hold) is
+/// held again by the next renewal, without a new seed: the Lease still names the
+/// replica, so nobody else wrote the shard meanwhile. Each seed reads the shard's pages;
+/// at 2 s a call, seeding every renewed shard again in sequence took longer than a hold
+/// lasts, so the last shards' holds ran out before they were set, pass after pass, and
+/// their faults were never published (issue 25, found by the cluster benchmark).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_hold_is_held_again_at_the_next_renewal_under_a_slow_api() {
+    let w = world().await;
+    let server = &w.server;
+    let r1 = replica(&w, "r1")
+        .set("--pages", "2")
+        .set("--kube-timeout", "4s")
+        .start()
+        .await;
+    until(Duration::from_secs(30), "r1 holds every shard", || {
+        holders(server)
+            .iter()
+            .all(|h| h.as_deref() == Some("r1"))
+            .then_some(())
+    })
+    .await;
+    all_healthy(server).await;
+    // Every Lease call hangs (the client gives up after 4 s) past the hold (15 s - 3 s).
+    server.set_faults(Faults {
+        latency_ms: 60_000,
+        latency_match: "/leases/".into(),
+        ..Default::default()
+    });
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    server.set_faults(Faults {
+        latency_ms: 2_000,
+        ..Default::default()
+    });
+    // A node of the last shards to be renewed (in order, they were seeded last).
+    let victim = *NODES
+        .iter()
+        .max_by_key(|n| shard_of(n, SHARDS))
+        .expect("a node");
+    assert!(shard_of(victim, SHARDS) >= 2, "a node in shard 2 or 3");
+    let at = Instant::now();
+    inject(w.agent(victim), XID79).await;
+    until(
+        Duration::from_secs(20),
+        "the fault published after the hold was renewed",
+        || published_failed(server, victim).then_some(()),
+    )
+    .await;
+    eprintln!("published {:?} after the fault", at.elapsed());
+    assert!(holders(server).iter().all(|h| h.as_deref() == Some("r1")));
+    server.set_faults(Faults::default());
+    r1.cancel_token().cancel();
+}
+
 /// A shard Lease made before the label (by an older version) is labelled, then judged
 /// and taken like any other; a renewal carries the sequence the holder published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -61,6 +61,9 @@ pub struct ConfigMapSink {
     name: String,
     /// ConfigMaps per shard (`--pages`).
     pages: u32,
+    /// A page whose statuses did not change is rewritten for its readings at most this
+    /// often (`--refresh`).
+    refresh: std::time::Duration,
     /// Per shard and page: our last write.
     last: Mutex<HashMap<(u32, u32), Known>>,
     metrics: Option<std::sync::Arc<Metrics>>,
@@ -75,6 +78,10 @@ struct Known {
     sequence: u64,
     /// Its content fingerprint ([`PageBody::content`]).
     content: u64,
+    /// Its whole fingerprint, readings included ([`PageBody::full`]).
+    full: u64,
+    /// When it was written.
+    at: std::time::Instant,
 }
 
 /// The ConfigMap of a shard (its page 0).
@@ -141,8 +148,49 @@ pub struct PageBody {
     pub skipped: Vec<String>,
     /// What the page says, without when it was written or its sequence (issue 25: a
     /// page whose content did not change is not written again): FNV-1a over each key
-    /// and value, the index taken without its `timestamp` and `sequence`.
+    /// and value, the index taken without its `timestamp` and `sequence`, each node's
+    /// entry without what moves on nearly every document ([`stable_entry`]).
     pub content: u64,
+    /// The same over every byte of each node's entry, readings and `last_seen`
+    /// included: a page whose `content` is unchanged but whose `full` moved is rewritten
+    /// only at the shard's `--refresh`.
+    pub full: u64,
+}
+
+/// What a node's entry says, for [`PageBody::content`]: its statuses, reasons,
+/// counters, links, identities and reachability, not the readings (temperature, power)
+/// or when its agent was last heard from. Those move on nearly every document of a
+/// real fleet (issue 25: at 20,000 nodes a status change on one node rewrote every
+/// page of its shard, 1.6 MB, for readings nobody asked to see refreshed).
+fn stable_entry(n: &NodeFaults, w: &mut Fnv) -> Result<(), serde_json::Error> {
+    serde_json::to_writer(
+        &mut *w,
+        &(
+            &n.version,
+            &n.timestamp,
+            &n.node,
+            n.agent.reachable,
+            &n.agent.error,
+            &n.agent.sources,
+            &n.summary,
+        ),
+    )?;
+    for d in &n.npus {
+        serde_json::to_writer(
+            &mut *w,
+            &(
+                &d.id,
+                &d.status,
+                &d.reason,
+                &d.since,
+                d.ecc_errors,
+                &d.pcie_link_status,
+                &d.uuid,
+                &d.pci_bus_id,
+            ),
+        )?;
+    }
+    Ok(())
 }
 
 /// FNV-1a folded over what is written through it.
@@ -191,6 +239,7 @@ pub fn page_body(
     let mut bytes = 0;
     let mut first = true;
     let mut content = Fnv::new();
+    let mut full = Fnv::new();
     let skipped = page_entries(doc, page, pages, sequence, |key, value| {
         if !std::mem::take(&mut first) {
             out.push(b',');
@@ -204,12 +253,17 @@ pub fn page_body(
         serde::Serialize::serialize(&value, &mut ser)?;
         bytes += key.len() + out.len() - start - added;
         content.add(key.as_bytes());
+        full.add(key.as_bytes());
         match &value {
             // The index without its timestamp and sequence: what it says of the shard.
             Value::Index(i) => {
-                serde_json::to_writer(&mut content, &(&i.writer, i.shards, &i.summary, &i.nodes))?
+                serde_json::to_writer(&mut content, &(&i.writer, i.shards, &i.summary, &i.nodes))?;
+                full.add(&content.0.to_le_bytes());
             }
-            Value::Node(_) => content.add(&out[start..]),
+            Value::Node(n) => {
+                stable_entry(n, &mut content)?;
+                full.add(&out[start..]);
+            }
         }
         out.push(b'"');
         Ok(())
@@ -220,6 +274,7 @@ pub fn page_body(
         bytes,
         skipped,
         content: content.0,
+        full: full.0,
     })
 }
 
@@ -294,6 +349,7 @@ impl ConfigMapSink {
             api,
             name,
             pages: 1,
+            refresh: std::time::Duration::from_secs(1800),
             last: Mutex::new(HashMap::new()),
             metrics: None,
         }
@@ -302,6 +358,13 @@ impl ConfigMapSink {
     /// Spread each shard over `pages` ConfigMaps (`--pages`, at least 1).
     pub fn with_pages(mut self, pages: u32) -> Self {
         self.pages = pages.max(1);
+        self
+    }
+
+    /// Rewrite a page whose statuses did not change, for its readings, at most every
+    /// `refresh` (`--refresh`).
+    pub fn with_refresh(mut self, refresh: std::time::Duration) -> Self {
+        self.refresh = refresh;
         self
     }
 
@@ -367,7 +430,11 @@ impl ConfigMapSink {
             let sequence = seq + 1;
             let meta = Self::meta(&cm_name, rv.clone(), shard, page);
             let page_body = self.page_body(&meta, doc, page, attempt, sequence)?;
-            if attempt == 0 && last == Some(page_body.content) {
+            let unchanged = last.as_ref().is_some_and(|k| {
+                k.content == page_body.content
+                    && (k.full == page_body.full || k.at.elapsed() < self.refresh)
+            });
+            if attempt == 0 && unchanged {
                 if let Some(m) = &self.metrics {
                     m.page_unchanged(shard);
                 }
@@ -391,6 +458,8 @@ impl ConfigMapSink {
                             rv: new_rv,
                             sequence,
                             content: page_body.content,
+                            full: page_body.full,
+                            at: std::time::Instant::now(),
                         },
                     );
                     return Ok(page_body.bytes);
@@ -416,16 +485,17 @@ impl ConfigMapSink {
         Err(WriteError::Conflict(shard))
     }
 
-    /// The resourceVersion, sequence and content of a page: ours from the last write,
-    /// else read (its content then unknown: the first write after reading writes).
+    /// The resourceVersion and sequence of a page, with what this replica last wrote
+    /// there: ours from the last write, else read (what it says then unknown: the first
+    /// write after reading writes).
     async fn known(
         &self,
         shard: u32,
         page: u32,
-    ) -> Result<(Option<String>, u64, Option<u64>), WriteError> {
+    ) -> Result<(Option<String>, u64, Option<Known>), WriteError> {
         let cached = self.last.locked().get(&(shard, page)).cloned();
         Ok(match cached {
-            Some(k) => (Some(k.rv), k.sequence, Some(k.content)),
+            Some(k) => (Some(k.rv.clone()), k.sequence, Some(k)),
             None => match self
                 .api
                 .get_opt(&page_name(&self.name, shard, page))
@@ -654,13 +724,29 @@ mod tests {
                     bytes,
                     skipped,
                     content,
+                    full,
                 } = page_body(&meta, &doc, page, pages, 9).unwrap();
                 assert!(skipped.is_empty());
                 // The content is what the page says, not when or as which sequence.
                 let mut later = doc.clone();
                 later.timestamp = "2030-01-01T00:00:00.000Z".into();
                 let again = page_body(&meta, &later, page, pages, 10).unwrap();
-                assert_eq!(again.content, content);
+                assert_eq!((again.content, again.full), (content, full));
+                // Readings and the agent's last contact move `full`, not `content`.
+                let mut warmer = doc.clone();
+                for n in warmer.nodes.values_mut() {
+                    n.agent.last_seen = Some("2030-01-01T00:00:00.000Z".into());
+                    for d in &mut n.npus {
+                        d.temperature_c = d.temperature_c.map(|t| t + 3.0);
+                        d.power_w = d.power_w.map(|w| w * 1.5);
+                    }
+                }
+                let warm = page_body(&meta, &warmer, page, pages, 9).unwrap();
+                assert_eq!(
+                    warm.content, content,
+                    "page {page}: readings are not content"
+                );
+                assert_ne!(warm.full, full, "page {page}: readings are in the page");
                 assert_eq!(page == 0, again.body != body, "only the index says when");
                 let cm: ConfigMap = serde_json::from_slice(&body).unwrap();
                 let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -788,6 +874,95 @@ mod tests {
             }
         }
         assert_eq!(seen, NODES, "every node on exactly one page");
+    }
+
+    /// Issue 25: a status change rewrites its node's page and page 0 (the index), not
+    /// the other pages of the shard, whose nodes' readings and last contact moved
+    /// meanwhile (at 20,000 nodes that was 1.6 MB of responses for one change); those
+    /// are rewritten once `--refresh` has passed since their last write.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_status_change_rewrites_its_page_and_the_index_only() {
+        const PAGES: u32 = 4;
+        let (mut p, names, server, api) = fleet_and_server(200).await;
+        let held = Held::default();
+        held.grant(0, Instant::now() + Duration::from_secs(60));
+        let puts = || {
+            server
+                .calls()
+                .iter()
+                .filter(|c| c.method == "PUT" && c.uri.contains("/configmaps/"))
+                .count()
+        };
+        // Every node's readings move (and it is heard from again); `failing`'s gpu5 fails.
+        let moved = |p: &mut Pipeline, failing: Option<&str>, temperature: f64, now: u64| {
+            for n in &names {
+                let doc = testing::node(n)
+                    .npus((0..8).map(|i| {
+                        let d = Device::nvml(i)
+                            .temperature(temperature)
+                            .power(280.0 + temperature)
+                            .ecc_errors(12)
+                            .sample_age_ms(100);
+                        if i == 3 || (i == 5 && failing == Some(n.as_str())) {
+                            d.failed("xid-79")
+                        } else {
+                            d
+                        }
+                        .build()
+                    }))
+                    .build();
+                p.on_document(doc, now);
+            }
+        };
+        let failing = names
+            .iter()
+            .find(|n| page_of(n, 1, PAGES) != 0)
+            .unwrap()
+            .clone();
+        let sink = ConfigMapSink::new(api.clone(), "faultline".into())
+            .with_pages(PAGES)
+            .with_refresh(Duration::from_secs(3600));
+        sink.write(&document(&p, 0, "r1", 0, 1), &held)
+            .await
+            .unwrap();
+        let before = puts();
+        moved(&mut p, Some(&failing), 70.0, 2_000);
+        sink.write(&document(&p, 1, "r1", 0, 1), &held)
+            .await
+            .unwrap();
+        assert_eq!(puts() - before, 2, "the failed device's page and the index");
+        let page = page_name("faultline", 0, page_of(&failing, 1, PAGES));
+        let entry: NodeFaults = serde_json::from_str(
+            server.get("configmaps", "faultline", &page).unwrap()["data"]
+                [format!("{failing}.json")]
+            .as_str()
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(entry.summary.failed, 2);
+        assert_eq!(entry.npus[0].temperature_c, Some(70.0), "its page is fresh");
+        // Readings alone: nothing, before the refresh.
+        let before = puts();
+        moved(&mut p, Some(&failing), 75.0, 3_000);
+        sink.write(&document(&p, 2, "r1", 0, 1), &held)
+            .await
+            .unwrap();
+        assert_eq!(puts(), before, "readings wait for the refresh");
+        // With the refresh passed (zero), the pages whose readings moved are rewritten.
+        let eager = ConfigMapSink::new(api, "faultline".into())
+            .with_pages(PAGES)
+            .with_refresh(Duration::ZERO);
+        eager
+            .write(&document(&p, 3, "r1", 0, 1), &held)
+            .await
+            .unwrap();
+        let before = puts();
+        moved(&mut p, Some(&failing), 80.0, 4_000);
+        eager
+            .write(&document(&p, 4, "r1", 0, 1), &held)
+            .await
+            .unwrap();
+        assert_eq!(puts() - before, PAGES as usize, "every page at its refresh");
     }
 
     /// Issue 11: a shard's writes take turns in the order their documents were built,

@@ -52,6 +52,15 @@ impl Default for LeaseConfig {
     }
 }
 
+/// How a shard's Lease came to be renewed by a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    /// Listed with this replica as its holder.
+    Renewed,
+    /// Listed free (or expired): taken.
+    Free,
+}
+
 /// The Lease of a shard.
 pub fn lease_name(name: &str, shard: u32) -> String {
     format!("{name}-shard-{shard}")
@@ -231,9 +240,16 @@ impl ShardLeases {
                 Some(async move { (*shard, this.renew(*shard, lease).await) })
             })
             .collect();
-        for (shard, r) in futures_util::future::join_all(renewals).await {
-            self.outcome(shard, r, started).await;
-        }
+        let renewed = futures_util::future::join_all(renewals).await;
+        // Their outcomes side by side too: a shard seeded after a restart reads its pages,
+        // and a seed in sequence per shard made the last shards' holds run out before
+        // they were set (issue 25: at 2 s of latency, 4 s a seed, 8 shards).
+        futures_util::future::join_all(
+            renewed
+                .into_iter()
+                .map(|(shard, r)| self.outcome(shard, r, started, Taken::Renewed)),
+        )
+        .await;
         // The kept shards are renewed; now the one handed back goes.
         if let Some(shard) = p.hand_back {
             if let Some(lease) = leases.remove(&shard) {
@@ -261,7 +277,7 @@ impl ShardLeases {
                     self.metrics.takeover();
                 }
             }
-            self.outcome(shard, r, started).await;
+            self.outcome(shard, r, started, Taken::Free).await;
         }
         let n = self.held.shards().len();
         self.metrics
@@ -518,14 +534,29 @@ impl ShardLeases {
     }
 
     /// What a renewal or a take came to.
-    async fn outcome(&self, shard: u32, r: Result<bool, kube::Error>, started: Instant) {
+    async fn outcome(
+        &self,
+        shard: u32,
+        r: Result<bool, kube::Error>,
+        started: Instant,
+        taken: Taken,
+    ) {
         let lname = lease_name(&self.name, shard);
         let was = self.held.holds(shard);
+        let granted = self.held.keys().contains(&shard);
         match r {
             Ok(true) => {
-                if !was {
-                    // Seed from the last published document before this replica writes
-                    // the shard, then count it as held.
+                if granted && !was {
+                    tracing::warn!(shard, lease = %lname, "the shard's hold ran out on this replica's clock before its renewal came back; held again (no writes meanwhile)");
+                }
+                // Seed from the last published document before this replica writes the
+                // shard, then count it as held. Not for a renewal of a Lease this
+                // replica still has granted, even if the hold ran out on its clock
+                // meanwhile: the Lease named us as its holder, and the renewal swapped
+                // exactly that version, so no other replica has written the shard since
+                // our last renewal (issue 25: every renewal after a lapse seeded again,
+                // in sequence, and the holds never caught up).
+                if !(granted && taken == Taken::Renewed) {
                     self.seed(shard).await;
                     tracing::info!(shard, lease = %lname, "shard lease acquired");
                 }

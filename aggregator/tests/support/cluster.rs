@@ -123,12 +123,13 @@ pub fn shard_doc(server: &ApiServer, shard: u32) -> Option<ShardIndex> {
 
 /// Node `node`'s published entry, in the shard of `shards` its name hashes to.
 pub fn node_entry(server: &ApiServer, shards: u32, node: &str) -> Option<NodeFaults> {
-    let cm = server.get(
-        "configmaps",
-        NS,
-        &format!("faultline-shard-{}", shard_of(node, shards)),
-    )?;
-    serde_json::from_str(cm["data"][format!("{node}.json")].as_str()?).ok()
+    // On whichever page of its shard holds it (`--pages`; page 0 alone by default).
+    (0..16)
+        .map_while(|p| {
+            let name = faultline_common::fault::page_name("faultline", shard_of(node, shards), p);
+            server.get("configmaps", NS, &name)
+        })
+        .find_map(|cm| serde_json::from_str(cm["data"][format!("{node}.json")].as_str()?).ok())
 }
 
 /// The calls refused by authentication or RBAC so far, as `STATUS METHOD URI`.
