@@ -2,11 +2,11 @@
 # What faultline costs a real cluster (issue 25): BENCH_NODES realistic GPU Nodes (20,000
 # by default) with a workload pod each in the Kubernetes API test server, the agents'
 # EndpointSlices, a fleet of simulated agents at a loopback address each (deadband,
-# node-local deliveries), BENCH_REPLICAS release aggregators (4) with 32 shards of 2
-# pages; start, steady state at 0, 1 and 2 s of API latency (BENCH_STEADY_S each, 120),
-# hard faults. One summary block at the end (docs/benchmarks.md, "Cluster costs").
+# node-local deliveries), BENCH_REPLICAS release aggregators (4) with 32 shards of 8
+# pages; start, steady state at 0 and 1 s of API latency (BENCH_STEADY_S each, 120) and
+# at 2 s (BENCH_SLOW_STEADY_S, 300), hard faults. One summary block at the end (docs/benchmarks.md, "Cluster costs").
 #
-#   benches/run-cluster-bench.sh            # 20,000 nodes: about 15 minutes on 2 cores, 7 GiB
+#   benches/run-cluster-bench.sh            # 20,000 nodes: about 20 minutes on 2 cores, 7 GiB
 #   benches/run-cluster-bench.sh --quick    # 2,000 nodes, 30 s per phase: about 5 minutes
 #
 # Other knobs: BENCH_SHARDS, BENCH_PAGES, BENCH_SETTLE_S, BENCH_LATENCIES_MS, BENCH_FAULTS,
@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --quick ]; then
-  export BENCH_NODES="${BENCH_NODES:-2000}" BENCH_STEADY_S="${BENCH_STEADY_S:-30}"
+  export BENCH_NODES="${BENCH_NODES:-2000}" BENCH_STEADY_S="${BENCH_STEADY_S:-30}" BENCH_SLOW_STEADY_S="${BENCH_SLOW_STEADY_S:-30}"
   export BENCH_SETTLE_S="${BENCH_SETTLE_S:-5}" BENCH_FAULTS="${BENCH_FAULTS:-50}"
 fi
 # Each fleet process holds two sockets per node (a watch and a delivery connection), 5,000

@@ -224,6 +224,12 @@ pub struct Args {
     /// Kernel log to follow for Xid lines: /dev/kmsg, a plain file or a FIFO.
     #[arg(long, env = "FAULTLINE_KMSG", default_value = "/dev/kmsg")]
     pub kmsg: PathBuf,
+    /// Let a text log's lines (a syslog file or FIFO, without the kernel's facility) fail
+    /// a GPU. Off: their Xids degrade at most, since any process can log a line tagged
+    /// `kernel:` to syslog; /dev/kmsg records (and raw records kept in a file) carry
+    /// their facility and count in full.
+    #[arg(long, env = "FAULTLINE_KMSG_TRUST_TEXT")]
+    pub kmsg_trust_text: bool,
     /// Number of simulated devices (source sim), 1 to 1024.
     #[arg(long, env = "FAULTLINE_SIM_DEVICES", default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -349,6 +355,7 @@ pub struct Config {
     pub npu_smi: String,
     pub exec: Option<Vec<String>>,
     pub kmsg: PathBuf,
+    pub kmsg_trust_text: bool,
     pub sim_devices: u32,
     pub sim_vendor: faultline_common::Vendor,
     pub sim_scenario: Option<PathBuf>,
@@ -461,6 +468,7 @@ impl Config {
             npu_smi: a.npu_smi,
             exec,
             kmsg: a.kmsg,
+            kmsg_trust_text: a.kmsg_trust_text,
             sim_devices: a.sim_devices,
             sim_vendor: match a.sim_vendor {
                 SimVendor::Nvidia => faultline_common::Vendor::Nvidia,

@@ -132,6 +132,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
             }
             SourceKind::Kmsg => sources::kmsg::spawn(
                 cfg.kmsg.clone(),
+                sources::kmsg::TextTrust::from_flag(cfg.kmsg_trust_text),
                 sink.clone(),
                 metrics.clone(),
                 cancel.clone(),

@@ -203,6 +203,8 @@ async fn xid_lines_appended_to_a_log_fail_the_matching_gpu() {
             &lib,
             "--kmsg",
             log.to_str().unwrap(),
+            // Syslog text fails a GPU only when trusted (issue 26, finding 6).
+            "--kmsg-trust-text",
             "--interval",
             "100ms",
             "--xid-threshold",
@@ -294,6 +296,7 @@ async fn a_fifo_and_an_unreadable_log() {
             "2",
             "--kmsg",
             fifo.to_str().unwrap(),
+            "--kmsg-trust-text",
             "--interval",
             "100ms",
         ],
@@ -486,6 +489,7 @@ async fn a_rotated_or_truncated_log_is_reopened() {
             "3",
             "--kmsg",
             log.to_str().unwrap(),
+            "--kmsg-trust-text",
             "--interval",
             "100ms",
         ],
@@ -526,4 +530,57 @@ async fn a_rotated_or_truncated_log_is_reopened() {
     })
     .await;
     assert_eq!(doc.summary.failed, 3);
+}
+
+/// Issue 26, finding 6: any process can log a line tagged `kernel:` to syslog
+/// (`logger -t kernel`, rsyslog 8). Followed without `--kmsg-trust-text`, such lines in
+/// the driver's exact template degrade the GPU at most (a fatal Xid counts as a
+/// restart-app one: 3 within 10 minutes), and never fail it.
+#[tokio::test]
+async fn a_syslog_kernel_tag_degrades_at_most() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("syslog");
+    std::fs::write(&log, "").unwrap();
+    let agent = spawn_agent(
+        &[
+            "--source",
+            "sim,kmsg",
+            "--sim-devices",
+            "2",
+            "--kmsg",
+            log.to_str().unwrap(),
+            "--interval",
+            "100ms",
+        ],
+        &[],
+    );
+    wait_for(&agent, Duration::from_secs(10), "two healthy GPUs", |d| {
+        d.summary.healthy == 2
+    })
+    .await;
+    // gpu1 of the sim is 0000:19:00.0; three lines a second apart (one Xid per second
+    // and bus is one event).
+    for k in 0..3 {
+        append(
+            &log,
+            &[&format!("Dec  2 10:00:0{k} node-7 kernel: NVRM: Xid (PCI:0000:19:00): 79, pid=1, name=x, GPU has fallen off the bus.")],
+        );
+        if k < 2 {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+    }
+    let doc = wait_for(&agent, Duration::from_secs(5), "gpu1 degraded", |d| {
+        status_of(d, "gpu1").0 == "degraded"
+    })
+    .await;
+    assert_eq!(
+        status_of(&doc, "gpu1"),
+        ("degraded".into(), Some("xid-79".into()))
+    );
+    assert_eq!(doc.summary.failed, 0, "text never fails a GPU by default");
+    let metrics = request("GET", &agent.url("/metrics"), None).await.body;
+    assert!(
+        metrics.contains("faultline_agent_kmsg_lines_total{result=\"capped\"} 3"),
+        "{metrics}"
+    );
 }

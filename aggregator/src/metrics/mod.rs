@@ -52,6 +52,7 @@ pub struct Metrics {
     deliveries: Family<DeliveryLabels, Counter>,
     discovery_errors: Counter,
     devices_forgotten: Counter,
+    duplicate_uuids: Counter,
     nodes_refused: Counter,
     unknown_standing_down: Gauge,
     nudges: Family<ResultLabel, Counter>,
@@ -112,6 +113,7 @@ impl Metrics {
             deliveries: Family::default(),
             discovery_errors: Counter::default(),
             devices_forgotten: Counter::default(),
+            duplicate_uuids: Counter::default(),
             nodes_refused: Counter::default(),
             unknown_standing_down: Gauge::default(),
             nudges: Family::default(),
@@ -252,6 +254,11 @@ impl Metrics {
             "devices_forgotten",
             "Devices dropped after their reachable agent stopped reporting them for --device-forget",
             m.devices_forgotten.clone(),
+        );
+        registry.register(
+            "duplicate_uuids",
+            "GPU UUIDs a node reported that another node reported first: withheld from its entry and records",
+            m.duplicate_uuids.clone(),
         );
         registry.register(
             "nodes_refused",
@@ -583,6 +590,11 @@ impl Metrics {
     /// Devices forgotten: their agent stopped reporting them (`--device-forget`).
     pub fn devices_forgotten(&self, n: usize) {
         self.devices_forgotten.inc_by(n as u64);
+    }
+
+    /// UUIDs a node reported that another node reported first.
+    pub fn duplicate_uuids(&self, n: usize) {
+        self.duplicate_uuids.inc_by(n as u64);
     }
 
     /// A new node refused: the pipeline follows its maximum.

@@ -18,6 +18,7 @@ use faultline_common::DeviceStatus;
 use crate::metrics::Metrics;
 
 mod node;
+mod uuids;
 mod views;
 
 use node::{measures, Device, Node, NEW_ID_WINDOW_MS};
@@ -75,6 +76,8 @@ pub struct Pipeline {
     last_tick_ms: Option<u64>,
     /// Reachability or a device's status changed since the gauges were last set.
     counts_stale: bool,
+    /// Which node reported each GPU UUID first.
+    uuids: uuids::UuidClaims,
 }
 
 impl Pipeline {
@@ -90,6 +93,7 @@ impl Pipeline {
             ticks: 0,
             last_tick_ms: None,
             counts_stale: true,
+            uuids: uuids::UuidClaims::default(),
         }
     }
 
@@ -171,6 +175,7 @@ impl Pipeline {
             name_hash: fnv1a64(node.as_bytes()),
             churn: (0, 0),
             refused_logged_ms: None,
+            uuid_logged_ms: None,
         });
         self.counts_stale = true;
         true
@@ -223,7 +228,13 @@ impl Pipeline {
     /// Forget a node (it left the cluster or the shard).
     pub fn remove_node(&mut self, node: &str) -> bool {
         self.counts_stale = true;
-        self.nodes.remove(node).is_some()
+        match self.nodes.remove(node) {
+            Some(n) => {
+                self.uuids.release(n.name_hash);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether `node` is followed (known to this pipeline).
@@ -286,7 +297,7 @@ impl Pipeline {
             node.reachable_since_ms = Some(now_ms);
             node.changed_ms = now_ms;
         }
-        node.remember(doc);
+        let texts_changed = node.remember(doc);
         node.pending = Some(measures(&self.rules, doc));
         node.unseen = true;
         let due = node
@@ -321,7 +332,61 @@ impl Pipeline {
         if reach_changed && !change.nodes.iter().any(|n| n == name) {
             change.nodes.push(name.to_string());
         }
+        if texts_changed {
+            self.check_uuids(name, now_ms);
+        }
         change
+    }
+
+    /// After node `name`'s devices' texts changed: a UUID another node reported first
+    /// is flagged (counted, logged once per window with both nodes) and withheld from
+    /// this node's entry and its quarantine records, so nothing acts on a UUID that a
+    /// second node claims (issue 26, finding 12).
+    fn check_uuids(&mut self, name: &str, now_ms: u64) {
+        let Some(node) = self.nodes.get(name) else {
+            return;
+        };
+        let taken: Vec<String> = self
+            .uuids
+            .claim(
+                node.name_hash,
+                node.last.iter().filter_map(|l| l.uuid.as_deref()),
+            )
+            .into_iter()
+            .map(String::from)
+            .collect();
+        if taken.is_empty() {
+            return;
+        }
+        self.metrics.duplicate_uuids(taken.len());
+        let owners: Vec<&str> = taken
+            .iter()
+            .map(|u| {
+                let owner = self.uuids.owner(u);
+                self.nodes
+                    .iter()
+                    .find(|(_, n)| Some(n.name_hash) == owner)
+                    .map_or("a node no longer followed", |(k, _)| k.as_str())
+            })
+            .collect();
+        let log = node
+            .uuid_logged_ms
+            .is_none_or(|t| now_ms.saturating_sub(t) >= NEW_ID_WINDOW_MS);
+        if log {
+            tracing::warn!(node = name, uuids = ?taken, first_reported_by = ?owners, "GPU UUIDs another node reported first: withheld from this node's entry (logged once per window)");
+        }
+        let node = self.nodes.get_mut(name).expect("looked up above");
+        if log {
+            node.uuid_logged_ms = Some(now_ms);
+        }
+        for l in &mut node.last {
+            if l.uuid
+                .as_deref()
+                .is_some_and(|u| taken.iter().any(|t| t == u))
+            {
+                l.uuid = None;
+            }
+        }
     }
 
     /// An agent could not be reached.

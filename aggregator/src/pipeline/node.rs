@@ -73,6 +73,8 @@ pub(super) struct Node {
     pub(super) churn: (u64, u32),
     /// When a refused document was last logged for this node.
     pub(super) refused_logged_ms: Option<u64>,
+    /// When UUIDs another node reported first were last logged for this node.
+    pub(super) uuid_logged_ms: Option<u64>,
 }
 
 /// Most devices kept for one node, remembered ones included (issue 26: an agent that
@@ -161,7 +163,8 @@ impl Node {
         Ok(())
     }
 
-    pub(super) fn remember(&mut self, doc: &DocView<'_>) {
+    /// Whether any device's texts (id, UUID, bus id, link) changed.
+    pub(super) fn remember(&mut self, doc: &DocView<'_>) -> bool {
         fn set(slot: &mut Option<Box<str>>, v: Option<&str>) {
             if slot.as_deref() != v {
                 *slot = v.map(Box::from);
@@ -181,9 +184,11 @@ impl Node {
                 .iter()
                 .zip(&doc.sources)
                 .all(|(a, b)| a.name == b.name && a.up == b.up);
+        let mut changed = !same;
         if same {
             for ((l, d), fp) in self.last.iter_mut().zip(&doc.npus).zip(&fps) {
                 if l.texts != *fp {
+                    changed = true;
                     set(&mut l.uuid, d.uuid.as_deref());
                     set(&mut l.pci_bus_id, d.pci_bus_id.as_deref());
                     set(&mut l.pcie_link_status, d.pcie_link_status.as_deref());
@@ -221,6 +226,7 @@ impl Node {
                 })
                 .collect();
         }
+        changed
     }
 
     /// Judged again, every device would observe a clean sample (so a tick records that

@@ -482,3 +482,50 @@ fn device_id_churn_is_refused_and_other_nodes_go_on() {
         DeviceStatus::Failed
     );
 }
+
+/// Issue 26, finding 12: a GPU UUID is one physical device. A second node reporting a
+/// UUID another node reported first is flagged (counted) and the UUID is withheld from
+/// its entry and its quarantine records, so nothing acts on it through that node; the
+/// first node keeps it. Once the first node is gone, the UUID is free again.
+#[test]
+fn a_uuid_another_node_reported_first_is_flagged_and_withheld() {
+    let metrics = Arc::new(Metrics::new());
+    let mut p = Pipeline::new(Arc::new(Rules::default()), metrics.clone());
+    let with_uuid = |uuid: &str, failed: Option<&str>| {
+        let d = device("gpu0")
+            .temperature(40.0)
+            .ecc_errors(0)
+            .pcie("up")
+            .sample_age_ms(1)
+            .uuid(uuid);
+        match failed {
+            Some(code) => d.failed(code),
+            None => d,
+        }
+        .build()
+    };
+    let victim = "GPU-6f1a9c2e-0000-4000-8000-000000000001";
+    p.on_document(doc("victim", vec![with_uuid(victim, None)]), 1_000);
+    p.on_document(doc("liar", vec![with_uuid(victim, Some("xid-79"))]), 1_100);
+    let uuid_of = |p: &Pipeline, n: &str| p.node_faults(n).unwrap().npus[0].uuid.clone();
+    assert_eq!(uuid_of(&p, "victim").as_deref(), Some(victim));
+    assert_eq!(uuid_of(&p, "liar"), None, "withheld from the second node");
+    let records = p.failed_devices("liar");
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        records[0].uuid, None,
+        "a record never names the claimed UUID"
+    );
+    assert!(metrics
+        .encode()
+        .contains("faultline_aggregator_duplicate_uuids_total 1"));
+    // The same document again changes nothing and counts nothing more.
+    p.on_document(doc("liar", vec![with_uuid(victim, Some("xid-79"))]), 2_100);
+    assert!(metrics
+        .encode()
+        .contains("faultline_aggregator_duplicate_uuids_total 1"));
+    // The first node gone, a new claim by another node holds.
+    p.remove_node("victim");
+    p.on_document(doc("moved", vec![with_uuid(victim, None)]), 3_000);
+    assert_eq!(uuid_of(&p, "moved").as_deref(), Some(victim));
+}

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use faultline_common::time::now_ms;
-use faultline_common::xid::class_of_message;
+use faultline_common::xid::{class_of_message, XidClass};
 use faultline_common::XidEvent;
 use tokio_util::sync::CancellationToken;
 
@@ -46,11 +46,34 @@ pub const SOURCE: &str = "kmsg";
 const LIVE_WINDOW_MS: u64 = 10_000;
 
 /// Turns lines into events for the sink and counts them.
+/// What a text log's lines (without the kernel's facility) may do (`--kmsg-trust-text`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextTrust {
+    /// Their Xids degrade at most: a fatal Xid counts as a restart-app one (issue 26:
+    /// with rsyslog 8, `logger -t kernel` as `nobody` failed two GPUs).
+    Degraded,
+    /// Counted in full, like the kernel's records.
+    Full,
+}
+
+impl TextTrust {
+    /// From `--kmsg-trust-text`.
+    pub fn from_flag(trust: bool) -> Self {
+        if trust {
+            TextTrust::Full
+        } else {
+            TextTrust::Degraded
+        }
+    }
+}
+
 pub struct LineHandler {
     parser: Parser,
     sink: Arc<dyn EventSink>,
     metrics: Arc<Metrics>,
     boot_ms: Option<u64>,
+    /// What a text line may do.
+    text: TextTrust,
 }
 
 /// A raw /dev/kmsg record: `prio,seq,usec,flags;message` (message with `\xNN` escapes).
@@ -92,6 +115,7 @@ impl LineHandler {
             sink,
             metrics,
             boot_ms,
+            text: TextTrust::Degraded,
         }
     }
 
@@ -116,16 +140,23 @@ impl LineHandler {
         };
         let message = unescape(rec.message);
         let parsed = self.parser.record(rec.seq, &message);
-        self.handle(parsed, &message, at_ms);
+        self.handle(parsed, &message, at_ms, false);
+    }
+
+    /// What the lines of a text log may do (records always count in full).
+    pub fn trust_text(mut self, trust: TextTrust) -> Self {
+        self.text = trust;
+        self
     }
 
     /// One line of a text log, seen now.
     pub fn line(&mut self, line: &str) {
+        let capped = self.text == TextTrust::Degraded && !parser::carries_facility(line);
         let parsed = self.parser.parse(line);
-        self.handle(parsed, line, now_ms());
+        self.handle(parsed, line, now_ms(), capped);
     }
 
-    fn handle(&mut self, parsed: Line, line: &str, at_ms: u64) {
+    fn handle(&mut self, parsed: Line, line: &str, at_ms: u64, capped: bool) {
         let (xid, bus, message, class, kind) = match parsed {
             Line::Xid {
                 xid,
@@ -154,6 +185,13 @@ impl LineHandler {
             }
         };
         self.metrics.count_kmsg_line(kind);
+        let (class, message) = if capped && class == XidClass::Fatal {
+            self.metrics.count_kmsg_line("capped");
+            let note = "from a text log, degraded at most (--kmsg-trust-text)";
+            (XidClass::RestartApp, format!("{note}: {message}"))
+        } else {
+            (class, message)
+        };
         self.sink.event(XidEvent {
             xid,
             class,
@@ -179,6 +217,72 @@ struct Position {
     file: Option<(u64, u64)>,
     /// /dev/kmsg: the last sequence number handled.
     seq: Option<u64>,
+    /// A file or FIFO: the line at the offset is too long and being discarded up to its
+    /// newline (kept across a reopen, so its tail is never read as a line of its own).
+    discarding: bool,
+}
+
+/// How [`read_line`] ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// A whole line, with its newline.
+    Line,
+    /// A line longer than [`parser::MAX_LINE`], discarded up to and with its newline.
+    TooLong,
+    /// The end of what is there, within a line (`line` holds it unless discarding).
+    Partial,
+    /// The end of what is there, at a line's start.
+    Eof,
+}
+
+/// The next line of `reader` into `line` (cleared first): at most [`parser::MAX_LINE`]
+/// bytes and its newline. A longer line is discarded as it is read, up to its newline,
+/// and never held whole (issue 26: a 50 MiB line without a newline took the agent to
+/// 58 MB). `discarding` carries a long line's discard across calls (a line still being
+/// written). Returns the bytes consumed and how the read ended.
+fn read_line<R: BufRead>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+    discarding: &mut bool,
+) -> std::io::Result<(usize, Ended)> {
+    line.clear();
+    let mut consumed = 0;
+    loop {
+        let buf = match reader.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            let ended = if consumed == 0 {
+                Ended::Eof
+            } else {
+                Ended::Partial
+            };
+            return Ok((consumed, ended));
+        }
+        let (take, newline) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        if !*discarding {
+            if line.len() + take > parser::MAX_LINE + 1 {
+                *discarding = true;
+                line.clear();
+            } else {
+                line.extend_from_slice(&buf[..take]);
+            }
+        }
+        reader.consume(take);
+        consumed += take;
+        if newline {
+            if std::mem::take(discarding) {
+                line.clear();
+                return Ok((consumed, Ended::TooLong));
+            }
+            return Ok((consumed, Ended::Line));
+        }
+    }
 }
 
 /// Follow `path` on a thread of its own until `cancel` fires; reopen with backoff on
@@ -186,6 +290,7 @@ struct Position {
 /// as the source being down.
 pub fn spawn(
     path: PathBuf,
+    text: TextTrust,
     sink: Arc<dyn EventSink>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
@@ -195,7 +300,7 @@ pub fn spawn(
         let mut backoff = Duration::from_millis(500);
         let mut pos = Position::default();
         while !cancel.is_cancelled() {
-            match follow(&path, &mut pos, &sink, &metrics, &cancel) {
+            match follow(&path, &mut pos, text, &sink, &metrics, &cancel) {
                 Ok(()) => backoff = Duration::from_millis(500),
                 Err(e) => {
                     metrics.count_error(SOURCE, e.kind());
@@ -219,6 +324,7 @@ fn call_err(path: &Path, e: std::io::Error) -> ProbeError {
 fn follow(
     path: &Path,
     pos: &mut Position,
+    text: TextTrust,
     sink: &Arc<dyn EventSink>,
     metrics: &Arc<Metrics>,
     cancel: &CancellationToken,
@@ -257,21 +363,27 @@ fn follow(
         }
         return Ok(());
     }
-    let mut h = LineHandler::new(sink.clone(), metrics.clone(), None);
+    let mut h = LineHandler::new(sink.clone(), metrics.clone(), None).trust_text(text);
     if ft.is_fifo() {
         let mut reader = BufReader::new(file);
         let mut line = Vec::new();
         while !cancel.is_cancelled() {
-            line.clear();
-            let n = reader
-                .read_until(b'\n', &mut line)
+            let (_, ended) = read_line(&mut reader, &mut line, &mut pos.discarding)
                 .map_err(|e| call_err(path, e))?;
-            if n == 0 {
+            match ended {
                 // The writer left; reopen and wait for the next one.
-                return Ok(());
+                Ended::Eof => return Ok(()),
+                Ended::TooLong => metrics.count_kmsg_line("too-long"),
+                // A last line without a newline is still a line (unless too long).
+                Ended::Partial if pos.discarding => {
+                    pos.discarding = false;
+                    metrics.count_kmsg_line("too-long");
+                    return Ok(());
+                }
+                Ended::Line | Ended::Partial => {
+                    h.line(String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r']))
+                }
             }
-            // A last line without a newline is still a line.
-            h.line(String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r']));
         }
         return Ok(());
     }
@@ -280,8 +392,14 @@ fn follow(
     let ino = meta.ino();
     let start = match pos.file {
         Some((i, off)) if i == ino && meta.len() >= off => off,
-        Some(_) => 0,
-        None => meta.len(),
+        Some(_) => {
+            pos.discarding = false;
+            0
+        }
+        None => {
+            pos.discarding = false;
+            meta.len()
+        }
     };
     file.seek(SeekFrom::Start(start))
         .map_err(|e| call_err(path, e))?;
@@ -290,21 +408,31 @@ fn follow(
     let mut reader = BufReader::new(file);
     let mut line = Vec::new();
     while !cancel.is_cancelled() {
-        line.clear();
-        let n = reader
-            .read_until(b'\n', &mut line)
+        let (n, ended) = read_line(&mut reader, &mut line, &mut pos.discarding)
             .map_err(|e| call_err(path, e))?;
-        if n > 0 && line.last() == Some(&b'\n') {
-            offset += n as u64;
-            pos.file = Some((ino, offset));
-            h.line(String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r']));
-            continue;
-        }
-        if n > 0 {
+        match ended {
+            Ended::Line | Ended::TooLong => {
+                offset += n as u64;
+                pos.file = Some((ino, offset));
+                if ended == Ended::Line {
+                    h.line(String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r']));
+                } else {
+                    metrics.count_kmsg_line("too-long");
+                }
+                continue;
+            }
+            // A long line still being written: what is there is discarded already.
+            Ended::Partial if pos.discarding => {
+                offset += n as u64;
+                pos.file = Some((ino, offset));
+            }
             // A line still being written: read it again once it is whole.
-            reader
-                .seek(SeekFrom::Start(offset))
-                .map_err(|e| call_err(path, e))?;
+            Ended::Partial => {
+                reader
+                    .seek(SeekFrom::Start(offset))
+                    .map_err(|e| call_err(path, e))?;
+            }
+            Ended::Eof => {}
         }
         std::thread::sleep(Duration::from_millis(50));
         match std::fs::metadata(path) {
@@ -365,6 +493,47 @@ mod tests {
         );
     }
 
+    /// Issue 26: a syslog line tagged `kernel:` can be logged by any process
+    /// (`logger -t kernel` as `nobody`, rsyslog 8): by default its fatal Xid counts as a
+    /// restart-app one (degraded at most), counted `capped`; a raw record of the kernel's
+    /// facility kept in the same log counts in full, and `--kmsg-trust-text` restores
+    /// the text's full weight.
+    #[test]
+    fn a_text_log_degrades_at_most_unless_trusted() {
+        #[derive(Default)]
+        struct Classes(Mutex<Vec<(u32, XidClass)>>);
+        impl EventSink for Classes {
+            fn register_stream(&self, _: &'static str) {}
+            fn event(&self, e: XidEvent) {
+                self.0.lock().unwrap().push((e.xid, e.class));
+            }
+            fn stream_up(&self, _: &'static str) {}
+            fn stream_down(&self, _: &'static str, _: &ProbeError) {}
+        }
+        let syslog = "Dec  2 10:00:00 node-7 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.";
+        let record = "4,5003,8123456791,-;NVRM: Xid (PCI:0000:3c:00): 48, pid=0, DBE";
+        let seen = |trust: TextTrust| {
+            let sink = Arc::new(Classes::default());
+            let metrics = Arc::new(Metrics::new());
+            let mut h = LineHandler::new(sink.clone(), metrics.clone(), None).trust_text(trust);
+            h.line(syslog);
+            h.line(record);
+            let classes = sink.0.lock().unwrap().clone();
+            (classes, metrics.encode())
+        };
+        let (classes, m) = seen(TextTrust::Degraded);
+        assert_eq!(
+            classes,
+            vec![(79, XidClass::RestartApp), (48, XidClass::Fatal)]
+        );
+        assert!(
+            m.contains("faultline_agent_kmsg_lines_total{result=\"capped\"} 1"),
+            "{m}"
+        );
+        let (classes, _) = seen(TextTrust::Full);
+        assert_eq!(classes, vec![(79, XidClass::Fatal), (48, XidClass::Fatal)]);
+    }
+
     #[test]
     fn a_missing_log_is_reported_down_then_up_once_it_appears() {
         let dir = tempfile::tempdir().unwrap();
@@ -373,6 +542,7 @@ mod tests {
         let cancel = CancellationToken::new();
         spawn(
             path.clone(),
+            TextTrust::Degraded,
             rec.clone(),
             Arc::new(Metrics::new()),
             cancel.clone(),
@@ -393,6 +563,135 @@ mod tests {
         wait_for("up kmsg");
         cancel.cancel();
         assert_eq!(rec.0.lock().unwrap()[0], "register kmsg");
+    }
+
+    /// Issue 26: a line longer than the parser reads is discarded as it is read, never
+    /// held whole, up to its newline; the line after it is read as usual, also when the
+    /// long one arrives in parts.
+    #[test]
+    fn a_long_line_is_discarded_as_it_is_read() {
+        use std::io::Read as _;
+        let xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n";
+        let long = std::io::repeat(b'x').take(50 << 20);
+        let mut r = BufReader::new(long.chain(xid.as_bytes()));
+        let (mut line, mut discarding) = (Vec::new(), false);
+        let (n, ended) = read_line(&mut r, &mut line, &mut discarding).unwrap();
+        assert_eq!((n, ended), ((50 << 20) + xid.len(), Ended::TooLong));
+        assert!(line.is_empty(), "x...x and the Xid are one line, too long");
+        assert!(!discarding);
+        let mut r = BufReader::new(
+            std::io::repeat(b'x')
+                .take(50 << 20)
+                .chain(&b"\n"[..])
+                .chain(xid.as_bytes()),
+        );
+        let (n, ended) = read_line(&mut r, &mut line, &mut discarding).unwrap();
+        assert_eq!((n, ended), ((50 << 20) + 1, Ended::TooLong));
+        assert!(
+            line.capacity() <= 2 * parser::MAX_LINE + 16 * 1024,
+            "held {}",
+            line.capacity()
+        );
+        assert_eq!(
+            read_line(&mut r, &mut line, &mut discarding).unwrap().1,
+            Ended::Line
+        );
+        assert_eq!(line, xid.as_bytes());
+        assert_eq!(
+            read_line(&mut r, &mut line, &mut discarding).unwrap().1,
+            Ended::Eof
+        );
+        // In parts: the part there, then its rest and the next line.
+        let first = vec![b'x'; 3 * parser::MAX_LINE];
+        let mut r = BufReader::new(&first[..]);
+        assert_eq!(
+            read_line(&mut r, &mut line, &mut discarding).unwrap().1,
+            Ended::Partial
+        );
+        assert!(discarding && line.is_empty());
+        let rest = format!("NVRM: Xid (PCI:0000:3b:00): 79, x\n{xid}");
+        let mut r = BufReader::new(rest.as_bytes());
+        assert_eq!(
+            read_line(&mut r, &mut line, &mut discarding).unwrap().1,
+            Ended::TooLong
+        );
+        assert_eq!(
+            read_line(&mut r, &mut line, &mut discarding).unwrap().1,
+            Ended::Line
+        );
+        assert_eq!(line, xid.as_bytes());
+        // A line of exactly the limit is a line.
+        let at_limit = format!("{}\n", "y".repeat(parser::MAX_LINE));
+        let mut r = BufReader::new(at_limit.as_bytes());
+        assert_eq!(
+            read_line(&mut r, &mut line, &mut discarding).unwrap().1,
+            Ended::Line
+        );
+    }
+
+    /// Issue 26: a followed log file with a long line still being written: the agent
+    /// discards it as it grows (counted `too-long`), and the Xid line after it is an
+    /// event; the long line's tail is not read as a line of its own.
+    #[test]
+    fn a_followed_file_discards_a_growing_long_line() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kern.log");
+        std::fs::write(&path, "").unwrap();
+        let rec = Arc::new(Recorder::default());
+        let metrics = Arc::new(Metrics::new());
+        let cancel = CancellationToken::new();
+        spawn(
+            path.clone(),
+            TextTrust::Full,
+            rec.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        );
+        let wait_for = |what: &str| {
+            let t = std::time::Instant::now();
+            while !rec.0.lock().unwrap().iter().any(|l| l == what) {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "no {what:?}: {:?}",
+                    rec.0
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        wait_for("up kmsg");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..8 {
+            f.write_all(&chunk).unwrap();
+            f.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(60));
+        }
+        // The long line's tail would be an Xid line of its own if read from its middle.
+        f.write_all(b" NVRM: Xid (PCI:0000:3c:00): 79, tail\n")
+            .unwrap();
+        f.write_all(b"NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n")
+            .unwrap();
+        f.flush().unwrap();
+        wait_for("xid 79 0000:3b:00.0 kmsg");
+        cancel.cancel();
+        let events: Vec<String> = rec
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("xid"))
+            .cloned()
+            .collect();
+        assert_eq!(events, vec!["xid 79 0000:3b:00.0 kmsg"]);
+        let m = metrics.encode();
+        assert!(
+            m.contains("faultline_agent_kmsg_lines_total{result=\"too-long\"} 1"),
+            "{m}"
+        );
     }
 
     #[test]

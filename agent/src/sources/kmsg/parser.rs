@@ -342,6 +342,13 @@ enum Frame<'a> {
     Continuation(&'a str),
 }
 
+/// Whether a line of a text log is a raw /dev/kmsg record of the kernel's facility
+/// (`prio,seq,usec,flags;message`), so that it carries its facility: a syslog line's
+/// `kernel:` tag does not (any process can log one, e.g. `logger -t kernel`).
+pub fn carries_facility(line: &str) -> bool {
+    matches!(frame(line), Frame::Record { .. })
+}
+
 fn frame(line: &str) -> Frame<'_> {
     if line.starts_with(char::is_whitespace) {
         return Frame::Continuation(line.trim_start());
