@@ -183,6 +183,7 @@ pub fn first_doc(i: usize) -> faultline_common::NodeHealth {
         .source("nvml", true)
         .npus((0..DEVICES as u32).map(|d| {
             faultline_common::testing::Device::nvml(d)
+                .uuid(&fleet::gpu_uuid(i, d))
                 .temperature(66.0)
                 .power(600.0)
                 .sample_age_ms(140)

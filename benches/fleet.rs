@@ -39,12 +39,22 @@ pub fn device(i: u32) -> DeviceHealth {
         .build()
 }
 
+/// The UUID of GPU `d` of node `i`: its own, as a real fleet's (no two nodes report
+/// one UUID; the aggregator flags and withholds a UUID that two nodes report).
+pub fn gpu_uuid(i: usize, d: u32) -> String {
+    format!("GPU-5157e000-0000-4000-8000-{i:08x}{d:04x}")
+}
+
 /// Node `i`'s first document: 8 healthy devices.
 pub fn node_health(i: usize) -> NodeHealth {
     testing::node(&node_name(i))
         .timestamp("")
         .agent_version("bench")
-        .npus((0..8).map(device))
+        .npus((0..8).map(|d| {
+            let mut dev = device(d);
+            dev.reading.uuid = Some(gpu_uuid(i, d));
+            dev
+        }))
         .build()
 }
 
