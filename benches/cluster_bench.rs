@@ -1575,13 +1575,8 @@ async fn run(cfg: Cfg, agg: String) -> Result<()> {
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--fleet") {
-        let n = |i: usize| -> Result<usize> {
-            args.get(i)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| anyhow!("usage: cluster-bench --fleet FIRST COUNT"))
-        };
-        return fleet_main(n(2)?, n(3)?);
+    if let Some((first, count)) = fleet::fleet_args(&args, "cluster-bench")? {
+        return fleet_main(first, count);
     }
     let Some(agg) = args.get(1).cloned() else {
         bail!("usage: cluster-bench PATH/TO/faultline-aggregator");

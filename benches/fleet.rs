@@ -45,6 +45,20 @@ pub fn gpu_uuid(i: usize, d: u32) -> String {
     format!("GPU-5157e000-0000-4000-8000-{i:08x}{d:04x}")
 }
 
+/// `BIN --fleet FIRST COUNT`: the part of the fleet a child process serves, when these
+/// are its arguments.
+pub fn fleet_args(args: &[String], bin: &str) -> anyhow::Result<Option<(usize, usize)>> {
+    if args.get(1).map(String::as_str) != Some("--fleet") {
+        return Ok(None);
+    }
+    let n = |i: usize| -> anyhow::Result<usize> {
+        args.get(i)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("usage: {bin} --fleet FIRST COUNT"))
+    };
+    Ok(Some((n(2)?, n(3)?)))
+}
+
 /// Node `i`'s first document: 8 healthy devices.
 pub fn node_health(i: usize) -> NodeHealth {
     testing::node(&node_name(i))

@@ -28,7 +28,7 @@ use std::io::{BufRead, Write};
 use std::process::{ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use faultline_common::fault::{page_name, page_of, shard_of, NodeFaults, ShardIndex};
 use faultline_common::DeviceStatus;
 use faultline_test_apiserver::ApiServer;
@@ -699,13 +699,8 @@ async fn scale_out(agg: &str, fleets: &mut Fleets, server: &ApiServer, kube: &st
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--fleet") {
-        let n = |i: usize| -> Result<usize> {
-            args.get(i)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| anyhow!("usage: scale-bench --fleet FIRST COUNT"))
-        };
-        return fleet_main(n(2)?, n(3)?);
+    if let Some((first, count)) = fleet_args(&args, "scale-bench")? {
+        return fleet_main(first, count);
     }
     let Some(agg) = args.get(1) else {
         bail!("usage: scale-bench PATH/TO/faultline-aggregator");

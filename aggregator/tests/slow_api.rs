@@ -50,6 +50,18 @@ fn replica(w: &World, name: &str) -> Launch {
         .set("--lease-retry", "2s")
 }
 
+/// r1 holds every shard's Lease, and every node is published healthy.
+async fn r1_holds_every_shard(server: &ApiServer) {
+    until(Duration::from_secs(30), "r1 holds every shard", || {
+        holders(server)
+            .iter()
+            .all(|h| h.as_deref() == Some("r1"))
+            .then_some(())
+    })
+    .await;
+    all_healthy(server).await;
+}
+
 async fn all_healthy(server: &ApiServer) {
     until(Duration::from_secs(40), "every node healthy", || {
         NODES
@@ -115,14 +127,7 @@ async fn a_hung_lease_call_stops_neither_the_other_renewals_nor_their_writes() {
     let w = world().await;
     let server = &w.server;
     let r1 = replica(&w, "r1").set("--kube-timeout", "4s").start().await;
-    until(Duration::from_secs(30), "r1 holds every shard", || {
-        holders(server)
-            .iter()
-            .all(|h| h.as_deref() == Some("r1"))
-            .then_some(())
-    })
-    .await;
-    all_healthy(server).await;
+    r1_holds_every_shard(server).await;
     // Shard 1's Lease calls hang for 60 s (the client gives up after 4 s).
     server.set_faults(Faults {
         latency_ms: 60_000,
@@ -174,21 +179,18 @@ async fn a_lapsed_hold_is_held_again_at_the_next_renewal_under_a_slow_api() {
         .set("--kube-timeout", "4s")
         .start()
         .await;
-    until(Duration::from_secs(30), "r1 holds every shard", || {
-        holders(server)
-            .iter()
-            .all(|h| h.as_deref() == Some("r1"))
-            .then_some(())
-    })
-    .await;
-    all_healthy(server).await;
+    r1_holds_every_shard(server).await;
     // Every Lease call hangs (the client gives up after 4 s) past the hold (15 s - 3 s).
     server.set_faults(Faults {
         latency_ms: 60_000,
         latency_match: "/leases/".into(),
         ..Default::default()
     });
-    tokio::time::sleep(Duration::from_secs(13)).await;
+    // Until r1 says it holds no shard (its hold ran out; the Leases still name it).
+    for shard in 0..SHARDS {
+        let lapsed = format!("faultline_aggregator_lease_held{{shard=\"{shard}\"}} 0");
+        metric_until(r1.addr, &lapsed, Duration::from_secs(30)).await;
+    }
     server.set_faults(Faults {
         latency_ms: 2_000,
         ..Default::default()

@@ -456,6 +456,17 @@ mod tests {
     #[derive(Default)]
     struct Recorder(Mutex<Vec<String>>);
 
+    impl Recorder {
+        /// Until `what` is reported (the follower runs on its own thread), `within` at most.
+        fn wait_for(&self, what: &str, within: Duration) {
+            let t = std::time::Instant::now();
+            while !self.0.lock().unwrap().iter().any(|l| l == what) {
+                assert!(t.elapsed() < within, "no {what:?}: {:?}", self.0);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
     impl EventSink for Recorder {
         fn register_stream(&self, source: &'static str) {
             self.0.lock().unwrap().push(format!("register {source}"));
@@ -547,17 +558,7 @@ mod tests {
             Arc::new(Metrics::new()),
             cancel.clone(),
         );
-        let wait_for = |what: &str| {
-            let t = std::time::Instant::now();
-            while !rec.0.lock().unwrap().iter().any(|l| l == what) {
-                assert!(
-                    t.elapsed() < Duration::from_secs(5),
-                    "no {what:?}: {:?}",
-                    rec.0
-                );
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        };
+        let wait_for = |what: &str| rec.wait_for(what, Duration::from_secs(5));
         wait_for("down kmsg init");
         std::fs::write(&path, "").unwrap();
         wait_for("up kmsg");
@@ -648,17 +649,7 @@ mod tests {
             metrics.clone(),
             cancel.clone(),
         );
-        let wait_for = |what: &str| {
-            let t = std::time::Instant::now();
-            while !rec.0.lock().unwrap().iter().any(|l| l == what) {
-                assert!(
-                    t.elapsed() < Duration::from_secs(10),
-                    "no {what:?}: {:?}",
-                    rec.0
-                );
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        };
+        let wait_for = |what: &str| rec.wait_for(what, Duration::from_secs(10));
         wait_for("up kmsg");
         let mut f = std::fs::OpenOptions::new()
             .append(true)
