@@ -1285,6 +1285,39 @@ async fn an_alert_for_a_device_nobody_reports_is_only_announced() {
         "nothing evicted"
     );
     assert_eq!(events_on(server, "n1", "FaultlineAlertUnattributed"), 1);
+    // A hundred more, each naming another device nobody reports (issue 26: each made an
+    // Event of its own): the one Event counts them.
+    let flood: Vec<String> = (0..100)
+        .map(|i| format!(r#"{{"node_name":"n1","gpu_uuid":"GPU-nobody-{i}","metric":"xid_error","value":"Xid 79","time":1}}"#))
+        .collect();
+    let (code, body) = call(
+        "POST",
+        &url,
+        Some("s3cret"),
+        format!("[{}]", flood.join(",")),
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    let counted = |server: &faultline_test_apiserver::ApiServer| {
+        server
+            .list("events", "default")
+            .iter()
+            .filter(|e| e["reason"] == "FaultlineAlertUnattributed")
+            .map(|e| e["count"].as_i64().unwrap_or(0))
+            .max()
+    };
+    until(
+        Duration::from_secs(10),
+        "the repeats counted on the Event",
+        || counted(server).filter(|c| *c >= 2).map(|_| ()),
+    )
+    .await;
+    assert_eq!(
+        events_on(server, "n1", "FaultlineAlertUnattributed"),
+        1,
+        "one Event"
+    );
+    assert_eq!(our_taints(server, "n1"), 0, "no taint on a guess");
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
     agg.wait().await;

@@ -122,13 +122,17 @@ async fn two_seconds_on_every_call_move_no_lease_and_a_fault_is_still_published(
     r2.cancel_token().cancel();
 }
 
+/// One shard's Lease calls hang, at the default `--kube-timeout` (15 s, longer than a
+/// hold of 15 s - 3 s): the other shards are held, renewed and written throughout. Each
+/// Lease call is given up after half a hold; before, the hung renewal held up the whole
+/// pass for the client's 15 s and every shard's hold ran out behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_lease_call_stops_neither_the_other_renewals_nor_their_writes() {
     let w = world().await;
     let server = &w.server;
-    let r1 = replica(&w, "r1").set("--kube-timeout", "4s").start().await;
+    let r1 = replica(&w, "r1").start().await;
     r1_holds_every_shard(server).await;
-    // Shard 1's Lease calls hang for 60 s (the client gives up after 4 s).
+    // Shard 1's Lease calls hang for 60 s (the client's own timeout is 15 s).
     server.set_faults(Faults {
         latency_ms: 60_000,
         latency_match: "/leases/faultline-shard-1".into(),
@@ -141,8 +145,24 @@ async fn a_hung_lease_call_stops_neither_the_other_renewals_nor_their_writes() {
     };
     let others: Vec<u32> = (0..SHARDS).filter(|s| *s != 1).collect();
     let first: Vec<_> = others.iter().map(|s| renewed(*s)).collect();
-    // Past the hold of shard 1 on r1's clock (15 s - 3 s margin).
-    tokio::time::sleep(Duration::from_secs(14)).await;
+    // Past the hold of shard 1 on r1's clock and the client's timeout (15 s), the other
+    // shards are held at every look.
+    let start = Instant::now();
+    let mut looks = 0;
+    while start.elapsed() < Duration::from_secs(17) {
+        let text = metrics(r1.addr).await;
+        for s in &others {
+            let held = format!("faultline_aggregator_lease_held{{shard=\"{s}\"}} 1");
+            assert!(
+                text.contains(&held),
+                "shard {s} not held {:?} into shard 1's hung Lease calls",
+                start.elapsed()
+            );
+        }
+        looks += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(looks > 50, "the metrics were read {looks} times");
     for (s, was) in others.iter().zip(&first) {
         assert_ne!(&renewed(*s), was, "shard {s}'s Lease renewed meanwhile");
         assert_eq!(holder(server, *s).as_deref(), Some("r1"));

@@ -108,6 +108,11 @@ impl UnknownGuard {
 /// Nodes not followed by this replica with verdicts waiting at once, at most.
 const MAX_UNFOLLOWED: usize = 64;
 
+/// Devices of one node with verdicts waiting, at most (as many as a node may report,
+/// `pipeline::MAX_DEVICES_PER_NODE`): alerts naming ever new devices of one node are
+/// dropped and counted past that, not kept (issue 26).
+const MAX_PENDING_DEVICES: usize = crate::pipeline::MAX_DEVICES_PER_NODE;
+
 impl Dispatch {
     /// A dispatcher; passes report to the receiver returned with it.
     pub fn new(
@@ -158,10 +163,14 @@ impl Dispatch {
             .pending
             .entry(v.node.clone())
             .or_insert_with(|| (Instant::now(), Vec::new()));
-        *at = Instant::now();
         if !list.iter().any(|d| d.is(&v.device.id)) {
+            if list.len() >= MAX_PENDING_DEVICES {
+                self.metrics.intake_alert("node-devices-overflow");
+                return;
+            }
             list.push(v.device);
         }
+        *at = Instant::now();
         self.remediate(pipeline, vec![v.node]);
     }
 

@@ -18,6 +18,7 @@ use faultline_common::DeviceStatus;
 use crate::metrics::Metrics;
 
 mod node;
+pub use node::MAX_DEVICES_PER_NODE;
 mod uuids;
 mod views;
 
@@ -490,6 +491,28 @@ impl Pipeline {
         change
     }
 
+    /// Drop the devices `keep` refuses, logged and counted; whether any went.
+    fn forget(
+        devices: &mut BTreeMap<String, Device>,
+        name: &str,
+        metrics: &Metrics,
+        mut keep: impl FnMut(&str, &Device) -> bool,
+    ) -> bool {
+        let before = devices.len();
+        devices.retain(|id, dev| {
+            let kept = keep(id, dev);
+            if !kept {
+                tracing::info!(node = name, device = %id, "device not reported for the forget time: forgotten");
+            }
+            kept
+        });
+        let gone = before - devices.len();
+        if gone > 0 {
+            metrics.devices_forgotten(gone);
+        }
+        gone > 0
+    }
+
     /// Judge one node: each device's windows observe its entry of the document (or its
     /// absence) and the state machine steps. Never called for a quiet node whose
     /// document was dropped: the tick records its clean samples instead.
@@ -541,21 +564,22 @@ impl Pipeline {
                 }
             }
             // A device the reachable agent has not reported for the forget time has
-            // left the node: dropped, never unknown. (While the agent is unreachable
-            // nothing is forgotten: that blindness is what the unknown guard is for.)
-            let before = devices.len();
-            devices.retain(|id, dev| {
-                let keep = now_ms.saturating_sub(dev.reported_ms) < forget;
-                if !keep {
-                    tracing::info!(node = name, device = %id, "device not reported for the forget time: forgotten");
-                }
-                keep
+            // left the node: dropped, never unknown.
+            forgotten = Self::forget(devices, name, metrics, |_, dev| {
+                now_ms.saturating_sub(dev.reported_ms) < forget
             });
-            if devices.len() != before {
-                metrics.devices_forgotten(before - devices.len());
-                *changed_ms = now_ms;
-                forgotten = true;
-            }
+        } else if !reach.reachable && devices.len() > last.len() {
+            // While the agent is unreachable, the devices of its last document stay:
+            // their being unknown is what the unknown guard is for. One that document
+            // did not list either (a device that had left already, or an id an agent
+            // churned through) goes after the forget time all the same (issue 26:
+            // churned ids were kept for as long as their agent stayed away).
+            forgotten = Self::forget(devices, name, metrics, |id, dev| {
+                now_ms.saturating_sub(dev.reported_ms) < forget || last.iter().any(|l| *l.id == *id)
+            });
+        }
+        if forgotten {
+            *changed_ms = now_ms;
         }
         let mut change = Change::default();
         if forgotten {

@@ -250,6 +250,52 @@ fn devices_no_longer_reported_are_forgotten() {
     assert!(p.device_state("n1", "gpu0").is_some());
 }
 
+/// Issue 26, finding 2: ids an agent churned through before it went away are forgotten
+/// after the forget time while it stays unreachable; the devices of its last document
+/// stay (unknown, for the unknown guard), however long.
+#[test]
+fn churned_ids_of_an_unreachable_agent_are_forgotten_its_last_devices_stay() {
+    let mut p = pipeline().with_device_forget(std::time::Duration::from_secs(60));
+    // Each document names two devices under ids never seen before, then the last
+    // document names gpu0 and gpu1.
+    for i in 0..4 {
+        let (a, b) = (format!("churn{i}a"), format!("churn{i}b"));
+        p.on_document(
+            doc("n1", vec![dev(&a, 40.0, None), dev(&b, 40.0, None)]),
+            1_000 + i * 1_000,
+        );
+    }
+    p.on_document(
+        doc("n1", vec![dev("gpu0", 40.0, None), dev("gpu1", 40.0, None)]),
+        10_000,
+    );
+    p.on_unreachable("n1", "down", 11_000);
+    p.tick(12_000);
+    assert!(
+        p.device_state("n1", "churn0a").is_some(),
+        "kept within the forget time"
+    );
+    p.tick(66_000);
+    for i in 0..4 {
+        assert!(
+            p.device_state("n1", &format!("churn{i}a")).is_none(),
+            "churn{i}a forgotten"
+        );
+        assert!(
+            p.device_state("n1", &format!("churn{i}b")).is_none(),
+            "churn{i}b forgotten"
+        );
+    }
+    p.tick(66_000 + 3_600_000);
+    for id in ["gpu0", "gpu1"] {
+        assert_eq!(
+            p.device_state("n1", id).map(|s| s.status),
+            Some(DeviceStatus::Unknown),
+            "{id} of the last document stays, unknown"
+        );
+    }
+}
+
 #[test]
 fn a_device_missing_from_the_document_is_not_a_fault() {
     let mut p = pipeline();

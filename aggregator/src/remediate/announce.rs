@@ -6,8 +6,14 @@
 //! repeats (after an error, a timeout or a leader change) meets a 409 and announces
 //! nothing twice. Announcing is best effort: a failing Events API is logged and
 //! counted, never stops a pass.
+//!
+//! What can repeat without bound (alerts naming devices nobody reports, issue 26) is
+//! one Event per node and reason whose `count` and `lastTimestamp` are patched, at most
+//! once a minute, as client-go aggregates similar Events
+//! (staging/src/k8s.io/client-go/tools/record/events_cache.go, `eventObserve`: a repeat
+//! patches the existing Event's count instead of creating another).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,7 +23,7 @@ use faultline_common::time::now_rfc3339;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use super::record::describe;
 use crate::metrics::{Action, ActionResult, Metrics};
@@ -26,6 +32,18 @@ use crate::notify::{Notification, Notifier, Severity};
 
 /// Announcements known to be recorded at most (then the set starts over).
 const ANNOUNCED_MAX: usize = 10_000;
+
+/// An aggregated Event's count is written at most this often.
+const REPEAT_WRITE_MS: u64 = 60_000;
+
+/// How often an aggregated Event repeated, and what its object says so far.
+#[derive(Debug, Clone, Copy)]
+struct Repeat {
+    /// Occurrences counted (the Event's first included).
+    count: i32,
+    /// When its count was last written (ms since the epoch).
+    written_ms: u64,
+}
 
 /// Events, audit lines, notifications and the metrics of actions.
 pub struct Announcer {
@@ -36,6 +54,8 @@ pub struct Announcer {
     metrics: Option<Arc<Metrics>>,
     /// Names of the Events known to be recorded (not sent again); owned here.
     announced: Mutex<HashSet<String>>,
+    /// Aggregated Events by name (at most [`ANNOUNCED_MAX`]); owned here.
+    repeats: Mutex<HashMap<String, Repeat>>,
 }
 
 /// One structured audit line per action (target `faultline::audit`): the action, the
@@ -59,6 +79,7 @@ impl Announcer {
             notifier: None,
             metrics: None,
             announced: Default::default(),
+            repeats: Default::default(),
         }
     }
 
@@ -92,6 +113,83 @@ impl Announcer {
         self.metrics.as_ref()
     }
 
+    /// The name of the Node Event for `reason` and `key`.
+    fn event_name(node: &str, reason: &str, key: &str) -> String {
+        format!(
+            "{node}.faultline.{:016x}",
+            fnv1a64(format!("{reason}\0{key}").as_bytes())
+        )
+    }
+
+    /// Announce something that may repeat without bound: one Event per node and
+    /// `reason` (and one notification), whose count, last time and message a repeat
+    /// updates, at most once a minute. Whether this call created the Event.
+    pub async fn repeated_event(
+        &self,
+        node: &str,
+        reason: &str,
+        message: String,
+        warning: bool,
+        devices: &[RecordDevice],
+    ) -> bool {
+        let name = Self::event_name(node, reason, "repeated");
+        if !self.known(&name) {
+            let created = self
+                .event(node, reason, "repeated", message, warning, devices)
+                .await;
+            if self.known(&name) {
+                // The first repeat is written at once (the Event then says it repeats),
+                // the later ones at most once a minute.
+                self.repeats.locked().insert(
+                    name,
+                    Repeat {
+                        count: 1,
+                        written_ms: 0,
+                    },
+                );
+            }
+            return created;
+        }
+        let now = faultline_common::time::now_ms();
+        let due = {
+            let mut repeats = self.repeats.locked();
+            if repeats.len() >= ANNOUNCED_MAX && !repeats.contains_key(&name) {
+                repeats.clear();
+            }
+            // Recorded by another replica (or before the map started over): counted
+            // from here.
+            let r = repeats.entry(name.clone()).or_insert(Repeat {
+                count: 1,
+                written_ms: 0,
+            });
+            r.count = r.count.saturating_add(1);
+            (now.saturating_sub(r.written_ms) >= REPEAT_WRITE_MS).then(|| {
+                r.written_ms = now;
+                r.count
+            })
+        };
+        let Some(count) = due else {
+            return false;
+        };
+        let patch = serde_json::json!({
+            "count": count,
+            "lastTimestamp": Time(Timestamp::now()),
+            "message": message,
+        });
+        match self
+            .events
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => tracing::debug!(node, reason, count, "aggregated Event counted"),
+            Err(e) => {
+                self.metric(Action::Event, ActionResult::Error);
+                tracing::warn!(node, reason, error = %e, "cannot count the repeat on the Event; a later repeat tries again");
+            }
+        }
+        false
+    }
+
     /// Announce on the Node: one Event (and one notification) per `key`. Whether this
     /// call created it.
     pub async fn event(
@@ -103,10 +201,7 @@ impl Announcer {
         warning: bool,
         devices: &[RecordDevice],
     ) -> bool {
-        let name = format!(
-            "{node}.faultline.{:016x}",
-            fnv1a64(format!("{reason}\0{key}").as_bytes())
-        );
+        let name = Self::event_name(node, reason, key);
         if self.known(&name) {
             return false;
         }

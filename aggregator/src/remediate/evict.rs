@@ -247,13 +247,14 @@ impl Remediator {
         self.announce
             .metric(Action::Alert, ActionResult::Unattributed);
         tracing::warn!(node, device = %device.id, reason = %device.reason, "alert names a device no agent or pod of the node reports: announced, not acted on");
+        // One Event per node, counting the repeats (issue 26: every alert naming a new
+        // device made an Event of its own).
         self.announce
-            .event(
+            .repeated_event(
                 node,
                 "FaultlineAlertUnattributed",
-                &format!("{}/{}", device.id, device.reason),
                 format!(
-                    "{} on {node} ({}) is not a device its agent or the kubelet reports: not acted on",
+                    "alerts name devices that neither the agent nor the kubelet of {node} reports: not acted on (latest: {} ({}))",
                     device.id, device.reason
                 ),
                 true,

@@ -28,29 +28,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::held::Held;
 use super::plan::{plan, Listing, Observer, PlanInput, Record, ShardView};
+use super::timing::bounded;
+pub use super::timing::LeaseConfig;
 use crate::metrics::Metrics;
 use crate::model::{FinalWrite, Takeover};
-
-/// Lease timing.
-#[derive(Debug, Clone, Copy)]
-pub struct LeaseConfig {
-    /// How long a lease lasts without renewal.
-    pub duration: Duration,
-    /// How often holders renew and others look.
-    pub retry: Duration,
-    /// Stop writing this long before the lease would run out.
-    pub margin: Duration,
-}
-
-impl Default for LeaseConfig {
-    fn default() -> Self {
-        LeaseConfig {
-            duration: Duration::from_secs(15),
-            retry: Duration::from_secs(2),
-            margin: Duration::from_secs(3),
-        }
-    }
-}
 
 /// How a shard's Lease came to be renewed by a pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +154,15 @@ impl ShardLeases {
     pub async fn pass(&mut self) {
         // Side by side (issue 25: under a slow API server, every call in sequence made
         // a pass as long as their sum, and the renewals came later than the holds last).
-        let (_, listed) = tokio::join!(self.renew_member(), self.list());
+        // Each call bounded by half a hold: one that hangs holds up no pass past that.
+        let deadline = self.cfg.call_deadline();
+        let (member, listed) = tokio::join!(
+            bounded(deadline, "member lease", self.renew_member()),
+            bounded(deadline, "lease list", self.list())
+        );
+        if let Err(e) = member {
+            tracing::warn!(error = %e, "member lease renewal failed");
+        }
         let (listing, mut leases) = match listed {
             Ok(l) => l,
             Err(e) => {
@@ -237,7 +226,8 @@ impl ShardLeases {
             .iter()
             .filter_map(|shard| {
                 let lease = leases.remove(shard)?;
-                Some(async move { (*shard, this.renew(*shard, lease).await) })
+                let renewal = bounded(deadline, "lease renewal", this.renew(*shard, lease));
+                Some(async move { (*shard, renewal.await) })
             })
             .collect();
         let renewed = futures_util::future::join_all(renewals).await;
@@ -268,8 +258,8 @@ impl ShardLeases {
             let started = Instant::now();
             self.observer.forget_shard(shard);
             let r = match leases.remove(&shard) {
-                Some(l) => self.renew(shard, l).await,
-                None => self.create(shard).await,
+                Some(l) => bounded(deadline, "lease take", self.renew(shard, l)).await,
+                None => bounded(deadline, "lease create", self.create(shard)).await,
             };
             if matches!(r, Ok(true)) {
                 taken += 1;
@@ -285,9 +275,9 @@ impl ShardLeases {
     }
 
     /// Renew our member Lease (fair sharing only).
-    async fn renew_member(&self) {
+    async fn renew_member(&self) -> Result<(), kube::Error> {
         if self.share.is_none() {
-            return;
+            return Ok(());
         }
         let lname = format!("{}-member-{}", self.name, self.me);
         let spec = LeaseSpec {
@@ -329,9 +319,7 @@ impl ShardLeases {
             }
             Err(e) => Err(e),
         };
-        if let Err(e) = r {
-            tracing::warn!(error = %e, "member lease renewal failed");
-        }
+        r
     }
 
     /// This aggregator's Leases in one list (by [`AGGREGATOR_LABEL`], from the API
@@ -373,7 +361,8 @@ impl ShardLeases {
     /// its last renewal (the loop wakes at each expiry). Whether another replica let a
     /// shard go (released) or left (its member Lease deleted) since: pass at once.
     async fn observe(&mut self) -> bool {
-        match self.list().await {
+        let deadline = self.cfg.call_deadline();
+        match bounded(deadline, "lease list", self.list()).await {
             Ok((listing, _)) => {
                 let listing = if self.share.is_some() {
                     listing
@@ -617,11 +606,9 @@ impl ShardLeases {
             spec.renew_time = None;
         }
         let lname = lease_name(&self.name, shard);
-        match self
-            .api
-            .replace(&lname, &PostParams::default(), &lease)
-            .await
-        {
+        let pp = PostParams::default();
+        let release = self.api.replace(&lname, &pp, &lease);
+        match bounded(self.cfg.call_deadline(), "lease hand-back", release).await {
             Ok(_) => tracing::info!(shard, "shard handed back to even out the shares"),
             Err(e) => {
                 tracing::warn!(shard, error = %e, "handing the shard back failed; the next pass finds it ours again")

@@ -1,0 +1,51 @@
+//! Lease timing, and the bound on each Lease call that keeps one hung call from
+//! holding up a pass past the holds (issue 25).
+
+use std::time::Duration;
+
+/// Lease timing.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseConfig {
+    /// How long a lease lasts without renewal.
+    pub duration: Duration,
+    /// How often holders renew and others look.
+    pub retry: Duration,
+    /// Stop writing this long before the lease would run out.
+    pub margin: Duration,
+}
+
+impl LeaseConfig {
+    /// The longest one Lease call may take before this loop gives up on it: half of what
+    /// a hold lasts (`duration - margin`), whatever the client's own timeout. One call
+    /// that hangs past the hold (`--kube-timeout` is 15 s by default, a hold 12 s) held
+    /// up the whole pass, and every shard's hold ran out behind it (issue 25); given up
+    /// at half the hold, the next pass renews the others in time.
+    pub fn call_deadline(&self) -> Duration {
+        (self.duration.saturating_sub(self.margin) / 2).max(Duration::from_millis(100))
+    }
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            duration: Duration::from_secs(15),
+            retry: Duration::from_secs(2),
+            margin: Duration::from_secs(3),
+        }
+    }
+}
+
+/// `call`, given up after `deadline` as a client error (never a 409: a call that got no
+/// answer neither keeps nor loses a shard; the hold runs out on this replica's clock).
+pub(super) async fn bounded<T>(
+    deadline: Duration,
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match tokio::time::timeout(deadline, call).await {
+        Ok(r) => r,
+        Err(_) => Err(kube::Error::Service(
+            format!("{what}: no answer within {deadline:?} (half a hold); given up").into(),
+        )),
+    }
+}
