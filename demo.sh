@@ -118,7 +118,7 @@ started "$WORK/aggregator.log"
 # way kubelet lays out a mounted ConfigMap, for a local consumer.
 OUT="$WORK/config"
 target/release/faultline-aggregator --sink file --out "$OUT" \
-  --agents "$(IFS=,; echo "${AGENTS[*]}")" --listen "127.0.0.1:$((BASE + 11))" --replica demo-file \
+  --agents "$(IFS=,; echo "${NAMED[*]}")" --listen "127.0.0.1:$((BASE + 11))" --replica demo-file \
   >"$WORK/aggregator-file.log" 2>&1 &
 started "$WORK/aggregator-file.log"
 

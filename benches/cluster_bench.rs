@@ -738,6 +738,9 @@ struct Run<'a> {
     leases: Arc<Mutex<LeaseWatch>>,
     doc: Arc<Vec<u8>>,
     rng: rand::rngs::StdRng,
+    /// When the injected latency changed (ms since the epoch, latency in ms), to tell a
+    /// slow answer from the latency in force.
+    latencies: Mutex<Vec<(u64, u64)>>,
     /// Nodes not faulted yet.
     fresh: Vec<usize>,
     fleet_started: Instant,
@@ -746,6 +749,7 @@ struct Run<'a> {
 impl Run<'_> {
     fn latency(&self, ms: u64) {
         self.server.set_faults(api_faults(ms));
+        self.latencies.lock().unwrap().push((now_us() / 1000, ms));
     }
 
     async fn window(&mut self, label: String, latency_ms: u64) -> Result<Window> {
@@ -1145,6 +1149,52 @@ struct Report {
     names: Vec<String>,
     /// Shard ConfigMap updates in each minute since the replicas started.
     cm_updates_by_minute: Vec<usize>,
+    /// API calls answered a second or more past the latency in force, and the calls.
+    slow_calls: (usize, usize, Vec<String>),
+    /// When the latency changed: seconds since the replicas started, latency in ms.
+    latency_changes: Vec<(f64, u64)>,
+}
+
+/// The API calls the test server answered a second or more later than the latency
+/// injected when they arrived (its own time, or a wait for its lock): how many, of how
+/// many, and the slowest ten (seconds since the replicas started, method, path, ms).
+fn slow_calls(
+    calls: &[faultline_test_apiserver::Call],
+    latencies: &[(u64, u64)],
+    started_ms: u64,
+) -> (usize, usize, Vec<String>) {
+    let in_force = |at: u64| {
+        latencies
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= at)
+            .map_or(0, |(_, l)| *l)
+    };
+    let mut slow: Vec<(u64, &faultline_test_apiserver::Call)> = calls
+        .iter()
+        .filter(|c| c.received_ms >= started_ms && !c.uri.contains("watch=true"))
+        .filter_map(|c| {
+            let took = c.at_ms.saturating_sub(c.received_ms);
+            let over = took.saturating_sub(in_force(c.received_ms));
+            (over >= 1000).then_some((took, c))
+        })
+        .collect();
+    let total = calls.iter().filter(|c| c.received_ms >= started_ms).count();
+    let n = slow.len();
+    slow.sort_by_key(|s| std::cmp::Reverse(s.0));
+    let top = slow
+        .iter()
+        .take(10)
+        .map(|(took, c)| {
+            let path = c.uri.split('?').next().unwrap_or(&c.uri);
+            format!(
+                "+{:.1} s {} {path} {took} ms",
+                c.received_ms.saturating_sub(started_ms) as f64 / 1e3,
+                c.method
+            )
+        })
+        .collect();
+    (n, total, top)
 }
 
 fn print_window(r: &Report, w: &Window, out: &mut Vec<String>) {
@@ -1319,6 +1369,20 @@ impl Report {
         o.push(format!(
             "shard ConfigMap updates in each minute since the replicas started: {:?}",
             self.cm_updates_by_minute
+        ));
+        let (n, total, top) = &self.slow_calls;
+        o.push(format!(
+            "API calls answered 1 s or more past the latency in force: {n} of {total} (latency set at {}){}",
+            self.latency_changes
+                .iter()
+                .map(|(t, l)| format!("+{t:.0} s: {l} ms"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if top.is_empty() {
+                String::new()
+            } else {
+                format!("; slowest: {}", top.join(", "))
+            }
         ));
         o.push(format!(
             "replica logs: {}",
@@ -1504,6 +1568,7 @@ async fn run(cfg: Cfg, agg: String) -> Result<()> {
         leases,
         doc: Arc::new(serde_json::to_vec(&cluster_fleet::first_doc(0))?),
         rng: rand::rngs::StdRng::seed_from_u64(7),
+        latencies: Mutex::new(vec![(0, 0)]),
         fresh: (0..cfg.nodes).collect(),
         fleet_started,
     };
@@ -1540,7 +1605,18 @@ async fn run(cfg: Cfg, agg: String) -> Result<()> {
             by_minute[((c.received_ms - started_ms) / 60_000) as usize] += 1;
         }
     }
+    let slow_calls = slow_calls(&server.calls(), &run.latencies.lock().unwrap(), started_ms);
+    let latency_changes = run
+        .latencies
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, _)| *t >= started_ms)
+        .map(|(t, l)| ((t - started_ms) as f64 / 1e3, *l))
+        .collect();
     let report = Report {
+        slow_calls,
+        latency_changes,
         cm_updates_by_minute: by_minute,
         machine: machine(),
         commit: commit(),

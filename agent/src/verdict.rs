@@ -295,6 +295,7 @@ impl Verdicts {
             npus,
             readings_at: None,
             verdict: None,
+            trimmed: None,
         }
     }
 }

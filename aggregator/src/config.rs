@@ -127,7 +127,8 @@ pub struct Args {
 pub struct AgentArgs {
     /// Agents to follow, comma separated: `NODE=URL` (gpu-7=http://10.0.0.7:8081). A bare
     /// URL takes its node from the agent's first answer: the agent says whom it speaks
-    /// for, so it is refused with --remediation enforce.
+    /// for, so it is refused with --remediation enforce, and may name no node listed
+    /// with its address.
     #[arg(long, env = "FAULTLINE_AGENTS", default_value = "")]
     pub agents: String,
     /// A file listing agents' base URLs, one per line (`#` comments), for lists too long

@@ -107,6 +107,12 @@ pub struct NodeFaults {
     /// fresh. Absent in the cluster view.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verdict: Option<VerdictSource>,
+    /// Devices left out of `npus` (the healthy ones first) so that the ConfigMap page
+    /// holding this entry stays within the API's size limit; `summary` still counts
+    /// them. Absent when every device is listed (issue 26: one node's entry never stops
+    /// its page's other nodes from being published).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trimmed: Option<u32>,
 }
 
 /// Where a node's own `fault.json` got its statuses, and whether they can still be
@@ -384,6 +390,7 @@ mod tests {
             summary: FaultSummary::of(&[DeviceStatus::Failed]),
             readings_at: None,
             verdict: None,
+            trimmed: None,
         };
         let v = serde_json::to_value(&n).unwrap();
         assert_eq!(v["node"], "atlas900-node-042");

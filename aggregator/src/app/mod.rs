@@ -165,6 +165,16 @@ fn follow_agents(
         return Ok(rx);
     }
     let mut followers = followers;
+    // The nodes named with their address are theirs; a bare URL's agent may name only
+    // another (issue 26, finding 5).
+    let claims = collect::Claims::default();
+    for a in &cfg.agents {
+        if let Some(node) = &a.node {
+            if let Err(by) = claims.claim(node, &a.url) {
+                anyhow::bail!("--agents: node {node} is listed at {by} and at {}", a.url);
+            }
+        }
+    }
     for a in &cfg.agents {
         match &a.node {
             Some(node) => followers.add_static(node.clone(), a.url.clone()),
@@ -172,9 +182,9 @@ fn follow_agents(
                 if deliveries.is_some() {
                     tracing::warn!(url = %a.url, "an agent listed by URL alone gets no deliveries: name its node (NODE=URL)");
                 }
-                tokio::spawn(collect::follow(
+                tokio::spawn(collect::follow_unnamed(
                     a.url.clone(),
-                    None,
+                    claims.clone(),
                     client,
                     tx.clone(),
                     metrics.clone(),

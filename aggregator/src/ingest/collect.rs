@@ -112,6 +112,37 @@ pub enum FetchError {
         /// The node the document names.
         got: String,
     },
+    /// An agent followed by URL alone names a node that another address serves.
+    #[error("the document is for node {node:?}, which the agent at {by} serves; refused")]
+    Claimed {
+        /// The node the document names.
+        node: String,
+        /// Where that node's agent is followed.
+        by: String,
+    },
+}
+
+/// Which address serves which node, for the agents followed by URL alone (issue 26,
+/// finding 5: a bare `--agents URL` whose agent named node-b got node-b quarantined
+/// though `node-b=URL` was listed too). The nodes named in `--agents NODE=URL` are
+/// claimed from the start; a bare URL's first document claims its node if nobody has.
+#[derive(Clone, Default)]
+pub struct Claims(Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>);
+
+impl Claims {
+    /// `node` served at `url` (the first claim stands).
+    pub fn claim(&self, node: &str, url: &str) -> Result<(), String> {
+        use faultline_common::sync::Locked;
+        let mut m = self.0.locked();
+        match m.get(node) {
+            Some(by) if by != url => Err(by.clone()),
+            Some(_) => Ok(()),
+            None => {
+                m.insert(node.to_string(), url.to_string());
+                Ok(())
+            }
+        }
+    }
 }
 
 impl FetchError {
@@ -125,7 +156,7 @@ impl FetchError {
             FetchError::Status { .. } => "status",
             FetchError::Parse(_) => "parse",
             FetchError::Invalid(_) => "invalid",
-            FetchError::Identity { .. } => "identity",
+            FetchError::Identity { .. } | FetchError::Claimed { .. } => "identity",
         }
     }
 }
@@ -174,6 +205,8 @@ struct Following<'a> {
     node: Option<String>,
     /// The same, shared with the raw documents sent to the core.
     pinned: Option<Arc<str>>,
+    /// For an agent followed by URL alone: the nodes others serve, and this address.
+    claims: Option<(Claims, &'a str)>,
     /// The last generation received.
     generation: Option<u64>,
     tx: &'a mpsc::Sender<AgentEvent>,
@@ -195,6 +228,14 @@ impl Following<'_> {
             };
             (doc.node.into_owned(), doc.generation)
         };
+        if self.node.is_none() {
+            if let Some((claims, url)) = &self.claims {
+                claims.claim(&node, url).map_err(|by| FetchError::Claimed {
+                    node: node.clone(),
+                    by,
+                })?;
+            }
+        }
         let pinned = match &self.pinned {
             Some(p) if **p == *node => p.clone(),
             _ => Arc::from(node.as_str()),
@@ -290,7 +331,10 @@ impl Following<'_> {
     async fn failed(&mut self, base: &str, error: FetchError) -> bool {
         self.metrics.agent_poll("error");
         self.metrics.agent_poll_error(error.metric_label());
-        let refused = matches!(error, FetchError::Identity { .. } | FetchError::Invalid(_));
+        let refused = matches!(
+            error,
+            FetchError::Identity { .. } | FetchError::Claimed { .. } | FetchError::Invalid(_)
+        );
         let error = error.to_string();
         self.generation = None;
         if refused {
@@ -370,9 +414,35 @@ pub async fn follow(
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
+    follow_claimed(base, node, None, client, tx, metrics, cancel).await
+}
+
+/// [`follow`], for an agent followed by URL alone: its first document may name only a
+/// node no other address serves (`claims`), else it is refused and counted.
+pub async fn follow_unnamed(
+    base: String,
+    claims: Claims,
+    client: AgentClient,
+    tx: mpsc::Sender<AgentEvent>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    follow_claimed(base, None, Some(claims), client, tx, metrics, cancel).await
+}
+
+async fn follow_claimed(
+    base: String,
+    node: Option<String>,
+    claims: Option<Claims>,
+    client: AgentClient,
+    tx: mpsc::Sender<AgentEvent>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
     let mut f = Following {
         node,
         pinned: None,
+        claims: claims.map(|c| (c, base.as_str())),
         generation: None,
         tx: &tx,
         metrics: &metrics,
@@ -511,6 +581,54 @@ mod tests {
         assert!(metrics
             .encode()
             .contains(r#"agent_poll_errors_total{kind="identity"} 1"#));
+        cancel.cancel();
+    }
+
+    /// Issue 26, finding 5: an agent followed by URL alone may not name a node that
+    /// another address serves; its documents are refused and counted, none reaches the
+    /// core. One naming a node nobody serves is followed as before.
+    #[tokio::test]
+    async fn a_bare_url_cannot_take_a_node_another_address_serves() {
+        let claims = Claims::default();
+        claims.claim("node-b", "http://10.0.0.2:8081").unwrap();
+        let hostile = agent(Arc::new(Mutex::new("node-b".into()))).await;
+        let honest = agent(Arc::new(Mutex::new("node-c".into()))).await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let metrics = Arc::new(Metrics::new());
+        let cancel = CancellationToken::new();
+        tokio::spawn(follow_unnamed(
+            hostile,
+            claims.clone(),
+            client(),
+            tx.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        ));
+        let needle = r#"agent_poll_errors_total{kind="identity"}"#;
+        let start = std::time::Instant::now();
+        while !metrics.encode().contains(needle) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no refusal counted"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::spawn(follow_unnamed(
+            honest,
+            claims.clone(),
+            client(),
+            tx,
+            metrics.clone(),
+            cancel.clone(),
+        ));
+        match next(&mut rx).await {
+            AgentEvent::Raw { node, .. } => assert_eq!(&*node, "node-c", "only node-c's"),
+            other => panic!("expected node-c's document, got {other:?}"),
+        }
+        assert_eq!(
+            claims.claim("node-b", "http://elsewhere:1"),
+            Err("http://10.0.0.2:8081".to_string())
+        );
         cancel.cancel();
     }
 

@@ -37,6 +37,7 @@ pub struct Metrics {
     writes_superseded: Family<ShardLabel, Counter>,
     write_conflicts: Family<SinkLabels, Counter>,
     invalid_keys: Counter,
+    entries_trimmed: Counter,
     pages_unchanged: Counter,
     lease_held: Family<ShardLabel, Gauge>,
     lease_errors: Counter,
@@ -73,6 +74,55 @@ impl Default for Metrics {
     }
 }
 
+/// Register the plain counters.
+fn register_counters(registry: &mut Registry, m: &Metrics) {
+    // The plain counters.
+    for (name, help, counter) in [
+        (
+            "lease_errors",
+            "Lease requests that failed",
+            &m.lease_errors,
+        ),
+        (
+            "invalid_keys",
+            "Node entries left out of a shard ConfigMap: their name is not a valid key",
+            &m.invalid_keys,
+        ),
+        (
+            "entries_trimmed",
+            "Node entries trimmed (healthy devices, then all, left out) so their ConfigMap page fits the API's limit",
+            &m.entries_trimmed,
+        ),
+        (
+            "configmap_pages_unchanged",
+            "Shard ConfigMap pages not written: their content is what this replica last wrote",
+            &m.pages_unchanged,
+        ),
+        (
+            "discovery_errors",
+            "Node list requests that failed",
+            &m.discovery_errors,
+        ),
+        (
+            "devices_forgotten",
+            "Devices dropped after their reachable agent stopped reporting them for --device-forget",
+            &m.devices_forgotten,
+        ),
+        (
+            "duplicate_uuids",
+            "GPU UUIDs a node reported that another node reported first: withheld from its entry and records",
+            &m.duplicate_uuids,
+        ),
+        (
+            "nodes_refused",
+            "New nodes not followed: the pipeline follows its maximum (50,000)",
+            &m.nodes_refused,
+        ),
+    ] {
+        registry.register(name, help, counter.clone());
+    }
+}
+
 impl Metrics {
     /// A registry with every metric under `faultline_aggregator_`.
     pub fn new() -> Self {
@@ -99,6 +149,7 @@ impl Metrics {
             writes_superseded: Family::default(),
             write_conflicts: Family::default(),
             invalid_keys: Counter::default(),
+            entries_trimmed: Counter::default(),
             pages_unchanged: Counter::default(),
             lease_held: Family::default(),
             lease_errors: Counter::default(),
@@ -221,11 +272,6 @@ impl Metrics {
             m.lease_held.clone(),
         );
         registry.register(
-            "lease_errors",
-            "Lease requests that failed",
-            m.lease_errors.clone(),
-        );
-        registry.register(
             "pod_nudges",
             "Pod annotation nudges by result (ok, error, rate-limited)",
             m.nudges.clone(),
@@ -236,40 +282,11 @@ impl Metrics {
             m.write_conflicts.clone(),
         );
         registry.register(
-            "invalid_keys",
-            "Node entries left out of a shard ConfigMap: their name is not a valid key",
-            m.invalid_keys.clone(),
-        );
-        registry.register(
-            "configmap_pages_unchanged",
-            "Shard ConfigMap pages not written: their content is what this replica last wrote",
-            m.pages_unchanged.clone(),
-        );
-        registry.register(
-            "discovery_errors",
-            "Node list requests that failed",
-            m.discovery_errors.clone(),
-        );
-        registry.register(
-            "devices_forgotten",
-            "Devices dropped after their reachable agent stopped reporting them for --device-forget",
-            m.devices_forgotten.clone(),
-        );
-        registry.register(
-            "duplicate_uuids",
-            "GPU UUIDs a node reported that another node reported first: withheld from its entry and records",
-            m.duplicate_uuids.clone(),
-        );
-        registry.register(
-            "nodes_refused",
-            "New nodes not followed: the pipeline follows its maximum (50,000)",
-            m.nodes_refused.clone(),
-        );
-        registry.register(
             "unknown_guard_standing_down",
             "1 while the unknown guard stands down: more than --unknown-standdown-share of the agents are unreachable",
             m.unknown_standing_down.clone(),
         );
+        register_counters(&mut registry, &m);
         Metrics { registry, ..m }
     }
 
@@ -395,6 +412,11 @@ impl Metrics {
     /// Node entries left out of a shard: their key is not valid.
     pub fn invalid_keys(&self, n: usize) {
         self.invalid_keys.inc_by(n as u64);
+    }
+
+    /// Node entries trimmed so that their page fits.
+    pub fn entries_trimmed(&self, n: usize) {
+        self.entries_trimmed.inc_by(n as u64);
     }
 
     /// A write met a 409.

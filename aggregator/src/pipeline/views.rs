@@ -69,6 +69,7 @@ impl Pipeline {
             npus,
             readings_at: None,
             verdict: None,
+            trimmed: None,
         }
     }
 

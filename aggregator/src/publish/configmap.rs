@@ -531,7 +531,22 @@ impl ConfigMapSink {
         sequence: u64,
     ) -> Result<PageBody, WriteError> {
         let shard = doc.shard;
-        let body = page_body(meta, doc, page, self.pages, sequence)?;
+        let mut body = page_body(meta, doc, page, self.pages, sequence)?;
+        if body.bytes > MAX_BYTES {
+            // Trim the page's largest entries rather than leave every node of it
+            // unpublished (issue 26).
+            if let Some((trimmed, nodes)) =
+                super::trim::trim_page(doc, page, self.pages, body.bytes, MAX_BYTES)
+            {
+                if attempt == 0 {
+                    if let Some(m) = &self.metrics {
+                        m.entries_trimmed(nodes.len());
+                    }
+                    tracing::warn!(shard, page, bytes = body.bytes, nodes = ?nodes, "page over the ConfigMap limit: the largest node entries trimmed to fit (their healthy devices first); if these are ordinary nodes, raise --pages");
+                }
+                body = page_body(meta, &trimmed, page, self.pages, sequence)?;
+            }
+        }
         if !body.skipped.is_empty() && attempt == 0 {
             if let Some(m) = &self.metrics {
                 m.invalid_keys(body.skipped.len());
@@ -822,11 +837,28 @@ mod tests {
         let (p, names, server, api) = fleet_and_server(NODES).await;
         let held = Held::default();
         held.grant(0, Instant::now() + Duration::from_secs(60));
-        // One page: too large, refused before it is sent.
-        let one = ConfigMapSink::new(api.clone(), "faultline".into());
-        match one.write(&document(&p, 0, "r1", 0, SHARDS), &held).await {
-            Err(WriteError::TooLarge { shard: 0, bytes }) => assert!(bytes > MAX_BYTES),
-            other => panic!("expected too large: {other:?}"),
+        // One page: over the limit, so its largest entries are trimmed (every device
+        // healthy: left out) until it fits, and it is written (issue 26), each trimmed
+        // entry saying how many devices it left out and counting them all.
+        let one = ConfigMapSink::new(api.clone(), "single".into());
+        one.write(&document(&p, 0, "r1", 0, SHARDS), &held)
+            .await
+            .expect("written, trimmed");
+        let cm = server
+            .get("configmaps", "faultline", "single-shard-0")
+            .unwrap();
+        let trimmed: Vec<NodeFaults> = cm["data"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| *k != "fault.json")
+            .map(|(_, v)| serde_json::from_str(v.as_str().unwrap()).unwrap())
+            .filter(|e: &NodeFaults| e.trimmed.is_some())
+            .collect();
+        assert!(!trimmed.is_empty(), "entries trimmed");
+        for e in &trimmed {
+            assert_eq!(e.trimmed, Some(8 - e.npus.len() as u32), "{}", e.node);
+            assert_eq!(e.summary.total, 8, "{}", e.node);
         }
         let sink = ConfigMapSink::new(api, "faultline".into()).with_pages(PAGES);
         for s in 0..SHARDS {

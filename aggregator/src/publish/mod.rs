@@ -7,6 +7,7 @@ pub mod file;
 pub mod nudge;
 pub mod publisher;
 pub mod seed;
+pub mod trim;
 
 pub use configmap::{ConfigMapSink, WriteError, MAX_BYTES};
 pub use document::document;

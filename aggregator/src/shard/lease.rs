@@ -450,14 +450,24 @@ impl ShardLeases {
 
     /// Renew our Lease, or take one that is free. A renewal the API refuses with a 409
     /// (the Lease read from the cache was behind) is tried once more on a fresh read, if
-    /// that still shows this replica as the holder.
+    /// that still shows this replica as the holder. One that failed on its connection
+    /// (no answer from the API: a pooled connection closed as the request left) is sent
+    /// once more at once: it is a compare-and-swap, so a first one that did land makes
+    /// the second a 409, taken as above.
     async fn renew(&self, shard: u32, lease: Lease) -> Result<bool, kube::Error> {
         let mine = lease
             .spec
             .as_ref()
             .and_then(|s| s.holder_identity.as_deref())
             == Some(self.me.as_str());
-        match self.replace_lease(shard, lease).await {
+        let first = match self.replace_lease(shard, lease.clone()).await {
+            Err(e @ (kube::Error::Service(_) | kube::Error::HyperError(_))) => {
+                tracing::debug!(shard, error = %e, "lease renewal failed on its connection; sent once more");
+                self.replace_lease(shard, lease).await
+            }
+            r => r,
+        };
+        match first {
             Err(kube::Error::Api(s)) if s.code == 409 && mine => {
                 let fresh = self.api.get(&lease_name(&self.name, shard)).await?;
                 let still = fresh
