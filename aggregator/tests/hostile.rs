@@ -5,44 +5,10 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::routing::get;
-use axum::Router;
-use faultline_common::testing::{self, Device};
 use faultline_common::DeviceStatus;
 use support::*;
-
-/// An agent serving `node` that answers every request at once with 512 devices under
-/// ids it never used before (a plain JSON answer: the follower long-polls it, a
-/// document a second).
-async fn churning_agent(node: &'static str) -> std::net::SocketAddr {
-    let round = Arc::new(AtomicU64::new(0));
-    let app = Router::new().route(
-        "/v1/health",
-        get(move || {
-            let r = round.fetch_add(1, Ordering::Relaxed);
-            async move {
-                let doc = testing::node(node)
-                    .generation(r + 1)
-                    .npus((0..512).map(|i| {
-                        Device::nvml(i)
-                            .reading(|d| d.id = format!("x{r}-{i}"))
-                            .temperature(40.0)
-                            .build()
-                    }))
-                    .build();
-                axum::Json(doc)
-            }
-        }),
-    );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await });
-    addr
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_churning_agent_stops_no_other_nodes_fault() {

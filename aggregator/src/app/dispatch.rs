@@ -251,6 +251,7 @@ impl Dispatch {
             let Some(slot) = self.in_flight.take(&node) else {
                 continue;
             };
+            let node_name = node.clone();
             let pass = NodePass {
                 remediator: self.remediator.clone(),
                 fence: self.shards.fence(&node),
@@ -261,6 +262,7 @@ impl Dispatch {
                 devices,
                 extra,
                 unverified,
+                followed: pipeline.knows(&node_name),
             };
             tokio::spawn(async move {
                 let _slot = slot;
@@ -316,10 +318,15 @@ struct NodePass {
     /// Alerts naming a device the node's agent does not report: acted on only if the
     /// kubelet reports it for a pod of the node.
     unverified: Vec<RecordDevice>,
+    /// This replica follows the node's agent (so the Node is known to exist).
+    followed: bool,
 }
 
 impl NodePass {
     async fn run(mut self) {
+        if !self.exists().await {
+            return;
+        }
         self.verify_alerts().await;
         let (r, node) = (&self.remediator, self.node.as_str());
         let t0 = Instant::now();
@@ -352,6 +359,32 @@ impl NodePass {
             self.metrics.action(Action::Quarantine, ActionResult::Error);
             self.metrics.remediation_error(e.metric_label());
             tracing::warn!(node = %node, error = %e, "remediation pass failed; the next one retries");
+        }
+    }
+
+    /// Verdicts for a node this replica does not follow name a Node that exists, or they
+    /// are dropped, counted, and nothing else is done (issue 26: 40,000 alerts for nodes
+    /// that do not exist made an Event and a failed pass each). Whether to go on; a
+    /// node the API could not be asked about waits for the next pass.
+    async fn exists(&self) -> bool {
+        if self.followed || self.extra.is_empty() {
+            return true;
+        }
+        match self.remediator.node_exists(&self.node).await {
+            Ok(true) => true,
+            Ok(false) => {
+                self.metrics.intake_alert("no-such-node");
+                tracing::debug!(node = %self.node, "verdicts for a node that does not exist: dropped");
+                let _ = self.settled.send(Settled {
+                    node: self.node.clone(),
+                    devices: self.extra.clone(),
+                });
+                false
+            }
+            Err(e) => {
+                tracing::warn!(node = %self.node, error = %e, "cannot check that the alerted node exists; the next pass asks");
+                false
+            }
         }
     }
 

@@ -175,6 +175,11 @@ impl Remediator {
         self.quarantined.locked().iter().cloned().collect()
     }
 
+    /// Whether Node `node` exists (its metadata only: a real GPU Node is 15-40 KB).
+    pub async fn node_exists(&self, node: &str) -> Result<bool, RemediateError> {
+        Ok(self.nodes.get_metadata_opt(node).await?.is_some())
+    }
+
     /// Nodes held back by the budget now.
     pub fn held_back(&self) -> Vec<String> {
         self.held_back.list()

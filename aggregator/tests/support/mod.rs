@@ -8,11 +8,13 @@
 
 pub mod cluster;
 mod fixtures;
+pub mod hostile_agents;
 mod scenario;
 
 pub use cluster::*;
 pub use faultline_common::testing::{repo_root, ChildGuard};
 pub use fixtures::{NodeFixture, PodFixture};
+pub use hostile_agents::churning_agent;
 pub use scenario::{Scenario, World, NO_AGENT};
 
 use std::net::SocketAddr;

@@ -287,6 +287,35 @@ fn state_at<'a>(g: &'a Inner, k: &Kind, ns: &str, rv: u64) -> Vec<(String, &'a V
         .collect()
 }
 
+/// A whole list of the current state: the objects as stored, filtered first, so only
+/// the selected ones are keyed and copied (the watch cache filters its store the same
+/// way, and pods by `spec.nodeName` through an index: cacher.go `GetList`,
+/// pkg/registry/core/pod/strategy.go `NodeNameIndexFunc`). Rebuilding every key for a
+/// list of one node's pods out of 20,000 held the server's lock for milliseconds each,
+/// and a storm of them stalled the Lease calls behind it (issue 25).
+fn current(g: &Inner, k: &Kind, ns: &str, rv: u64, sel: &Selection) -> Value {
+    let across = k.namespaced && ns.is_empty();
+    let from = (k.plural.to_string(), ns.to_string(), String::new());
+    let mut items: Vec<(String, &Value)> = g
+        .objects
+        .range(from..)
+        .take_while(|((p, n, _), _)| p == k.plural && (ns.is_empty() || n == ns))
+        .filter(|(_, obj)| sel.matches(k, obj))
+        .map(|((_, n, name), obj)| {
+            let key = if across {
+                format!("{n}/{name}")
+            } else {
+                name.clone()
+            };
+            (key, obj)
+        })
+        .collect();
+    // In key order (`NAMESPACE/NAME` across namespaces), as a list is.
+    items.sort_by(|a, b| a.0.cmp(&b.0));
+    let items: Vec<Value> = items.into_iter().map(|(_, o)| o.clone()).collect();
+    json!({"kind": format!("{}List", k.kind), "apiVersion": api_version(k), "metadata": {"resourceVersion": rv.to_string()}, "items": items})
+}
+
 /// A LIST request (see the module comment): the list object, or its error.
 pub(crate) fn list(
     s: &ApiServer,
@@ -297,6 +326,9 @@ pub(crate) fn list(
 ) -> Result<Value, ApiError> {
     let g = s.lock();
     let Plan { rv, start, limit } = plan(&g, p)?;
+    if rv == g.rv && start.is_none() && limit.is_none() {
+        return Ok(current(&g, k, ns, rv, sel));
+    }
     let all = state_at(&g, k, ns, rv);
     let from = start
         .as_deref()
