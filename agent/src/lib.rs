@@ -30,6 +30,11 @@ use crate::sampler::SamplerConfig;
 use crate::sources::{EventSink, Source};
 use crate::store::{Store, StoreConfig};
 
+/// Connections of the API port kept for the aggregator beyond `--http-max-connections`
+/// (requests carrying the delivery token), so that a crowd of other peers cannot shut it
+/// out (issue 26). Its replicas hold one or two each (a stream and a delivery).
+pub const AGGREGATOR_CONNECTIONS: usize = 16;
+
 /// A running agent.
 pub struct Agent {
     /// Its state.
@@ -236,15 +241,32 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
         }
         None => None,
     };
+    // With a delivery token, connections kept for the aggregator (it sends the token
+    // on every request): a crowd on the API port cannot shut it out (issue 26).
+    let trust: Option<faultline_common::server::Trust> = state.verdicts.has_token().then(|| {
+        let v = state.verdicts.clone();
+        Arc::new(move |h: &axum::http::HeaderMap| {
+            v.authorize(
+                h.get(axum::http::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+            )
+            .is_ok()
+        }) as faultline_common::server::Trust
+    });
     let app = api::router_with(state, fault_api::routes());
     let server = {
         let cancel = cancel.clone();
         let stats = metrics.server.clone();
-        tokio::spawn(faultline_common::server::serve(
+        let limits = faultline_common::server::Limits {
+            reserved: AGGREGATOR_CONNECTIONS,
+            ..limits
+        };
+        tokio::spawn(faultline_common::server::serve_trusted(
             listener,
             app,
             limits,
             stats,
+            trust,
             async move { cancel.cancelled().await },
         ))
     };

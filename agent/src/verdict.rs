@@ -123,6 +123,11 @@ impl Verdicts {
         Ok(t.to_vec())
     }
 
+    /// Whether a token is set (deliveries can be authorized at all).
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
     /// Whether `authorization` (the header's value) carries the token.
     pub fn authorize(&self, authorization: Option<&[u8]>) -> Result<(), Refused> {
         let want = self.token.as_deref().ok_or(Refused::Off)?;

@@ -657,3 +657,55 @@ async fn stalled_connections_are_closed_and_the_agent_keeps_answering() {
         "{closed} closed, {refused} refused\n{m}"
     );
 }
+
+/// Issue 26, finding 7: past `--http-max-connections`, an agent with a delivery token
+/// keeps connections for requests that carry it (the aggregator's); a request without
+/// it on one of them is answered 503.
+#[tokio::test]
+async fn connections_past_the_cap_are_kept_for_the_aggregator() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let agent = sim_agent(&[
+        "--http-max-connections",
+        "4",
+        "--delivery-token-file",
+        token.to_str().unwrap(),
+    ]);
+    wait_for(&agent, Duration::from_secs(10), "eight devices", |d| {
+        d.npus.len() == 8
+    })
+    .await;
+    let mut crowd = Vec::new();
+    for _ in 0..4 {
+        crowd.push(tokio::net::TcpStream::connect(agent.addr).await.unwrap());
+    }
+    let ask = |auth: &'static str| async move {
+        let mut s = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
+        s.write_all(
+            format!("GET /v1/health HTTP/1.1\r\nhost: x\r\n{auth}connection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out)).await;
+        out
+    };
+    // Until the crowd holds every ordinary connection (one the readiness check left
+    // open may close after the crowd came): a stranger is turned away.
+    let mut stranger = ask("").await;
+    while stranger.starts_with("HTTP/1.1 200") && crowd.len() < 8 {
+        crowd.push(tokio::net::TcpStream::connect(agent.addr).await.unwrap());
+        stranger = ask("").await;
+    }
+    assert!(
+        stranger.starts_with("HTTP/1.1 503"),
+        "{}",
+        &stranger[..stranger.len().min(300)]
+    );
+    let aggregator = ask("Authorization: Bearer s3cret\r\n").await;
+    assert!(aggregator.starts_with("HTTP/1.1 200"), "{aggregator}");
+    drop(crowd);
+}

@@ -17,6 +17,14 @@
 //! - A request is answered within [`Limits::request_timeout`] (503 otherwise).
 //! - A connection with no request in flight and no bytes either way for
 //!   [`Limits::idle_timeout`] is closed.
+//! - With a [`Trust`] ([`serve_trusted`]), [`Limits::reserved`] more connections are
+//!   kept for requests it accepts (the agent's: the aggregator's, by the delivery
+//!   token; issue 26: ~2,100 sockets from anyone who could reach an agent's port shut
+//!   its aggregator out, and the node turned Unknown). A connection that gets one of
+//!   them because the others are taken must send its request head within a second,
+//!   and is answered 503 and closed unless each of its requests is trusted. (A peer
+//!   that opens connections faster than that can still take them; the NetworkPolicy
+//!   that admits only the aggregator to the port is the fence against it.)
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -57,7 +65,13 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Largest request head (request line and headers).
     pub max_head_bytes: usize,
+    /// Connections beyond `max_connections` kept for trusted requests
+    /// ([`serve_trusted`]; without a [`Trust`] none are).
+    pub reserved: usize,
 }
+
+/// Which requests may use a reserved connection, by their headers.
+pub type Trust = Arc<dyn Fn(&axum::http::HeaderMap) -> bool + Send + Sync>;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -71,6 +85,7 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(75),
             idle_timeout: Duration::from_secs(60),
             max_head_bytes: 64 << 10,
+            reserved: 0,
         }
     }
 }
@@ -237,7 +252,25 @@ pub async fn serve(
     stats: Arc<Stats>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
+    serve_trusted(listener, router, limits, stats, None, shutdown).await;
+}
+
+/// [`serve`], with [`Limits::reserved`] connections kept for the requests `trust`
+/// accepts once the others are taken.
+pub async fn serve_trusted(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    stats: Arc<Stats>,
+    trust: Option<Trust>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let reserved = Arc::new(Semaphore::new(if trust.is_some() {
+        limits.reserved
+    } else {
+        0
+    }));
     let peers: Peers = Arc::default();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
@@ -255,10 +288,17 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            stats.refused.fetch_add(1, Ordering::Relaxed);
-            drop(stream);
-            continue;
+        // A general slot, or else a reserved one, whose requests must be trusted.
+        let (slot, guard) = match slots.clone().try_acquire_owned() {
+            Ok(s) => (s, None),
+            Err(_) => match reserved.clone().try_acquire_owned() {
+                Ok(s) => (s, trust.clone()),
+                Err(_) => {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    drop(stream);
+                    continue;
+                }
+            },
         };
         let Some(peer_slot) = PeerSlot::take(&peers, peer.ip(), limits.max_per_peer) else {
             stats.refused.fetch_add(1, Ordering::Relaxed);
@@ -271,12 +311,17 @@ pub async fn serve(
         if slots.available_permits() < limits.max_connections / 2 {
             limits.header_timeout /= 4;
         }
+        // A reserved connection must show it is trusted at once: an idle one holds
+        // its slot a second at most.
+        if guard.is_some() {
+            limits.header_timeout = limits.header_timeout.min(Duration::from_secs(1));
+        }
         let _ = stream.set_nodelay(true);
         let (router, stats, mut stop) = (router.clone(), stats.clone(), stop_rx.clone());
         tokio::spawn(async move {
             let (_slot, _peer) = (slot, peer_slot);
             stats.open.fetch_add(1, Ordering::Relaxed);
-            connection(stream, router, limits, &stats, &mut stop).await;
+            connection(stream, router, limits, &stats, guard, &mut stop).await;
             stats.open.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -336,6 +381,7 @@ async fn connection(
     router: Router,
     limits: Limits,
     stats: &Stats,
+    guard: Option<Trust>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
 ) {
     let activity = Arc::new(Activity::new());
@@ -349,7 +395,21 @@ async fn connection(
     let timed_out_in = timed_out.clone();
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let (router, act, timed_out) = (router.clone(), act.clone(), timed_out_in.clone());
+        // On a reserved connection, only trusted requests; the others are turned away
+        // and the connection closed.
+        let untrusted = guard.as_ref().is_some_and(|t| !t(req.headers()));
         async move {
+            if untrusted {
+                let mut r = Response::new(Body::from(
+                    "{\"error\":\"the server is full; the connections left are reserved\",\"status\":503}",
+                ));
+                *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                r.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+                return Ok::<Response<Body>, Infallible>(r);
+            }
             let _busy = InFlight::new(&act);
             let req = req.map(|b| {
                 Body::new(TimedBody {
@@ -570,6 +630,62 @@ mod tests {
         drop(held);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(get(addr, "/ok").await.ends_with("ok"));
+    }
+
+    /// Issue 26, finding 7: with every connection taken, the reserved ones serve only
+    /// trusted requests (here, a header `x-trusted: yes`); any other request on one is
+    /// answered 503 and its connection closed; without a trust, nothing is reserved.
+    #[tokio::test]
+    async fn reserved_connections_serve_only_trusted_requests() {
+        let limits = Limits {
+            max_connections: 4,
+            reserved: 2,
+            ..Limits::default()
+        };
+        let listener = bind("127.0.0.1:0".parse().unwrap(), limits.backlog).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route("/ok", axum::routing::get(|| async { "ok" }));
+        let stats = Arc::new(Stats::default());
+        let trust: Trust =
+            Arc::new(|h: &axum::http::HeaderMap| h.get("x-trusted").is_some_and(|v| v == "yes"));
+        tokio::spawn(serve_trusted(
+            listener,
+            router,
+            limits,
+            stats.clone(),
+            Some(trust),
+            std::future::pending(),
+        ));
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let ask = |trusted: bool| async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            let extra = if trusted { "x-trusted: yes\r\n" } else { "" };
+            s.write_all(format!("GET /ok HTTP/1.1\r\nhost: x\r\n{extra}\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut out = vec![0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut out))
+                .await
+                .expect("an answer")
+                .unwrap_or(0);
+            (String::from_utf8_lossy(&out[..n]).to_string(), s)
+        };
+        let (untrusted, mut s) = ask(false).await;
+        assert!(untrusted.starts_with("HTTP/1.1 503"), "{untrusted}");
+        assert!(closed_within(&mut s, Duration::from_secs(2)).await);
+        let (trusted, _kept) = ask(true).await;
+        assert!(trusted.starts_with("HTTP/1.1 200"), "{trusted}");
+        assert!(trusted.ends_with("ok"), "{trusted}");
+        // The second reserved slot, then none: the next is closed at once.
+        let (_, _second) = ask(true).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut beyond = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut beyond, Duration::from_secs(2)).await);
+        assert!(stats.refused.load(Ordering::Relaxed) >= 1);
     }
 
     /// Issue 26: a body sent slowly is given up at the body timeout, not the request

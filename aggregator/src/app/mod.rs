@@ -133,10 +133,10 @@ fn follow_agents(
     deliveries: Option<Arc<Deliveries>>,
 ) -> anyhow::Result<mpsc::Receiver<AgentEvent>> {
     let (tx, rx) = mpsc::channel::<AgentEvent>(1024);
-    let client = collect::client();
+    let client = collect::client().with_bearer(cfg.delivery.as_ref().map(|(t, _)| t.as_str()));
     let followers = discover::Followers::new(
         cfg.agent_port,
-        client,
+        client.clone(),
         tx.clone(),
         metrics.clone(),
         cancel.clone(),
@@ -185,7 +185,7 @@ fn follow_agents(
                 tokio::spawn(collect::follow_unnamed(
                     a.url.clone(),
                     claims.clone(),
-                    client,
+                    client.clone(),
                     tx.clone(),
                     metrics.clone(),
                     cancel.clone(),

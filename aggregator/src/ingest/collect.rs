@@ -57,16 +57,28 @@ pub enum AgentEvent {
 
 /// How agents are reached: each follower keeps one connection to its agent
 /// ([`super::http`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct AgentClient {
     /// Bound on connecting.
     pub connect_timeout: Duration,
+    /// The delivery token, sent with every request: the agent keeps connections for it
+    /// when the others are taken (issue 26).
+    pub bearer: Option<Arc<str>>,
 }
 
 /// The agents' client.
 pub fn client() -> AgentClient {
     AgentClient {
         connect_timeout: Duration::from_secs(3),
+        bearer: None,
+    }
+}
+
+impl AgentClient {
+    /// The same client, sending `token` (the delivery token) with every request.
+    pub fn with_bearer(mut self, token: Option<&str>) -> Self {
+        self.bearer = token.map(Arc::from);
+        self
     }
 }
 
@@ -449,7 +461,8 @@ async fn follow_claimed(
         cancel: &cancel,
     };
     let mut backoff = Duration::from_millis(500);
-    let mut conn = Target::parse(&base).map(|t| Conn::new(t, client.connect_timeout));
+    let mut conn = Target::parse(&base)
+        .map(|t| Conn::new(t, client.connect_timeout).with_bearer(client.bearer.clone()));
     // Long polls left before the stream is tried again (0: watch).
     let mut polls_left = 0u32;
     loop {

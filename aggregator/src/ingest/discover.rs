@@ -128,7 +128,7 @@ impl Followers {
         tokio::spawn(collect::follow(
             url.clone(),
             Some(name.clone()),
-            self.client,
+            self.client.clone(),
             self.tx.clone(),
             self.metrics.clone(),
             token.clone(),

@@ -117,6 +117,9 @@ pub struct Conn {
     connect_timeout: Duration,
     /// The watch stream being read on the connection, if one is open.
     lines: Option<Box<StreamState>>,
+    /// Sent as `Authorization: Bearer` on every GET: the delivery token, which the
+    /// agent keeps connections for when its others are taken (issue 26).
+    bearer: Option<std::sync::Arc<str>>,
 }
 
 /// What a request for a stream got.
@@ -137,6 +140,7 @@ impl Conn {
             stream: None,
             connect_timeout,
             lines: None,
+            bearer: None,
         }
     }
 
@@ -280,9 +284,19 @@ impl Conn {
         }
     }
 
+    /// The same connection, sending `bearer` with every GET.
+    pub fn with_bearer(mut self, bearer: Option<std::sync::Arc<str>>) -> Self {
+        self.bearer = bearer;
+        self
+    }
+
     fn request(&self, path: &str) -> String {
+        let auth = self
+            .bearer
+            .as_deref()
+            .map_or(String::new(), |b| format!("Authorization: Bearer {b}\r\n"));
         format!(
-            "GET {}{path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json, {NDJSON}\r\nUser-Agent: faultline-aggregator\r\n\r\n",
+            "GET {}{path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json, {NDJSON}\r\n{auth}User-Agent: faultline-aggregator\r\n\r\n",
             self.target.prefix, self.target.authority
         )
     }
@@ -720,6 +734,25 @@ mod tests {
         assert_eq!(seen.len(), 4);
         assert!(seen[0].starts_with("GET /p/v1/health HTTP/1.1\r\nHost: 127.0.0.1:"));
         assert!(seen[1].starts_with("GET /p/v1/health?wait_generation=3 HTTP/1.1\r\n"));
+    }
+
+    /// Issue 26, finding 7: with the delivery token, every GET carries it (the agent
+    /// keeps connections for it); without, none does.
+    #[tokio::test]
+    async fn a_get_carries_the_bearer_it_is_given() {
+        let ok: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let (target, h) = server(vec![vec![ok, ok]]).await;
+        let mut c = Conn::new(target, Duration::from_secs(1)).with_bearer(Some("t0k".into()));
+        c.get("/v1/health", 100).await.unwrap();
+        c.bearer = None;
+        c.get("/v1/health", 100).await.unwrap();
+        let seen = h.await.unwrap();
+        assert!(
+            seen[0].contains("\r\nAuthorization: Bearer t0k\r\n"),
+            "{}",
+            seen[0]
+        );
+        assert!(!seen[1].contains("Authorization"), "{}", seen[1]);
     }
 
     #[tokio::test]
