@@ -22,19 +22,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use faultline_common::DeviceStatus;
 use support::*;
 
 const LIMIT_KIB: u64 = 128 << 10;
-
-fn vm_hwm_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
 
 /// `n` alerts (GPUAlert objects), each for a node and device `name(i)` gives.
 fn alerts(n: usize, name: impl Fn(usize) -> (String, String)) -> String {
@@ -69,36 +59,22 @@ async fn every_hostile_input_at_once_moves_nothing_but_the_real_fault() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret\n").unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
     let agents = format!(
         "{},evil=http://{evil}",
         w.agents_flag().expect("the scenario's agents")
     );
-    let args = Launch::healing(&w.kube, "r1")
-        .args(&[
-            "--agents",
-            &agents,
-            "--intake-token-file",
-            token.to_str().unwrap(),
-            "--intake-threshold",
-            "1",
-            "--intake-max-bytes",
-            "1048576",
-        ])
-        .set("--listen", &format!("127.0.0.1:{port}"))
-        .into_args();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_faultline-aggregator"))
-        .args(&args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let child = ChildGuard(child);
+    let launch = Launch::healing(&w.kube, "r1").args(&[
+        "--agents",
+        &agents,
+        "--intake-token-file",
+        token.to_str().unwrap(),
+        "--intake-threshold",
+        "1",
+        "--intake-max-bytes",
+        "1048576",
+    ]);
+    let (child, base) = aggregator_process(launch);
     let pid = child.0.id();
-    let base = format!("http://127.0.0.1:{port}");
     until(Duration::from_secs(30), "good published healthy", || {
         node_entry(server, 1, "good").filter(|e| e.summary.healthy == 4)
     })
@@ -173,11 +149,7 @@ async fn every_hostile_input_at_once_moves_nothing_but_the_real_fault() {
     )
     .await;
     until(Duration::from_secs(10), "good's fault published", || {
-        node_entry(server, 1, "good").filter(|e| {
-            e.npus
-                .iter()
-                .any(|d| d.id == "gpu1" && d.status == DeviceStatus::Failed)
-        })
+        published_failed(server, 1, "good", "gpu1").then_some(())
     })
     .await;
     eprintln!("good's fault published {:?} after it", at.elapsed());
@@ -191,8 +163,6 @@ async fn every_hostile_input_at_once_moves_nothing_but_the_real_fault() {
         },
     )
     .await;
-    // A few more seconds of churn and of the passes the floods left.
-    tokio::time::sleep(Duration::from_secs(3)).await;
     attacking.store(false, Ordering::Relaxed);
     watcher.await.unwrap();
 

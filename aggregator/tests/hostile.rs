@@ -7,7 +7,6 @@ mod support;
 
 use std::time::Duration;
 
-use faultline_common::DeviceStatus;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -29,11 +28,7 @@ async fn a_churning_agent_stops_no_other_nodes_fault() {
     )
     .await;
     until(Duration::from_secs(10), "good's fault published", || {
-        node_entry(server, 1, "good").filter(|e| {
-            e.npus
-                .iter()
-                .any(|d| d.id == "gpu1" && d.status == DeviceStatus::Failed)
-        })
+        published_failed(server, 1, "good", "gpu1").then_some(())
     })
     .await;
     // The churning node kept no more than its first document's devices; the shard's
@@ -103,11 +98,7 @@ async fn an_alert_flood_for_unknown_nodes_is_bounded() {
     )
     .await;
     until(Duration::from_secs(10), "good's fault published", || {
-        node_entry(server, 1, "good").filter(|e| {
-            e.npus
-                .iter()
-                .any(|d| d.id == "gpu1" && d.status == DeviceStatus::Failed)
-        })
+        published_failed(server, 1, "good", "gpu1").then_some(())
     })
     .await;
     let m = metrics(agg.addr).await;

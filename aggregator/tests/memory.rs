@@ -18,15 +18,6 @@ const NODES: usize = 5_000;
 const PER_SLICE: usize = 100;
 const LIMIT_KIB: u64 = 128 << 10;
 
-fn vm_hwm_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn following_5000_realistic_nodes_stays_within_128_mib() {
     let (server, url) = api_server().await;
@@ -62,22 +53,9 @@ async fn following_5000_realistic_nodes_stays_within_128_mib() {
             )
             .unwrap();
     }
-    let metrics_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let args = Launch::configmap(&url, "r1", 8)
-        .set("--listen", &format!("127.0.0.1:{metrics_port}"))
-        .into_args();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_faultline-aggregator"))
-        .args(&args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let child = ChildGuard(child);
+    let (child, base) = aggregator_process(Launch::configmap(&url, "r1", 8));
     let pid = child.0.id();
-    let metrics = format!("http://127.0.0.1:{metrics_port}/metrics");
+    let metrics = format!("{base}/metrics");
     until(
         Duration::from_secs(120),
         "5,000 agents followed and published",

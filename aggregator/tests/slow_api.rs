@@ -12,7 +12,6 @@ mod support;
 use std::time::{Duration, Instant};
 
 use faultline_common::fault::shard_of;
-use faultline_common::DeviceStatus;
 use faultline_test_apiserver::{ApiServer, Faults};
 use serde_json::json;
 use support::*;
@@ -24,15 +23,6 @@ const XID79: &str = r#"{"device":"gpu1","fault":"xid","xid":79}"#;
 /// Who holds each shard's Lease.
 fn holders(server: &ApiServer) -> Vec<Option<String>> {
     (0..SHARDS).map(|s| holder(server, s)).collect()
-}
-
-/// `node`'s gpu1 is published as failed.
-fn published_failed(server: &ApiServer, node: &str) -> bool {
-    node_entry(server, SHARDS, node).is_some_and(|e| {
-        e.npus
-            .iter()
-            .any(|d| d.id == "gpu1" && d.status == DeviceStatus::Failed)
-    })
 }
 
 async fn world() -> World {
@@ -106,7 +96,7 @@ async fn two_seconds_on_every_call_move_no_lease_and_a_fault_is_still_published(
             injected = Some(Instant::now());
         }
         if let (Some(at), None) = (injected, took) {
-            if published_failed(server, victim) {
+            if published_failed(server, SHARDS, victim, "gpu1") {
                 took = Some(at.elapsed());
             }
         }
@@ -176,7 +166,7 @@ async fn a_hung_lease_call_stops_neither_the_other_renewals_nor_their_writes() {
     until(
         Duration::from_secs(5),
         "the fault published beside the hung Lease",
-        || published_failed(server, victim).then_some(()),
+        || published_failed(server, SHARDS, victim, "gpu1").then_some(()),
     )
     .await;
     eprintln!("published {:?} after the fault", at.elapsed());
@@ -226,7 +216,7 @@ async fn a_lapsed_hold_is_held_again_at_the_next_renewal_under_a_slow_api() {
     until(
         Duration::from_secs(20),
         "the fault published after the hold was renewed",
-        || published_failed(server, victim).then_some(()),
+        || published_failed(server, SHARDS, victim, "gpu1").then_some(()),
     )
     .await;
     eprintln!("published {:?} after the fault", at.elapsed());

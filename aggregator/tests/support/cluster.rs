@@ -132,6 +132,15 @@ pub fn node_entry(server: &ApiServer, shards: u32, node: &str) -> Option<NodeFau
         .find_map(|cm| serde_json::from_str(cm["data"][format!("{node}.json")].as_str()?).ok())
 }
 
+/// Whether `node`'s published entry shows device `id` failed.
+pub fn published_failed(server: &ApiServer, shards: u32, node: &str, id: &str) -> bool {
+    node_entry(server, shards, node).is_some_and(|e| {
+        e.npus
+            .iter()
+            .any(|d| d.id == id && d.status == faultline_common::DeviceStatus::Failed)
+    })
+}
+
 /// The calls refused by authentication or RBAC so far, as `STATUS METHOD URI`.
 pub fn refused(server: &ApiServer) -> Vec<String> {
     server

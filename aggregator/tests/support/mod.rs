@@ -158,6 +158,36 @@ impl Launch {
     }
 }
 
+/// The aggregator binary in its own process, launched as `launch` says on a free
+/// loopback port (output discarded): the process, and its API's base URL.
+pub fn aggregator_process(launch: Launch) -> (ChildGuard, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let args = launch
+        .set("--listen", &format!("127.0.0.1:{port}"))
+        .into_args();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_faultline-aggregator"))
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    (ChildGuard(child), format!("http://127.0.0.1:{port}"))
+}
+
+/// A process's peak resident memory (`VmHWM`, KiB; 0 if it cannot be read).
+pub fn vm_hwm_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A kube client of the API server at `url` as the aggregator's ServiceAccount, with
 /// kube's own retries off.
 pub fn kube_client(url: &str) -> kube::Client {
