@@ -886,15 +886,22 @@ impl Run<'_> {
             let (i, t0_us, cm) = self.fault(k % cluster_fleet::DEVICES, within).await?;
             out.injected.push((i, t0_us));
             match cm {
-                Some(ms) => out.to_configmap.push(ms),
+                Some(ms) => {
+                    out.to_configmap.push(ms);
+                    if ms > 100.0 {
+                        out.slow.push((i, t0_us / 1000, ms));
+                    }
+                }
                 None => out.missed_configmap += 1,
             }
             let pause = self.rng.random_range(200..600);
             tokio::time::sleep(Duration::from_millis(pause)).await;
         }
-        out.server_ms = self
-            .server
-            .calls()
+        let calls = self.server.calls();
+        for (i, t0, ms) in &out.slow {
+            eprintln!("{}", slow_fault(&calls, self.cfg, *i, *t0, *ms));
+        }
+        out.server_ms = calls
             .iter()
             .filter(|c| {
                 c.method == "PUT" && c.uri.contains("/configmaps/") && c.received_ms >= since
@@ -989,6 +996,65 @@ struct FaultRun {
     lease_changes: u64,
     /// Each replica's documents and CPU meanwhile.
     replicas: String,
+    /// Faults that took over 100 ms to their ConfigMap: (node, injected at ms, ms).
+    slow: Vec<(usize, u64, f64)>,
+}
+
+/// What the API server was doing while a slow fault (node `i`, injected at `t0` ms,
+/// in its ConfigMap after `ms`) waited: its page's updates, and the calls that took
+/// 30 ms or more and overlapped the wait.
+fn slow_fault(
+    calls: &[faultline_test_apiserver::Call],
+    cfg: &Cfg,
+    i: usize,
+    t0: u64,
+    ms: f64,
+) -> String {
+    let name = node_name(i);
+    let shard = shard_of(&name, cfg.shards);
+    let page = page_name(BASE, shard, page_of(&name, cfg.shards, cfg.pages));
+    let end = t0 + ms as u64;
+    let during: Vec<&faultline_test_apiserver::Call> = calls
+        .iter()
+        .filter(|c| c.received_ms <= end && c.at_ms >= t0)
+        .collect();
+    let path = |c: &faultline_test_apiserver::Call| {
+        let p = c.uri.split('?').next().unwrap_or("");
+        format!(
+            "{} {}",
+            c.method,
+            p.rsplit_once("/namespaces/faultline/").map_or(p, |x| x.1)
+        )
+    };
+    let writes: Vec<String> = during
+        .iter()
+        .filter(|c| c.method == "PUT" && c.uri.contains(&format!("/configmaps/{page}")))
+        .map(|c| {
+            format!(
+                "+{} ms..+{} ms",
+                c.received_ms as i64 - t0 as i64,
+                c.at_ms as i64 - t0 as i64
+            )
+        })
+        .collect();
+    let slow: Vec<String> = during
+        .iter()
+        .filter(|c| c.at_ms.saturating_sub(c.received_ms) >= 30)
+        .map(|c| {
+            format!(
+                "{} +{}..+{} ms",
+                path(c),
+                c.received_ms as i64 - t0 as i64,
+                c.at_ms as i64 - t0 as i64
+            )
+        })
+        .collect();
+    format!(
+        "slow fault: {name} (shard {shard}, {page}) {ms:.0} ms; its page updated {writes:?}; {} calls overlapped, {} of 30 ms or more: {}",
+        during.len(),
+        slow.len(),
+        slow.join(", ")
+    )
 }
 
 struct Single {

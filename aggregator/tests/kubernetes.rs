@@ -169,6 +169,66 @@ async fn nudging_can_be_turned_off() {
     agg.cancel_token().cancel();
 }
 
+/// Issue 25: a nudge runs beside the writes. With every pod list answered 4 s late, a
+/// fault on n1 (whose pod is nudged) and one on n2 right after it are both in the shard
+/// within a second; before, the second waited for the first's nudge (its pod list and
+/// patch) and came 4 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_nudge_does_not_hold_back_the_next_fault() {
+    let w = Scenario::new()
+        .agent("n1")
+        .agent("n2")
+        .pods([
+            PodFixture::new("train-0", "n1"),
+            PodFixture::new("train-1", "n2"),
+        ])
+        .start()
+        .await;
+    let server = &w.server;
+    let agg = w
+        .configmap("r1", 1)
+        .args(&["--publish-namespaces", "default"])
+        .start()
+        .await;
+    until(Duration::from_secs(20), "both nodes healthy", || {
+        ["n1", "n2"]
+            .iter()
+            .all(|n| node_entry(server, 1, n).is_some_and(|e| e.summary.healthy == 4))
+            .then_some(())
+    })
+    .await;
+    // Only the nudges' pod lists (cluster-wide, by spec.nodeName) are slow; the pod
+    // patches (/api/v1/namespaces/...) are not.
+    server.set_faults(faultline_test_apiserver::Faults {
+        latency_ms: 4_000,
+        latency_match: "/api/v1/pods".into(),
+        ..Default::default()
+    });
+    let failed = |node: &str| node_entry(server, 1, node).filter(|e| e.summary.failed == 1);
+    let t0 = Instant::now();
+    inject(w.agent("n1"), r#"{"device":"gpu0","fault":"lost"}"#).await;
+    until(Duration::from_secs(5), "n1 failed", || failed("n1")).await;
+    inject(w.agent("n2"), r#"{"device":"gpu0","fault":"lost"}"#).await;
+    until(Duration::from_secs(10), "n2 failed", || failed("n2")).await;
+    let both = t0.elapsed();
+    assert!(
+        both < Duration::from_secs(2),
+        "the second fault waited for the first one's nudge: both in the shard after {both:?}"
+    );
+    // The nudges themselves still happen, once their lists come back.
+    let annotated = |name: &str| {
+        server.get("pods", "default", name).unwrap()["metadata"]["annotations"]
+            ["faultline.io/fault-refresh"]
+            .is_string()
+    };
+    until(Duration::from_secs(15), "both pods nudged", || {
+        (annotated("train-0") && annotated("train-1")).then_some(())
+    })
+    .await;
+    assert_no_forbidden(server);
+    agg.cancel_token().cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_are_discovered_and_forgotten() {
     let w = Scenario::new()

@@ -273,7 +273,7 @@ impl Metrics {
         );
         registry.register(
             "pod_nudges",
-            "Pod annotation nudges by result (ok, error, rate-limited)",
+            "Pod annotation nudges by result (ok, error, rate-limited, busy)",
             m.nudges.clone(),
         );
         registry.register(
@@ -543,7 +543,8 @@ impl Metrics {
         self.lease_errors.inc();
     }
 
-    /// A pod nudge: `ok`, `error`, `rate-limited`.
+    /// A pod nudge: `ok`, `error`, `rate-limited`, `busy` (a node's batch past the
+    /// nudges in flight).
     pub fn nudge(&self, result: &str) {
         self.nudges
             .get_or_create(&ResultLabel {

@@ -13,9 +13,17 @@
 //! each a pod update that watchers of pods also see. A token bucket (`--nudge-rate` per
 //! second, bursts of twice that) bounds it; `--nudge-rate 0` turns it off. Pods past the
 //! budget are counted and simply wait for kubelet's own refresh.
+//!
+//! Nudges run beside the writes ([`Nudger::detach`]), at most [`IN_FLIGHT`] batches at a
+//! time: a shard's next write, and the replica's next urgent write, never wait for the
+//! pod list and patches of the last one (issue 25: at 2 s of API latency each nudge held
+//! the next fault's write back by 4 s). A batch past that bound is counted (`busy`) and
+//! its pods wait for kubelet, as those past the budget do.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use tokio::sync::Semaphore;
 
 use faultline_common::sync::Locked;
 use k8s_openapi::api::core::v1::Pod;
@@ -25,6 +33,9 @@ use crate::metrics::Metrics;
 
 /// The annotation set on nudged pods.
 pub const ANNOTATION: &str = "faultline.io/fault-refresh";
+
+/// Nudge batches (one per shard write) running at once.
+pub const IN_FLIGHT: usize = 8;
 
 struct Bucket {
     tokens: f64,
@@ -40,6 +51,7 @@ pub struct Nudger {
     rate: f64,
     bucket: Mutex<Bucket>,
     metrics: Arc<Metrics>,
+    in_flight: Arc<Semaphore>,
 }
 
 impl Nudger {
@@ -62,7 +74,32 @@ impl Nudger {
                 last: Instant::now(),
             }),
             metrics,
+            in_flight: Arc::new(Semaphore::new(IN_FLIGHT)),
         }
+    }
+
+    /// Nudge the pods of `nodes` in a task of their own (after the write that changed
+    /// their entries, so the sync a nudge causes finds the new content); nothing waits
+    /// for it. Past [`IN_FLIGHT`] batches the nodes are counted `busy` and left to
+    /// kubelet's own refresh.
+    pub fn detach(self: &Arc<Self>, nodes: Vec<String>, stamp: String) {
+        if nodes.is_empty() {
+            return;
+        }
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            for node in &nodes {
+                self.metrics.nudge("busy");
+                tracing::debug!(node, "nudges busy; the pods wait for kubelet's refresh");
+            }
+            return;
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            for node in nodes {
+                me.nudge(&node, &stamp).await;
+            }
+            drop(permit);
+        });
     }
 
     fn take(&self) -> bool {

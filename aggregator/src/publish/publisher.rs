@@ -205,8 +205,8 @@ impl Publisher {
                         if *newest > sequence {
                             metrics.write_superseded(doc.shard);
                             // What is out is newer: its pods are nudged all the same.
-                            if let Some(n) = nudger.as_deref() {
-                                nudge_all(n, nudge).await;
+                            if let Some(n) = &nudger {
+                                n.detach(nudge, now_ms().to_string());
                             }
                             continue;
                         }
@@ -218,7 +218,7 @@ impl Publisher {
                             &shards,
                             &metrics,
                             &failed,
-                            nudger.as_deref(),
+                            nudger.as_ref(),
                         )
                         .await;
                     }
@@ -259,7 +259,7 @@ async fn write_shard(
     shards: &Shards,
     metrics: &Metrics,
     failed: &AtomicBool,
-    nudger: Option<&Nudger>,
+    nudger: Option<&Arc<Nudger>>,
 ) {
     let shard = doc.shard;
     let mut written = false;
@@ -282,14 +282,6 @@ async fn write_shard(
         }
     }
     if let (true, Some(n)) = (written, nudger) {
-        nudge_all(n, nudge).await;
-    }
-}
-
-/// Nudge the pods of `nodes`.
-async fn nudge_all(n: &Nudger, nodes: Vec<String>) {
-    let stamp = now_ms().to_string();
-    for node in nodes {
-        n.nudge(&node, &stamp).await;
+        n.detach(nudge, now_ms().to_string());
     }
 }

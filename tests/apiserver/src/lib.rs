@@ -167,8 +167,16 @@ pub(crate) struct WatchEvent {
 
 pub(crate) struct Inner {
     pub(crate) rv: u64,
-    /// (plural, namespace, name) -> object.
+    /// (plural, namespace, name) -> object. Written only through [`Inner::put`] and
+    /// [`Inner::take`], which keep `pods_by_node` in step.
     pub(crate) objects: BTreeMap<Key, Value>,
+    /// The pods' keys by `spec.nodeName`: the watch cache's index for pods
+    /// (pkg/registry/core/pod/strategy.go `NodeNameIndexFunc`, registered as the
+    /// store's `Indexers` in pkg/registry/core/pod/storage/storage.go), which serves a
+    /// list with `fieldSelector=spec.nodeName=N` from that node's pods alone
+    /// (staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go `GetList`, through
+    /// `pred.MatcherIndex`). Unscheduled pods are under "".
+    pub(crate) pods_by_node: BTreeMap<String, std::collections::BTreeSet<Key>>,
     pub(crate) history: VecDeque<WatchEvent>,
     pub(crate) faults: Faults,
     pub(crate) rng: rand::rngs::StdRng,
@@ -185,7 +193,47 @@ pub(crate) struct Inner {
     pub(crate) meter: Arc<costs::Meter>,
 }
 
+fn pod_node(obj: &Value) -> String {
+    obj.pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
+}
+
 impl Inner {
+    /// Store `obj` under `key`; returns what was there.
+    pub(crate) fn put(&mut self, key: Key, obj: Value) -> Option<Value> {
+        let node = (key.0 == "pods").then(|| pod_node(&obj));
+        let prev = self.objects.insert(key.clone(), obj);
+        if let Some(p) = &prev {
+            self.unindex(&key, p);
+        }
+        if let Some(node) = node {
+            self.pods_by_node.entry(node).or_default().insert(key);
+        }
+        prev
+    }
+
+    /// Remove the object under `key`; returns it.
+    pub(crate) fn take(&mut self, key: &Key) -> Option<Value> {
+        let prev = self.objects.remove(key)?;
+        self.unindex(key, &prev);
+        Some(prev)
+    }
+
+    fn unindex(&mut self, key: &Key, was: &Value) {
+        if key.0 != "pods" {
+            return;
+        }
+        let node = pod_node(was);
+        if let Some(keys) = self.pods_by_node.get_mut(&node) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.pods_by_node.remove(&node);
+            }
+        }
+    }
+
     /// The oldest resourceVersion whose state the history can still show: a watch or
     /// a paged list from before it is answered 410 Gone, as after etcd's compaction.
     pub(crate) fn oldest_servable(&self) -> u64 {
@@ -326,6 +374,7 @@ impl ApiServer {
             inner: Arc::new(Mutex::new(Inner {
                 rv: 1,
                 objects: BTreeMap::new(),
+                pods_by_node: BTreeMap::new(),
                 history: VecDeque::new(),
                 faults: Faults::default(),
                 rng: rand::rngs::StdRng::seed_from_u64(0),

@@ -95,7 +95,7 @@ impl ApiServer {
         obj["metadata"]["deletionGracePeriodSeconds"] = json!(period);
         g.rv += 1;
         obj["metadata"]["resourceVersion"] = json!(g.rv.to_string());
-        let prev = g.objects.insert(key.clone(), obj.clone());
+        let prev = g.put(key.clone(), obj.clone());
         let stop =
             Duration::from_millis(g.faults.pod_stop_ms).min(Duration::from_secs(period as u64));
         g.terminating.insert(key.clone(), now + stop);
@@ -159,7 +159,7 @@ fn tick(g: &mut Inner, tx: &broadcast::Sender<WatchEvent>) {
             continue;
         }
         g.terminating.remove(&key);
-        if let Some(prev) = g.objects.remove(&key) {
+        if let Some(prev) = g.take(&key) {
             g.rv += 1;
             let mut obj = prev.clone();
             obj["metadata"]["resourceVersion"] = json!(g.rv.to_string());
@@ -234,7 +234,7 @@ pub(crate) fn write_status(
     obj["status"] = status;
     g.rv += 1;
     obj["metadata"]["resourceVersion"] = json!(g.rv.to_string());
-    g.objects.insert(key.clone(), obj.clone());
+    g.put(key.clone(), obj.clone());
     ApiServer::record(
         g,
         tx,

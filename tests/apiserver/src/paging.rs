@@ -290,26 +290,43 @@ fn state_at<'a>(g: &'a Inner, k: &Kind, ns: &str, rv: u64) -> Vec<(String, &'a V
 /// A whole list of the current state: the objects as stored, filtered first, so only
 /// the selected ones are keyed and copied (the watch cache filters its store the same
 /// way, and pods by `spec.nodeName` through an index: cacher.go `GetList`,
-/// pkg/registry/core/pod/strategy.go `NodeNameIndexFunc`). Rebuilding every key for a
-/// list of one node's pods out of 20,000 held the server's lock for milliseconds each,
-/// and a storm of them stalled the Lease calls behind it (issue 25).
-fn current(g: &Inner, k: &Kind, ns: &str, rv: u64, sel: &Selection) -> Value {
+/// pkg/registry/core/pod/strategy.go `NodeNameIndexFunc`; here `Inner::pods_by_node`).
+/// Rebuilding every key for a list of one node's pods out of 20,000 held the server's
+/// lock for milliseconds each, and a storm of them stalled the Lease calls behind it
+/// (issue 25); reading every pod to find one node's still did.
+fn current<'a>(g: &'a Inner, k: &Kind, ns: &str, rv: u64, sel: &Selection) -> Value {
     let across = k.namespaced && ns.is_empty();
     let from = (k.plural.to_string(), ns.to_string(), String::new());
-    let mut items: Vec<(String, &Value)> = g
-        .objects
-        .range(from..)
-        .take_while(|((p, n, _), _)| p == k.plural && (ns.is_empty() || n == ns))
-        .filter(|(_, obj)| sel.matches(k, obj))
-        .map(|((_, n, name), obj)| {
-            let key = if across {
-                format!("{n}/{name}")
-            } else {
-                name.clone()
-            };
-            (key, obj)
-        })
-        .collect();
+    let mine = |(p, n, _): &crate::Key| p == k.plural && (ns.is_empty() || n == ns);
+    let keyed = |((_, n, name), obj): (&crate::Key, &'a Value)| {
+        let key = if across {
+            format!("{n}/{name}")
+        } else {
+            name.clone()
+        };
+        (key, obj)
+    };
+    let node = (k.plural == "pods").then(|| sel.node_name()).flatten();
+    let mut items: Vec<(String, &Value)> = match node {
+        // One node's pods, from the index.
+        Some(node) => g
+            .pods_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter(|key| mine(key))
+            .filter_map(|key| g.objects.get_key_value(key))
+            .filter(|(_, obj)| sel.matches(k, obj))
+            .map(keyed)
+            .collect(),
+        None => g
+            .objects
+            .range(from..)
+            .take_while(|(key, _)| mine(key))
+            .filter(|(_, obj)| sel.matches(k, obj))
+            .map(keyed)
+            .collect(),
+    };
     // In key order (`NAMESPACE/NAME` across namespaces), as a list is.
     items.sort_by(|a, b| a.0.cmp(&b.0));
     let items: Vec<Value> = items.into_iter().map(|(_, o)| o.clone()).collect();

@@ -685,6 +685,17 @@ impl Selection {
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty() && self.fields.is_empty()
     }
+
+    /// The node of a `spec.nodeName=N` term: what the pods' index serves
+    /// (pkg/registry/core/pod/strategy.go `NodeNameTriggerFunc`/`MatchPod`'s
+    /// `IndexFields`; a `!=` term is not served from it).
+    pub fn node_name(&self) -> Option<&str> {
+        self.fields
+            .terms
+            .iter()
+            .find(|(f, _, negated)| f == "spec.nodeName" && !negated)
+            .map(|(_, v, _)| v.as_str())
+    }
 }
 
 #[cfg(test)]

@@ -190,7 +190,7 @@ impl ApiServer {
             obj["metadata"]["generation"] = json!(1);
         }
         Self::stamp(&mut g, &mut obj, k, ns);
-        g.objects.insert(key.clone(), obj.clone());
+        g.put(key.clone(), obj.clone());
         Self::record(
             &mut g,
             &self.events,
@@ -308,7 +308,7 @@ impl ApiServer {
             .map_err(|e| ApiError::invalid(k.kind, name, e))?;
         Self::validate(k, ns, &obj)?;
         Self::stamp(&mut g, &mut obj, k, ns);
-        g.objects.insert(key.clone(), obj.clone());
+        g.put(key.clone(), obj.clone());
         let resource = match subresource {
             Some(sub) => format!("{}/{sub}", k.plural),
             None => k.plural.to_string(),
@@ -336,8 +336,7 @@ impl ApiServer {
         let key = (plural.to_string(), ns.to_string(), name.to_string());
         let mut g = self.lock();
         let prev = g
-            .objects
-            .remove(&key)
+            .take(&key)
             .ok_or_else(|| ApiError::not_found(plural, name))?;
         g.rv += 1;
         let mut obj = prev.clone();

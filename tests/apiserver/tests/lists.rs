@@ -520,3 +520,112 @@ async fn metadata_only_lists_carry_the_metadata_and_cost_its_bytes() {
     let one = nodes.get_metadata("gpu-1").await.unwrap();
     assert_eq!(one.metadata.name.as_deref(), Some("gpu-1"));
 }
+
+/// pkg/registry/core/pod/strategy.go `NodeNameIndexFunc` and cacher.go `GetList`: a list
+/// of one node's pods (`spec.nodeName=N`) is served from the pods' index by node, across
+/// namespaces and with the other selectors applied, and follows creates, deletes and
+/// graceful deletes (a terminating pod is listed until it is gone); it agrees with the
+/// same selection made from the whole list.
+#[tokio::test]
+async fn one_nodes_pods_come_from_the_index() {
+    let (s, url) = spawn().await;
+    s.create("namespaces", "", json!({"metadata": {"name": "team"}}))
+        .unwrap();
+    let pod = |name: &str, node: &str, app: &str| {
+        let mut p = json!({"metadata": {"name": name, "labels": {"app": app}},
+            "spec": {"containers": [{"name": "c", "image": "x"}]}});
+        if !node.is_empty() {
+            p["spec"]["nodeName"] = json!(node);
+        }
+        p
+    };
+    for (ns, name, node, app) in [
+        ("default", "a", "n1", "train"),
+        ("default", "b", "n2", "train"),
+        ("team", "c", "n1", "web"),
+        ("team", "d", "n1", "train"),
+        ("default", "e", "", "train"),
+    ] {
+        s.create("pods", ns, pod(name, node, app)).unwrap();
+    }
+    let pods: Api<Pod> = Api::all(client(&url));
+    let listed = |lp: ListParams| {
+        let pods = pods.clone();
+        async move {
+            pods.list(&lp)
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}/{}",
+                        p.metadata.namespace.clone().unwrap(),
+                        p.metadata.name.clone().unwrap()
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let on = |node: &str| ListParams::default().fields(&format!("spec.nodeName={node}"));
+    assert_eq!(listed(on("n1")).await, ["default/a", "team/c", "team/d"]);
+    assert_eq!(
+        listed(on("n1").labels("app=train")).await,
+        ["default/a", "team/d"]
+    );
+    assert_eq!(listed(on("")).await, ["default/e"], "unscheduled pods");
+    assert!(listed(on("n9")).await.is_empty());
+    let team: Api<Pod> = Api::namespaced(client(&url), "team");
+    let in_team = team.list(&on("n1").match_any()).await.unwrap().items.len();
+    assert_eq!(in_team, 2, "one namespace's share of the node");
+    // The same answer as the whole list filtered, for every node and the negation.
+    let all = listed(ListParams::default()).await;
+    for node in ["n1", "n2", ""] {
+        let want: Vec<String> = s
+            .list("pods", "")
+            .into_iter()
+            .filter(|p| {
+                p.pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    == node
+            })
+            .map(|p| {
+                format!(
+                    "{}/{}",
+                    p["metadata"]["namespace"].as_str().unwrap(),
+                    p["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(listed(on(node)).await, want, "{node:?} of {all:?}");
+    }
+    assert_eq!(
+        listed(ListParams::default().fields("spec.nodeName!=n1")).await,
+        ["default/b", "default/e"]
+    );
+    // A graceful delete keeps the pod (terminating) on its node; a forced one removes it.
+    s.set_faults(faultline_test_apiserver::Faults {
+        pod_stop_ms: 60_000,
+        ..Default::default()
+    });
+    pods_delete(&s, "team", "c", Some(30));
+    assert_eq!(listed(on("n1")).await, ["default/a", "team/c", "team/d"]);
+    pods_delete(&s, "default", "a", None);
+    assert_eq!(listed(on("n1")).await, ["team/c", "team/d"]);
+    s.create("pods", "default", pod("a", "n2", "train"))
+        .unwrap();
+    assert_eq!(listed(on("n2")).await, ["default/a", "default/b"]);
+    assert_eq!(listed(on("n1")).await, ["team/c", "team/d"]);
+}
+
+fn pods_delete(s: &ApiServer, ns: &str, name: &str, grace: Option<i64>) {
+    match grace {
+        Some(g) => {
+            s.delete_with_grace("pods", ns, name, Some(g)).unwrap();
+        }
+        None => {
+            s.delete("pods", ns, name).unwrap();
+        }
+    }
+}
