@@ -271,6 +271,72 @@ async fn nodes_are_discovered_and_forgotten() {
     agg.cancel_token().cancel();
 }
 
+/// Issue 25: urgent writes of different shards run side by side. A fault on `na`
+/// (shard 0, whose ConfigMap calls are slowed to `SLOW` each) is being written when a
+/// fault on `nb` (shard 1) comes: `nb`'s is in shard 1 within a second, long before
+/// shard 0's write is done (before, it waited for it: the benchmark's faults that took
+/// 80 ms more than the others). The slowness is injected (`Faults::latency_match`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn urgent_writes_of_two_shards_do_not_wait_for_each_other() {
+    const SLOW: u64 = 3_000;
+    let quiet = ["n1", "n2", "n3", "n4", "n5"];
+    let na = *quiet.iter().find(|n| shard_of(n, 2) == 0).unwrap();
+    let nb = *quiet.iter().find(|n| shard_of(n, 2) == 1).unwrap();
+    let w = Scenario::new().agent(na).agent(nb).start().await;
+    let server = &w.server;
+    // Routine writes 5 s apart: only an urgent write can bring the fault out sooner.
+    let agg = w
+        .configmap("r1", 2)
+        .args(&["--write-interval", "5s"])
+        .start()
+        .await;
+    until(Duration::from_secs(20), "both nodes healthy", || {
+        [na, nb]
+            .iter()
+            .all(|n| node_entry(server, 2, n).is_some_and(|e| e.summary.healthy == 4))
+            .then_some(())
+    })
+    .await;
+    server.set_faults(faultline_test_apiserver::Faults {
+        latency_ms: SLOW,
+        latency_match: "/configmaps/faultline-shard-0".into(),
+        ..Default::default()
+    });
+    let failed = |node: &str| node_entry(server, 2, node).filter(|e| e.summary.failed == 1);
+    let since = faultline_common::time::now_ms();
+    inject(w.agent(na), r#"{"device":"gpu0","fault":"lost"}"#).await;
+    until(
+        Duration::from_secs(5),
+        "shard 0's urgent PUT in flight",
+        || {
+            server.received().into_iter().find(|r| {
+                r.method == "PUT"
+                    && r.at_ms >= since
+                    && r.uri.contains("/configmaps/faultline-shard-0")
+            })
+        },
+    )
+    .await;
+    let t0 = Instant::now();
+    inject(w.agent(nb), r#"{"device":"gpu0","fault":"lost"}"#).await;
+    until(Duration::from_secs(10), "nb failed in shard 1", || {
+        failed(nb)
+    })
+    .await;
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(SLOW / 2),
+        "shard 1's fault waited for shard 0's write ({SLOW} ms a call): {took:?}"
+    );
+    assert!(failed(na).is_none(), "shard 0's write is still in flight");
+    until(Duration::from_secs(15), "na failed in shard 0", || {
+        failed(na)
+    })
+    .await;
+    assert_no_forbidden(server);
+    agg.cancel_token().cancel();
+}
+
 /// Issue 11: a fault is written by an urgent write of its own shard, beside a write of
 /// another shard already in flight, not after it (it waited behind other shards'
 /// writes: the tail of the benchmark's fault latency). ConfigMap calls are slowed to

@@ -7,8 +7,9 @@
 //! +20%), and a shard whose nodes did not change every `--refresh` (its unchanged pages
 //! are not written at all), one write at a time; a shard where a
 //! device turned failed by an urgent write of its own, `--urgent-spacing` after that
-//! shard's last write, beside the other write if one is in flight (the file sink: its
-//! one document, after the previous write). A failed write is retried by the next round.
+//! shard's last write, beside the other write if one is in flight, and beside up to
+//! three other urgent writes (the file sink: its one document, after the previous
+//! write). A failed write is retried by the next round.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,8 +66,8 @@ pub struct Core {
     ready: Arc<AtomicBool>,
     /// When to write, and what.
     schedule: WriteSchedule,
-    /// The urgent write in flight.
-    urgent_writing: Option<tokio::task::JoinHandle<()>>,
+    /// The urgent writes in flight (at most [`Publisher::urgent_in_flight`]).
+    urgent_writing: Vec<tokio::task::JoinHandle<()>>,
     sequence: u64,
     /// The whole document built for `GET /v1/faults`, shared by every asker until the
     /// next sequence (issue 10: a burst of requests builds it once).
@@ -114,7 +115,7 @@ impl Core {
             timing,
             replica,
             ready,
-            urgent_writing: None,
+            urgent_writing: Vec::new(),
             sequence: 0,
             asked: None,
             writing: None,
@@ -218,7 +219,7 @@ impl Core {
                 .schedule
                 .urgent_due(Instant::now())
                 .map(tokio::time::Instant::from_std)
-                .filter(|_| self.urgent_writing.as_ref().is_none_or(|w| w.is_finished()));
+                .filter(|_| self.urgent_room());
             tokio::select! {
                 _ = sleep_until_opt(urgent_at) => {
                     self.drain_takeovers(&mut inputs.takeovers);
@@ -385,6 +386,14 @@ impl Core {
             .held(self.publisher.held(), self.publisher.granted());
     }
 
+    /// Whether another urgent write may start: fewer than the publisher's bound are in
+    /// flight (issue 25: a fault of another shard waited for the one before it, up to a
+    /// page write of 80 ms).
+    fn urgent_room(&mut self) -> bool {
+        self.urgent_writing.retain(|w| !w.is_finished());
+        self.urgent_writing.len() < self.publisher.urgent_in_flight()
+    }
+
     /// Write the urgent shards whose spacing has passed, and only them.
     fn write_urgent(&mut self) {
         let Some(ready) = self.schedule.take_urgent(Instant::now()) else {
@@ -392,7 +401,7 @@ impl Core {
         };
         self.sequence += 1;
         self.ready.store(true, Ordering::Release);
-        self.urgent_writing = Some(self.publisher.write(
+        let task = self.publisher.write(
             &self.pipeline,
             Stamp {
                 sequence: self.sequence,
@@ -406,7 +415,8 @@ impl Core {
             &mut self.alarming,
             &self.metrics,
             &self.failed,
-        ));
+        );
+        self.urgent_writing.push(task);
     }
 
     fn write(&mut self) {
@@ -452,7 +462,7 @@ impl Core {
     /// token); in-flight remediation gets --shutdown-timeout to finish, then the caller
     /// releases the Leases and the next holder continues from the records.
     async fn finish(self) {
-        if let Some(w) = self.urgent_writing {
+        for w in self.urgent_writing {
             let _ = w.await;
         }
         if let Some(w) = self.writing {

@@ -45,6 +45,9 @@ pub struct Stamp<'a> {
     pub whole: bool,
 }
 
+/// Urgent ConfigMap writes in flight at once.
+pub const URGENT_IN_FLIGHT: usize = 4;
+
 /// Where documents go.
 pub enum Publisher {
     /// A directory laid out like a ConfigMap volume.
@@ -113,6 +116,16 @@ impl Publisher {
         match self {
             Publisher::File { .. } => vec![0],
             Publisher::ConfigMap { shards, .. } => shards.held.shards(),
+        }
+    }
+
+    /// How many urgent writes may be in flight at once: ConfigMap shards take turns per
+    /// shard ([`WriteOrder`]), so faults of different shards are written side by side;
+    /// the file sink writes its one document, one write after the other.
+    pub fn urgent_in_flight(&self) -> usize {
+        match self {
+            Publisher::File { .. } => 1,
+            Publisher::ConfigMap { .. } => URGENT_IN_FLIGHT,
         }
     }
 
