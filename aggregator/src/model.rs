@@ -80,10 +80,12 @@ impl RecordDevice {
         }
     }
 
-    /// Whether `key` (an id, a UUID or a bus id) names this device.
+    /// Whether `key` (an id, a UUID, a bus id, or the Ascend device plugin's name of
+    /// the chip, `Ascend910-3` for `npu3`) names this device.
     pub fn is(&self, key: &str) -> bool {
         self.id == key
             || self.uuid.as_deref() == Some(key)
+            || faultline_common::ascend::same_chip(&self.id, key)
             || self
                 .pci_bus_id
                 .as_deref()

@@ -250,6 +250,20 @@ impl Catalog {
         self.rows.is_empty()
     }
 
+    /// Every row, by code.
+    pub fn rows(&self) -> impl Iterator<Item = (u32, &Row)> {
+        self.rows.iter().map(|(c, r)| (*c, r))
+    }
+
+    /// The reasons of the rows that fail a chip, each once.
+    pub fn failed_reasons(&self) -> std::collections::BTreeSet<&str> {
+        self.rows
+            .values()
+            .filter(|r| r.status == DeviceStatus::Failed)
+            .map(|r| r.reason.as_str())
+            .collect()
+    }
+
     /// Grade one code.
     pub fn grade(&self, code: u32) -> GradedCode {
         match self.row(code) {
@@ -287,6 +301,32 @@ impl Catalog {
         });
         out
     }
+}
+
+/// The physical id of the chip behind a device name of Huawei's device plugin, the
+/// `resourceID` the kubelet reports for a pod's NPU (KEP-4680): `Ascend910-3` (chip 3;
+/// `assemblePhyDevices`: `"%s-%d", devType, PhyID`) or a virtual NPU `Ascend910-2c-100-3`
+/// (`"%s-%d-%d", vDeviType, VDevID, phyID`: the last number is the chip). `None` for
+/// anything else.
+pub fn chip_of_device_name(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("Ascend")?;
+    let (head, phy) = rest.rsplit_once('-')?;
+    let model_ok = head.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    if !model_ok || phy.is_empty() || phy.len() > 5 || !phy.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    phy.parse().ok()
+}
+
+/// Whether the agent's chip id (`npu3`: the chip's physical id, as DCMI and npu-smi
+/// name it) and a device plugin's device name (`Ascend910-3`) are the same chip.
+pub fn same_chip(chip_id: &str, device_name: &str) -> bool {
+    let Some(phy) = chip_id.strip_prefix("npu") else {
+        return false;
+    };
+    !phy.is_empty()
+        && phy.bytes().all(|b| b.is_ascii_digit())
+        && chip_of_device_name(device_name).is_some_and(|n| phy.parse() == Ok(n))
 }
 
 /// RoCE network health as `dcmi_get_device_network_health` reports it
@@ -347,6 +387,28 @@ mod tests {
         assert!(Catalog::with_overrides("8C084E00 Broken").is_err());
         assert!(Catalog::with_overrides("8C084E00 SeparateNPU sick").is_err());
         assert!(Catalog::with_overrides("8C084E00 SeparateNPU failed bad/reason").is_err());
+    }
+
+    #[test]
+    fn a_device_plugin_name_names_its_chip_by_physical_id() {
+        assert_eq!(chip_of_device_name("Ascend910-3"), Some(3));
+        assert_eq!(chip_of_device_name("Ascend310P-12"), Some(12));
+        assert_eq!(chip_of_device_name("Ascend910-2c-100-3"), Some(3));
+        for bad in [
+            "Ascend910",
+            "Ascend910-",
+            "ascend910-3",
+            "GPU-3",
+            "Ascend910-x",
+            "Ascend 910-3",
+        ] {
+            assert_eq!(chip_of_device_name(bad), None, "{bad}");
+        }
+        assert!(same_chip("npu3", "Ascend910-3"));
+        assert!(same_chip("npu3", "Ascend910-4c-101-3"));
+        assert!(!same_chip("npu3", "Ascend910-13"));
+        assert!(!same_chip("npu3-1", "Ascend910-3"));
+        assert!(!same_chip("gpu3", "Ascend910-3"));
     }
 
     #[test]

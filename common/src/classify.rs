@@ -3,8 +3,51 @@
 
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeSet;
+
 use crate::reading::{DeviceReading, DeviceStatus, VendorHealthLevel};
-use crate::xid::XidVerdict;
+use crate::xid::{XidPolicy, XidVerdict};
+
+/// A device that no longer answers on the bus.
+pub const GPU_LOST: &str = "gpu-lost";
+/// A PCIe link down, or up with no lanes trained.
+pub const PCIE_LINK_DOWN: &str = "pcie-link-down";
+/// Row remapping failed: no spare rows left.
+pub const ROW_REMAP_FAILURE: &str = "row-remap-failure";
+/// The vendor's health level says critical and no graded code says more.
+pub const VENDOR_HEALTH_CRITICAL: &str = "vendor-health-critical";
+/// A RoCE link down (failed only where the agent's policy says so).
+pub const ROCE_LINK_DOWN: &str = "roce-link-down";
+
+/// The classifier's own reasons that fail a device; the others come from the Xid
+/// policy, the Ascend table and what a source reports ([`failed_reasons`]).
+pub const FAILED_CODES: [&str; 5] = [
+    GPU_LOST,
+    PCIE_LINK_DOWN,
+    ROW_REMAP_FAILURE,
+    VENDOR_HEALTH_CRITICAL,
+    ROCE_LINK_DOWN,
+];
+
+/// Every reason the classifier can fail a device with, given the agent's Xid policy and
+/// Ascend table (issue 30: the aggregator's tests walk this list, so a reason added to
+/// the catalogs is tested without anyone listing it). Left out: what a site tool reports
+/// (`--source exec`), whose reasons are the tool's own.
+pub fn failed_reasons(xid: &XidPolicy, ascend: &crate::ascend::Catalog) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = FAILED_CODES.iter().map(|c| c.to_string()).collect();
+    out.extend(
+        crate::xid::catalog()
+            .iter()
+            .filter(|e| !xid.ignores(e.xid))
+            .filter(|e| {
+                xid.threshold_for(e.xid, e.class)
+                    .is_some_and(|(_, s)| s == DeviceStatus::Failed)
+            })
+            .map(|e| format!("xid-{}", e.xid)),
+    );
+    out.extend(ascend.failed_reasons().into_iter().map(String::from));
+    out
+}
 
 /// Limits for the instantaneous verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -86,19 +129,19 @@ pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> 
     }
     if r.lost {
         add(
-            "gpu-lost",
+            GPU_LOST,
             Failed,
             "device lost: it no longer answers on the bus".into(),
         );
     }
     if let Some(p) = &r.pcie {
         if !p.up {
-            add("pcie-link-down", Failed, "PCIe link is down".into());
+            add(PCIE_LINK_DOWN, Failed, "PCIe link is down".into());
         } else if p.width == Some(0) {
             // A link with no lanes trained carries nothing: it is down, whatever the
             // "up" flag says (NVML reports the current width as 0 then).
             add(
-                "pcie-link-down",
+                PCIE_LINK_DOWN,
                 Failed,
                 format!(
                     "PCIe link has no lanes (x0 of x{})",
@@ -120,7 +163,7 @@ pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> 
     if let Some(rr) = &r.remapped_rows {
         if rr.failure {
             add(
-                "row-remap-failure",
+                ROW_REMAP_FAILURE,
                 Failed,
                 "row remapping failed: no spare rows left".into(),
             );
@@ -190,7 +233,7 @@ pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> 
     }
     if let Some(link) = r.roce.filter(|l| !l.up) {
         add(
-            "roce-link-down",
+            ROCE_LINK_DOWN,
             if t.roce_down_failed { Failed } else { Degraded },
             format!("RoCE network health {} (0 or 6 is up)", link.result),
         );
@@ -278,7 +321,7 @@ fn vendor_findings(vh: &crate::reading::VendorHealth) -> Vec<Finding> {
     }
     match vh.level {
         VendorHealthLevel::Critical => add(
-            "vendor-health-critical",
+            VENDOR_HEALTH_CRITICAL,
             if graded { Degraded } else { Failed },
             format!("vendor health {}{codes}", vh.raw),
         ),

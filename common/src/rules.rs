@@ -159,9 +159,15 @@ pub struct Rules {
     pub windows: Vec<WindowRule>,
     /// Correlation rules.
     pub correlations: Vec<CorrelationRule>,
-    /// Agent finding codes that fail a device at once; a trailing `*` matches a prefix
-    /// (`xid-*`: the fatal Xids the agent reports as failed).
+    /// Agent findings with status failed whose codes fail a device at once; a trailing
+    /// `*` matches a prefix (`xid-*`). Default `*`: every finding the agent calls failed
+    /// (issue 30: the severity travels with the finding; a hand-kept list missed every
+    /// Ascend reason, so a separated chip waited out the soft windows). A failed finding
+    /// that matches no pattern counts as soft; degraded findings always do.
     pub hard_faults: Vec<String>,
+    /// Exceptions to `hard_faults` (same patterns): failed findings that count as soft
+    /// here, e.g. a site tool's verdict the site does not trust alone.
+    pub soft_faults: Vec<String>,
     /// Agent finding codes ignored here because a window rule covers them (the agent's
     /// instantaneous `high-temp` is replaced by the 3-of-5 window).
     pub ignore_findings: Vec<String>,
@@ -201,15 +207,8 @@ impl Default for Rules {
                     severity: Severity::Hard,
                 },
             ],
-            hard_faults: [
-                "gpu-lost",
-                "pcie-link-down",
-                "row-remap-failure",
-                "vendor-health-critical",
-                "xid-*",
-            ]
-            .map(String::from)
-            .to_vec(),
+            hard_faults: vec!["*".into()],
+            soft_faults: vec![],
             ignore_findings: vec!["high-temp".into()],
             state_machine: StateMachineConfig::default(),
         }
@@ -267,11 +266,13 @@ impl Rules {
         Ok(())
     }
 
-    fn is_hard(&self, code: &str) -> bool {
-        self.hard_faults.iter().any(|p| match p.strip_suffix('*') {
+    /// Whether a failed finding `code` fails the device at once.
+    pub fn is_hard(&self, code: &str) -> bool {
+        let matches = |p: &String| match p.strip_suffix('*') {
             Some(prefix) => code.starts_with(prefix),
             None => p == code,
-        })
+        };
+        self.hard_faults.iter().any(matches) && !self.soft_faults.iter().any(matches)
     }
 }
 
@@ -589,12 +590,58 @@ mod tests {
             DeviceWindows::default().observe(Some(&d), &rules),
             Observation::Clean
         );
-        // A failed finding outside the hard list only counts as soft.
-        d.findings = vec![finding("something-new", DeviceStatus::Failed)];
+        // Whatever the agent calls failed is hard by default (issue 30)...
+        d.findings = vec![finding("ascend-separate-npu", DeviceStatus::Failed)];
         assert_eq!(
             DeviceWindows::default().observe(Some(&d), &rules),
-            Observation::Soft(vec!["something-new".into()])
+            Observation::Hard("ascend-separate-npu".into())
         );
+        // ...unless the rules file says otherwise: an exception, or a list without it.
+        let soft = Rules {
+            soft_faults: vec!["ascend-*".into()],
+            ..Rules::default()
+        };
+        assert_eq!(
+            DeviceWindows::default().observe(Some(&d), &soft),
+            Observation::Soft(vec!["ascend-separate-npu".into()])
+        );
+        let listed = Rules {
+            hard_faults: vec!["xid-*".into()],
+            ..Rules::default()
+        };
+        assert_eq!(
+            DeviceWindows::default().observe(Some(&d), &listed),
+            Observation::Soft(vec!["ascend-separate-npu".into()])
+        );
+    }
+
+    /// Issue 30: every reason the agent can fail a device with, NVIDIA and Ascend alike,
+    /// fails it at the aggregator on the first sample under the default rules.
+    #[test]
+    fn every_reason_the_agent_fails_a_device_with_is_hard_by_default() {
+        let reasons = crate::classify::failed_reasons(
+            &crate::xid::XidPolicy::default(),
+            crate::ascend::Catalog::builtin(),
+        );
+        for must in [
+            "gpu-lost",
+            "xid-79",
+            "ascend-separate-npu",
+            "ascend-restart-npu",
+            "card-drop",
+        ] {
+            assert!(reasons.contains(must), "{must} in {reasons:?}");
+        }
+        let rules = Rules::default();
+        for r in &reasons {
+            let mut d = dev(40.0);
+            d.findings = vec![finding(r, DeviceStatus::Failed)];
+            assert_eq!(
+                DeviceWindows::default().observe(Some(&d), &rules),
+                Observation::Hard(r.clone()),
+                "{r}"
+            );
+        }
     }
 
     #[test]

@@ -336,13 +336,7 @@ pub fn wants_eviction(pod: &PodView, failed: &[RecordDevice]) -> bool {
     if pod.held.is_empty() {
         return true;
     }
-    pod.held.iter().any(|id| {
-        failed.iter().any(|d| {
-            d.uuid.as_deref() == Some(id.as_str())
-                || d.id == *id
-                || d.pci_bus_id.as_deref() == Some(id.as_str())
-        })
-    })
+    pod.held.iter().any(|id| failed.iter().any(|d| d.is(id)))
 }
 
 #[cfg(test)]

@@ -139,6 +139,33 @@ fn which_pods_are_evicted() {
     );
 }
 
+/// Issue 30: an Ascend pod holds its chips by the device plugin's names (`Ascend910-3`,
+/// a virtual NPU `Ascend910-2c-100-3`), the agent names them by physical id (`npu3`).
+#[test]
+fn an_ascend_pod_is_evicted_only_for_the_chip_it_holds() {
+    let pod = |id: &str| {
+        let mut p = json!({"metadata": {"name": "p", "namespace": "d"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"huawei.com/Ascend910": "1"}}}]},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+                "allocatedResourcesStatus": [{"name": "huawei.com/Ascend910", "resources": [{"resourceID": id, "health": "Unhealthy"}]}]}]}});
+        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(p.take()).unwrap()
+    };
+    let res = ["huawei.com/Ascend910".to_string()];
+    let failed = [RecordDevice::new("npu3", "ascend-separate-npu")];
+    for (held, want) in [
+        ("Ascend910-3", true),
+        ("Ascend910-2c-100-3", true),
+        ("Ascend910-13", false),
+        ("Ascend910-4", false),
+    ] {
+        assert_eq!(
+            wants_eviction(&PodView::of(&pod(held), &res), &failed),
+            want,
+            "{held}"
+        );
+    }
+}
+
 fn record(unknown_only: bool) -> QuarantineRecord {
     let mut r = QuarantineRecord::new("n1", failed_gpu3(), &secs_ago(3600), "r", secs_ago(0));
     r.unknown_only = unknown_only;

@@ -291,6 +291,51 @@ pub async fn agent_with(node: &str, extra: &[&str]) -> faultline_agent::Agent {
     faultline_agent::start(cfg).await.unwrap()
 }
 
+/// An agent in this process with `flags` (source and all), serving `node` on a free
+/// loopback port.
+pub async fn agent_from(node: &str, flags: &[&str]) -> faultline_agent::Agent {
+    let mut args = vec![
+        "faultline-agent",
+        "--listen",
+        "127.0.0.1:0",
+        "--node-name",
+        node,
+    ];
+    args.extend_from_slice(flags);
+    let cfg = faultline_agent::config::Config::parse_from(args).unwrap();
+    faultline_agent::start(cfg).await.unwrap()
+}
+
+/// The C double of libdcmi.so (`tests/fixtures/dcmi/fake_dcmi.c`), built once per test
+/// binary, copied into `dir` as `libdcmi.so`: the copy reads its state from
+/// `libdcmi.so.state` beside it, so agents in one process each have their own chips.
+/// The copy's path, and its state file's.
+pub fn fake_dcmi_in(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let out_dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("doubles");
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let out = out_dir.join("libdcmi.so");
+        // Into a private name, then rename: test binaries may race to build it.
+        let tmp = out_dir.join(format!("libdcmi.so.{}", std::process::id()));
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let status = std::process::Command::new(&cc)
+            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-o"])
+            .arg(&tmp)
+            .arg(repo_root().join("tests/fixtures/dcmi/fake_dcmi.c"))
+            .arg("-lpthread")
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {cc} to build the DCMI double: {e}"));
+        assert!(status.success(), "{cc} failed to build the DCMI double");
+        std::fs::rename(&tmp, &out).unwrap();
+        out
+    });
+    let lib = dir.join("libdcmi.so");
+    std::fs::copy(built, &lib).unwrap();
+    let state = dir.join("libdcmi.so.state");
+    (lib, state)
+}
+
 /// One request: status and JSON body (null if none or not JSON).
 pub async fn call(method: &str, url: &str, token: Option<&str>, body: String) -> (u16, Value) {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();

@@ -329,6 +329,11 @@ impl DcmiSource {
                             ProbeError::Init(format!("{}: {e}", self.path.display()))
                         })?);
                     *loaded = Some(l.clone());
+                    // Never unloaded, not even when the source is dropped: the library
+                    // runs its own threads (the fault-event subscription, calls a
+                    // timeout abandoned) that a dlclose would pull the code from under
+                    // (a SIGSEGV, seen with two agents in one test process).
+                    std::mem::forget(l.clone());
                     l
                 }
             }
