@@ -329,7 +329,8 @@ pub struct Args {
     #[arg(long, env = "FAULTLINE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Ascend fault codes graded by the site: lines `CODE LEVEL [STATUS [REASON]]` over
-    /// the built-in MindCluster table (common/src/ascend_fault_codes.tsv).
+    /// the built-in MindCluster table (common/src/ascend_fault_codes.tsv), and
+    /// `LEVEL STATUS [REASON]` lines for every code of a level.
     #[arg(long, env = "FAULTLINE_ASCEND_FAULT_CODES")]
     pub ascend_fault_codes: Option<PathBuf>,
     /// Where the Ascend `davinciN` device nodes are (npu-smi names chips by their

@@ -150,6 +150,17 @@ fn parse_status(s: &str) -> Option<DeviceStatus> {
     }
 }
 
+fn check_reason(reason: &str) -> Result<(), &'static str> {
+    if reason.len() > 64
+        || !reason
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-')
+    {
+        return Err("reason: at most 64 of [a-zA-Z0-9-]");
+    }
+    Ok(())
+}
+
 /// A code as the vendor prints it (`8C03A000`, `0x8c03a000`), as a number.
 pub fn parse_code(s: &str) -> Option<u32> {
     let s = s.trim();
@@ -197,6 +208,25 @@ impl Catalog {
                 line.split_whitespace().collect()
             };
             let bad = |what: &str| format!("line {}: {what}: {line:?}", n + 1);
+            // `LEVEL STATUS [REASON]`: every code at that level so far (e.g.
+            // `RestartBusiness failed`, to follow the plugin, which takes such a chip
+            // out of service, rather than our default).
+            if let Some(level) = f.first().and_then(|l| Level::parse(l)) {
+                let status = f.get(1).and_then(|s| parse_status(s)).ok_or_else(|| {
+                    bad("a level line needs a status: failed, degraded or healthy")
+                })?;
+                let reason = f.get(2).filter(|s| !s.is_empty()).map(|s| s.to_string());
+                if let Some(r) = &reason {
+                    check_reason(r).map_err(bad)?;
+                }
+                for row in self.rows.values_mut().filter(|r| r.level == level) {
+                    row.status = status;
+                    if let Some(r) = &reason {
+                        row.reason = r.clone();
+                    }
+                }
+                continue;
+            }
             let code = f
                 .first()
                 .and_then(|c| parse_code(c))
@@ -216,13 +246,7 @@ impl Catalog {
                 .filter(|s| !s.is_empty())
                 .map(|s| s.to_string())
                 .unwrap_or_else(|| level.default_reason().to_string());
-            if reason.len() > 64
-                || !reason
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-')
-            {
-                return Err(bad("reason: at most 64 of [a-zA-Z0-9-]"));
-            }
+            check_reason(&reason).map_err(bad)?;
             self.rows.insert(
                 code,
                 Row {
@@ -347,7 +371,6 @@ mod tests {
     #[test]
     fn the_table_has_every_level_and_the_plugins_precedence() {
         let c = Catalog::builtin();
-        assert!(c.len() > 790, "{}", c.len());
         // npu-smi's example (MINDCLUSTER.md 10.1): A4025021 NotHandle, 8C03A000
         // RestartNPU, 8C084E00 FreeRestartNPU: the chip is failed for RestartNPU.
         let g = c.grade_all(["A4025021", "8C03A000", "8C084E00"]);
@@ -362,6 +385,36 @@ mod tests {
         assert_eq!(c.grade(0x40F8_4E00).reason, "card-drop");
         // A code reported twice counts once.
         assert_eq!(c.grade_all(["8C03A000", "A4025021", "8C03A000"]).len(), 2);
+    }
+
+    /// Issue 30: the table is faultCode.json at mind-cluster@22bb3d98, code for code:
+    /// 797 codes, each at the most severe level that names it.
+    #[test]
+    fn the_table_is_the_plugins_faultcode_json_code_for_code() {
+        let c = Catalog::builtin();
+        assert_eq!(c.len(), 797);
+        let mut by_level: BTreeMap<Level, usize> = BTreeMap::new();
+        for (_, r) in c.rows() {
+            *by_level.entry(r.level).or_default() += 1;
+        }
+        assert_eq!(
+            by_level.into_iter().collect::<Vec<_>>(),
+            [
+                (Level::NotHandleFault, 131),
+                (Level::SubHealthFault, 11),
+                (Level::RestartRequest, 33),
+                (Level::RestartBusiness, 24),
+                (Level::FreeRestartNPU, 23),
+                (Level::RestartNPU, 162),
+                (Level::PreSeparateNPU, 199),
+                (Level::SeparateNPU, 214),
+            ]
+        );
+        // Each level's default status, except where a row says otherwise: RestartNPU's
+        // card drop keeps its own reason, and no row changes a status.
+        for (code, r) in c.rows() {
+            assert_eq!(r.status, r.level.default_status(), "{code:08X}");
+        }
     }
 
     #[test]
@@ -383,6 +436,17 @@ mod tests {
             (g.status, g.reason.as_str()),
             (DeviceStatus::Degraded, "site-thing")
         );
+        // A level line moves every code of that level.
+        let c = Catalog::with_overrides("RestartBusiness failed\n").unwrap();
+        assert_eq!(c.grade(0x80E0_1801).status, DeviceStatus::Failed);
+        assert_eq!(c.grade(0x80E0_1801).reason, "hbm-double-bit");
+        assert_eq!(
+            c.grade(0x80C9_8009).status,
+            DeviceStatus::Degraded,
+            "RestartRequest"
+        );
+        assert!(Catalog::with_overrides("RestartBusiness").is_err());
+        assert!(Catalog::with_overrides("RestartBusiness failed bad/reason").is_err());
         assert!(Catalog::with_overrides("XYZ SeparateNPU").is_err());
         assert!(Catalog::with_overrides("8C084E00 Broken").is_err());
         assert!(Catalog::with_overrides("8C084E00 SeparateNPU sick").is_err());

@@ -232,12 +232,17 @@ impl Node {
     /// Judged again, every device would observe a clean sample (so a tick records that
     /// without the work, and the document need not be kept): the agent is
     /// reachable, its last document listed exactly the devices known, and every one
-    /// is healthy with quiet windows.
+    /// gave a clean sample, is healthy and has quiet windows.
     pub(super) fn quiet(&self) -> bool {
         self.reach.reachable
             && self.last.len() == self.devices.len()
             && self.devices.values().all(|d| {
-                d.state.status == DeviceStatus::Healthy
+                // A device its agent reports unknown (a hung source) is not quiet: the
+                // ticks must see it go without fresh data until it turns unknown
+                // (issue 30: skipped as quiet, it stayed healthy for as long as the
+                // agent stayed silent, and its skipped ticks counted as clean samples).
+                d.clean
+                    && d.state.status == DeviceStatus::Healthy
                     && d.state.soft_since_ms.is_none()
                     && d.windows.quiet()
             })

@@ -93,6 +93,40 @@ fn an_unreachable_agent_turns_devices_unknown_after_the_grace_never_failed() {
     assert_eq!(p.summary().failed, 0);
 }
 
+/// Issue 30: a reachable agent whose every device is unknown (its source hung) leaves
+/// them healthy for the grace, then unknown, never failed; the ticks do not skip the
+/// node as quiet meanwhile (they did: it stayed healthy as long as the agent said
+/// unknown, and every skipped tick counted as a clean sample).
+#[test]
+fn devices_their_agent_reports_unknown_turn_unknown_after_the_grace() {
+    let mut p = pipeline();
+    p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), 0);
+    p.tick(1_000);
+    let unknown = device("gpu0").status(DeviceStatus::Unknown).build();
+    p.on_document(doc("n1", vec![unknown]), 1_100);
+    for t in 2..=30 {
+        p.tick(t * 1_000);
+    }
+    assert_eq!(
+        p.device_state("n1", "gpu0").unwrap().status,
+        DeviceStatus::Healthy
+    );
+    p.tick(31_100);
+    let s = p.device_state("n1", "gpu0").unwrap();
+    assert_eq!(
+        (s.status, s.reason.as_deref()),
+        (DeviceStatus::Unknown, Some("no-fresh-data"))
+    );
+    assert_eq!(
+        p.node_faults("n1").unwrap().npus[0].status,
+        DeviceStatus::Unknown
+    );
+    for t in 32..=400 {
+        p.tick(t * 1_000);
+    }
+    assert_eq!(p.summary().failed, 0);
+}
+
 /// A node that was never reached publishes why as soon as it is known, and again
 /// when the reason changes; the same failure again is no change (no write per
 /// retry). CI caught the first: an agent refused before its node was known was
