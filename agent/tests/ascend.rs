@@ -80,6 +80,45 @@ async fn a_950_host_is_served_through_the_v2_api() {
     );
 }
 
+/// Issue 30, point 4: on a 950 (the v2 API), a UB port down (81B18603, NotHandleFault
+/// in faultCode.json) separates the chip, as the device plugin's
+/// `a950HyperPlaneFaultOccur` does with its synthetic SeparateNPU code, unless every
+/// chip has the port down (`a950HyperPlaneNewOverallFaultModify`: sub-health, the
+/// plane's fault).
+#[tokio::test]
+async fn a_950_ub_port_down_separates_its_chip_unless_every_chip_has_it() {
+    let chips = |codes: [&str; 2]| {
+        format!(
+            "api=v2\ncard_count=2\n\
+             card.0.chip.0.logic_id=0\ncard.0.chip.0.phy_id=0\ncard.0.chip.0.errorcodes={}\n\
+             card.1.chip.0.logic_id=1\ncard.1.chip.0.phy_id=1\ncard.1.chip.0.errorcodes={}\n",
+            codes[0], codes[1]
+        )
+    };
+    let state = StateFile::new(&chips(["81B18603", ""]));
+    let agent = dcmi_agent(&state, &[], &[]);
+    let doc = wait_for(&agent, Duration::from_secs(10), "npu0 failed", |d| {
+        d.npus.len() == 2 && d.summary.failed == 1
+    })
+    .await;
+    assert_eq!(
+        status_of(&doc, "npu0"),
+        ("failed".into(), Some("ub-port-down".into()))
+    );
+    assert_eq!(status_of(&doc, "npu1"), ("healthy".into(), None));
+    state.set(&chips(["81B18603", "81B18603"]));
+    let doc = wait_for(&agent, Duration::from_secs(10), "both degraded", |d| {
+        d.summary.degraded == 2
+    })
+    .await;
+    for chip in ["npu0", "npu1"] {
+        assert_eq!(
+            status_of(&doc, chip),
+            ("degraded".into(), Some("ub-port-down-every-chip".into()))
+        );
+    }
+}
+
 /// MindCluster reads codes whatever the health level (fault_code.go grades by code):
 /// an OK chip with a SeparateNPU code is failed, with a NotHandleFault code healthy
 /// (a finding, no reason), with a code in no table degraded, never failed.

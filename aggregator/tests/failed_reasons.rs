@@ -14,7 +14,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use faultline_common::ascend::Catalog;
+use faultline_common::ascend::{Catalog, UB_PORT_DOWN, UB_PORT_DOWN_REASON};
 use faultline_common::classify::{
     failed_reasons, GPU_LOST, PCIE_LINK_DOWN, ROCE_LINK_DOWN, ROW_REMAP_FAILURE,
     VENDOR_HEALTH_CRITICAL,
@@ -43,6 +43,8 @@ fn cause(reason: &str, catalog: &Catalog) -> Cause {
         ROW_REMAP_FAILURE => Cause::Sim(r#""fault":"row-remap-failure""#.into()),
         VENDOR_HEALTH_CRITICAL => Cause::Chip("health=3".into()),
         ROCE_LINK_DOWN => Cause::Chip("net_health=3".into()),
+        // One chip's of several: the plugin separates it (all of them: sub-health).
+        UB_PORT_DOWN_REASON => Cause::Chip(format!("errorcodes={UB_PORT_DOWN}")),
         _ => {
             let code = catalog
                 .rows()

@@ -317,13 +317,59 @@ impl Catalog {
             .collect();
         out.sort_by(|a, b| a.code.cmp(&b.code));
         out.dedup_by(|a, b| a.code == b.code);
-        out.sort_by_key(|g| {
-            (
-                std::cmp::Reverse(g.status.severity()),
-                std::cmp::Reverse(g.level),
-            )
-        });
+        worst_first(&mut out);
         out
+    }
+}
+
+fn worst_first(g: &mut [GradedCode]) {
+    g.sort_by_key(|g| {
+        (
+            std::cmp::Reverse(g.status.severity()),
+            std::cmp::Reverse(g.level),
+        )
+    });
+}
+
+/// An Ascend 950 UB (Unified Bus) port down, as DCMI and npu-smi print it.
+pub const UB_PORT_DOWN: &str = "81B18603";
+/// The reason of a chip separated for its UB port ([`grade_ub_port_down`]).
+pub const UB_PORT_DOWN_REASON: &str = "ub-port-down";
+
+/// What the device plugin makes of a UB port down on a 950 (mind-cluster@22bb3d98
+/// `component/ascend-device-plugin/pkg/common/fault_code.go`): the code itself is
+/// NotHandleFault, but `a950HyperPlaneFaultOccur` adds its synthetic
+/// `UBSeparateFaultCode` (0x020001002, listed under SeparateNPU) to the chip, and
+/// `a950HyperPlaneNewOverallFaultModify` swaps it for `UBSubHealFaultCode`
+/// (0x020000002, SubHealthFault) on every chip when every chip of the node has the
+/// port down (the plane, a switch, is at fault, not the chips). The synthetic codes are
+/// not in our table (DCMI never reports them): the port-down row of each chip is
+/// graded here instead, across the node's chips (`chips`: the graded codes of the
+/// `node_chips` chips read; a chip whose health could not be read has none).
+pub fn grade_ub_port_down(chips: &mut [&mut Vec<GradedCode>], node_chips: usize) {
+    let down = |g: &Vec<GradedCode>| g.iter().any(|c| c.code == UB_PORT_DOWN);
+    let n = chips.iter().filter(|g| down(g)).count();
+    if n == 0 {
+        return;
+    }
+    let every = n == node_chips;
+    for g in chips.iter_mut().filter(|g| down(g)) {
+        for c in g.iter_mut().filter(|c| c.code == UB_PORT_DOWN) {
+            (c.level, c.status, c.reason) = if every {
+                (
+                    Some(Level::SubHealthFault),
+                    DeviceStatus::Degraded,
+                    "ub-port-down-every-chip".into(),
+                )
+            } else {
+                (
+                    Some(Level::SeparateNPU),
+                    DeviceStatus::Failed,
+                    UB_PORT_DOWN_REASON.into(),
+                )
+            };
+        }
+        worst_first(g);
     }
 }
 
@@ -414,6 +460,45 @@ mod tests {
         // card drop keeps its own reason, and no row changes a status.
         for (code, r) in c.rows() {
             assert_eq!(r.status, r.level.default_status(), "{code:08X}");
+        }
+    }
+
+    /// Issue 30, point 4: a 950's UB port down separates the chip unless every chip of
+    /// the node has it (then sub-health, the plane's fault), as the plugin does.
+    #[test]
+    fn a_ub_port_down_separates_the_chip_unless_every_chip_has_it() {
+        let c = Catalog::builtin();
+        assert_eq!(c.grade(0x81B1_8603).level, Some(Level::NotHandleFault));
+        let mut a = c.grade_all([UB_PORT_DOWN, "80A18006"]);
+        let mut b = c.grade_all(["80A18006"]);
+        grade_ub_port_down(&mut [&mut a, &mut b], 2);
+        assert_eq!(
+            (
+                a[0].code.as_str(),
+                a[0].level,
+                a[0].status,
+                a[0].reason.as_str()
+            ),
+            (
+                UB_PORT_DOWN,
+                Some(Level::SeparateNPU),
+                DeviceStatus::Failed,
+                "ub-port-down"
+            )
+        );
+        assert_eq!(b[0].status, DeviceStatus::Healthy);
+        let mut a = c.grade_all([UB_PORT_DOWN]);
+        let mut b = c.grade_all([UB_PORT_DOWN]);
+        // Two of three chips (the third unread): the chips', not the plane's.
+        let (mut a3, mut b3) = (a.clone(), b.clone());
+        grade_ub_port_down(&mut [&mut a3, &mut b3], 3);
+        assert_eq!(a3[0].status, DeviceStatus::Failed);
+        grade_ub_port_down(&mut [&mut a, &mut b], 2);
+        for g in [&a, &b] {
+            assert_eq!(
+                (g[0].level, g[0].status),
+                (Some(Level::SubHealthFault), DeviceStatus::Degraded)
+            );
         }
     }
 

@@ -46,6 +46,7 @@ pub fn failed_reasons(xid: &XidPolicy, ascend: &crate::ascend::Catalog) -> BTree
             .map(|e| format!("xid-{}", e.xid)),
     );
     out.extend(ascend.failed_reasons().into_iter().map(String::from));
+    out.insert(crate::ascend::UB_PORT_DOWN_REASON.to_string());
     out
 }
 

@@ -104,3 +104,13 @@ pub trait EventSink: Send + Sync + 'static {
     /// `source` cannot read its input: `err` says why.
     fn stream_down(&self, source: &'static str, err: &ProbeError);
 }
+
+/// What is graded across the node's chips, not one at a time: a 950's UB port down.
+pub(crate) fn grade_across_chips(chips: &mut [faultline_common::DeviceReading]) {
+    let n = chips.len();
+    let mut graded: Vec<&mut Vec<faultline_common::ascend::GradedCode>> = chips
+        .iter_mut()
+        .filter_map(|r| r.vendor_health.as_mut().map(|v| &mut v.graded))
+        .collect();
+    faultline_common::ascend::grade_ub_port_down(&mut graded, n);
+}

@@ -627,6 +627,7 @@ impl Source for DcmiSource {
         for (a, net) in addrs.into_iter().zip(nets) {
             out.devices.push(read_chip(self, &d, a, net, net_deadline));
         }
+        super::grade_across_chips(&mut out.devices);
         Ok(out)
     }
 

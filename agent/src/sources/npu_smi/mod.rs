@@ -265,6 +265,7 @@ impl Source for NpuSmiSource {
             }
             out.devices.push(r);
         }
+        super::grade_across_chips(&mut out.devices);
         Ok(out)
     }
 
