@@ -78,9 +78,10 @@ impl Level {
     }
 
     /// Our status for a level, where a row does not say: the chip must not take work
-    /// (failed) for RestartNPU and the separations; PreSeparateNPU and FreeRestartNPU,
-    /// which the plugin keeps in use until the job ends, and the restarts and
-    /// sub-health are degraded; NotHandleFault is a finding on a healthy chip.
+    /// (failed) for RestartNPU and the separations; PreSeparateNPU and FreeRestartNPU
+    /// (which the plugin keeps in service only while a job uses the chip), the restarts
+    /// and sub-health are degraded; NotHandleFault is a finding on a healthy chip.
+    /// docs/ascend.md (Grading) says per level what follows and why.
     pub fn default_status(self) -> DeviceStatus {
         match self {
             Level::NotHandleFault => DeviceStatus::Healthy,
