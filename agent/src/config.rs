@@ -333,6 +333,10 @@ pub struct Args {
     /// `LEVEL STATUS [REASON]` lines for every code of a level.
     #[arg(long, env = "FAULTLINE_ASCEND_FAULT_CODES")]
     pub ascend_fault_codes: Option<PathBuf>,
+    /// MindCluster's escalation rules as a site writes them (a `faultCustomization.json`:
+    /// FaultFrequency, FaultDuration) in place of the device plugin's built-in file.
+    #[arg(long, env = "FAULTLINE_ASCEND_FAULT_CUSTOMIZATION")]
+    pub ascend_fault_customization: Option<PathBuf>,
     /// Where the Ascend `davinciN` device nodes are (npu-smi names chips by their
     /// physical id, the N).
     #[arg(long, env = "FAULTLINE_DAVINCI_DIR", default_value = "/dev")]
@@ -381,6 +385,7 @@ pub struct Config {
     pub log_json: bool,
     /// The Ascend fault-code table in force (built-in, with the site's overrides).
     pub fault_codes: std::sync::Arc<faultline_common::ascend::Catalog>,
+    pub escalation: std::sync::Arc<faultline_common::ascend_escalation::Escalation>,
     pub davinci_dir: PathBuf,
 }
 
@@ -507,6 +512,7 @@ impl Config {
             },
             davinci_dir: a.davinci_dir,
             fault_codes: std::sync::Arc::new(fault_codes(a.ascend_fault_codes.as_deref())?),
+            escalation: std::sync::Arc::new(escalation(a.ascend_fault_customization.as_deref())?),
             xid_policy,
             log_json: a.log_format == LogFormat::Json,
         })
@@ -533,6 +539,20 @@ fn fault_codes(
         .with_context(|| format!("--ascend-fault-codes {}", p.display()))?;
     faultline_common::ascend::Catalog::with_overrides(&text)
         .map_err(|e| anyhow::anyhow!("--ascend-fault-codes {}: {e}", p.display()))
+}
+
+/// MindCluster's escalation rules: the site's file, or the device plugin's.
+fn escalation(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<faultline_common::ascend_escalation::Escalation> {
+    use faultline_common::ascend_escalation::Escalation;
+    let Some(p) = path else {
+        return Ok(Escalation::builtin().clone());
+    };
+    let text = std::fs::read_to_string(p)
+        .with_context(|| format!("--ascend-fault-customization {}", p.display()))?;
+    Escalation::parse(&text)
+        .map_err(|e| anyhow::anyhow!("--ascend-fault-customization {}: {e}", p.display()))
 }
 
 #[cfg(test)]

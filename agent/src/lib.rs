@@ -109,11 +109,13 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
             SourceKind::Dcmi => polled.push(Arc::new(
                 sources::dcmi::DcmiSource::new(cfg.dcmi_lib.clone())
                     .with_fault_codes(cfg.fault_codes.clone())
+                    .with_escalation(cfg.escalation.clone())
                     .with_metrics(metrics.clone()),
             )),
             SourceKind::NpuSmi => polled.push(Arc::new(
                 sources::npu_smi::NpuSmiSource::new(cfg.npu_smi.clone())
                     .with_fault_codes(cfg.fault_codes.clone())
+                    .with_escalation(cfg.escalation.clone())
                     .with_davinci_dir(cfg.davinci_dir.clone()),
             )),
             SourceKind::Exec => {

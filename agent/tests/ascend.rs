@@ -80,6 +80,73 @@ async fn a_950_host_is_served_through_the_v2_api() {
     );
 }
 
+/// The chip's code is asserted (degraded), cleared, then asserted again.
+async fn flap(state: &StateFile, agent: &AgentProc, codes: &str, clear: &str) {
+    wait_for(agent, Duration::from_secs(10), "degraded", |d| {
+        d.summary.degraded == 1
+    })
+    .await;
+    state.set(clear);
+    wait_for(agent, Duration::from_secs(10), "cleared", |d| {
+        d.summary.degraded == 0
+    })
+    .await;
+    state.set(codes);
+}
+
+/// Issue 30, point 3: MindCluster's frequency rule, through the DCMI double: an HBM
+/// double-bit error (80E01801, RestartBusiness) that comes back within 24 h separates
+/// the chip for good (ManuallySeparateNPU), and it stays so once the code is gone. A
+/// site's own rules file replaces the built-in one (here: three times, so two leave
+/// the chip degraded).
+#[tokio::test]
+async fn a_code_that_comes_back_separates_the_chip_for_good() {
+    let with = |codes: &str| format!("card_count=1\ncard.0.chip.0.errorcodes={codes}\n");
+    let state = StateFile::new(&with("80E01801"));
+    let agent = dcmi_agent(&state, &[], &[]);
+    flap(&state, &agent, &with("80E01801"), &with("")).await;
+    let doc = wait_for(&agent, Duration::from_secs(10), "separated", |d| {
+        d.summary.failed == 1
+    })
+    .await;
+    assert_eq!(
+        status_of(&doc, "npu0"),
+        ("failed".into(), Some("ascend-manually-separate-npu".into()))
+    );
+    state.set(&with(""));
+    let after = faultline_common::time::rfc3339_ms(faultline_common::time::now_ms() + 200);
+    let doc = wait_for(&agent, Duration::from_secs(5), "a later sample", |d| {
+        d.sources.iter().any(|s| {
+            s.last_success
+                .as_deref()
+                .is_some_and(|t| t > after.as_str())
+        })
+    })
+    .await;
+    assert_eq!(
+        status_of(&doc, "npu0"),
+        ("failed".into(), Some("ascend-manually-separate-npu".into())),
+        "no release window: it stays separated"
+    );
+    drop(agent);
+
+    let rules = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        rules.path(),
+        r#"{"FaultFrequency": [{"EventId": ["80E01801"], "TimeWindow": 86400, "Times": 3, "FaultHandling": "ManuallySeparateNPU"}]}"#,
+    )
+    .unwrap();
+    state.set(&with("80E01801"));
+    let path = rules.path().to_str().unwrap().to_string();
+    let agent = dcmi_agent(&state, &["--ascend-fault-customization", &path], &[]);
+    flap(&state, &agent, &with("80E01801"), &with("")).await;
+    let doc = wait_for(&agent, Duration::from_secs(10), "back", |d| {
+        d.summary.degraded == 1
+    })
+    .await;
+    assert_eq!(doc.summary.failed, 0, "two of three");
+}
+
 /// Issue 30, point 4: on a 950 (the v2 API), a UB port down (81B18603, NotHandleFault
 /// in faultCode.json) separates the chip, as the device plugin's
 /// `a950HyperPlaneFaultOccur` does with its synthetic SeparateNPU code, unless every

@@ -45,6 +45,8 @@ fn cause(reason: &str, catalog: &Catalog) -> Cause {
         ROCE_LINK_DOWN => Cause::Chip("net_health=3".into()),
         // One chip's of several: the plugin separates it (all of them: sub-health).
         UB_PORT_DOWN_REASON => Cause::Chip(format!("errorcodes={UB_PORT_DOWN}")),
+        // A frequency rule met: the agent below counts 80E18405 once for it.
+        "ascend-manually-separate-npu" => Cause::Chip("errorcodes=80E18405".into()),
         _ => {
             let code = catalog
                 .rows()
@@ -118,6 +120,14 @@ async fn every_reason_the_agent_fails_a_device_with_is_published_at_once_and_act
     // DCMI chip (a card each) per Ascend reason and one that stays healthy.
     let dir = tempfile::tempdir().unwrap();
     let (lib, state) = fake_dcmi_in(dir.path());
+    // MindCluster's format, one occurrence enough (the built-in rules count two or more
+    // within a day; the agent's tests walk them).
+    let escalation = dir.path().join("faultCustomization.json");
+    std::fs::write(
+        &escalation,
+        r#"{"FaultFrequency": [{"EventId": ["80E18405"], "TimeWindow": 86400, "Times": 1, "FaultHandling": "ManuallySeparateNPU"}]}"#,
+    )
+    .unwrap();
     let cards = chips.len() + 1;
     std::fs::write(&state, format!("card_count={cards}\n")).unwrap();
     let nv_devices = (sim.len() + 1).to_string();
@@ -142,6 +152,8 @@ async fn every_reason_the_agent_fails_a_device_with_is_published_at_once_and_act
             lib.to_str().unwrap(),
             "--roce-link-down",
             "failed",
+            "--ascend-fault-customization",
+            escalation.to_str().unwrap(),
             "--interval",
             "100ms",
             "--timeout",

@@ -323,7 +323,7 @@ impl Catalog {
     }
 }
 
-fn worst_first(g: &mut [GradedCode]) {
+pub(crate) fn worst_first(g: &mut [GradedCode]) {
     g.sort_by_key(|g| {
         (
             std::cmp::Reverse(g.status.severity()),

@@ -47,6 +47,16 @@ pub fn failed_reasons(xid: &XidPolicy, ascend: &crate::ascend::Catalog) -> BTree
     );
     out.extend(ascend.failed_reasons().into_iter().map(String::from));
     out.insert(crate::ascend::UB_PORT_DOWN_REASON.to_string());
+    // The escalation rules' levels (ManuallySeparateNPU).
+    let esc = crate::ascend_escalation::Escalation::builtin();
+    out.extend(
+        esc.frequency
+            .iter()
+            .map(|r| r.level)
+            .chain(esc.duration.iter().map(|r| r.level))
+            .filter(|l| l.default_status() == DeviceStatus::Failed)
+            .map(|l| l.default_reason().to_string()),
+    );
     out
 }
 

@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod ascend;
+pub mod ascend_escalation;
 pub mod classify;
 pub mod document;
 pub mod fault;

@@ -105,12 +105,48 @@ pub trait EventSink: Send + Sync + 'static {
     fn stream_down(&self, source: &'static str, err: &ProbeError);
 }
 
-/// What is graded across the node's chips, not one at a time: a 950's UB port down.
-pub(crate) fn grade_across_chips(chips: &mut [faultline_common::DeviceReading]) {
-    let n = chips.len();
-    let mut graded: Vec<&mut Vec<faultline_common::ascend::GradedCode>> = chips
-        .iter_mut()
-        .filter_map(|r| r.vendor_health.as_mut().map(|v| &mut v.graded))
-        .collect();
-    faultline_common::ascend::grade_ub_port_down(&mut graded, n);
+/// What is graded across samples and chips, not one reading at a time: MindCluster's
+/// escalation rules (`faultCustomization.json`: a code repeated or held too long) and
+/// a 950's UB port down (issue 30).
+pub struct AcrossChips {
+    rules: std::sync::Arc<faultline_common::ascend_escalation::Escalation>,
+    state: std::sync::Mutex<faultline_common::ascend_escalation::Escalator>,
+}
+
+impl Default for AcrossChips {
+    fn default() -> Self {
+        Self::new(std::sync::Arc::new(
+            faultline_common::ascend_escalation::Escalation::builtin().clone(),
+        ))
+    }
+}
+
+impl AcrossChips {
+    /// With these escalation rules.
+    pub fn new(rules: std::sync::Arc<faultline_common::ascend_escalation::Escalation>) -> Self {
+        AcrossChips {
+            rules,
+            state: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Grade one sample's chips.
+    pub(crate) fn apply(&self, chips: &mut [faultline_common::DeviceReading]) {
+        use faultline_common::sync::Locked;
+        let now_ms = faultline_common::time::now_ms();
+        {
+            let mut state = self.state.locked();
+            for r in chips.iter_mut() {
+                if let Some(v) = r.vendor_health.as_mut() {
+                    state.apply(&self.rules, &r.id, &mut v.graded, now_ms);
+                }
+            }
+        }
+        let n = chips.len();
+        let mut graded: Vec<&mut Vec<faultline_common::ascend::GradedCode>> = chips
+            .iter_mut()
+            .filter_map(|r| r.vendor_health.as_mut().map(|v| &mut v.graded))
+            .collect();
+        faultline_common::ascend::grade_ub_port_down(&mut graded, n);
+    }
 }

@@ -270,6 +270,7 @@ pub struct DcmiSource {
     /// probe.
     chips: Mutex<HashMap<Addr, ChipMemo>>,
     fault_codes: Arc<Catalog>,
+    across: super::AcrossChips,
     metrics: Option<Arc<Metrics>>,
     /// Subscribe to fault events (tests of the polling path turn it off).
     events: bool,
@@ -286,6 +287,7 @@ impl DcmiSource {
             lib: Mutex::new(None),
             chips: Mutex::new(HashMap::new()),
             fault_codes: Arc::new(Catalog::builtin().clone()),
+            across: super::AcrossChips::default(),
             metrics: None,
             events: true,
             wake: Arc::new(tokio::sync::Notify::new()),
@@ -296,6 +298,15 @@ impl DcmiSource {
     /// Grade fault codes with this table (the built-in one by default).
     pub fn with_fault_codes(mut self, fault_codes: Arc<Catalog>) -> Self {
         self.fault_codes = fault_codes;
+        self
+    }
+
+    /// Escalate codes by these rules (MindCluster's by default).
+    pub fn with_escalation(
+        mut self,
+        rules: Arc<faultline_common::ascend_escalation::Escalation>,
+    ) -> Self {
+        self.across = super::AcrossChips::new(rules);
         self
     }
 
@@ -627,7 +638,7 @@ impl Source for DcmiSource {
         for (a, net) in addrs.into_iter().zip(nets) {
             out.devices.push(read_chip(self, &d, a, net, net_deadline));
         }
-        super::grade_across_chips(&mut out.devices);
+        self.across.apply(&mut out.devices);
         Ok(out)
     }
 

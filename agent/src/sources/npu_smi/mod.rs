@@ -34,6 +34,7 @@ pub struct NpuSmiSource {
     ecc: Mutex<HashMap<String, EccCounts>>,
     multi_chip: std::sync::atomic::AtomicBool,
     fault_codes: std::sync::Arc<faultline_common::ascend::Catalog>,
+    across: super::AcrossChips,
     /// Where the `davinciN` device nodes are (`/dev`).
     davinci_dir: std::path::PathBuf,
     /// (NPU, chip) -> physical id, once learned.
@@ -51,6 +52,7 @@ impl NpuSmiSource {
             ecc: Mutex::new(HashMap::new()),
             multi_chip: std::sync::atomic::AtomicBool::new(false),
             fault_codes: std::sync::Arc::new(faultline_common::ascend::Catalog::builtin().clone()),
+            across: super::AcrossChips::default(),
             davinci_dir: std::path::PathBuf::from("/dev"),
             phys: Mutex::new(HashMap::new()),
             phy_scan: Mutex::new(None),
@@ -122,6 +124,15 @@ impl NpuSmiSource {
         fault_codes: std::sync::Arc<faultline_common::ascend::Catalog>,
     ) -> Self {
         self.fault_codes = fault_codes;
+        self
+    }
+
+    /// Escalate codes by these rules (MindCluster's by default).
+    pub fn with_escalation(
+        mut self,
+        rules: std::sync::Arc<faultline_common::ascend_escalation::Escalation>,
+    ) -> Self {
+        self.across = super::AcrossChips::new(rules);
         self
     }
 
@@ -265,7 +276,7 @@ impl Source for NpuSmiSource {
             }
             out.devices.push(r);
         }
-        super::grade_across_chips(&mut out.devices);
+        self.across.apply(&mut out.devices);
         Ok(out)
     }
 
