@@ -378,8 +378,14 @@ pub fn grade_ub_port_down(chips: &mut [&mut Vec<GradedCode>], node_chips: usize)
 /// `resourceID` the kubelet reports for a pod's NPU (KEP-4680): `Ascend910-3` (chip 3;
 /// `assemblePhyDevices`: `"%s-%d", devType, PhyID`) or a virtual NPU `Ascend910-2c-100-3`
 /// (`"%s-%d-%d", vDeviType, VDevID, phyID`: the last number is the chip). `None` for
-/// anything else.
+/// anything else. On a 950 (`huawei.com/npu`) the name is `npu-3`.
 pub fn chip_of_device_name(name: &str) -> Option<u32> {
+    // Ascend 950 ("A5"): `huawei.com/npu`, devices `npu-<phyID>` (ascend910.go).
+    if let Some(phy) = name.strip_prefix("npu-") {
+        return (!phy.is_empty() && phy.len() <= 5 && phy.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| phy.parse().ok())
+            .flatten();
+    }
     let rest = name.strip_prefix("Ascend")?;
     let (head, phy) = rest.rsplit_once('-')?;
     let model_ok = head.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
@@ -388,6 +394,12 @@ pub fn chip_of_device_name(name: &str) -> Option<u32> {
     }
     phy.parse().ok()
 }
+
+/// The pod annotation where Huawei's device plugin names the chips a pod really holds
+/// (`Ascend910-0,Ascend910-1`, physical ids; `ascendcommon.go`). With Volcano
+/// (`-volcanoType=true`) the device ids the kubelet allocated, and reports in
+/// `allocatedResourcesStatus`, are aliases the plugin maps to other chips.
+pub const REAL_CHIPS_ANNOTATION: &str = "huawei.com/AscendReal";
 
 /// Whether the agent's chip id (`npu3`: the chip's physical id, as DCMI and npu-smi
 /// name it) and a device plugin's device name (`Ascend910-3`) are the same chip.
@@ -554,6 +566,8 @@ mod tests {
         ] {
             assert_eq!(chip_of_device_name(bad), None, "{bad}");
         }
+        assert_eq!(chip_of_device_name("npu-3"), Some(3));
+        assert_eq!(chip_of_device_name("npu-core-3"), None);
         assert!(same_chip("npu3", "Ascend910-3"));
         assert!(same_chip("npu3", "Ascend910-4c-101-3"));
         assert!(!same_chip("npu3", "Ascend910-13"));

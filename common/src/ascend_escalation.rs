@@ -10,10 +10,12 @@
 //!   (ManuallySeparateNPU by default). Below that again, an escalated chip stays
 //!   escalated until the code has recovered and `ReleaseTimeWindow` seconds have passed
 //!   since (no release window: never, a person clears it).
-//! - **FaultDuration** (`GetFaultTypeFromFaultDuration`): a code asserted for
+//! - **FaultDuration** (`GetFaultTypeFromFaultDuration`): a code asserted for more than
 //!   `FaultTimeout` seconds without a break puts the chip at `FaultHandling`
-//!   (PreSeparateNPU for a link down held 20 s); once it has recovered for
-//!   `RecoverTimeout` seconds the level falls back.
+//!   (PreSeparateNPU for a link down held 20 s); once it has recovered for more than
+//!   `RecoverTimeout` seconds the level falls back. For a code with a duration rule,
+//!   each such trip is one occurrence for its frequency rule (`handleFaultQueue`): five
+//!   link downs held past 20 s within a day, not five blips.
 //!
 //! The built-in rules are the plugin's file (`ascend_fault_customization.json`); a site
 //! replaces them with its own file in the same format. An occurrence here is a code
@@ -211,18 +213,49 @@ impl Escalator {
             .iter()
             .flat_map(|r| r.codes.iter())
             .chain(rules.duration.iter().flat_map(|r| r.codes.iter()));
-        for &code in watched {
-            let s = state.entry(code).or_default();
-            let present = now.contains(&code);
-            if present && !s.present {
+        let timed = |code: u32| rules.duration.iter().any(|r| r.codes.contains(&code));
+        for code in watched {
+            let s = state.entry(*code).or_default();
+            let present = now.contains(code);
+            // A code a duration rule times counts once each time that rule trips
+            // (`handleFaultQueue`), not on every appearance.
+            if present && !s.present && !timed(*code) {
                 s.occurrences.push_back(now_ms);
                 s.last_fault_ms = now_ms;
-            } else if !present && s.present {
+            } else if !present && s.present && !timed(*code) {
                 s.last_recover_ms = Some(now_ms);
             }
             s.present = present;
         }
         let mut raise: BTreeMap<u32, Level> = BTreeMap::new();
+        // Duration first: a trip is an occurrence for the frequency rules.
+        for r in &rules.duration {
+            for &code in &r.codes {
+                let Some(s) = state.get_mut(&code) else {
+                    continue;
+                };
+                if s.present {
+                    s.recovered_since_ms = None;
+                    let since = *s.present_since_ms.get_or_insert(now_ms);
+                    if !s.by_duration && now_ms.saturating_sub(since) > r.fault_timeout_s * 1000 {
+                        s.by_duration = true;
+                        s.occurrences.push_back(since);
+                        s.last_fault_ms = since;
+                    }
+                } else {
+                    s.present_since_ms = None;
+                    let since = *s.recovered_since_ms.get_or_insert(now_ms);
+                    if s.by_duration && now_ms.saturating_sub(since) > r.recover_timeout_s * 1000 {
+                        s.by_duration = false;
+                        s.last_recover_ms = Some(now_ms);
+                    }
+                }
+                if s.by_duration {
+                    let l = raise.entry(code).or_insert(r.level);
+                    *l = (*l).max(r.level);
+                }
+            }
+        }
         for r in &rules.frequency {
             for &code in &r.codes {
                 let Some(s) = state.get_mut(&code) else {
@@ -236,7 +269,10 @@ impl Escalator {
                     s.occurrences.pop_front();
                 }
                 if s.occurrences.len() >= r.times as usize {
+                    // Detected: the count starts again and the level holds until the
+                    // release (the plugin's upgrade cache).
                     s.by_frequency = true;
+                    s.occurrences.clear();
                 } else if s.by_frequency {
                     let released = r.release_s.is_some_and(|rel| {
                         s.last_recover_ms.is_some_and(|rec| {
@@ -248,30 +284,6 @@ impl Escalator {
                     }
                 }
                 if s.by_frequency {
-                    let l = raise.entry(code).or_insert(r.level);
-                    *l = (*l).max(r.level);
-                }
-            }
-        }
-        for r in &rules.duration {
-            for &code in &r.codes {
-                let Some(s) = state.get_mut(&code) else {
-                    continue;
-                };
-                if s.present {
-                    s.recovered_since_ms = None;
-                    let since = *s.present_since_ms.get_or_insert(now_ms);
-                    if now_ms.saturating_sub(since) >= r.fault_timeout_s * 1000 {
-                        s.by_duration = true;
-                    }
-                } else {
-                    s.present_since_ms = None;
-                    let since = *s.recovered_since_ms.get_or_insert(now_ms);
-                    if now_ms.saturating_sub(since) > r.recover_timeout_s * 1000 {
-                        s.by_duration = false;
-                    }
-                }
-                if s.by_duration {
                     let l = raise.entry(code).or_insert(r.level);
                     *l = (*l).max(r.level);
                 }
@@ -418,30 +430,46 @@ mod tests {
         let mut e = Escalator::default();
         let link = "81078603";
         assert_eq!(sample(&mut e, &[link], 0).1, DeviceStatus::Healthy);
-        assert_eq!(sample(&mut e, &[link], 19 * S).1, DeviceStatus::Healthy);
-        let (l, s, r) = sample(&mut e, &[link], 20 * S);
+        assert_eq!(sample(&mut e, &[link], 20 * S).1, DeviceStatus::Healthy);
+        let (l, s, r) = sample(&mut e, &[link], 21 * S);
         assert_eq!(
             (l, s),
             (Some(Level::PreSeparateNPU), DeviceStatus::Degraded)
         );
         assert_eq!(r, "ascend-pre-separate-npu");
         // Recovered: still pre-separated for 60 s, then back.
-        assert_eq!(sample(&mut e, &[], 21 * S).0, Some(Level::PreSeparateNPU));
-        assert_eq!(sample(&mut e, &[], 81 * S).0, Some(Level::PreSeparateNPU));
-        assert_eq!(sample(&mut e, &[], 82 * S).1, DeviceStatus::Healthy);
+        assert_eq!(sample(&mut e, &[], 22 * S).0, Some(Level::PreSeparateNPU));
+        assert_eq!(sample(&mut e, &[], 82 * S).0, Some(Level::PreSeparateNPU));
+        assert_eq!(sample(&mut e, &[], 83 * S).1, DeviceStatus::Healthy);
     }
 
     #[test]
-    fn five_link_downs_in_a_day_separate_until_48_h_after_recovery() {
+    fn five_link_downs_held_past_20_s_in_a_day_separate_until_48_h_after_recovery() {
+        let link = "81078603";
+        // Blips shorter than the duration rule's 20 s do not count.
         let mut e = Escalator::default();
-        let (l, s, _) = flaps(&mut e, "81078603", 5, 0);
+        assert_eq!(flaps(&mut e, link, 6, 0).1, DeviceStatus::Healthy);
+        // Five held 30 s each, an hour apart: each one a trip of the duration rule.
+        let mut e = Escalator::default();
+        let mut last = sample(&mut e, &[], 0);
+        for i in 0..5 {
+            sample(&mut e, &[link], i * H);
+            last = sample(&mut e, &[link], i * H + 30 * S);
+            sample(&mut e, &[], i * H + 40 * S);
+            if i < 4 {
+                // Recovered for more than 60 s: the duration rule stands down.
+                sample(&mut e, &[], i * H + 101 * S);
+            }
+        }
+        assert_eq!(last.0, Some(Level::ManuallySeparateNPU));
+        assert_eq!(last.1, DeviceStatus::Failed);
+        // The duration rule recovers 60 s after the last link down cleared (4 h 40 s);
+        // the level holds until 48 h after that, out of the 24 h window or not.
+        let recovered = 4 * H + 40 * S + 61 * S;
         assert_eq!(
-            (l, s),
-            (Some(Level::ManuallySeparateNPU), DeviceStatus::Failed)
+            sample(&mut e, &[], recovered).0,
+            Some(Level::ManuallySeparateNPU)
         );
-        // The last came at 4 h and recovered 10 s later. Out of the window (after
-        // 24 h) the count falls, but the level holds until 48 h after the recovery.
-        let recovered = 4 * H + 10 * S;
         assert_eq!(
             sample(&mut e, &[], 30 * H).0,
             Some(Level::ManuallySeparateNPU)

@@ -164,6 +164,19 @@ fn an_ascend_pod_is_evicted_only_for_the_chip_it_holds() {
             "{held}"
         );
     }
+    // Under Volcano the kubelet's id is an alias; the plugin's annotation names the
+    // chips the pod really holds.
+    let mut aliased = pod("Ascend910-3");
+    aliased.metadata.annotations = Some(
+        [(
+            "huawei.com/AscendReal".to_string(),
+            "Ascend910-5,Ascend910-6".to_string(),
+        )]
+        .into(),
+    );
+    assert!(!wants_eviction(&PodView::of(&aliased, &res), &failed));
+    let on5 = [RecordDevice::new("npu5", "ascend-separate-npu")];
+    assert!(wants_eviction(&PodView::of(&aliased, &res), &on5));
 }
 
 fn record(unknown_only: bool) -> QuarantineRecord {

@@ -68,16 +68,45 @@ impl PodView {
                 .as_ref()
                 .is_some_and(|l| l.contains_key(CANARY_LABEL)),
             accelerator,
-            held: status
-                .and_then(|s| s.container_statuses.as_ref())
-                .into_iter()
-                .flatten()
-                .flat_map(|cs| cs.allocated_resources_status.iter().flatten())
-                .filter(|rs| resources.contains(&rs.name))
-                .flat_map(|rs| rs.resources.iter().flatten().map(|r| r.resource_id.clone()))
-                .collect(),
+            held: held(pod, resources),
         }
     }
+}
+
+/// The devices of `resources` a pod holds: what the kubelet reports
+/// (`allocatedResourcesStatus`), where Huawei's device plugin names the real chips
+/// (`huawei.com/AscendReal`, issue 30) those instead of the kubelet's Ascend ids, which
+/// under Volcano are aliases of other chips.
+fn held(pod: &Pod, resources: &[String]) -> Vec<String> {
+    let mut held: Vec<String> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .flat_map(|cs| cs.allocated_resources_status.iter().flatten())
+        .filter(|rs| resources.contains(&rs.name))
+        .flat_map(|rs| rs.resources.iter().flatten().map(|r| r.resource_id.clone()))
+        .collect();
+    let real = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(faultline_common::ascend::REAL_CHIPS_ANNOTATION))
+        .filter(|v| v.len() <= 4096);
+    if let Some(real) = real {
+        let chips: Vec<String> = real
+            .split(',')
+            .map(str::trim)
+            .filter(|c| faultline_common::ascend::chip_of_device_name(c).is_some())
+            .map(String::from)
+            .collect();
+        if !chips.is_empty() {
+            held.retain(|id| faultline_common::ascend::chip_of_device_name(id).is_none());
+            held.extend(chips);
+        }
+    }
+    held
 }
 
 /// A Node as the unknown guard decides on it: its `Ready` condition, `None` when it has
