@@ -261,7 +261,7 @@ pub struct RemediationArgs {
     )]
     pub taint_key: String,
     /// Extended resources that are accelerators, comma separated (default: nvidia.com/gpu
-    /// and the Ascend 910/910B/310P resources).
+    /// and the Ascend 910/910B/310P/950 resources).
     #[arg(long, env = "FAULTLINE_RESOURCE_NAMES", default_value = "")]
     pub resource_names: String,
     /// How long a PodDisruptionBudget may refuse an eviction before faultline announces it

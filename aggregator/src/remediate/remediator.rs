@@ -31,11 +31,13 @@ use crate::notify::Notifier;
 use crate::shard::Fence;
 
 /// The accelerator resources looked for in pods by default.
-pub const DEFAULT_RESOURCES: [&str; 4] = [
+pub const DEFAULT_RESOURCES: [&str; 5] = [
     "nvidia.com/gpu",
     "huawei.com/Ascend910",
     "huawei.com/Ascend910B",
     "huawei.com/Ascend310P",
+    // Ascend 950 (the device plugin's ascend910.go).
+    "huawei.com/npu",
 ];
 
 /// Isolates nodes, evicts the pods on failed devices and releases nodes.
