@@ -4,7 +4,7 @@
 //! the aggregator on default rules with the ConfigMap sink and remediation enforced,
 //! against the Kubernetes API test server. A SeparateNPU chip is tainted and only the
 //! pods holding it are evicted; a RestartNPU chip is failed and handled alike (what
-//! docs/ascend.md says); a hung DCMI call is Unknown and evicts nothing.
+//! docs/ascend.md says); a hung DCMI call or npu-smi is Unknown and evicts nothing.
 
 mod support;
 
@@ -183,11 +183,9 @@ async fn dcmi_a_separated_chip_is_tainted_and_only_its_pods_evicted() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn npu_smi_a_separated_chip_is_tainted_and_only_its_pods_evicted() {
-    let tools = tempfile::tempdir().unwrap();
-    let t = tools.path();
-    // The first CHIPS rows of a real 910B table, davinci0..3, each NPU its chip 0.
+/// The fake npu-smi in `t` serving the first CHIPS rows of a real 910B table
+/// (davinci0..3, each NPU its chip 0), and an agent reading it.
+async fn npu_smi_agent(t: &Path) -> faultline_agent::Agent {
     let rows = 6 + 3 * CHIPS;
     let table: String =
         std::fs::read_to_string(repo_root().join("tests/data/npu-smi/info_910b_8.txt"))
@@ -217,7 +215,7 @@ async fn npu_smi_a_separated_chip_is_tainted_and_only_its_pods_evicted() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let agent = agent_from(
+    agent_from(
         "asc",
         &[
             "--source",
@@ -230,9 +228,18 @@ async fn npu_smi_a_separated_chip_is_tainted_and_only_its_pods_evicted() {
             "100ms",
             "--timeout",
             "3s",
+            "--cache-ttl",
+            "5s",
         ],
     )
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn npu_smi_a_separated_chip_is_tainted_and_only_its_pods_evicted() {
+    let tools = tempfile::tempdir().unwrap();
+    let t = tools.path();
+    let agent = npu_smi_agent(t).await;
     let (w, _agg) = cluster(&agent, &[]).await;
     // npu-smi asks `-t health` for the codes of the chips its table shows not OK (a
     // process per chip): the fault shows in both, as on a real host.
@@ -258,22 +265,18 @@ async fn npu_smi_a_separated_chip_is_tainted_and_only_its_pods_evicted() {
     .await;
 }
 
-/// A DCMI library whose every call hangs: the chips turn unknown, the unknown guard
-/// gives the node its NoSchedule taint valued `unknown` after `--unknown-tolerance`,
-/// and no pod is evicted (the guard acting first makes "nothing evicted" an outcome
-/// that was given its chance, not a wait that proves nothing).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hung_dcmi_call_is_unknown_and_evicts_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let (lib, state) = fake_dcmi_in(dir.path());
-    std::fs::write(&state, format!("card_count={CHIPS}\n")).unwrap();
-    let agent = dcmi_agent(&lib).await;
+/// Every call of the agent's source hangs (`hang` makes it so): the chips turn unknown,
+/// the unknown guard gives the node its NoSchedule taint valued `unknown` after
+/// `--unknown-tolerance`, and no pod is evicted (the guard acting first makes "nothing
+/// evicted" an outcome that was given its chance, not a wait that proves nothing).
+async fn hung_is_unknown_and_evicts_nothing(agent: &faultline_agent::Agent, hang: impl FnOnce()) {
     // A device without fresh data turns unknown after 2 s here (30 s by default), and
     // the unknown guard acts 1 s later (5 min by default).
+    let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, "state_machine: {unknown_after_ms: 2000}\n").unwrap();
     let (w, _agg) = cluster(
-        &agent,
+        agent,
         &[
             "--unknown-tolerance",
             "1s",
@@ -282,8 +285,7 @@ async fn a_hung_dcmi_call_is_unknown_and_evicts_nothing() {
         ],
     )
     .await;
-
-    std::fs::write(&state, format!("card_count={CHIPS}\nhang_ms=30000\n")).unwrap();
+    hang();
     until(Duration::from_secs(20), "the unknown guard's taint", || {
         taints(&w.server, "asc")
             .iter()
@@ -310,4 +312,27 @@ async fn a_hung_dcmi_call_is_unknown_and_evicts_nothing() {
     }
     assert_eq!(eviction_calls(&w.server, "asc-0", 201), 0);
     assert_no_forbidden(&w.server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_dcmi_call_is_unknown_and_evicts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lib, state) = fake_dcmi_in(dir.path());
+    std::fs::write(&state, format!("card_count={CHIPS}\n")).unwrap();
+    let agent = dcmi_agent(&lib).await;
+    hung_is_unknown_and_evicts_nothing(&agent, || {
+        std::fs::write(&state, format!("card_count={CHIPS}\nhang_ms=30000\n")).unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_npu_smi_is_unknown_and_evicts_nothing() {
+    let tools = tempfile::tempdir().unwrap();
+    let t = tools.path();
+    let agent = npu_smi_agent(t).await;
+    hung_is_unknown_and_evicts_nothing(&agent, || {
+        std::fs::write(t.join("mode"), "hang\n").unwrap()
+    })
+    .await;
 }
