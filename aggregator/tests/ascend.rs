@@ -24,16 +24,11 @@ const RESTART: &str = "80A18008";
 /// A running pod on `asc` asking for one `huawei.com/Ascend910`, the kubelet saying it
 /// holds `Ascend910-<chip>`.
 fn npu_pod(chip: usize) -> serde_json::Value {
-    let name = format!("asc-{chip}");
-    serde_json::json!({
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
-        "spec": {"nodeName": "asc", "containers": [{"name": "c", "image": "x",
-            "resources": {"limits": {"huawei.com/Ascend910": "1"}}}]},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
-                "allocatedResourcesStatus": [{"name": "huawei.com/Ascend910",
-                    "resources": [{"resourceID": format!("Ascend910-{chip}"), "health": "Healthy"}]}]}]}
-    })
+    const NPU: &str = "huawei.com/Ascend910";
+    PodFixture::new(&format!("asc-{chip}"), "asc")
+        .asks(NPU)
+        .holds_of(NPU, &format!("Ascend910-{chip}"), "Healthy")
+        .build()
 }
 
 /// The cluster: node `asc` with a pod on each chip and one without an NPU; the
@@ -94,43 +89,36 @@ fn evicted(w: &World) -> Vec<String> {
 /// only that pod; then a RestartNPU code on chip 2 fails that chip too and evicts its
 /// pod (docs/ascend.md: RestartNPU fails the chip), nothing else.
 async fn separate_then_restart(w: &World, set_code: impl Fn(usize, &str)) {
-    set_code(1, SEPARATE);
-    // Published (the page write may land a little after the eviction) and acted on.
-    let failed = Some((
-        DeviceStatus::Failed,
-        Some("ascend-separate-npu".to_string()),
-    ));
-    until(
-        Duration::from_secs(10),
-        "npu1 published failed, asc-1 evicted",
-        || {
-            (published(w, 1) == failed && evicted(w).contains(&"default/asc-1".to_string()))
-                .then_some(())
-        },
-    )
-    .await;
-    assert_eq!(our_taints(&w.server, "asc"), 1);
-    assert_eq!(evicted(w), ["default/asc-1"]);
-    for pod in ["asc-0", "asc-2", "asc-3", "cpu-only"] {
-        assert_eq!(evictions(&w.server, pod), 0, "{pod}");
-    }
-
-    set_code(2, RESTART);
-    // Published (the page write may land a little after the eviction) and acted on.
-    let failed = Some((DeviceStatus::Failed, Some("ascend-restart-npu".to_string())));
-    until(
-        Duration::from_secs(10),
-        "npu2 published failed, asc-2 evicted",
-        || {
-            (published(w, 2) == failed && evicted(w).contains(&"default/asc-2".to_string()))
-                .then_some(())
-        },
-    )
-    .await;
-    assert_eq!(our_taints(&w.server, "asc"), 1, "one taint for both chips");
-    assert!(evicted_once(&w.server, "asc-1") && evicted_once(&w.server, "asc-2"));
-    for pod in ["asc-0", "asc-3", "cpu-only"] {
-        assert_eq!(evictions(&w.server, pod), 0, "{pod}");
+    let mut evicted_so_far: Vec<String> = Vec::new();
+    for (chip, code, reason) in [
+        (1, SEPARATE, "ascend-separate-npu"),
+        (2, RESTART, "ascend-restart-npu"),
+    ] {
+        set_code(chip, code);
+        // Published (the page write may land a little after the eviction) and acted on.
+        let failed = Some((DeviceStatus::Failed, Some(reason.to_string())));
+        let pod = format!("asc-{chip}");
+        evicted_so_far.push(format!("default/{pod}"));
+        until(
+            Duration::from_secs(10),
+            &format!("npu{chip} published failed, {pod} evicted"),
+            || {
+                (published(w, chip) == failed && evicted(w).contains(&format!("default/{pod}")))
+                    .then_some(())
+            },
+        )
+        .await;
+        assert_eq!(our_taints(&w.server, "asc"), 1, "one taint for every chip");
+        assert_eq!(evicted(w), evicted_so_far);
+        for p in &evicted_so_far {
+            let name = p.trim_start_matches("default/");
+            assert!(evicted_once(&w.server, name), "{name}");
+        }
+        for other in ["asc-0", "asc-2", "asc-3", "cpu-only"] {
+            if !evicted_so_far.iter().any(|p| p.ends_with(other)) {
+                assert_eq!(evictions(&w.server, other), 0, "{other}");
+            }
+        }
     }
     let rec = record(&w.server, "asc").unwrap();
     let ids: Vec<&str> = rec["devices"]
@@ -143,8 +131,8 @@ async fn separate_then_restart(w: &World, set_code: impl Fn(usize, &str)) {
     assert_no_forbidden(&w.server);
 }
 
-fn dcmi_flags(lib: &Path) -> Vec<String> {
-    [
+async fn dcmi_agent(lib: &Path) -> faultline_agent::Agent {
+    let flags = [
         "--source",
         "dcmi",
         "--dcmi-lib",
@@ -155,14 +143,7 @@ fn dcmi_flags(lib: &Path) -> Vec<String> {
         "1s",
         "--cache-ttl",
         "2s",
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
-async fn dcmi_agent(lib: &Path) -> faultline_agent::Agent {
-    let flags = dcmi_flags(lib);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    ];
     agent_from("asc", &flags).await
 }
 

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use faultline_common::ascend::{Catalog, UB_PORT_DOWN, UB_PORT_DOWN_REASON};
+use faultline_common::ascend_escalation::Escalation;
 use faultline_common::classify::{
     failed_reasons, GPU_LOST, PCIE_LINK_DOWN, ROCE_LINK_DOWN, ROW_REMAP_FAILURE,
     VENDOR_HEALTH_CRITICAL,
@@ -93,20 +94,16 @@ async fn healthy(agent: &faultline_agent::Agent, n: usize) -> NodeHealth {
 
 /// A pod on `node` asking for one `resource`, the kubelet saying it holds `id`.
 fn pod_holding(name: &str, node: &str, resource: &str, id: &str) -> serde_json::Value {
-    serde_json::json!({
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x",
-            "resources": {"limits": {resource: "1"}}}]},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
-                "allocatedResourcesStatus": [{"name": resource, "resources": [{"resourceID": id, "health": "Healthy"}]}]}]}
-    })
+    PodFixture::new(name, node)
+        .asks(resource)
+        .holds_of(resource, id, "Healthy")
+        .build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_reason_the_agent_fails_a_device_with_is_published_at_once_and_acted_on() {
     let catalog = Catalog::builtin();
-    let reasons = failed_reasons(&XidPolicy::default(), catalog);
+    let reasons = failed_reasons(&XidPolicy::default(), catalog, Escalation::builtin());
     let (mut sim, mut chips) = (Vec::new(), Vec::new());
     for r in &reasons {
         match cause(r, catalog) {

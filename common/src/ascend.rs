@@ -381,15 +381,17 @@ pub fn grade_ub_port_down(chips: &mut [&mut Vec<GradedCode>], node_chips: usize)
 /// anything else. On a 950 (`huawei.com/npu`) the name is `npu-3`.
 pub fn chip_of_device_name(name: &str) -> Option<u32> {
     // Ascend 950 ("A5"): `huawei.com/npu`, devices `npu-<phyID>` (ascend910.go).
-    if let Some(phy) = name.strip_prefix("npu-") {
-        return (!phy.is_empty() && phy.len() <= 5 && phy.bytes().all(|b| b.is_ascii_digit()))
-            .then(|| phy.parse().ok())
-            .flatten();
-    }
-    let rest = name.strip_prefix("Ascend")?;
-    let (head, phy) = rest.rsplit_once('-')?;
-    let model_ok = head.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
-    if !model_ok || phy.is_empty() || phy.len() > 5 || !phy.bytes().all(|b| b.is_ascii_digit()) {
+    let phy = match name.strip_prefix("npu-") {
+        Some(phy) => phy,
+        None => {
+            let (model, phy) = name.strip_prefix("Ascend")?.rsplit_once('-')?;
+            if !model.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+                return None;
+            }
+            phy
+        }
+    };
+    if phy.is_empty() || phy.len() > 5 || !phy.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     phy.parse().ok()

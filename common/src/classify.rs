@@ -29,11 +29,15 @@ pub const FAILED_CODES: [&str; 5] = [
     ROCE_LINK_DOWN,
 ];
 
-/// Every reason the classifier can fail a device with, given the agent's Xid policy and
-/// Ascend table (issue 30: the aggregator's tests walk this list, so a reason added to
-/// the catalogs is tested without anyone listing it). Left out: what a site tool reports
-/// (`--source exec`), whose reasons are the tool's own.
-pub fn failed_reasons(xid: &XidPolicy, ascend: &crate::ascend::Catalog) -> BTreeSet<String> {
+/// Every reason the classifier can fail a device with, given the agent's Xid policy,
+/// Ascend table and escalation rules (issue 30: the aggregator's tests walk this list,
+/// so a reason added to the catalogs is tested without anyone listing it). Left out:
+/// what a site tool reports (`--source exec`), whose reasons are the tool's own.
+pub fn failed_reasons(
+    xid: &XidPolicy,
+    ascend: &crate::ascend::Catalog,
+    esc: &crate::ascend_escalation::Escalation,
+) -> BTreeSet<String> {
     let mut out: BTreeSet<String> = FAILED_CODES.iter().map(|c| c.to_string()).collect();
     out.extend(
         crate::xid::catalog()
@@ -48,7 +52,6 @@ pub fn failed_reasons(xid: &XidPolicy, ascend: &crate::ascend::Catalog) -> BTree
     out.extend(ascend.failed_reasons().into_iter().map(String::from));
     out.insert(crate::ascend::UB_PORT_DOWN_REASON.to_string());
     // The escalation rules' levels (ManuallySeparateNPU).
-    let esc = crate::ascend_escalation::Escalation::builtin();
     out.extend(
         esc.frequency
             .iter()

@@ -267,7 +267,7 @@ impl Rules {
     }
 
     /// Whether a failed finding `code` fails the device at once.
-    pub fn is_hard(&self, code: &str) -> bool {
+    fn is_hard(&self, code: &str) -> bool {
         let matches = |p: &String| match p.strip_suffix('*') {
             Some(prefix) => code.starts_with(prefix),
             None => p == code,
@@ -622,6 +622,7 @@ mod tests {
         let reasons = crate::classify::failed_reasons(
             &crate::xid::XidPolicy::default(),
             crate::ascend::Catalog::builtin(),
+            crate::ascend_escalation::Escalation::builtin(),
         );
         for must in [
             "gpu-lost",

@@ -280,6 +280,26 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Build the C test double `tests/<src>` as the shared library `name` in `out_dir`
+/// (a test binary's `CARGO_TARGET_TMPDIR`): `cc -shared -fPIC`, into a private name
+/// first and then renamed, since test binaries may race to build it. Its path.
+pub fn build_c_double(src: &str, name: &str, out_dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(out_dir).unwrap();
+    let out = out_dir.join(name);
+    let tmp = out_dir.join(format!("{name}.{}", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-o"])
+        .arg(&tmp)
+        .arg(repo_root().join("tests").join(src))
+        .arg("-lpthread")
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cc} to build {src}: {e}"));
+    assert!(status.success(), "{cc} failed to build {src}");
+    std::fs::rename(&tmp, &out).unwrap();
+    out
+}
+
 /// A child process killed (and reaped) when dropped: a test that fails half way does
 /// not leave it running.
 pub struct ChildGuard(pub std::process::Child);

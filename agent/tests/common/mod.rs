@@ -26,21 +26,7 @@ pub fn test_path(rel: &str) -> PathBuf {
 
 fn build_double(src: &str, name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("doubles");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(name);
-    // Build into a private name, then rename: test binaries may race to build it.
-    let tmp = dir.join(format!("{name}.{}", std::process::id()));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-o"])
-        .arg(&tmp)
-        .arg(test_path(src))
-        .arg("-lpthread")
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run {cc} to build {src}: {e}"));
-    assert!(status.success(), "{cc} failed to build {src}");
-    std::fs::rename(&tmp, &out).unwrap();
-    out
+    faultline_common::testing::build_c_double(src, name, &dir)
 }
 
 /// The C double of libnvidia-ml.so, built once per test binary.

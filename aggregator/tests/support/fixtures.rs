@@ -96,15 +96,25 @@ impl PodFixture {
     }
 
     /// It asks for one `nvidia.com/gpu`.
-    pub fn gpu(mut self) -> Self {
-        self.0["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+    pub fn gpu(self) -> Self {
+        self.asks("nvidia.com/gpu")
+    }
+
+    /// It asks for one of the extended resource `resource` (`huawei.com/Ascend910`).
+    pub fn asks(mut self, resource: &str) -> Self {
+        self.0["spec"]["containers"][0]["resources"] = json!({"limits": {resource: "1"}});
         self
     }
 
-    /// The kubelet says it holds device `id` with `health` (KEP-4680).
-    pub fn holds(mut self, id: &str, health: &str) -> Self {
+    /// The kubelet says it holds `nvidia.com/gpu` device `id` with `health` (KEP-4680).
+    pub fn holds(self, id: &str, health: &str) -> Self {
+        self.holds_of("nvidia.com/gpu", id, health)
+    }
+
+    /// The kubelet says it holds device `id` of `resource` with `health` (KEP-4680).
+    pub fn holds_of(mut self, resource: &str, id: &str, health: &str) -> Self {
         self.0["status"]["containerStatuses"] = json!([{"name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
-            "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [{"resourceID": id, "health": health}]}]}]);
+            "allocatedResourcesStatus": [{"name": resource, "resources": [{"resourceID": id, "health": health}]}]}]);
         self
     }
 

@@ -273,22 +273,16 @@ pub async fn agent(node: &str) -> faultline_agent::Agent {
 
 /// [`agent`], with more flags.
 pub async fn agent_with(node: &str, extra: &[&str]) -> faultline_agent::Agent {
-    let mut args = vec![
-        "faultline-agent",
+    let mut flags = vec![
         "--source",
         "sim",
         "--sim-devices",
         "4",
         "--interval",
         "100ms",
-        "--listen",
-        "127.0.0.1:0",
-        "--node-name",
-        node,
     ];
-    args.extend_from_slice(extra);
-    let cfg = faultline_agent::config::Config::parse_from(args).unwrap();
-    faultline_agent::start(cfg).await.unwrap()
+    flags.extend_from_slice(extra);
+    agent_from(node, &flags).await
 }
 
 /// An agent in this process with `flags` (source and all), serving `node` on a free
@@ -313,22 +307,8 @@ pub async fn agent_from(node: &str, flags: &[&str]) -> faultline_agent::Agent {
 pub fn fake_dcmi_in(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     let built = BUILT.get_or_init(|| {
-        let out_dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("doubles");
-        std::fs::create_dir_all(&out_dir).unwrap();
-        let out = out_dir.join("libdcmi.so");
-        // Into a private name, then rename: test binaries may race to build it.
-        let tmp = out_dir.join(format!("libdcmi.so.{}", std::process::id()));
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let status = std::process::Command::new(&cc)
-            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-o"])
-            .arg(&tmp)
-            .arg(repo_root().join("tests/fixtures/dcmi/fake_dcmi.c"))
-            .arg("-lpthread")
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run {cc} to build the DCMI double: {e}"));
-        assert!(status.success(), "{cc} failed to build the DCMI double");
-        std::fs::rename(&tmp, &out).unwrap();
-        out
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("doubles");
+        faultline_common::testing::build_c_double("fixtures/dcmi/fake_dcmi.c", "libdcmi.so", &dir)
     });
     let lib = dir.join("libdcmi.so");
     std::fs::copy(built, &lib).unwrap();
