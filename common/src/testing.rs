@@ -300,6 +300,24 @@ pub fn build_c_double(src: &str, name: &str, out_dir: &Path) -> PathBuf {
     out
 }
 
+/// The sum of every series of metric `name` in Prometheus text `text` (its labels
+/// aside; `name` whole, so `x` does not count `x_total`): 0 when there is none. What a
+/// test waits on instead of a sleep: "two more rounds of polls" is `polls >= before + 2n`.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.as_bytes().first()? {
+                b'{' => &rest[rest.rfind('}')? + 1..],
+                b' ' => rest,
+                _ => return None,
+            };
+            value.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .sum()
+}
+
 /// A child process killed (and reaped) when dropped: a test that fails half way does
 /// not leave it running.
 pub struct ChildGuard(pub std::process::Child);
@@ -314,6 +332,16 @@ impl Drop for ChildGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_metric_sums_its_series_and_no_other_metric() {
+        let text = "# HELP x_total polls\n# TYPE x_total counter\n\
+            x_total{node=\"a\",result=\"ok\"} 3\nx_total{node=\"b}\"} 4.5\n\
+            x_total_other 100\nx 7\nx_total 1\n";
+        assert_eq!(metric_sum(text, "x_total"), 8.5);
+        assert_eq!(metric_sum(text, "x"), 7.0);
+        assert_eq!(metric_sum(text, "y"), 0.0);
+    }
 
     #[test]
     fn a_built_document_counts_its_devices_and_reads_back() {

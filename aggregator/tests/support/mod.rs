@@ -394,8 +394,15 @@ pub async fn metric_until(addr: SocketAddr, needle: &str, within: Duration) -> S
 }
 
 /// Poll `f` until it gives a value or `within` passes; the value and the time it took.
-pub async fn until<T>(
+pub async fn until<T>(within: Duration, what: &str, f: impl FnMut() -> Option<T>) -> (T, Duration) {
+    until_every(within, Duration::from_millis(5), what, f).await
+}
+
+/// [`until`], asking every `every`: for a check that costs (parsing every shard's
+/// page), so that asking does not take the CPU the product needs to get there.
+pub async fn until_every<T>(
     within: Duration,
+    every: Duration,
     what: &str,
     mut f: impl FnMut() -> Option<T>,
 ) -> (T, Duration) {
@@ -408,6 +415,6 @@ pub async fn until<T>(
             start.elapsed() < within,
             "timed out after {within:?}: {what}"
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(every).await;
     }
 }
