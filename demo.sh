@@ -48,7 +48,7 @@ for port in $BASE $((BASE + 1)) $((BASE + 2)) $((BASE + 10)) $((BASE + 11)) $((B
     fail "port $port is in use by another process; set FAULTLINE_DEMO_PORT to another base (now $BASE)"
   fi
 done
-echo "== building the agent, the aggregator and the test API server (release; the first build on a fresh clone takes about 6 minutes on 2 cores)"
+echo "== building the agent, the aggregator and the test API server (release; the first build on a fresh clone takes about 14 minutes on 2 cores)"
 cargo build --locked --release -q -p faultline-agent -p faultline-aggregator -p faultline-test-apiserver
 # wait_until SECONDS WHAT COMMAND...: run COMMAND every 20 ms until it succeeds; fail
 # the demo when it has not within SECONDS.

@@ -13,19 +13,13 @@ use std::time::Duration;
 use serde_json::Value;
 use support::*;
 
-fn have_kubectl() -> bool {
-    if std::process::Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok()
-    {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "no kubectl on PATH, and CI is set"
-    );
-    false
+fn have_kubectl(test: &str) -> bool {
+    faultline_common::testing::have_tool(
+        test,
+        "kubectl",
+        &["version", "--client"],
+        "kubernetes-client",
+    )
 }
 
 /// A kubeconfig with two contexts: `broken` (current; nothing listens there) and
@@ -104,8 +98,7 @@ fn stdout(o: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_faultline_describes_nodes_and_agents_in_the_chosen_context() {
-    if !have_kubectl() {
-        eprintln!("SKIPPED kubectl_faultline_describes_nodes_and_agents_in_the_chosen_context: no kubectl on PATH (.ci/run installs it)");
+    if !have_kubectl("kubectl_faultline_describes_nodes_and_agents_in_the_chosen_context") {
         return;
     }
     let w = Scenario::new()

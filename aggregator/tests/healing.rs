@@ -903,17 +903,12 @@ async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
 /// uses it: staging/src/k8s.io/kubectl/pkg/describe/describe.go; issue 9, bug 5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_describe_node_shows_faultlines_events() {
-    if std::process::Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_err()
-    {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "no kubectl on PATH, and CI is set"
-        );
-        eprintln!("SKIPPED kubectl_describe_node_shows_faultlines_events: no kubectl on PATH (.ci/run installs it)");
+    if !faultline_common::testing::have_tool(
+        "kubectl_describe_node_shows_faultlines_events",
+        "kubectl",
+        &["version", "--client"],
+        "kubernetes-client",
+    ) {
         return;
     }
     // kubectl sends no token over plain HTTP: let its anonymous requests read, as a
@@ -1235,7 +1230,8 @@ async fn the_binary_notifies_audits_and_stops_on_sigterm() {
     assert_no_forbidden(server);
 }
 
-/// SIGTERM to `pid` through the `kill` command (no unsafe code in the tests).
+/// SIGTERM to `pid` through the `kill` command (no unsafe code in the tests; procps,
+/// which `.ci/run` installs).
 fn unsafe_free_kill(pid: i32) -> i32 {
     std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])

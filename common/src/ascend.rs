@@ -169,7 +169,8 @@ pub fn parse_code(s: &str) -> Option<u32> {
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))
         .unwrap_or(s);
-    if s.is_empty() || s.len() > 8 {
+    // Hex digits only: `from_str_radix` alone would take a sign ("+1").
+    if s.is_empty() || s.len() > 8 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     u32::from_str_radix(s, 16).ok()

@@ -300,6 +300,26 @@ pub fn build_c_double(src: &str, name: &str, out_dir: &Path) -> PathBuf {
     out
 }
 
+/// Whether `tool` runs (`tool args...` starts), for test `test`. Without it the test is
+/// skipped with a printed reason, unless `CI` is set: there a missing tool fails the
+/// test, because `.ci/run` installs `package`.
+pub fn have_tool(test: &str, tool: &str, args: &[&str], package: &str) -> bool {
+    let ran = std::process::Command::new(tool)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok();
+    if !ran {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: no {tool} on PATH, and CI is set (.ci/run installs {package})"
+        );
+        eprintln!("SKIPPED {test}: no {tool} on PATH (.ci/run installs {package})");
+    }
+    ran
+}
+
 /// The sum of every series of metric `name` in Prometheus text `text` (its labels
 /// aside; `name` whole, so `x` does not count `x_total`): 0 when there is none. What a
 /// test waits on instead of a sleep: "two more rounds of polls" is `polls >= before + 2n`.

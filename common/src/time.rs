@@ -31,30 +31,61 @@ pub fn rfc3339_after(d: Duration) -> String {
     rfc3339_ms(now_ms().saturating_add(d.as_millis() as u64))
 }
 
-/// Milliseconds since the epoch of an RFC 3339 time (any fraction of a second, `Z` or
-/// a numeric offset), or `None` when it does not parse.
+/// Milliseconds since the epoch of an RFC 3339 time (`date-time` of RFC 3339 §5.6:
+/// `T` or `t`, any fraction of a second, `Z`, `z` or `+HH:MM`/`-HH:MM`), or `None` when
+/// it is not exactly that (no zone, spaces around it, a signed or one-digit field) or is
+/// before the epoch. chrono is the oracle of its property tests (`tests/rfc3339.rs`).
 pub fn parse_rfc3339_ms(at: &str) -> Option<u64> {
-    let at = at.trim();
-    let (local, offset_ms) = match at.strip_suffix('Z').or_else(|| at.strip_suffix('z')) {
-        Some(l) => (l, 0i64),
-        None => {
-            // `+HH:MM` or `-HH:MM` at the end.
-            let (l, off) = at.split_at(at.len().checked_sub(6)?);
-            let sign = match off.as_bytes().first()? {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            let (h, m) = off[1..].split_once(':')?;
-            let (h, m): (i64, i64) = (h.parse().ok()?, m.parse().ok()?);
+    let b = at.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    let shape = b.len() >= 20
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && matches!(b[10], b'T' | b't')
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19);
+    if !shape {
+        return None;
+    }
+    let mut end = 19;
+    if b[end] == b'.' {
+        let n = b[end + 1..]
+            .iter()
+            .take_while(|d| d.is_ascii_digit())
+            .count();
+        if n == 0 {
+            return None;
+        }
+        end += 1 + n;
+    }
+    let offset_ms: i64 = match &b[end..] {
+        b"Z" | b"z" => 0,
+        [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2]
+            if [h1, h2, m1, m2].iter().all(|d| d.is_ascii_digit()) =>
+        {
+            let num = |x: &u8, y: &u8| i64::from((x - b'0') * 10 + (y - b'0'));
+            let (h, m) = (num(h1, h2), num(m1, m2));
             if h > 23 || m > 59 {
                 return None;
             }
-            (l, sign * (h * 3600 + m * 60) * 1000)
+            let sign = if *sign == b'+' { 1 } else { -1 };
+            sign * (h * 3600 + m * 60) * 1000
         }
+        _ => return None,
     };
-    let t = humantime::parse_rfc3339_weak(local).ok()?;
-    let ms = t.duration_since(UNIX_EPOCH).ok()?.as_millis() as i64;
+    // The calendar (month lengths, leap years) is humantime's, on the local part in
+    // the one spelling it reads.
+    let mut local = at[..end].to_string();
+    local.replace_range(10..11, "T");
+    let t = humantime::parse_rfc3339_weak(&local).ok()?;
+    let ms = i64::try_from(t.duration_since(UNIX_EPOCH).ok()?.as_millis()).ok()?;
     u64::try_from(ms - offset_ms).ok()
 }
 

@@ -280,12 +280,12 @@ mod tests {
     /// descriptors behind (the pipes are read on the caller's thread, then closed).
     #[test]
     fn an_escaped_descendant_leaks_no_thread_and_no_descriptor() {
-        if std::process::Command::new("setsid")
-            .arg("true")
-            .status()
-            .is_err()
-        {
-            eprintln!("SKIPPED an_escaped_descendant_leaks_no_thread_and_no_descriptor: no setsid on PATH (util-linux)");
+        if !faultline_common::testing::have_tool(
+            "an_escaped_descendant_leaks_no_thread_and_no_descriptor",
+            "setsid",
+            &["true"],
+            "util-linux",
+        ) {
             return;
         }
         // The escaped child outlives the 5 s timeout: waiting for its end fails the run.

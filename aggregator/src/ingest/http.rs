@@ -396,8 +396,21 @@ async fn connect(authority: &str, within: Duration) -> Result<TcpStream, HttpErr
     Ok(stream)
 }
 
+/// What an answer is read from: the agent's socket (in the tests, bytes in reads cut
+/// wherever a property says).
+trait Wire: AsyncRead + Unpin + Send {
+    /// Ready when a read would not wait: nothing is allocated before.
+    fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send;
+}
+
+impl Wire for TcpStream {
+    fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
+        self.readable()
+    }
+}
+
 /// Read more into `buf`, at most `cap` bytes in all. Bytes read (0: end of stream).
-async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>, cap: usize) -> Result<usize, Exchange> {
+async fn fill(stream: &mut impl Wire, buf: &mut Vec<u8>, cap: usize) -> Result<usize, Exchange> {
     if buf.len() >= cap {
         return Err(HttpError::TooLarge(cap).into());
     }
@@ -459,9 +472,11 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, HttpError> {
             }
             chunked = true;
         } else if h.name.eq_ignore_ascii_case("content-length") {
-            let n: usize = value
-                .parse()
-                .map_err(|_| HttpError::Malformed(format!("content-length {value:?}")))?;
+            // 1*DIGIT (RFC 9110 §8.6): no sign, no list (`parse` would take "+5").
+            let n: usize = Some(value)
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| HttpError::Malformed(format!("content-length {value:?}")))?;
             if length.is_some_and(|m| m != n) {
                 return Err(HttpError::Malformed("two content-lengths".into()));
             }
@@ -492,7 +507,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, HttpError> {
 
 /// Read a response's head (interim answers skipped): the head, and the bytes read
 /// past it.
-async fn read_head(stream: &mut TcpStream, cap: usize) -> Result<(Head, Vec<u8>), Exchange> {
+async fn read_head(stream: &mut impl Wire, cap: usize) -> Result<(Head, Vec<u8>), Exchange> {
     // Nothing is allocated until the answer starts to arrive: a long-poll waits here.
     let mut buf: Vec<u8> = Vec::new();
     loop {
@@ -502,7 +517,7 @@ async fn read_head(stream: &mut TcpStream, cap: usize) -> Result<(Head, Vec<u8>)
             }
             let first = buf.is_empty();
             if first {
-                stream.readable().await.map_err(Exchange::stale_or)?;
+                stream.ready().await.map_err(Exchange::stale_or)?;
             }
             let n = fill(stream, &mut buf, cap)
                 .await
@@ -516,6 +531,11 @@ async fn read_head(stream: &mut TcpStream, cap: usize) -> Result<(Head, Vec<u8>)
             }
             continue;
         };
+        // A whole head over the bound, read at once, is refused as one that came in
+        // pieces is.
+        if head.len > MAX_HEAD {
+            return Err(HttpError::Malformed(format!("head over {MAX_HEAD} bytes")).into());
+        }
         buf.drain(..head.len);
         if (100..200).contains(&head.status) {
             // An interim answer: the real one follows.
@@ -526,7 +546,7 @@ async fn read_head(stream: &mut TcpStream, cap: usize) -> Result<(Head, Vec<u8>)
 }
 
 /// Read one response: the answer and whether the connection may be kept.
-async fn read_response(stream: &mut TcpStream, limit: usize) -> Result<(Response, bool), Exchange> {
+async fn read_response(stream: &mut impl Wire, limit: usize) -> Result<(Response, bool), Exchange> {
     let cap = MAX_HEAD + limit + (limit >> 3) + 1024;
     let (head, buf) = read_head(stream, cap).await?;
     read_body(stream, head, buf, limit, cap).await
@@ -534,7 +554,7 @@ async fn read_response(stream: &mut TcpStream, limit: usize) -> Result<(Response
 
 /// Read the body after `head`, whose first bytes are in `buf`.
 async fn read_body(
-    stream: &mut TcpStream,
+    stream: &mut impl Wire,
     head: Head,
     mut buf: Vec<u8>,
     limit: usize,
@@ -568,9 +588,13 @@ async fn read_body(
             .map_err(Exchange::mid)?,
         Framing::Close => {
             keep = false;
+            // Read up to one byte past the limit: that byte says the body is over it.
             while fill(stream, &mut buf, limit + 1)
                 .await
-                .map_err(Exchange::mid)?
+                .map_err(|e| match e {
+                    Exchange::Failed(HttpError::TooLarge(_)) => HttpError::TooLarge(limit).into(),
+                    e => e.mid(),
+                })?
                 > 0
             {}
             buf
@@ -584,7 +608,7 @@ async fn read_body(
 
 /// Decode a chunked body whose first bytes are in `raw`.
 async fn dechunk(
-    stream: &mut TcpStream,
+    stream: &mut impl Wire,
     mut raw: Vec<u8>,
     limit: usize,
     cap: usize,
@@ -641,6 +665,9 @@ async fn dechunk(
         }
     }
 }
+
+#[cfg(test)]
+mod props;
 
 #[cfg(test)]
 mod tests {

@@ -283,6 +283,169 @@ mod tests {
         );
     }
 
+    /// Issue 27, point 5: documents as an agent streams them (NDJSON in chunks of any
+    /// size, LF or CRLF line ends, heartbeat blank lines, extensions, trailers).
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A document: no byte a chunk-size line could start with (hex digits, CR,
+        /// LF), so that a misframed stream cannot resynchronise by chance.
+        fn doc() -> impl Strategy<Value = String> {
+            r#"[g-zG-Z{}":,\[\] ]{1,60}"#
+        }
+
+        /// `docs` as a chunked NDJSON body: blank lines before the documents flagged
+        /// in `beats`, CRLF ends when `crlf`, chunks of the sizes in `sizes` (cycled),
+        /// upper case hex when `upper`, an extension on every chunk when `ext`.
+        fn body(
+            docs: &[String],
+            beats: &[bool],
+            crlf: bool,
+            sizes: &[usize],
+            upper: bool,
+            ext: bool,
+        ) -> Vec<u8> {
+            let end = if crlf { "\r\n" } else { "\n" };
+            let mut text = String::new();
+            for (i, d) in docs.iter().enumerate() {
+                if beats.get(i).copied().unwrap_or(false) {
+                    text.push_str(end);
+                }
+                text.push_str(d);
+                text.push_str(end);
+            }
+            let text = text.into_bytes();
+            let mut out = Vec::new();
+            let (mut at, mut i) = (0, 0);
+            while at < text.len() {
+                let n = sizes[i % sizes.len()].min(text.len() - at);
+                let size = if upper {
+                    format!("{n:X}")
+                } else {
+                    format!("{n:x}")
+                };
+                out.extend(format!("{size}{}\r\n", if ext { ";e=1" } else { "" }).bytes());
+                out.extend(&text[at..at + n]);
+                out.extend(b"\r\n");
+                at += n;
+                i += 1;
+            }
+            out.extend(b"0\r\nX-Trailer: 1\r\n\r\n");
+            out
+        }
+
+        /// `bytes` cut at `cuts` (modulo its length) into reads.
+        fn reads(bytes: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
+            let mut at: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+            at.extend([0, bytes.len()]);
+            at.sort_unstable();
+            at.dedup();
+            at.windows(2).map(|w| bytes[w[0]..w[1]].to_vec()).collect()
+        }
+
+        fn run(reads: &[Vec<u8>], limit: usize) -> (Vec<String>, Result<bool, StreamError>, u64) {
+            let parts: Vec<&[u8]> = reads.iter().map(Vec::as_slice).collect();
+            let mut l = Lines::default();
+            let mut got = Vec::new();
+            for p in &parts {
+                if let Err(e) = l.feed(p, limit, &mut |line| {
+                    got.push(String::from_utf8(line.to_vec()).unwrap())
+                }) {
+                    return (got, Err(e), l.ended());
+                }
+            }
+            (got, Ok(l.done()), l.ended())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Any chunking, any cut into reads: the same documents, in order, the
+            /// stream done, and every line counted (heartbeats too).
+            #[test]
+            fn any_split_gives_the_same_documents(
+                docs in prop::collection::vec(doc(), 0..12),
+                beats in prop::collection::vec(any::<bool>(), 12),
+                crlf: bool,
+                sizes in prop::collection::vec(1usize..50, 1..5),
+                upper: bool,
+                ext: bool,
+                cuts in prop::collection::vec(any::<usize>(), 0..16),
+            ) {
+                let bytes = body(&docs, &beats, crlf, &sizes, upper, ext);
+                let (got, end, ended) = run(&reads(&bytes, &cuts), 60);
+                prop_assert_eq!(got, docs.clone());
+                prop_assert_eq!(end, Ok(true));
+                let blanks = beats.iter().take(docs.len()).filter(|b| **b).count();
+                prop_assert_eq!(ended, (docs.len() + blanks) as u64);
+            }
+
+            /// A chunk size that says more or less than the chunk holds is never read
+            /// as the stream that was sent, wherever the reads cut.
+            #[test]
+            fn a_wrong_chunk_size_is_refused(
+                docs in prop::collection::vec(doc(), 1..8),
+                sizes in prop::collection::vec(1usize..50, 1..5),
+                which in any::<prop::sample::Index>(),
+                delta in prop_oneof![-20i64..=-1, 1i64..=20],
+                cuts in prop::collection::vec(any::<usize>(), 0..16),
+            ) {
+                let bytes = body(&docs, &[], false, &sizes, false, false);
+                // Find the size lines (all but the last chunk's) and change one.
+                let text = String::from_utf8(bytes.clone()).unwrap();
+                let mut lines = Vec::new();
+                let mut at = 0;
+                while at < text.len() {
+                    let nl = text[at..].find("\r\n").unwrap() + at;
+                    let n = usize::from_str_radix(&text[at..nl], 16).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    lines.push((at, nl, n));
+                    at = nl + 2 + n + 2;
+                }
+                let (start, end, n) = lines[which.index(lines.len())];
+                let wrong = n as i64 + delta;
+                prop_assume!(wrong > 0);
+                let broken = format!("{}{:x}{}", &text[..start], wrong, &text[end..]);
+                let (lines, got, _) = run(&reads(broken.as_bytes(), &cuts), 60);
+                // Mostly an error. Ok(false): the size ran past the end, and the
+                // decoder waits for bytes that never come (the connection's end is the
+                // error then: `Conn::next_lines`, "the stream closed before its end").
+                // Ok(true): a size that lands exactly on a later chunk's end frames
+                // other, valid content (the size lines it swallowed become lines); it
+                // is never taken for the stream that was sent.
+                match got {
+                    Err(StreamError::Malformed(_)) | Ok(false) => {}
+                    Ok(true) => prop_assert_ne!(lines, docs),
+                    other => prop_assert!(false, "{:?}", other),
+                }
+            }
+
+            /// A document over the limit is refused wherever the reads cut it; those
+            /// before it are handed over.
+            #[test]
+            fn a_document_over_the_limit_is_refused(
+                docs in prop::collection::vec(doc(), 1..8),
+                limit in 1usize..40,
+                sizes in prop::collection::vec(1usize..50, 1..5),
+                cuts in prop::collection::vec(any::<usize>(), 0..16),
+            ) {
+                let first_long = docs.iter().position(|d| d.len() > limit);
+                let bytes = body(&docs, &[], false, &sizes, false, false);
+                let (got, end, _) = run(&reads(&bytes, &cuts), limit);
+                match first_long {
+                    Some(i) => {
+                        prop_assert_eq!(&got[..], &docs[..i]);
+                        prop_assert_eq!(end, Err(StreamError::TooLarge(limit)));
+                    }
+                    None => prop_assert_eq!((got, end), (docs, Ok(true))),
+                }
+            }
+        }
+    }
+
     #[test]
     fn broken_framing_and_long_lines_are_errors() {
         use StreamError::*;
