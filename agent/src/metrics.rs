@@ -48,6 +48,11 @@ struct LineLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpenLabels {
+    from: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabels {
     path: String,
     code: String,
@@ -81,6 +86,7 @@ pub struct Metrics {
     status: Family<StatusLabels, Gauge>,
     xids: Family<XidLabels, Counter>,
     kmsg_lines: Family<LineLabels, Counter>,
+    kmsg_opens: Family<OpenLabels, Counter>,
     fault_events: Family<FaultEventLabels, Counter>,
     fault_event_mode: Family<FaultModeLabels, Gauge>,
     http: Family<HttpLabels, Counter>,
@@ -118,6 +124,7 @@ impl Metrics {
             status: Family::default(),
             xids: Family::default(),
             kmsg_lines: Family::default(),
+            kmsg_opens: Family::default(),
             fault_events: Family::default(),
             fault_event_mode: Family::default(),
             http: Family::default(),
@@ -182,6 +189,11 @@ impl Metrics {
             "kmsg_lines",
             "Kernel log lines read, by parse result",
             m.kmsg_lines.clone(),
+        );
+        registry.register(
+            "kmsg_opens",
+            "Followed kernel log files opened, by where reading starts (from): end (the first open), start (rotated or truncated), resume",
+            m.kmsg_opens.clone(),
         );
         registry.register(
             "fault_events",
@@ -291,6 +303,13 @@ impl Metrics {
             .get_or_create(&LineLabels {
                 result: result.into(),
             })
+            .inc();
+    }
+
+    /// A followed kernel log file was opened, reading from `at`: `end`, `start`, `resume`.
+    pub fn count_kmsg_open(&self, at: &str) {
+        self.kmsg_opens
+            .get_or_create(&OpenLabels { from: at.into() })
             .inc();
     }
 

@@ -139,8 +139,8 @@ async fn a_poll_without_a_change_returns_at_its_timeout() {
         d.npus.len() == 2
     })
     .await;
-    // Let a few samples pass: the same readings move nothing.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A few samples pass: the same readings move nothing.
+    grows(&agent, "faultline_agent_sample_duration_seconds_count", 3).await;
     let now = health(&agent).await.generation;
     let t = Instant::now();
     let url = agent.url(&format!("/v1/health?wait_generation={now}&timeout_ms=700"));
@@ -232,7 +232,7 @@ async fn a_watch_streams_each_change_and_a_heartbeat() {
         d.npus.len() == 2
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    grows(&agent, "faultline_agent_sample_duration_seconds_count", 3).await;
     let now = health(&agent).await.generation;
     let (status, ct, mut w) =
         Watch::open(&agent.url("/v1/health?watch=true&timeout_ms=1000")).await;

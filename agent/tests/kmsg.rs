@@ -502,8 +502,8 @@ async fn a_rotated_or_truncated_log_is_reopened() {
     let xid = |bus: &str| {
         format!("Jun 15 08:23:45 node-42 kernel: NVRM: Xid (PCI:0000:{bus}:00): 79, pid=1, name=x, GPU has fallen off the bus.")
     };
-    // Give the follower time to open the file and seek to its end.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The follower has opened the file at its end.
+    reaches(&agent, "faultline_agent_kmsg_opens_total", 1).await;
     append(&log, &[&xid("18")]);
     wait_for(&agent, Duration::from_secs(5), "gpu0 failed", |d| {
         status_of(d, "gpu0").0 == "failed"
@@ -516,14 +516,17 @@ async fn a_rotated_or_truncated_log_is_reopened() {
         status_of(d, "gpu1").0 == "failed"
     })
     .await;
-    // Truncation in place (copytruncate): read from the start again.
+    // Truncation in place (copytruncate): read from the start again, once the
+    // follower has seen it (it reopens the file from its start).
+    let from_start = r#"faultline_agent_kmsg_opens_total{from="start"}"#;
+    let reopened = metric(&agent, from_start).await;
     std::fs::OpenOptions::new()
         .write(true)
         .open(&log)
         .unwrap()
         .set_len(0)
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    reaches(&agent, from_start, reopened + 1).await;
     append(&log, &[&xid("1a")]);
     let doc = wait_for(&agent, Duration::from_secs(5), "gpu2 failed", |d| {
         status_of(d, "gpu2").0 == "failed"

@@ -224,7 +224,8 @@ async fn a_broken_gpu_does_not_cost_the_others_their_xid_events() {
         d.summary.healthy == 3
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The event set is rebuilt without gpu1 and armed.
+    logged(&agent, "NVML Xid events armed").await;
     state.set(&format!("{base}event.1=2:48\nevent.2=0:79\n"));
     let doc = wait_for(
         &agent,

@@ -39,9 +39,16 @@ fn orphans_are_reaped_and_waited_children_are_not_stolen() {
         )
         .unwrap();
     }
-    std::thread::sleep(Duration::from_millis(800));
-    let before = zombies_of_mine();
-    assert!(before >= 5, "the orphans are zombies here first ({before})");
+    // Each grandchild exits after 0.2 s and stays a zombie here: wait until all are.
+    let t = Instant::now();
+    while zombies_of_mine() < 5 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the orphans are zombies here first ({})",
+            zombies_of_mine()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(faultline_agent::reaper::start(true));
     let t = Instant::now();
     while zombies_of_mine() > 0 {

@@ -30,16 +30,30 @@ async fn the_seed_consumer_reacts_to_a_failed_device() {
         d.summary.healthy == 8
     })
     .await;
+    let trace = dir.path().join("consumer.trace");
     let mut consumer = ChildGuard(
         Command::new("python3")
             .arg(test_path("consumer/run_consumer.py"))
             .arg(&file)
             .env("NODE_NAME", "test-node")
+            .env("CONSUMER_TRACE", &trace)
             .stdout(Stdio::piped())
             .spawn()
             .expect("python3 is needed for this test (.ci/run installs it)"),
     );
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // It has read the healthy document and looked again twice since.
+    let t = Instant::now();
+    loop {
+        let (reads, checks) = faultline_common::testing::consumer_trace(&trace);
+        if reads >= 1 && checks >= 2 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the consumer read nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(
         consumer.0.try_wait().unwrap().is_none(),
         "the consumer must keep running while all is healthy"

@@ -323,11 +323,19 @@ async fn retries_within_a_sample_and_backoff_when_a_source_cannot_start() {
             ],
             &[("FAKE_TOOL_DIR", tools.p())],
         );
-        wait_for(&agent, Duration::from_secs(10), "the tool failing", |d| {
-            d.sources.iter().any(|s| s.name == "exec" && !s.up)
-        })
+        // The first sample ended failed, its retries made (the source is down from
+        // the start; the error is recorded when the sample ends).
+        wait_for(
+            &agent,
+            Duration::from_secs(10),
+            "the first sample failed",
+            |d| {
+                d.sources
+                    .iter()
+                    .any(|s| s.name == "exec" && !s.up && s.last_error.is_some())
+            },
+        )
         .await;
-        tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(
             calls(&tools),
             want,
@@ -348,20 +356,16 @@ async fn retries_within_a_sample_and_backoff_when_a_source_cannot_start() {
         ],
         &[],
     );
-    tokio::time::sleep(Duration::from_millis(3300)).await;
-    let m = request("GET", &agent.url("/metrics"), None).await.body;
-    let tries: u64 = m
-        .lines()
-        .find(|l| {
-            l.starts_with("faultline_agent_source_errors_total{")
-                && l.contains("source=\"exec\"")
-                && l.contains("kind=\"init\"")
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no init errors counted:\n{m}"));
+    // Timed by the agent's own count, not a window of wall time: from the first init
+    // error to the fourth, backoff waits 0.2 + 0.4 + 0.8 s (without it, 3 × 200 ms);
+    // this reads the count every 50 ms, so it sees at least 1.35 s.
+    let init = r#"faultline_agent_source_errors_total{source="exec",kind="init"}"#;
+    reaches(&agent, init, 1).await;
+    let t = std::time::Instant::now();
+    reaches(&agent, init, 4).await;
+    let took = t.elapsed();
     assert!(
-        (3..=6).contains(&tries),
-        "{tries} tries in 3.3 s: backoff doubles from 200 ms (16 without it)"
+        took >= Duration::from_millis(1300),
+        "4 init errors {took:?} after the first: backoff doubles from 200 ms"
     );
 }

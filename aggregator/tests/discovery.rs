@@ -68,7 +68,8 @@ async fn agents_are_found_from_endpointslices_and_no_node_is_listed() {
         node_entry(server, 1, "gpu-7").filter(|e| e.summary.healthy == 4)
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Two more rounds of polls: any other agent it followed would have been polled.
+    grows(agg.addr, &[("faultline_aggregator_agent_polls_total", 2)]).await;
     let nodes =
         |s: &faultline_common::fault::ShardIndex| s.nodes.keys().cloned().collect::<Vec<_>>();
     assert_eq!(

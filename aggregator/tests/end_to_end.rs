@@ -58,16 +58,27 @@ async fn a_hard_fault_reaches_the_file_sink_within_a_second_and_the_consumer_rea
     assert_eq!(doc.writer, "r1");
 
     // Seed 003's consumer, unmodified, watching n2's entry as its /config/fault.json.
+    let trace = out.path().join("consumer.trace");
     let mut consumer = ChildGuard(
         Command::new("python3")
             .arg(repo_root().join("tests/consumer/run_consumer.py"))
             .arg(out.path().join("n2.json"))
             .env("NODE_NAME", "n2")
+            .env("CONSUMER_TRACE", &trace)
             .stdout(Stdio::piped())
             .spawn()
             .expect("python3 is needed (.ci/run installs it)"),
     );
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // It has read the healthy entry and looked again twice since.
+    until(
+        Duration::from_secs(30),
+        "the consumer judged n2 healthy",
+        || {
+            let (reads, checks) = faultline_common::testing::consumer_trace(&trace);
+            (reads >= 1 && checks >= 2).then_some(())
+        },
+    )
+    .await;
     assert!(
         consumer.0.try_wait().unwrap().is_none(),
         "healthy: the consumer keeps running"

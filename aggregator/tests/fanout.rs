@@ -54,9 +54,18 @@ async fn a_quiet_minute_fans_out_nothing_and_a_change_one_page_per_node() {
     })
     .await;
     assert_eq!(server.costs().kubelet_open_watches, 4, "one watch per node");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Settled (the first writes done: 6 Lease passes, 3 s), then a quiet minute on the
+    // replica's own clock: 120 Lease passes 500 ms apart, every agent polled again.
+    grows(agg.addr, &[("faultline_aggregator_lease_passes_total", 6)]).await;
     server.reset_costs();
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    grows(
+        agg.addr,
+        &[
+            ("faultline_aggregator_lease_passes_total", 120),
+            ("faultline_aggregator_agent_polls_total", 4),
+        ],
+    )
+    .await;
     let quiet = server.costs();
     eprintln!(
         "quiet minute: {} bytes fanned out to kubelets, {} ConfigMap bytes written, {} requests",
@@ -81,7 +90,8 @@ async fn a_quiet_minute_fans_out_nothing_and_a_change_one_page_per_node() {
         })
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Four of the replica's Lease passes (2 s) later, nothing more was written.
+    grows(agg.addr, &[("faultline_aggregator_lease_passes_total", 4)]).await;
     let change = server.costs();
     let last = change
         .last_fanout("configmaps", "default", "faultline-shard-0")

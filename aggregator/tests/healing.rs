@@ -120,7 +120,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
         assert_eq!(code, 202);
         assert_eq!(body["duplicates"], 3);
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    passes(agg.addr).await;
     assert_eq!(our_taints(server, "n1"), 1);
     assert!(taint_keys(server, "n1").contains(&"other.example/maintenance".to_string()));
     assert_eq!(events_on(server, "n1", "FaultlineQuarantined"), 1);
@@ -181,11 +181,11 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     let url = format!("http://{}/v1/alerts", agg.addr);
     // Until it holds the shard the intake answers 503 (retry): no holder to count.
     holds(server, "r1").await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    lease_held(agg.addr).await;
     let (code, body) = call("POST", &url, Some("s3cret"), batch.clone()).await;
     assert_eq!(code, 202, "{body}");
     assert_eq!(body["acted"].as_array().unwrap().len(), 1);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    passes(agg.addr).await;
     assert_eq!(our_taints(server, "n1"), 1);
     assert_eq!(events_on(server, "n1", "FaultlineQuarantined"), 1);
     assert_eq!(evictions(server, "on-bad"), 1);
@@ -232,7 +232,7 @@ async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
     let r = record(server, "n1").unwrap();
     assert_eq!(r["devices"][0]["source"], "kubelet");
     assert_eq!(r["devices"][0]["uuid"], "GPU-abc");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    reconciles(agg.addr).await;
     assert_eq!(our_taints(server, "n2"), 0, "Unknown never acts");
     assert!(server.get("pods", "default", "infer").is_some());
     let m = metrics(agg.addr).await;
@@ -396,7 +396,7 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
     assert_eq!(cond["status"], "True");
     assert_eq!(events_on(server, "n1", "FaultlineReleased"), 1);
     // The agent still says failed; reconcile passes run every 500 ms: no re-quarantine.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    passes(agg.addr).await;
     assert_eq!(our_taints(server, "n1"), 0, "a person's release holds");
     // `faultline status` lists nothing now: the breaker line and the header only.
     let stdout = faultline_status(kube).await;
@@ -443,7 +443,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     })
     .await;
     // Still failed: nothing moves.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    passes(agg.addr).await;
     assert_eq!(our_taints(server, "n1"), 1);
     assert!(server.list("jobs", NS).is_empty(), "no canary while failed");
     // Healthy again: after the clean samples and the cool-down, a canary Job.
@@ -462,7 +462,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     })
     .await;
     // Healthy, the clean samples counted, but within the cool-down: no canary.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    passes(agg.addr).await;
     assert!(
         server.list("jobs", NS).is_empty(),
         "no canary within the cool-down"
@@ -513,7 +513,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         .unwrap()
         .iter()
         .any(|t| t["key"] == TAINT && t["operator"] == "Exists"));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    passes(agg.addr).await;
     assert_eq!(our_taints(server, "n1"), 1, "the canary is still running");
     // Issue 14, guardrail 6: the first canary fails: announced, the node stays
     // quarantined, and the next canary comes only after another cool-down.
@@ -540,7 +540,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
             .into_iter()
             .find(|j| j["metadata"]["name"] != first.as_str())
     };
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    passes(agg.addr).await;
     assert!(
         second().is_none(),
         "no second canary within the cool-down after the failure"
@@ -621,7 +621,7 @@ async fn a_leader_killed_between_taint_and_evictions_is_finished_by_the_next() {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    passes(r2.addr).await;
     assert_eq!(our_taints(server, "n1"), 1);
     assert_eq!(events_on(server, "n1", "FaultlineQuarantined"), 1);
     assert_eq!(evictions(server, "train"), 1);
@@ -717,7 +717,7 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     server.set_faults(Faults::default());
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    passes(agg.addr).await;
     for n in nodes {
         assert_eq!(our_taints(server, n), 1, "{n}: one taint");
         assert_eq!(
@@ -992,7 +992,7 @@ async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
             .filter(|cm| cm["data"]["state"] == "open")
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    passes(agg.addr).await;
     assert!(
         !quarantined("n3"),
         "nothing is quarantined while the breaker is open"
@@ -1062,7 +1062,7 @@ async fn a_held_back_node_is_quarantined_once_room_frees() {
     })
     .await;
     // Reconcile passes every 500 ms: still held back, announced once.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    passes(agg.addr).await;
     assert_eq!(our_taints(server, "n2"), 0, "one per rack");
     assert_eq!(events_on(server, "n2", "FaultlineHeldBack"), 1);
     // A person releases n1 (its GPU replaced): room frees, n2 is quarantined.
@@ -1078,7 +1078,7 @@ async fn a_held_back_node_is_quarantined_once_room_frees() {
         (events_on(server, "n2", "FaultlineQuarantined") >= 1).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    passes(agg.addr).await;
     assert_eq!(our_taints(server, "n1"), 0, "the person's release holds");
     assert_eq!(events_on(server, "n2", "FaultlineHeldBack"), 1);
     assert_eq!(events_on(server, "n2", "FaultlineQuarantined"), 1);
@@ -1103,10 +1103,10 @@ async fn a_persons_release_holds_for_the_dedup_window_only() {
     .await;
     faultline_release(&w.kube, "n1").await;
     // The agent still says failed; passes every 500 ms do not undo the release...
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    passes(agg.addr).await;
     assert_eq!(our_taints(server, "n1"), 0, "within the dedup window");
     clock.advance(Duration::from_secs(14 * 60));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    passes(agg.addr).await;
     assert_eq!(
         our_taints(server, "n1"),
         0,
@@ -1274,7 +1274,7 @@ async fn an_alert_for_a_device_nobody_reports_is_only_announced() {
         (events_on(server, "n1", "FaultlineAlertUnattributed") == 1).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    reconciles(agg.addr).await;
     assert_eq!(our_taints(server, "n1"), 0, "no taint on a guess");
     assert!(
         server.get("pods", "default", "train").is_some(),

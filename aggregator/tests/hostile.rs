@@ -20,8 +20,16 @@ async fn a_churning_agent_stops_no_other_nodes_fault() {
         node_entry(server, 1, "good").filter(|e| e.summary.healthy == 4)
     })
     .await;
-    // Ten seconds of churn (a document a second), then a real fault beside it.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Ten of the churning agent's documents (one a second) refused, then a real fault
+    // beside it.
+    grows(
+        agg.addr,
+        &[(
+            r#"faultline_aggregator_agent_poll_errors_total{kind="device-churn"}"#,
+            10,
+        )],
+    )
+    .await;
     inject(
         w.agent("good"),
         r#"{"device":"gpu1","fault":"xid","xid":79}"#,

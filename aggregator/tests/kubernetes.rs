@@ -151,7 +151,8 @@ async fn nudging_can_be_turned_off() {
         node_entry(server, 1, "n1").filter(|e| e.summary.failed == 1)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Two of the replica's Lease passes (a second) after the write: no nudge.
+    grows(agg.addr, &[("faultline_aggregator_lease_passes_total", 2)]).await;
     let pod = server.get("pods", "default", "p").unwrap();
     assert!(pod["metadata"]["annotations"].is_null(), "{pod}");
     // Published into the workload namespace too (pods mount ConfigMaps of their own
@@ -363,7 +364,8 @@ async fn a_fault_is_written_beside_another_shards_write_in_flight() {
             .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The first writes of both shards done: 4 Lease passes (2 s) later.
+    grows(agg.addr, &[("faultline_aggregator_lease_passes_total", 4)]).await;
     server.set_faults(faultline_test_apiserver::Faults {
         latency_ms: SLOW,
         latency_match: "/configmaps/".into(),
@@ -426,7 +428,7 @@ async fn a_dead_holder_is_replaced_within_the_lease_duration() {
         shard_doc(server, 0).filter(|d| d.writer == "r1")
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    grows(r2.addr, &[("faultline_aggregator_lease_passes_total", 3)]).await;
     assert_eq!(
         holder(server, 0).as_deref(),
         Some("r1"),
@@ -492,12 +494,24 @@ async fn a_replica_that_lost_its_lease_writes_nothing_more() {
     };
     // It notices at its next renewal (500 ms); after that nothing of r1's lands, even
     // though its agent keeps changing and its --refresh is 1 s.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    metric_until(
+        agg.addr,
+        "faultline_aggregator_lease_held{shard=\"0\"} 0",
+        Duration::from_secs(10),
+    )
+    .await;
     let rv_before = server.get("configmaps", NS, "faultline-shard-0").unwrap()["metadata"]
         ["resourceVersion"]
         .clone();
     inject(w.agent("n1"), r#"{"device":"gpu0","fault":"lost"}"#).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    grows(
+        agg.addr,
+        &[
+            ("faultline_aggregator_writes_skipped_total", 2),
+            ("faultline_aggregator_lease_passes_total", 3),
+        ],
+    )
+    .await;
     let cm: Value = server.get("configmaps", NS, "faultline-shard-0").unwrap();
     assert_eq!(
         cm["metadata"]["resourceVersion"], rv_before,
@@ -538,12 +552,24 @@ async fn a_replica_whose_renewals_fail_stops_acting_on_its_own_clock() {
     });
     // The Lease is 3 s, renewed every 500 ms, with a 1.5 s margin: r1 stops counting it
     // as held within 2 s of its last renewal.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    metric_until(
+        agg.addr,
+        "faultline_aggregator_lease_held{shard=\"0\"} 0",
+        Duration::from_secs(10),
+    )
+    .await;
     let rv_before = server.get("configmaps", NS, "faultline-shard-0").unwrap()["metadata"]
         ["resourceVersion"]
         .clone();
     fail(w.agent("n1"), "gpu1").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    grows(
+        agg.addr,
+        &[
+            ("faultline_aggregator_transitions_total", 1),
+            ("faultline_aggregator_reconciles_total", 3),
+        ],
+    )
+    .await;
     let node = server.get("nodes", "", "n1").unwrap();
     assert!(
         node["spec"]["taints"]
@@ -594,8 +620,8 @@ async fn writes_converge_through_conflicts_and_server_errors() {
         seed: 3,
         ..Default::default()
     });
-    // A few seconds of lease renewals and heartbeats through the faults first.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A few lease renewals and heartbeats through the faults first.
+    grows(agg.addr, &[("faultline_aggregator_lease_passes_total", 6)]).await;
     fail(w.agent("n1"), "gpu2").await;
     let (entry, _) = until(
         Duration::from_secs(20),
@@ -673,7 +699,7 @@ async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_no
     })
     .await;
     // Repeated samples and reconcile passes (every 500 ms) add nothing.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    passes(agg.addr).await;
     assert_eq!(
         node_entry(server, 1, "n2").unwrap().summary.unknown,
         4,
@@ -747,7 +773,13 @@ async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_evictio
         w.agents.take(n).shutdown().await;
     }
     // Well past the tolerance and several reconciles.
-    tokio::time::sleep(Duration::from_secs(11)).await;
+    metric_until(
+        agg.addr,
+        "faultline_aggregator_unknown_guard_standing_down 1",
+        Duration::from_secs(20),
+    )
+    .await;
+    grows(agg.addr, &[("faultline_aggregator_reconciles_total", 6)]).await;
     assert!(
         taint_of("n2").is_none() && taint_of("n3").is_none(),
         "the guard stood down"
@@ -853,7 +885,8 @@ async fn a_skewed_holder_keeps_its_lease_while_it_renews() {
         })
     };
     let agg = w.configmap("r1", 1).start().await;
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Past the Lease's 3 s on r1's own clock: 8 passes 500 ms apart.
+    grows(agg.addr, &[("faultline_aggregator_lease_passes_total", 8)]).await;
     assert_eq!(
         holder(server, 0).as_deref(),
         Some("skewed"),
@@ -909,7 +942,15 @@ async fn a_quiet_node_watch_is_not_relisted() {
         node_entry(server, 1, "gpu-7").filter(|e| e.agent.reachable)
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Ten of its Lease passes (5 s) and several polls of the agent later:
+    grows(
+        agg.addr,
+        &[
+            ("faultline_aggregator_lease_passes_total", 10),
+            ("faultline_aggregator_agent_polls_total", 2),
+        ],
+    )
+    .await;
     let lists: Vec<String> = server
         .calls()
         .into_iter()
@@ -956,7 +997,7 @@ async fn a_default_install_is_a_dry_run() {
     })
     .await;
     // Several reconcile passes later, still nothing done, nothing announced twice.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    passes(agg.addr).await;
     assert_eq!(
         server.get("nodes", "", "n1").unwrap(),
         before,
@@ -1037,13 +1078,24 @@ async fn the_sequence_carries_over_and_a_quiet_shard_is_not_rewritten() {
     })
     .await;
     // Its first contact with the missing agent may still change the entry.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    grows(
+        quiet.addr,
+        &[
+            ("faultline_aggregator_agent_poll_errors_total", 1),
+            ("faultline_aggregator_configmap_pages_unchanged_total", 1),
+        ],
+    )
+    .await;
     let before = shard_writes(server);
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    grows(
+        quiet.addr,
+        &[("faultline_aggregator_configmap_pages_unchanged_total", 3)],
+    )
+    .await;
     let rewrites = shard_writes(server) - before;
     assert_eq!(
         rewrites, 0,
-        "{rewrites} rewrites of an unchanged shard in 3.5 s"
+        "{rewrites} rewrites of an unchanged shard over 3 unchanged pages"
     );
     assert_no_forbidden(server);
     quiet.cancel_token().cancel();

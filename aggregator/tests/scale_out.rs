@@ -354,7 +354,11 @@ async fn replicas_share_the_shards_and_take_over_without_a_status_change() {
     );
     // A shard taken is written alone: the takers' own shards, unchanged, are not
     // rewritten with it (they were, every one of them, for every shard taken).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Two more Lease passes of each taker after the takeover.
+    for r in [&r2, &r3] {
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], r.port).into();
+        grows(addr, &[("faultline_aggregator_lease_passes_total", 2)]).await;
+    }
     let own: Vec<String> = server
         .received()
         .into_iter()
@@ -439,6 +443,6 @@ where
             start.elapsed() < within,
             "timed out after {within:?}: {what}"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

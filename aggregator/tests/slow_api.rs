@@ -100,7 +100,7 @@ async fn two_seconds_on_every_call_move_no_lease_and_a_fault_is_still_published(
                 took = Some(at.elapsed());
             }
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let took = took.expect("the fault was published under 2 s of latency");
     assert!(

@@ -349,6 +349,22 @@ impl Drop for ChildGuard {
     }
 }
 
+/// What the seed consumer harness (`tests/consumer/run_consumer.py` with
+/// `CONSUMER_TRACE=trace`) did: documents read, and mtime checks since the last read.
+/// A read followed by two checks means it judged that document and went on watching:
+/// what a "the consumer keeps running" check waits for instead of a sleep.
+pub fn consumer_trace(trace: &std::path::Path) -> (usize, usize) {
+    let text = std::fs::read_to_string(trace).unwrap_or_default();
+    let reads = text.lines().filter(|l| *l == "read").count();
+    let since = text
+        .lines()
+        .rev()
+        .take_while(|l| *l != "read")
+        .filter(|l| *l == "check")
+        .count();
+    (reads, since)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,3 +412,4 @@ mod tests {
         );
     }
 }
+

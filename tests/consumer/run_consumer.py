@@ -5,7 +5,7 @@ there, so this harness points that one path at the file given on the command lin
 then runs the consumer's code exactly as published (seed003_consumer.py, quotes restored
 from the article's text).
 
-usage: run_consumer.py DOCUMENT
+usage: [CONSUMER_TRACE=FILE] run_consumer.py DOCUMENT
 """
 import builtins
 import os
@@ -23,7 +23,28 @@ def _redirect(path):
     return target if path == MOUNTED else path
 
 
-builtins.open = lambda path, *a, **kw: _open(_redirect(path), *a, **kw)
-os.path.getmtime = lambda path: _getmtime(_redirect(path))
+# CONSUMER_TRACE=FILE: each look at the mounted path is appended to FILE, `check` for
+# its mtime and `read` for an open, so a test waits on the consumer's own progress.
+TRACE = os.environ.get('CONSUMER_TRACE')
+
+
+def _note(path, what):
+    if TRACE and path == MOUNTED:
+        with _open(TRACE, 'a') as t:
+            t.write(what + '\n')
+
+
+def _traced_open(path, *a, **kw):
+    _note(path, 'read')
+    return _open(_redirect(path), *a, **kw)
+
+
+def _traced_getmtime(path):
+    _note(path, 'check')
+    return _getmtime(_redirect(path))
+
+
+builtins.open = _traced_open
+os.path.getmtime = _traced_getmtime
 sys.stdout.reconfigure(line_buffering=True)
 runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'seed003_consumer.py'), run_name='__main__')

@@ -447,6 +447,7 @@ fn watch_events(
             }
         }
     }
+    tracing::info!(gpus = registered.len(), skipped, "NVML Xid events armed");
     // With a GPU skipped, re-arm now and then in case it comes back.
     let rearm = (skipped > 0).then(|| std::time::Instant::now() + Duration::from_secs(60));
     while !cancel.is_cancelled() {

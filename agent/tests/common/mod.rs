@@ -244,3 +244,47 @@ impl StateFile {
         self.path.to_str().unwrap()
     }
 }
+
+/// The sum of every series of counter `name` the agent serves now.
+pub async fn metric(agent: &AgentProc, name: &str) -> u64 {
+    let text = request("GET", &agent.url("/metrics"), None).await.body;
+    faultline_common::testing::metric_sum(&text, name) as u64
+}
+
+/// The agent's own progress instead of wall time: wait (60 s at most) until the sum of
+/// every series of counter `name` is at least `at_least`; the text then.
+pub async fn reaches(agent: &AgentProc, name: &str, at_least: u64) -> String {
+    let start = Instant::now();
+    loop {
+        let text = request("GET", &agent.url("/metrics"), None).await.body;
+        let v = faultline_common::testing::metric_sum(&text, name) as u64;
+        if v >= at_least {
+            return text;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{name} is {v}, not {at_least}, after 60 s:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// [`reaches`] `n` more than now.
+pub async fn grows(agent: &AgentProc, name: &str, n: u64) -> String {
+    let base = metric(agent, name).await;
+    reaches(agent, name, base + n).await
+}
+
+/// Wait (30 s at most) until the agent's log holds `needle`: a line the agent writes
+/// for that purpose, instead of a sleep.
+pub async fn logged(agent: &AgentProc, needle: &str) {
+    let start = Instant::now();
+    while !agent.log_text().contains(needle) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no {needle:?} logged in 30 s:\n{}",
+            agent.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

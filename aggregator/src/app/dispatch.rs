@@ -187,6 +187,7 @@ impl Dispatch {
     /// The reconcile: every known, pending and quarantined node looked at again, the
     /// unknown guard, and the list of quarantined nodes refreshed.
     pub fn reconcile(&mut self, pipeline: &Pipeline) {
+        self.metrics.reconciled();
         let (reachable, total) = pipeline.reach();
         let down = self.unknown.stands_down(reachable, total);
         if down != self.standing_down {
@@ -266,7 +267,9 @@ impl Dispatch {
             };
             tokio::spawn(async move {
                 let _slot = slot;
+                let metrics = pass.metrics.clone();
                 pass.run().await;
+                metrics.pass_done();
             });
         }
     }
@@ -284,10 +287,11 @@ impl Dispatch {
             let Some(slot) = self.in_flight.take(node) else {
                 continue;
             };
-            let (r, fence, node) = (
+            let (r, fence, node, metrics) = (
                 self.remediator.clone(),
                 self.shards.fence(node),
                 node.clone(),
+                self.metrics.clone(),
             );
             tokio::spawn(async move {
                 let _slot = slot;
@@ -297,6 +301,7 @@ impl Dispatch {
                         tracing::warn!(node = %node, error = %e, "unknown guard pass failed; the next one retries")
                     }
                 }
+                metrics.pass_done();
             });
         }
     }

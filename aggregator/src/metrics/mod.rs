@@ -55,6 +55,9 @@ pub struct Metrics {
     devices_forgotten: Counter,
     duplicate_uuids: Counter,
     nodes_refused: Counter,
+    reconciles: Counter,
+    passes: Counter,
+    lease_passes: Counter,
     unknown_standing_down: Gauge,
     nudges: Family<ResultLabel, Counter>,
     actions: Family<ActionLabels, Counter>,
@@ -118,6 +121,21 @@ fn register_counters(registry: &mut Registry, m: &Metrics) {
             "New nodes not followed: the pipeline follows its maximum (50,000)",
             &m.nodes_refused,
         ),
+        (
+            "reconciles",
+            "Reconciles started: every known, pending and quarantined node looked at again",
+            &m.reconciles,
+        ),
+        (
+            "remediation_passes",
+            "Remediation and unknown-guard passes over one node completed, whatever their outcome",
+            &m.passes,
+        ),
+        (
+            "lease_passes",
+            "Lease passes completed (renew what is held, take what has run out), one per --lease-retry",
+            &m.lease_passes,
+        ),
     ] {
         registry.register(name, help, counter.clone());
     }
@@ -166,6 +184,9 @@ impl Metrics {
             devices_forgotten: Counter::default(),
             duplicate_uuids: Counter::default(),
             nodes_refused: Counter::default(),
+            reconciles: Counter::default(),
+            passes: Counter::default(),
+            lease_passes: Counter::default(),
             unknown_standing_down: Gauge::default(),
             nudges: Family::default(),
             actions: Family::default(),
@@ -621,6 +642,18 @@ impl Metrics {
     }
 
     /// A new node refused: the pipeline follows its maximum.
+    pub fn reconciled(&self) {
+        self.reconciles.inc();
+    }
+
+    pub fn lease_pass(&self) {
+        self.lease_passes.inc();
+    }
+
+    pub fn pass_done(&self) {
+        self.passes.inc();
+    }
+
     pub fn node_refused(&self) {
         self.nodes_refused.inc();
     }

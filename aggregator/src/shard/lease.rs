@@ -631,6 +631,7 @@ impl ShardLeases {
     pub async fn run(mut self, cancel: CancellationToken) {
         'passes: loop {
             self.pass().await;
+            self.metrics.lease_pass();
             let next_pass = Instant::now() + self.cfg.retry;
             // Until the next pass: observe others' Leases every quarter retry period, and
             // pass at once just past the soonest expiry, or when one has run out.

@@ -393,6 +393,65 @@ pub async fn metric_until(addr: SocketAddr, needle: &str, within: Duration) -> S
     }
 }
 
+/// Wait on the product's own progress instead of wall time: the aggregator at `addr`
+/// has started 3 more reconciles and completed 2 more node passes than when this was
+/// called (both counters it serves). A "nothing happened" check comes after this, so a
+/// slow machine waits longer instead of passing vacuously. Nodes no pass looks at (an
+/// Unknown one, a guess) use [`reconciles`].
+pub async fn passes(addr: SocketAddr) {
+    progress(addr, 3, 2).await
+}
+
+/// 3 more reconciles started at `addr` than now: every node looked at again twice over.
+pub async fn reconciles(addr: SocketAddr) {
+    progress(addr, 3, 0).await
+}
+
+async fn progress(addr: SocketAddr, reconciles: u64, passes: u64) {
+    grows(
+        addr,
+        &[
+            ("faultline_aggregator_reconciles_total", reconciles),
+            ("faultline_aggregator_remediation_passes_total", passes),
+        ],
+    )
+    .await
+}
+
+/// Wait until each counter `(name, n)` the process at `addr` serves has grown by `n`
+/// from when this was called (every series of the name summed).
+pub async fn grows(addr: SocketAddr, counters: &[(&str, u64)]) {
+    use faultline_common::testing::metric_sum;
+    let read = |text: &str| -> Vec<u64> {
+        counters
+            .iter()
+            .map(|(name, _)| metric_sum(text, name) as u64)
+            .collect()
+    };
+    let base = read(&metrics(addr).await);
+    // 60 s, and a second more for each count waited for (a quiet minute is 120 Lease
+    // passes): generous, since a slow machine only makes this wait longer.
+    let most = counters.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    let within = Duration::from_secs(60 + most);
+    let start = Instant::now();
+    loop {
+        let now = read(&metrics(addr).await);
+        if now
+            .iter()
+            .zip(&base)
+            .zip(counters)
+            .all(|((v, b), (_, n))| *v >= b + n)
+        {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "{counters:?} did not grow within {within:?}: from {base:?} to {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Poll `f` until it gives a value or `within` passes; the value and the time it took.
 pub async fn until<T>(within: Duration, what: &str, f: impl FnMut() -> Option<T>) -> (T, Duration) {
     until_every(within, Duration::from_millis(5), what, f).await

@@ -130,7 +130,14 @@ async fn watch_events_are_counted_line_by_line() {
     s.reset_costs();
     let writer = s.clone();
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Once the watch has arrived, so these are events of the watch.
+        while !writer
+            .received()
+            .iter()
+            .any(|r| r.uri.contains("watch=true"))
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         for n in ["a", "b"] {
             writer
                 .create(

@@ -390,19 +390,20 @@ fn follow(
     // A plain file: resume where we were if it is the same file and not truncated,
     // start at its beginning if it was replaced or truncated, at its end the first time.
     let ino = meta.ino();
-    let start = match pos.file {
-        Some((i, off)) if i == ino && meta.len() >= off => off,
+    let (start, at) = match pos.file {
+        Some((i, off)) if i == ino && meta.len() >= off => (off, "resume"),
         Some(_) => {
             pos.discarding = false;
-            0
+            (0, "start")
         }
         None => {
             pos.discarding = false;
-            meta.len()
+            (meta.len(), "end")
         }
     };
     file.seek(SeekFrom::Start(start))
         .map_err(|e| call_err(path, e))?;
+    metrics.count_kmsg_open(at);
     let mut offset = start;
     pos.file = Some((ino, offset));
     let mut reader = BufReader::new(file);
