@@ -110,7 +110,7 @@ async fn a_long_poll_hears_of_a_change_at_once() {
     let sampled = at(device(&d, "gpu2").sampled_at.as_deref().unwrap());
     let lag = at(&d.timestamp).duration_since(sampled).unwrap_or_default();
     assert!(
-        lag < Duration::from_millis(500),
+        lag < Duration::from_secs(3),
         "the poll answered {lag:?} after the change"
     );
 
@@ -500,7 +500,8 @@ async fn a_hung_source_leaves_the_api_answering() {
         }
         assert!(start.elapsed() < Duration::from_secs(10));
     }
-    assert!(slowest < Duration::from_secs(1), "{slowest:?}");
+    // Blocked, it would answer only at the client's timeout.
+    assert!(slowest < Duration::from_secs(5), "{slowest:?}");
     assert_eq!(
         request("GET", &agent.url("/healthz"), None).await.status,
         200

@@ -99,7 +99,10 @@ async fn a_fault_reaches_the_nodes_own_fault_json_and_silence_turns_it_stale() {
     .await;
     let took = at.elapsed();
     eprintln!("fault -> the node's fault.json: {took:?}");
-    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "{took:?} (a sanity bound on a loaded machine; the figure is measured in benches/)"
+    );
 
     // The pod port serves it, read-only.
     let pod = format!("http://{pod_port}/v1/fault");
