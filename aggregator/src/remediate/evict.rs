@@ -25,7 +25,7 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams};
 use super::announce::audit;
 use super::error::RemediateError;
 use super::patch::NodePatch;
-use super::policy::{blocked, wants_eviction, Blocked, Mode};
+use super::policy::{blocked, breaker_stops, record_evicts, wants_eviction, Blocked, Mode, Step};
 use super::record::{describe, LiveNode, QuarantineRecord};
 use super::remediator::Remediator;
 use super::view::PodView;
@@ -99,11 +99,15 @@ impl Remediator {
     /// Evict the pods on `node` that use a failed device (see the module).
     pub async fn evict(&self, node: &str, fence: &Fence) -> Result<Evictions, RemediateError> {
         let mut out = Evictions::default();
-        if self.mode == Mode::Off || self.breaker_open().await? {
+        if self.mode == Mode::Off || (breaker_stops(Step::Evict) && self.breaker_open().await?) {
             return Ok(out);
         }
         let live = self.read(node).await?;
-        let Some(before) = live.record.clone().filter(|r| !r.unknown_only) else {
+        let Some(before) = live
+            .record
+            .clone()
+            .filter(|r| record_evicts(r.unknown_only))
+        else {
             return Ok(out);
         };
         if self.mode == Mode::DryRun {

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
 
 use super::error::RemediateError;
-use super::policy::Budget;
+use super::policy::{Budget, Noted};
 use super::record::{DEVICES_LABEL, UNKNOWN_MARK};
 
 /// The quarantine budget, counted from the Nodes themselves (the devices label), so
@@ -207,26 +207,21 @@ impl Breaker {
         for _ in 0..CAS_ATTEMPTS {
             let cur = self.api.get_opt(&self.name).await?;
             let mut state = BreakerState::of(cur.as_ref());
-            if state.open {
-                return Ok(true);
-            }
-            // A closed breaker holding a full count was closed by a person: the count
-            // starts afresh, or the next failure would reopen it at once.
-            if state.failures.len() >= self.nodes {
-                state.failures.clear();
-            }
-            let window = self.window.as_secs_f64();
-            state
-                .failures
-                .retain(|_, at| self.clock.age_secs(at).is_some_and(|a| a <= window));
-            if state.failures.contains_key(node) {
-                return Ok(false);
-            }
-            state
-                .failures
-                .insert(node.to_string(), self.clock.rfc3339());
+            let trip = match super::policy::note_failure(
+                state.open,
+                &mut state.failures,
+                node,
+                &self.clock.rfc3339(),
+                |at| self.clock.age_secs(at),
+                self.nodes,
+                self.window.as_secs_f64(),
+            ) {
+                Noted::Open => return Ok(true),
+                Noted::Unchanged => return Ok(false),
+                Noted::Counted => false,
+                Noted::Tripped => true,
+            };
             let count = state.failures.len();
-            let trip = count >= self.nodes;
             let mut data = cur
                 .as_ref()
                 .and_then(|c| c.data.clone())

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Taint;
 use super::announce::audit;
 use super::error::{Outcome, RemediateError};
 use super::patch::NodePatch;
-use super::policy::{not_suppressed, young, Mode};
+use super::policy::{breaker_stops, not_suppressed, young, Mode, Step};
 use super::record::{
     describe, fingerprint, history_of, label_value, LiveNode, QuarantineRecord,
     ANNOUNCE_RETRY_SECS, CONDITION, DEVICES_LABEL, UNKNOWN_MARK,
@@ -47,7 +47,7 @@ impl Remediator {
         if self.mode == Mode::Off || devices.is_empty() {
             return Ok(Err(Outcome::Off));
         }
-        if self.breaker_open().await? {
+        if breaker_stops(Step::Isolate) && self.breaker_open().await? {
             return Ok(Err(Outcome::BreakerOpen));
         }
         let live = self.read(node).await?;

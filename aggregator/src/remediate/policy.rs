@@ -300,6 +300,76 @@ pub fn not_suppressed(
         .collect()
 }
 
+/// A remediation step, as the guards see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Taint, label, condition (a failed node, or the unknown guard).
+    Isolate,
+    /// Evict the pods on a failed device.
+    Evict,
+    /// Lift a quarantine (auto or a person's).
+    Release,
+}
+
+/// Whether an open circuit breaker stops `step`. Isolation and eviction stop: many nodes
+/// failing at once is more likely the monitoring than the hardware. A release never
+/// does: a breaker must not keep a healthy node out of service (README: "a release is
+/// never blocked by an open breaker").
+pub fn breaker_stops(step: Step) -> bool {
+    !matches!(step, Step::Release)
+}
+
+/// What noting a failed node did to the breaker's shared count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Noted {
+    /// The breaker is open already: nothing counted.
+    Open,
+    /// The node was counted within the window already: nothing to write.
+    Unchanged,
+    /// Counted; below the threshold.
+    Counted,
+    /// Counted, and the count reached the threshold: the breaker opens.
+    Tripped,
+}
+
+/// Note `node` failed at `now` (RFC 3339) in the breaker's stored count `failures`
+/// (node -> when): pure, so the breaker's compare-and-swap loop and the model checker
+/// decide alike. `age_secs` reads a stored time's age; `nodes` within `window_secs`
+/// trip it. A closed breaker holding a full count was closed by a person: the count
+/// starts afresh, or the next failure would reopen it at once.
+pub fn note_failure(
+    open: bool,
+    failures: &mut std::collections::BTreeMap<String, String>,
+    node: &str,
+    now: &str,
+    age_secs: impl Fn(&str) -> Option<f64>,
+    nodes: usize,
+    window_secs: f64,
+) -> Noted {
+    if open {
+        return Noted::Open;
+    }
+    if failures.len() >= nodes {
+        failures.clear();
+    }
+    failures.retain(|_, at| age_secs(at).is_some_and(|a| a <= window_secs));
+    if failures.contains_key(node) {
+        return Noted::Unchanged;
+    }
+    failures.insert(node.to_string(), now.to_string());
+    if failures.len() >= nodes {
+        Noted::Tripped
+    } else {
+        Noted::Counted
+    }
+}
+
+/// Whether a quarantine evicts at all: an unknown-only one (the unknown guard's
+/// NoSchedule taint) never does. Unknown alone never evicts anything.
+pub fn record_evicts(unknown_only: bool) -> bool {
+    !unknown_only
+}
+
 /// What to do about a pod whose budget refused its eviction for `waited`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Blocked {

@@ -8,6 +8,12 @@ use std::time::Instant;
 use faultline_common::sync::Locked;
 use tokio::sync::watch;
 
+/// Whether a hold granted `until` (`None`: not granted) lets a write go at `now`: the
+/// fence's one decision, pure, so the model checker asks exactly this.
+pub fn holding(until: Option<Instant>, now: Instant) -> bool {
+    until.is_some_and(|u| now < u)
+}
+
 /// Which shards this replica holds, and until when (its own clock). Followers of the
 /// agents watch the set (`subscribe`): a replica follows only its shards' nodes.
 #[derive(Clone)]
@@ -52,10 +58,7 @@ impl Held {
 
     /// Whether this replica may write `shard` now.
     pub fn holds(&self, shard: u32) -> bool {
-        self.inner
-            .locked()
-            .get(&shard)
-            .is_some_and(|until| Instant::now() < *until)
+        holding(self.inner.locked().get(&shard).copied(), Instant::now())
     }
 
     /// Shards held now.
@@ -64,7 +67,7 @@ impl Held {
         self.inner
             .locked()
             .iter()
-            .filter(|(_, u)| now < **u)
+            .filter(|(_, u)| holding(Some(**u), now))
             .map(|(s, _)| *s)
             .collect()
     }

@@ -559,8 +559,7 @@ impl ShardLeases {
                     self.seed(shard).await;
                     tracing::info!(shard, lease = %lname, "shard lease acquired");
                 }
-                self.held
-                    .set(shard, Some(started + self.cfg.duration - self.cfg.margin));
+                self.held.set(shard, Some(self.cfg.hold_until(started)));
             }
             Ok(false) => {
                 if was {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 /// The parts of a Lease's record that change when its holder renews: any change of them
 /// is the holder alive. Plain values, so the plan needs no Kubernetes types.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Record {
     /// `holderIdentity`; `None` or empty: released.
     pub holder: Option<String>,
@@ -54,7 +54,7 @@ impl Record {
 }
 
 /// A record as this replica last saw it change, and when (its own clock).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Seen {
     record: Record,
     at: Instant,
@@ -116,7 +116,7 @@ pub struct Listing {
 
 /// Others' Leases as this replica observed them, on its own clock. Owned by the Lease
 /// loop; every method takes `now`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Observer {
     me: String,
     duration: Duration,

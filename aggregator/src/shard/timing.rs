@@ -15,6 +15,14 @@ pub struct LeaseConfig {
 }
 
 impl LeaseConfig {
+    /// Until when a renewal (or take) whose request started at `started` lets this
+    /// replica write, on its own clock: the Lease's duration less the margin, counted
+    /// from before the server could have written it. Pure: the Lease loop and the model
+    /// checker (`aggregator/tests/model.rs`) both ask this.
+    pub fn hold_until(&self, started: std::time::Instant) -> std::time::Instant {
+        started + self.duration.saturating_sub(self.margin)
+    }
+
     /// The longest one Lease call may take before this loop gives up on it: half of what
     /// a hold lasts (`duration - margin`), whatever the client's own timeout. One call
     /// that hangs past the hold (`--kube-timeout` is 15 s by default, a hold 12 s) held

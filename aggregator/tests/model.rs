@@ -1,0 +1,804 @@
+//! Issue 27, point 3: the shard Lease, the fence, the budget, the breaker and the
+//! release, model-checked with `stateright`. Every transition asks the product's own pure
+//! decisions, so the checker checks the code, not a copy of it:
+//!
+//! - the Lease pass: [`Observer::pass`] (others' Leases judged on this replica's clock)
+//!   and [`plan`] (renew, hand back, take up to the fair share);
+//! - the hold a renewal gives: [`LeaseConfig::hold_until`]; the fence: [`holding`];
+//! - the budget: [`Budget::refusal`]; the breaker's shared count:
+//!   [`policy::note_failure`]; what an open breaker stops: [`policy::breaker_stops`];
+//! - eviction: [`policy::record_evicts`] (an unknown-only quarantine never evicts) and
+//!   [`policy::wants_eviction`].
+//!
+//! What the model adds is the world: a Lease store with compare-and-swap on a version
+//! (the resourceVersion), replicas whose Lease pass is a read and then a write with
+//! anything in between (time, the other replica, a lost answer), a crash, a graceful
+//! stop that releases, nodes that fail, turn Unknown and heal, a person who closes the
+//! breaker. One clock (virtual seconds); each replica's `Instant`s are that clock.
+//!
+//! The invariants are the README's: one writer per shard; the budget (at most
+//! `max_nodes + replicas - 1` quarantined: each replica checks and writes under its own
+//! turn, so replicas can each pass the check once before seeing the other's write;
+//! docs/remediation.md proves the bound); no eviction on Unknown; no action without the
+//! Lease; a release never blocked by an open breaker. `sometimes` properties are the
+//! floors: each interesting thing happens in some reachable state, so a model that
+//! cannot reach them fails.
+//!
+//! `cargo test -p faultline-aggregator --test model` explores a small bound (CI);
+//! `MODEL_FULL=1 cargo test --release -p faultline-aggregator --test model -- --nocapture`
+//! the full one (docs/testing.md has its state count).
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use faultline_aggregator::model::RecordDevice;
+use faultline_aggregator::remediate::policy::{self, Budget, Noted, Step};
+use faultline_aggregator::remediate::view::PodView;
+use faultline_aggregator::shard::held::holding;
+use faultline_aggregator::shard::plan::{plan, Listing, Observer, PlanInput, Record};
+use faultline_aggregator::shard::LeaseConfig;
+use stateright::{Checker, Model, Property};
+
+/// Lease timing, in virtual seconds: what the tests' replicas use, scaled.
+const DURATION: u64 = 3;
+const RETRY: u64 = 1;
+const MARGIN: u64 = 1;
+
+/// One base instant: virtual second `t` is `base() + t s` on every replica.
+fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+fn at(t: u64) -> Instant {
+    base() + Duration::from_secs(t)
+}
+
+fn cfg() -> LeaseConfig {
+    LeaseConfig {
+        duration: Duration::from_secs(DURATION),
+        retry: Duration::from_secs(RETRY),
+        margin: Duration::from_secs(MARGIN),
+    }
+}
+
+fn name(r: usize) -> String {
+    format!("r{r}")
+}
+
+/// A guard the model leaves out, to show its invariant fails without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Without {
+    /// Takes and renewals write without the compare-and-swap on the version.
+    Cas,
+    /// The write of a quarantine does not ask the fence first.
+    Fence,
+    /// No budget check before a quarantine.
+    Budget,
+    /// An unknown-only quarantine evicts like a failed one.
+    UnknownGuard,
+    /// An open breaker stops releases too.
+    ReleaseThroughBreaker,
+}
+
+#[derive(Clone)]
+struct Lab {
+    replicas: usize,
+    shards: u32,
+    /// Each node's shard.
+    nodes: Vec<u32>,
+    /// The last virtual second explored.
+    until: u64,
+    /// Environment events (a node failing, Unknown or healing; a crash; a stop; the
+    /// breaker closed by a person) at most.
+    events: u8,
+    budget: Budget,
+    /// Distinct failed nodes that trip the breaker.
+    breaker_nodes: usize,
+    without: Option<Without>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Status {
+    Healthy,
+    Failed,
+    Unknown,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Lease {
+    holder: Option<usize>,
+    /// The resourceVersion: every write moves it.
+    version: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Op {
+    Renew,
+    HandBack,
+    Take,
+}
+
+/// A Lease pass between its read and its write.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Pass {
+    /// (shard, what, the version read); takes in the plan's order of preference.
+    ops: Vec<(u32, Op, u32)>,
+    /// How many of the takes to make at most.
+    room: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Replica {
+    alive: bool,
+    observer: Observer,
+    /// Per shard, held until (this replica's clock).
+    held: Vec<Option<Instant>>,
+    joined: bool,
+    hold_off: Option<Instant>,
+    pass: Option<Pass>,
+    /// A Lease pass began this virtual second: one per `RETRY`, as the loop's timer
+    /// (and what keeps the versions, so the state space, finite).
+    passed: bool,
+    /// A quarantine decided (budget and breaker asked) and not yet written: the
+    /// replica's budget turn is held meanwhile.
+    decided: Option<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct NodeState {
+    status: Status,
+    /// Our taint, and whether it is the unknown guard's (unknown-only).
+    quarantine: Option<bool>,
+    /// The pod on its device evicted.
+    evicted: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct World {
+    t: u64,
+    leases: Vec<Option<Lease>>,
+    /// Member Leases: each replica's renewal count, while it has one.
+    members: Vec<Option<u32>>,
+    replicas: Vec<Replica>,
+    nodes: Vec<NodeState>,
+    breaker_open: bool,
+    /// The breaker's shared count: node -> when (virtual seconds, as text).
+    failures: BTreeMap<String, String>,
+    events: u8,
+    /// No replica has stepped since the clock moved: a node's health and a person's
+    /// hand change only here, on the second (a reduction: what a replica does within a
+    /// second interleaves freely with the other replica, crashes and stops, but a node
+    /// event lands between seconds).
+    on_the_second: bool,
+    /// History: something written for a node whose shard's Lease did not name the writer.
+    acted_without_lease: bool,
+    /// History: a pod evicted from a node no failed verdict quarantined.
+    evicted_on_unknown: bool,
+    /// Floors.
+    held_back: bool,
+    took_over: bool,
+    released: bool,
+    tripped: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Action {
+    Tick,
+    LeaseRead(usize),
+    LeaseWrite(usize),
+    /// The Lease write's answer is lost: nothing known, the holds run out on their own.
+    LeaseLost(usize),
+    Decide(usize, usize),
+    Quarantine(usize),
+    GuardUnknown(usize, usize),
+    Evict(usize, usize),
+    Release(usize, usize),
+    Fail(usize),
+    TurnUnknown(usize),
+    Heal(usize),
+    Crash(usize),
+    Stop(usize),
+    CloseBreaker,
+}
+
+fn device() -> RecordDevice {
+    RecordDevice {
+        id: "gpu0".into(),
+        uuid: None,
+        pci_bus_id: None,
+        reason: "xid-79".into(),
+        source: None,
+        metric: None,
+        value: None,
+    }
+}
+
+/// The training pod on the node's device; the kubelet does not say which device it
+/// holds (no KEP-4680), the common case.
+fn pod() -> PodView {
+    PodView {
+        finished: false,
+        terminating: false,
+        mirror: false,
+        daemon: false,
+        canary: false,
+        accelerator: true,
+        held: vec![],
+    }
+}
+
+impl Lab {
+    fn holds(&self, w: &World, r: usize, shard: u32) -> bool {
+        let rep = &w.replicas[r];
+        rep.alive && holding(rep.held[shard as usize], at(w.t))
+    }
+
+    /// What the fence lets through for a write of `node` by `r` now.
+    fn fence(&self, w: &World, r: usize, node: usize) -> bool {
+        self.without == Some(Without::Fence) || self.holds(w, r, self.nodes[node])
+    }
+
+    fn quarantined(&self, w: &World) -> usize {
+        w.nodes
+            .iter()
+            .filter(|n| n.quarantine == Some(false))
+            .count()
+    }
+
+    fn breaker_stops(&self, step: Step) -> bool {
+        if step == Step::Release && self.without == Some(Without::ReleaseThroughBreaker) {
+            return true;
+        }
+        policy::breaker_stops(step)
+    }
+
+    fn can_release(&self, w: &World, r: usize, n: usize) -> bool {
+        let node = &w.nodes[n];
+        node.quarantine.is_some()
+            && node.status == Status::Healthy
+            && self.holds(w, r, self.nodes[n])
+            && !(w.breaker_open && self.breaker_stops(Step::Release))
+    }
+
+    fn listing(&self, w: &World) -> Listing {
+        let record = |holder: Option<usize>, version: u32| Record {
+            holder: holder.map(name),
+            renew: Some(i128::from(version)),
+            acquire: None,
+            transitions: None,
+            duration_secs: Some(DURATION as i32),
+        };
+        Listing {
+            shards: w
+                .leases
+                .iter()
+                .enumerate()
+                .filter_map(|(s, l)| {
+                    Some((s as u32, record(l.as_ref()?.holder, l.as_ref()?.version)))
+                })
+                .collect(),
+            members: w
+                .members
+                .iter()
+                .enumerate()
+                .filter_map(|(r, v)| Some((name(r), record(Some(r), (*v)?))))
+                .collect(),
+        }
+    }
+
+    fn act(&self, w: &mut World, r: usize, node: usize) {
+        if w.leases[self.nodes[node] as usize]
+            .as_ref()
+            .and_then(|l| l.holder)
+            != Some(r)
+        {
+            w.acted_without_lease = true;
+        }
+    }
+
+    fn lease_read(&self, w: &mut World, r: usize) {
+        let now = at(w.t);
+        let listing = self.listing(w);
+        let rep = &mut w.replicas[r];
+        let seen = rep.observer.pass(&listing, self.shards, now);
+        let me = name(r);
+        let p = plan(&PlanInput {
+            me: &me,
+            shards: &seen.shards,
+            live: Some(&seen.live),
+            joined: rep.joined,
+            hold_off: rep.hold_off,
+            retry: cfg().retry,
+            now,
+        });
+        rep.joined = p.joined;
+        rep.hold_off = p.hold_off;
+        let version = |s: u32| w.leases[s as usize].as_ref().map_or(0, |l| l.version);
+        let mut ops: Vec<(u32, Op, u32)> = Vec::new();
+        ops.extend(p.renew.iter().map(|s| (*s, Op::Renew, version(*s))));
+        ops.extend(p.hand_back.iter().map(|s| (*s, Op::HandBack, version(*s))));
+        ops.extend(p.take.iter().map(|s| (*s, Op::Take, version(*s))));
+        w.replicas[r].pass = Some(Pass { ops, room: p.room });
+        w.replicas[r].passed = true;
+        // The member Lease is renewed with every pass.
+        w.members[r] = Some(w.members[r].map_or(0, |v| v + 1));
+    }
+
+    fn lease_write(&self, w: &mut World, r: usize) {
+        let Some(pass) = w.replicas[r].pass.take() else {
+            return;
+        };
+        let now = at(w.t);
+        let mut taken = 0;
+        for (s, op, read) in pass.ops {
+            let i = s as usize;
+            let current = w.leases[i].clone();
+            let unchanged = self.without == Some(Without::Cas)
+                || current.as_ref().map_or(0, |l| l.version) == read;
+            let next = current.as_ref().map_or(1, |l| l.version + 1);
+            match op {
+                Op::Renew => {
+                    if unchanged && current.as_ref().and_then(|l| l.holder) == Some(r) {
+                        w.leases[i] = Some(Lease {
+                            holder: Some(r),
+                            version: next,
+                        });
+                        w.replicas[r].held[i] = Some(cfg().hold_until(now));
+                    } else {
+                        w.replicas[r].held[i] = None;
+                    }
+                }
+                Op::HandBack => {
+                    w.replicas[r].held[i] = None;
+                    if unchanged {
+                        w.leases[i] = Some(Lease {
+                            holder: None,
+                            version: next,
+                        });
+                    }
+                }
+                Op::Take => {
+                    if taken >= pass.room {
+                        continue;
+                    }
+                    w.replicas[r].observer.forget_shard(s);
+                    if unchanged {
+                        let previous = current.as_ref().and_then(|l| l.holder);
+                        if previous.is_some_and(|p| p != r) {
+                            w.took_over = true;
+                        }
+                        w.leases[i] = Some(Lease {
+                            holder: Some(r),
+                            version: next,
+                        });
+                        w.replicas[r].held[i] = Some(cfg().hold_until(now));
+                        taken += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Model for Lab {
+    type State = World;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<World> {
+        vec![World {
+            t: 0,
+            leases: vec![None; self.shards as usize],
+            members: vec![None; self.replicas],
+            replicas: (0..self.replicas)
+                .map(|r| Replica {
+                    alive: true,
+                    observer: Observer::new(&name(r), cfg().duration),
+                    held: vec![None; self.shards as usize],
+                    joined: false,
+                    hold_off: None,
+                    pass: None,
+                    passed: false,
+                    decided: None,
+                })
+                .collect(),
+            nodes: vec![
+                NodeState {
+                    status: Status::Healthy,
+                    quarantine: None,
+                    evicted: false,
+                };
+                self.nodes.len()
+            ],
+            breaker_open: false,
+            failures: BTreeMap::new(),
+            events: self.events,
+            on_the_second: true,
+            acted_without_lease: false,
+            evicted_on_unknown: false,
+            held_back: false,
+            took_over: false,
+            released: false,
+            tripped: false,
+        }]
+    }
+
+    fn actions(&self, w: &World, actions: &mut Vec<Action>) {
+        // The clock moves once every live replica's Lease pass of this second is done
+        // (written or its answer lost): each loop keeps its timer. A loop slower than
+        // that is a lost answer, a crash or a stop, all of which happen here.
+        let passes_done = w
+            .replicas
+            .iter()
+            .all(|rep| !rep.alive || (rep.passed && rep.pass.is_none()));
+        if w.t < self.until && passes_done {
+            actions.push(Action::Tick);
+        }
+        for (r, rep) in w.replicas.iter().enumerate() {
+            if !rep.alive {
+                continue;
+            }
+            if rep.pass.is_none() {
+                if !rep.passed {
+                    actions.push(Action::LeaseRead(r));
+                }
+            } else {
+                actions.push(Action::LeaseWrite(r));
+                actions.push(Action::LeaseLost(r));
+            }
+            if rep.decided.is_some() {
+                actions.push(Action::Quarantine(r));
+            }
+            for (n, node) in w.nodes.iter().enumerate() {
+                if !self.holds(w, r, self.nodes[n]) {
+                    continue;
+                }
+                match (node.status, node.quarantine) {
+                    (Status::Failed, None) if rep.decided.is_none() => {
+                        actions.push(Action::Decide(r, n))
+                    }
+                    (Status::Unknown, None) => actions.push(Action::GuardUnknown(r, n)),
+                    _ => {}
+                }
+                if node.quarantine.is_some() && !node.evicted {
+                    actions.push(Action::Evict(r, n));
+                }
+                if self.can_release(w, r, n) {
+                    actions.push(Action::Release(r, n));
+                }
+            }
+            if w.events > 0 {
+                actions.push(Action::Crash(r));
+                actions.push(Action::Stop(r));
+            }
+        }
+        if w.events > 0 && w.on_the_second {
+            for (n, node) in w.nodes.iter().enumerate() {
+                match node.status {
+                    Status::Healthy => {
+                        actions.push(Action::Fail(n));
+                        actions.push(Action::TurnUnknown(n));
+                    }
+                    _ => actions.push(Action::Heal(n)),
+                }
+            }
+            if w.breaker_open {
+                actions.push(Action::CloseBreaker);
+            }
+        }
+    }
+
+    fn next_state(&self, last: &World, action: Action) -> Option<World> {
+        let mut w = last.clone();
+        w.on_the_second = matches!(
+            action,
+            Action::Tick
+                | Action::Fail(_)
+                | Action::TurnUnknown(_)
+                | Action::Heal(_)
+                | Action::CloseBreaker
+        );
+        match action {
+            Action::Tick => {
+                w.t += 1;
+                for rep in &mut w.replicas {
+                    rep.passed = false;
+                }
+            }
+            Action::LeaseRead(r) => self.lease_read(&mut w, r),
+            Action::LeaseWrite(r) => self.lease_write(&mut w, r),
+            Action::LeaseLost(r) => w.replicas[r].pass = None,
+            Action::Decide(r, n) => {
+                // The breaker counts the failed node (cluster-wide, compare-and-swap).
+                let now = w.t;
+                let noted = policy::note_failure(
+                    w.breaker_open,
+                    &mut w.failures,
+                    &format!("n{n}"),
+                    &now.to_string(),
+                    |when| Some(now.saturating_sub(when.parse().ok()?) as f64),
+                    self.breaker_nodes,
+                    60.0,
+                );
+                if noted == Noted::Tripped {
+                    w.breaker_open = true;
+                    w.tripped = true;
+                }
+                if w.breaker_open && self.breaker_stops(Step::Isolate) {
+                    return Some(w);
+                }
+                // The budget, asked with this replica's turn held until the write.
+                let quarantined = vec![None; self.quarantined(&w)];
+                let refused = self.without != Some(Without::Budget)
+                    && self
+                        .budget
+                        .refusal(None, &quarantined, || self.nodes.len())
+                        .is_some();
+                if refused {
+                    w.held_back = true;
+                } else {
+                    w.replicas[r].decided = Some(n);
+                }
+            }
+            Action::Quarantine(r) => {
+                let n = w.replicas[r].decided.take()?;
+                if self.fence(&w, r, n) && w.nodes[n].quarantine.is_none() {
+                    self.act(&mut w, r, n);
+                    w.nodes[n].quarantine = Some(false);
+                }
+            }
+            Action::GuardUnknown(r, n) => {
+                self.act(&mut w, r, n);
+                w.nodes[n].quarantine = Some(true);
+            }
+            Action::Evict(r, n) => {
+                if w.breaker_open && self.breaker_stops(Step::Evict) {
+                    return None;
+                }
+                let unknown_only = w.nodes[n].quarantine == Some(true);
+                let evicts = self.without == Some(Without::UnknownGuard)
+                    || policy::record_evicts(unknown_only);
+                // The devices the quarantine recorded failed (none for an unknown-only one).
+                let failed = if unknown_only { vec![] } else { vec![device()] };
+                if !evicts || !policy::wants_eviction(&pod(), &failed) {
+                    return None;
+                }
+                self.act(&mut w, r, n);
+                if unknown_only {
+                    w.evicted_on_unknown = true;
+                }
+                w.nodes[n].evicted = true;
+            }
+            Action::Release(r, n) => {
+                self.act(&mut w, r, n);
+                w.nodes[n].quarantine = None;
+                w.nodes[n].evicted = false;
+                w.released = true;
+            }
+            Action::Fail(n) => {
+                w.events -= 1;
+                w.nodes[n].status = Status::Failed;
+            }
+            Action::TurnUnknown(n) => {
+                w.events -= 1;
+                w.nodes[n].status = Status::Unknown;
+            }
+            Action::Heal(n) => {
+                w.events -= 1;
+                w.nodes[n].status = Status::Healthy;
+            }
+            Action::Crash(r) => {
+                w.events -= 1;
+                w.replicas[r].alive = false;
+            }
+            Action::Stop(r) => {
+                // SIGTERM: every shard held is released (compare-and-swap on what this
+                // replica last wrote), and the member Lease deleted.
+                w.events -= 1;
+                for s in 0..self.shards as usize {
+                    if w.replicas[r].held[s].is_some() {
+                        if let Some(l) = &mut w.leases[s] {
+                            if l.holder == Some(r) {
+                                l.holder = None;
+                                l.version += 1;
+                            }
+                        }
+                    }
+                }
+                w.members[r] = None;
+                w.replicas[r].alive = false;
+            }
+            Action::CloseBreaker => {
+                w.events -= 1;
+                w.breaker_open = false;
+            }
+        }
+        Some(w)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("one writer per shard", |lab: &Lab, w: &World| {
+                (0..lab.shards)
+                    .all(|s| (0..lab.replicas).filter(|r| lab.holds(w, *r, s)).count() <= 1)
+            }),
+            Property::always("budget", |lab: &Lab, w: &World| {
+                lab.quarantined(w) < lab.budget.max_nodes + lab.replicas
+            }),
+            Property::always("no eviction on Unknown", |_: &Lab, w: &World| {
+                !w.evicted_on_unknown
+            }),
+            Property::always("no action without the Lease", |_: &Lab, w: &World| {
+                !w.acted_without_lease
+            }),
+            Property::always(
+                "a release never blocked by an open breaker",
+                |lab: &Lab, w: &World| {
+                    !w.breaker_open
+                        || (0..lab.replicas).all(|r| {
+                            (0..lab.nodes.len()).all(|n| {
+                                let node = &w.nodes[n];
+                                let due = node.quarantine.is_some()
+                                    && node.status == Status::Healthy
+                                    && lab.holds(w, r, lab.nodes[n]);
+                                !due || lab.can_release(w, r, n)
+                            })
+                        })
+                },
+            ),
+            Property::sometimes("a quarantine", |lab: &Lab, w: &World| {
+                lab.quarantined(w) > 0
+            }),
+            Property::sometimes("the budget's bound reached", |lab: &Lab, w: &World| {
+                lab.quarantined(w) == lab.budget.max_nodes + lab.replicas - 1
+            }),
+            Property::sometimes("an eviction", |_: &Lab, w: &World| {
+                w.nodes.iter().any(|n| n.evicted)
+            }),
+            Property::sometimes("a budget hold-back", |_: &Lab, w: &World| w.held_back),
+            Property::sometimes("a takeover", |_: &Lab, w: &World| w.took_over),
+            Property::sometimes("a release", |_: &Lab, w: &World| w.released),
+            Property::sometimes("the breaker trips", |_: &Lab, w: &World| w.tripped),
+        ]
+    }
+}
+
+fn lab(until: u64, events: u8, without: Option<Without>) -> Lab {
+    Lab {
+        replicas: 2,
+        shards: 2,
+        nodes: vec![0, 1, 1],
+        until,
+        events,
+        budget: Budget {
+            max_nodes: 1,
+            max_percent: 100.0,
+            per_domain: None,
+            node_selector: String::new(),
+            max_unknown: 1,
+        },
+        breaker_nodes: 3,
+        without,
+    }
+}
+
+const INVARIANTS: [&str; 5] = [
+    "one writer per shard",
+    "budget",
+    "no eviction on Unknown",
+    "no action without the Lease",
+    "a release never blocked by an open breaker",
+];
+
+fn bound(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Explores one lab; every invariant holds in every reachable state and every
+/// floor is reached in some state. Returns the number of distinct states.
+fn explore(until: u64, events: u8, floors: &[&'static str]) -> usize {
+    let started = Instant::now();
+    let checker = lab(until, events, None)
+        .checker()
+        .threads(2)
+        .spawn_dfs()
+        .join();
+    let states = checker.unique_state_count();
+    eprintln!(
+        "model: {states} states ({} generated) in {:?}, {until} s, {events} events",
+        checker.state_count(),
+        started.elapsed()
+    );
+    for invariant in INVARIANTS {
+        if let Some(path) = checker.discovery(invariant) {
+            panic!("{invariant:?} broken: {:?}", path.into_actions());
+        }
+    }
+    for floor in floors {
+        assert!(
+            checker.discovery(floor).is_some(),
+            "{floor:?} never happened in {states} states ({until} s, {events} events)"
+        );
+    }
+    states
+}
+
+/// The invariants hold over every reachable state; the floors are reached. Two
+/// labs: a long one with one environment event (a crash lets the other replica
+/// take over after the Lease runs out) and a short one with node events (a
+/// quarantine, the budget's bound, a hold-back, an eviction, a release).
+/// `MODEL_FULL=1` (release build) explores one lab of more than 10^7 states.
+#[test]
+fn the_protocol_keeps_its_invariants() {
+    if std::env::var_os("MODEL_FULL").is_some() {
+        let until = bound("MODEL_UNTIL", 6);
+        let events = bound("MODEL_EVENTS", 3) as u8;
+        let states = explore(until, events, &["a quarantine", "an eviction"]);
+        assert!(states > 10_000_000, "{states} states: fewer than 10^7");
+        return;
+    }
+    let lease = explore(5, 1, &["a takeover", "a quarantine", "an eviction"]);
+    let nodes = explore(
+        3,
+        2,
+        &[
+            "a quarantine",
+            "the budget's bound reached",
+            "an eviction",
+            "a budget hold-back",
+        ],
+    );
+    assert!(
+        lease + nodes > 1_000_000,
+        "{} states: the model is too small to say much",
+        lease + nodes
+    );
+}
+
+/// Each invariant fails when its guard is left out: the checker finds the
+/// counterexample. Within the bounds CI affords only the Unknown guard's is
+/// reachable; the others need a takeover and a node event (more than 5 virtual
+/// seconds) or three failures. They are in the ignored test below.
+#[test]
+fn the_unknown_guard_is_what_keeps_unknown_from_evicting() {
+    mutation_found(Without::UnknownGuard, "no eviction on Unknown", 3, 2);
+}
+
+/// The other guards, at bounds a release build explores in minutes. Not yet
+/// shown to find each counterexample at these bounds (2026-12-04).
+#[test]
+#[ignore = "minutes in a release build: MODEL_FULL=1 cargo test --release -p faultline-aggregator --test model -- --ignored"]
+fn each_invariant_fails_without_its_guard() {
+    for (without, invariant) in [
+        (Without::Cas, "one writer per shard"),
+        (Without::Fence, "no action without the Lease"),
+        (Without::Budget, "budget"),
+        (
+            Without::ReleaseThroughBreaker,
+            "a release never blocked by an open breaker",
+        ),
+    ] {
+        mutation_found(without, invariant, 7, 3);
+    }
+}
+
+fn mutation_found(without: Without, invariant: &'static str, until: u64, events: u8) {
+    let checker = lab(until, events, Some(without))
+        .checker()
+        .threads(2)
+        .spawn_dfs()
+        .join();
+    let found = checker.discovery(invariant);
+    assert!(
+        found.is_some(),
+        "without {without:?}, nothing broke {invariant:?} ({until} s, {events} events)"
+    );
+    eprintln!(
+        "without {without:?}: {invariant:?} broken in {} steps",
+        found.unwrap().into_actions().len()
+    );
+}
