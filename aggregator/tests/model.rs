@@ -24,9 +24,10 @@
 //! floors: each interesting thing happens in some reachable state, so a model that
 //! cannot reach them fails.
 //!
-//! `cargo test -p faultline-aggregator --test model` explores a small bound (CI);
-//! `MODEL_FULL=1 cargo test --release -p faultline-aggregator --test model -- --nocapture`
-//! the full one (docs/testing.md has its state count).
+//! `cargo test -p faultline-aggregator --test model` explores two small labs (CI, about
+//! 6.5 M states); `MODEL_FULL=1 cargo test -p faultline-aggregator --test model --
+//! --nocapture the_protocol` the full one (52 M states, 8 minutes in a debug build;
+//! docs/testing.md has the figures). `MODEL_UNTIL` and `MODEL_EVENTS` set its bounds.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -38,7 +39,7 @@ use faultline_aggregator::remediate::view::PodView;
 use faultline_aggregator::shard::held::holding;
 use faultline_aggregator::shard::plan::{plan, Listing, Observer, PlanInput, Record};
 use faultline_aggregator::shard::LeaseConfig;
-use stateright::{Checker, Model, Property};
+use stateright::{Checker, HasDiscoveries, Model, Property};
 
 /// Lease timing, in virtual seconds: what the tests' replicas use, scaled.
 const DURATION: u64 = 3;
@@ -322,14 +323,15 @@ impl Lab {
         ops.extend(p.take.iter().map(|s| (*s, Op::Take, version(*s))));
         w.replicas[r].pass = Some(Pass { ops, room: p.room });
         w.replicas[r].passed = true;
-        // The member Lease is renewed with every pass.
-        w.members[r] = Some(w.members[r].map_or(0, |v| v + 1));
     }
 
     fn lease_write(&self, w: &mut World, r: usize) {
         let Some(pass) = w.replicas[r].pass.take() else {
             return;
         };
+        // The member Lease is renewed with every pass, and lost with its other writes
+        // when the API server's answers are (LeaseLost: a partitioned replica).
+        w.members[r] = Some(w.members[r].map_or(0, |v| v + 1));
         let now = at(w.t);
         let mut taken = 0;
         for (s, op, read) in pass.ops {
@@ -731,13 +733,17 @@ fn explore(until: u64, events: u8, floors: &[&'static str]) -> usize {
 /// labs: a long one with one environment event (a crash lets the other replica
 /// take over after the Lease runs out) and a short one with node events (a
 /// quarantine, the budget's bound, a hold-back, an eviction, a release).
-/// `MODEL_FULL=1` (release build) explores one lab of more than 10^7 states.
+/// `MODEL_FULL=1` explores one lab of more than 10^7 states (7 s, 1 event by default).
 #[test]
 fn the_protocol_keeps_its_invariants() {
     if std::env::var_os("MODEL_FULL").is_some() {
-        let until = bound("MODEL_UNTIL", 6);
-        let events = bound("MODEL_EVENTS", 3) as u8;
-        let states = explore(until, events, &["a quarantine", "an eviction"]);
+        let until = bound("MODEL_UNTIL", 7);
+        let events = bound("MODEL_EVENTS", 1) as u8;
+        let states = explore(
+            until,
+            events,
+            &["a takeover", "a quarantine", "an eviction"],
+        );
         assert!(states > 10_000_000, "{states} states: fewer than 10^7");
         return;
     }
@@ -760,45 +766,56 @@ fn the_protocol_keeps_its_invariants() {
 }
 
 /// Each invariant fails when its guard is left out: the checker finds the
-/// counterexample. Within the bounds CI affords only the Unknown guard's is
-/// reachable; the others need a takeover and a node event (more than 5 virtual
-/// seconds) or three failures. They are in the ignored test below.
+/// counterexample (and stops at the first one). Each mutation gets the smallest
+/// lab that can show it: the budget with one replica (its bound is then B), the
+/// breaker tripping at the second failed node (after the first is quarantined), the CAS and the fence with a replica
+/// whose Lease writes go unanswered long enough for the other to take over.
 #[test]
-fn the_unknown_guard_is_what_keeps_unknown_from_evicting() {
-    mutation_found(Without::UnknownGuard, "no eviction on Unknown", 3, 2);
-}
-
-/// The other guards, at bounds a release build explores in minutes. Not yet
-/// shown to find each counterexample at these bounds (2026-12-04).
-#[test]
-#[ignore = "minutes in a release build: MODEL_FULL=1 cargo test --release -p faultline-aggregator --test model -- --ignored"]
 fn each_invariant_fails_without_its_guard() {
-    for (without, invariant) in [
-        (Without::Cas, "one writer per shard"),
-        (Without::Fence, "no action without the Lease"),
-        (Without::Budget, "budget"),
+    let one_replica = Lab {
+        replicas: 1,
+        ..lab(3, 2, Some(Without::Budget))
+    };
+    let quick_breaker = Lab {
+        breaker_nodes: 2,
+        ..lab(3, 3, Some(Without::ReleaseThroughBreaker))
+    };
+    for (lab, invariant) in [
         (
-            Without::ReleaseThroughBreaker,
-            "a release never blocked by an open breaker",
+            lab(3, 2, Some(Without::UnknownGuard)),
+            "no eviction on Unknown",
+        ),
+        (one_replica, "budget"),
+        (quick_breaker, "a release never blocked by an open breaker"),
+        (lab(7, 0, Some(Without::Cas)), "one writer per shard"),
+        (
+            lab(6, 1, Some(Without::Fence)),
+            "no action without the Lease",
         ),
     ] {
-        mutation_found(without, invariant, 7, 3);
+        mutation_found(lab, invariant);
     }
 }
 
-fn mutation_found(without: Without, invariant: &'static str, until: u64, events: u8) {
-    let checker = lab(until, events, Some(without))
+fn mutation_found(lab: Lab, invariant: &'static str) {
+    let (without, until, events) = (lab.without, lab.until, lab.events);
+    let started = Instant::now();
+    let checker = lab
         .checker()
+        .finish_when(HasDiscoveries::AnyOf([invariant].into()))
         .threads(2)
         .spawn_dfs()
         .join();
     let found = checker.discovery(invariant);
     assert!(
         found.is_some(),
-        "without {without:?}, nothing broke {invariant:?} ({until} s, {events} events)"
+        "without {without:?}, nothing broke {invariant:?} ({until} s, {events} events, {} states)",
+        checker.unique_state_count()
     );
     eprintln!(
-        "without {without:?}: {invariant:?} broken in {} steps",
-        found.unwrap().into_actions().len()
+        "without {without:?}: {invariant:?} broken in {} steps ({} states, {:?})",
+        found.unwrap().into_actions().len(),
+        checker.unique_state_count(),
+        started.elapsed()
     );
 }

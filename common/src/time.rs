@@ -33,8 +33,8 @@ pub fn rfc3339_after(d: Duration) -> String {
 
 /// Milliseconds since the epoch of an RFC 3339 time (`date-time` of RFC 3339 §5.6:
 /// `T` or `t`, any fraction of a second, `Z`, `z` or `+HH:MM`/`-HH:MM`), or `None` when
-/// it is not exactly that (no zone, spaces around it, a signed or one-digit field) or is
-/// before the epoch. chrono is the oracle of its property tests (`tests/rfc3339.rs`).
+/// it is not exactly that (no zone, spaces around it, a signed or one-digit field, a leap
+/// second) or is before the epoch. chrono is the oracle of its property tests (`tests/rfc3339.rs`).
 pub fn parse_rfc3339_ms(at: &str) -> Option<u64> {
     let b = at.as_bytes();
     let digits =
@@ -51,7 +51,10 @@ pub fn parse_rfc3339_ms(at: &str) -> Option<u64> {
         && digits(14..16)
         && b[16] == b':'
         && digits(17..19);
-    if !shape {
+    // No leap second: Go's time.Parse (go/src/time/format.go, "second out of range"),
+    // which writes every time the API server hands us, refuses :60; humantime would
+    // read it as :59 and chrono as the next minute's :00.
+    if !shape || &b[17..19] > b"59".as_slice() {
         return None;
     }
     let mut end = 19;

@@ -139,6 +139,15 @@ fn known_edges() {
     assert_eq!(both("1970-01-01T00:00:00+-0:00"), [None, None]);
     assert_eq!(both(" 1970-01-01T00:00:00Z"), [None, None]);
     assert_eq!(both("1970-01-01t00:00:00+00:00"), [Some(0), Some(0)]);
+    // A leap second: Go's time.Parse refuses :60 and so do we. Found by
+    // nothing_is_accepted_that_rfc3339_refuses on a CI run: humantime read :60 as :59,
+    // chrono as the next minute.
+    assert_eq!(both("2296-07-25T09:26:60.00000000+00:00"), [None, None]);
+    assert_eq!(both("2026-12-31T23:59:60Z"), [None, None]);
+    assert_eq!(
+        both("2026-12-31T23:59:59.999Z"),
+        [Some(1_798_761_599_999), Some(1_798_761_599_999)]
+    );
     // Before the epoch: refused (a u64 of milliseconds).
     assert_eq!(both("1969-12-31T23:59:59Z"), [None, None]);
     assert_eq!(

@@ -198,7 +198,8 @@ impl Verdict {
 }
 
 /// Milliseconds since the epoch of an RFC 3339 time (`Z` or `+HH:MM`, any fraction of a
-/// second); `None` when it does not parse or is before 1970.
+/// second); `None` when it does not parse, names a leap second (:60, which Go's
+/// time.Parse refuses too) or is before 1970.
 pub fn parse_rfc3339_ms(at: &str) -> Option<u64> {
     let b = at.as_bytes();
     let num = |r: std::ops::Range<usize>| num_of(at.get(r)?);
@@ -230,7 +231,7 @@ pub fn parse_rfc3339_ms(at: &str) -> Option<u64> {
         || d > days_in[(mo - 1) as usize]
         || h > 23
         || mi > 59
-        || sec > 60
+        || sec > 59
     {
         return None;
     }
