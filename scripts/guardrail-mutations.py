@@ -2,14 +2,18 @@
 """Issue 14's check that each safety guardrail's test can fail: remove the guardrail
 (one small source edit), run the test that guards it, expect it to FAIL, restore.
 
-    python3 scripts/guardrail-mutations.py            # all (about 20 minutes on 2 cores)
+    python3 scripts/guardrail-mutations.py            # all (about an hour on 2 cores)
     python3 scripts/guardrail-mutations.py breaker    # those whose name contains "breaker"
 
-Exit status 1 if any test still passes with its guardrail removed (a test that cannot
-fail). The source is restored after each mutation, also on Ctrl-C. Not part of CI (it
+First a baseline: every test named below must pass on the unmutated tree (exit 2 if
+not, or if a mutation's code is no longer found). A mutant counts as caught only when
+its test builds, runs at least one test, and a test fails: a build error, a missing
+target or a filter that matches nothing is NOT COUNTED. Exit status 1 if any mutation
+is not caught (a test that cannot fail). The source is restored after each mutation, also on Ctrl-C. Not part of CI (it
 rebuilds once per mutation); run it after changing a guardrail or its test.
 """
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -29,19 +33,19 @@ MUTATIONS = [
      "Kind::Shard { .. } => true,",
      ["-p", "faultline-aggregator", "--test", "remediation", "a_replica_without_its_lease_changes_nothing"]),
     ("2 fencing: a Lease past its renewals still counts as held (no self-expiry)",
-     "aggregator/src/shard/lease.rs",
-     ".is_some_and(|until| Instant::now() < *until)",
-     ".is_some()",
+     "aggregator/src/shard/held.rs",
+     "until.is_some_and(|u| now < u)",
+     "until.is_some() || now < now",
      ["-p", "faultline-aggregator", "--test", "kubernetes", "a_replica_whose_renewals_fail_stops_acting_on_its_own_clock"]),
     ("3 breaker: never trips",
-     "aggregator/src/remediate/guards.rs",
-     "let trip = count >= self.nodes;",
-     "let trip = false;",
+     "aggregator/src/remediate/policy.rs",
+     "    if failures.len() >= nodes {\n        Noted::Tripped",
+     "    if false {\n        Noted::Tripped",
      ["-p", "faultline-aggregator", "--test", "healing", "the_breaker_opens_on_real_failures"]),
     ("3 breaker: the window never expires",
-     "aggregator/src/remediate/guards.rs",
-     ".retain(|_, at| self.clock.age_secs(at).is_some_and(|a| a <= window));",
-     ".retain(|_, at| !at.is_empty() || window > 0.0);",
+     "aggregator/src/remediate/policy.rs",
+     "failures.retain(|_, at| age_secs(at).is_some_and(|a| a <= window_secs));",
+     "failures.retain(|_, at| age_secs(at).is_some() || window_secs > 0.0 || at.is_empty());",
      ["-p", "faultline-aggregator", "--test", "healing", "the_breaker_opens_on_real_failures"]),
     ("4 budgets: no budget",
      "aggregator/src/remediate/guards.rs",
@@ -80,15 +84,161 @@ MUTATIONS = [
      ["-p", "faultline-agent", "--test", "kmsg", "a_rotated_or_truncated_log_is_reopened"]),
     ("9 write scheduling: an unchanged page rewritten",
      "aggregator/src/publish/configmap.rs",
-     "if attempt == 0 && last == Some(page_body.content) {",
-     "if attempt == 0 && last == Some(page_body.content) && false {",
+     "if attempt == 0 && unchanged {",
+     "if attempt == 0 && unchanged && false {",
      ["-p", "faultline-aggregator", "--test", "kubernetes", "the_sequence_carries_over_and_a_quiet_shard_is_not_rewritten"]),
     ("10 notifications: nothing is sent",
      "aggregator/src/notify.rs",
      "    pub fn send(&self, n: Notification) {",
      "    pub fn send(&self, n: Notification) {\n        if n.kind.is_empty() || !n.kind.is_empty() {\n            return;\n        }",
      ["-p", "faultline-aggregator", "--test", "healing", "the_binary_notifies_audits_and_stops_on_sigterm"]),
+    # Issue 27: the 13 facets that had no mutation.
+    ('1 lease margin: a replica acts until the Lease runs out, not margin before',
+     'aggregator/src/shard/timing.rs',
+     'started + self.duration.saturating_sub(self.margin)',
+     'started + self.duration',
+     ['-p', 'faultline-aggregator', '--lib', 'a_hold_ends_the_margin_before_the_lease']),
+    ('1 lease margin: the aggregator configures no margin',
+     'aggregator/src/shard/timing.rs',
+     'margin: retry + Duration::from_secs(1),',
+     'margin: Duration::ZERO,',
+     ['-p', 'faultline-aggregator', '--lib', 'a_hold_ends_the_margin_before_the_lease']),
+    ('14 kmsg: a rotated log (new inode) is not reopened',
+     'agent/src/sources/kmsg/mod.rs',
+     'Ok(m) if m.ino() != ino || m.len() < offset => return Ok(()),',
+     'Ok(m) if m.len() < offset => return Ok(()),',
+     ['-p', 'faultline-agent', '--test', 'kmsg', 'a_rotated_or_truncated_log_is_reopened']),
+    ("2 fencing: dispatch runs a node's pass without the shard's Lease (no holds_node gate, unfenced pass)",
+     'aggregator/src/app/dispatch.rs',
+     '            if nothing || !self.shards.holds_node(&node) {\n                continue;\n            }\n            let Some(slot) = self.in_flight.take(&node) else {\n                continue;\n            };\n            let node_name = node.clone();\n            let pass = NodePass {\n                remediator: self.remediator.clone(),\n                fence: self.shards.fence(&node),',
+     '            if nothing {\n                continue;\n            }\n            let Some(slot) = self.in_flight.take(&node) else {\n                continue;\n            };\n            let node_name = node.clone();\n            let pass = NodePass {\n                remediator: self.remediator.clone(),\n                fence: Fence::unfenced(),',
+     ['-p', 'faultline-aggregator', '--test', 'kubernetes', 'a_replica_whose_renewals_fail_stops_acting_on_its_own_clock']),
+    ('4 budgets: max_nodes not enforced (Budget::refusal)',
+     'aggregator/src/remediate/policy.rs',
+     'if quarantined.len() >= self.max_nodes {',
+     'if quarantined.len() >= usize::MAX {',
+     ['-p', 'faultline-aggregator', '--lib', 'budget_arithmetic']),
+    ('4 budgets: max_percent not enforced (Budget::refusal)',
+     'aggregator/src/remediate/policy.rs',
+     'if !quarantined.is_empty() && share > self.max_percent {',
+     'if !quarantined.is_empty() && share > f64::MAX {',
+     ['-p', 'faultline-aggregator', '--lib', 'budget_arithmetic']),
+    ('3 breaker: the shared count never trips (policy::note_failure)',
+     'aggregator/src/remediate/policy.rs',
+     '    if failures.len() >= nodes {\n        Noted::Tripped',
+     '    if failures.len() >= usize::MAX {\n        Noted::Tripped',
+     ['-p', 'faultline-aggregator', '--test', 'remediation', 'the_breaker_counts_across_replicas_and_restarts']),
+    ('3 breaker: the count is not shared (each replica ignores the stored failures)',
+     'aggregator/src/remediate/guards.rs',
+     '            failures: data\n                .get("failures")\n                .and_then(|f| serde_json::from_str(f).ok())\n                .unwrap_or_default(),',
+     '            failures: BTreeMap::new(),',
+     ['-p', 'faultline-aggregator', '--test', 'remediation', 'the_breaker_counts_across_replicas_and_restarts']),
+    ('6 canary: no cool-down after a failed canary (unit)',
+     'aggregator/src/remediate/policy.rs',
+     '(waited < cooldown.as_secs_f64()).then(|| {',
+     '(waited < 0.0 * cooldown.as_secs_f64()).then(|| {',
+     ['-p', 'faultline-aggregator', '--lib', 'how_a_canary_stands']),
+    ('6 canary: no cool-down after a failed canary (end to end)',
+     'aggregator/src/remediate/policy.rs',
+     '(waited < cooldown.as_secs_f64()).then(|| {',
+     '(waited < 0.0 * cooldown.as_secs_f64()).then(|| {',
+     ['-p', 'faultline-aggregator', '--test', 'healing', 'auto_release_waits_for_health_cooldown_and_the_canary']),
+    ('7 intake: one alert acts (threshold N ignored)',
+     'aggregator/src/ingest/intake/mod.rs',
+     'if q.len() < threshold {',
+     'if q.len() < threshold.min(1) {',
+     ['-p', 'faultline-aggregator', '--lib', 'n_within_w_then_duplicates']),
+    ('7 intake: the N-within-W window never runs out',
+     'aggregator/src/ingest/intake/mod.rs',
+     '            counts.expire(now, self.cfg.window);\n            if !counts.contains_key(&key) {\n                evicted += counts.make_room(MAX_KEYS);\n            }\n            let q = counts.touch(key.clone(), now, Seen::new);\n            while q\n                .front()\n                .is_some_and(|(t, _)| now.duration_since(*t) >= self.cfg.window)\n            {\n                q.pop_front();',
+     '            counts.expire(now, Duration::MAX);\n            if !counts.contains_key(&key) {\n                evicted += counts.make_room(MAX_KEYS);\n            }\n            let q = counts.touch(key.clone(), now, Seen::new);\n            while q\n                .front()\n                .is_some_and(|(t, _)| now.duration_since(*t) >= Duration::MAX)\n            {\n                q.pop_front();',
+     ['-p', 'faultline-aggregator', '--lib', 'the_counting_window_and_the_dedup_window_expire']),
+    ("8 agent: a warming source's first reading is kept",
+     'agent/src/sampler.rs',
+     'let mut discarded_first = !warm_up;',
+     'let mut discarded_first = !warm_up || true;',
+     ['-p', 'faultline-agent', '--lib', 'the_first_reading_of_a_warming_source_is_discarded']),
+    ('9 agent: no backoff when a source cannot start',
+     'agent/src/sampler.rs',
+     'backoff = (backoff * 2).min(Duration::from_secs(60));',
+     'backoff = backoff.min(Duration::from_secs(60));',
+     ['-p', 'faultline-agent', '--test', 'vendor_tools', 'retries_within_a_sample_and_backoff']),
+    ('10 write scheduling: urgent writes of a shard not spaced',
+     'aggregator/src/app/schedule.rs',
+     '.map(|t| *t + self.timing.urgent_spacing)',
+     '.map(|t| *t + self.timing.urgent_spacing * 0)',
+     ['-p', 'faultline-aggregator', '--lib', 'a_failed_device_gets_a_write_of_its_own_after_the_spacing']),
+    ("10 write scheduling: the file sink's urgent write not spaced",
+     'aggregator/src/app/schedule.rs',
+     'last + t.urgent_spacing',
+     'last + t.urgent_spacing * 0',
+     ['-p', 'faultline-aggregator', '--lib', 'write_scheduling']),
+    ('11 nudges: --nudge-rate ignored',
+     'aggregator/src/publish/nudge.rs',
+     'if b.tokens >= 1.0 {',
+     'if b.tokens >= 1.0 || self.rate > 0.0 {',
+     ['-p', 'faultline-aggregator', '--test', 'kubernetes', 'nudges_keep_to_their_rate_and_selector']),
+    ('11 nudges: --nudge-selector ignored',
+     'aggregator/src/publish/nudge.rs',
+     '        if !self.selector.is_empty() {\n            lp = lp.labels(&self.selector);\n        }',
+     '        if self.selector.is_empty() && !self.selector.is_empty() {\n            lp = lp.labels(&self.selector);\n        }',
+     ['-p', 'faultline-aggregator', '--test', 'kubernetes', 'nudges_keep_to_their_rate_and_selector']),
+    ('12 lease: held shard Leases not released on stop',
+     'aggregator/src/shard/lease.rs',
+     'for shard in held.shards() {',
+     'for shard in held.shards().into_iter().take(0) {',
+     ['-p', 'faultline-aggregator', '--test', 'healing', 'a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease']),
+    ('13 unknown guard: runs while standing down',
+     'aggregator/src/app/dispatch.rs',
+     '        if !self.standing_down {\n            self.guard_unknown(pipeline);\n        }',
+     '        self.guard_unknown(pipeline);',
+     ['-p', 'faultline-aggregator', '--test', 'kubernetes', 'an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_eviction']),
+    ('13 unknown guard: never stands down',
+     'aggregator/src/app/dispatch.rs',
+     'total > 0 && (total - reachable) as f64 > self.standdown_share * total as f64',
+     'total > 0 && (total - reachable) as f64 > self.standdown_share * total as f64 && false',
+     ['-p', 'faultline-aggregator', '--test', 'kubernetes', 'an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_eviction']),
+    ('13 unknown guard: its taint does not lift by itself under --release manual',
+     'aggregator/src/remediate/policy.rs',
+     'if !record.unknown_only && !policy.auto {',
+     'if !policy.auto {',
+     ['-p', 'faultline-aggregator', '--test', 'remediation', 'an_unknown_only_taint_lifts_once_the_devices_are_healthy']),
 ]
+
+
+def cargo_test(args):
+    """Run one test; (outcome, seconds, output). outcome: 'passed' (at least one test
+    ran, none failed), 'failed' (a test failed), or why it means nothing: 'no build',
+    'no target', 'no test ran'."""
+    t0 = time.time()
+    r = subprocess.run(["cargo", "test", "--locked"] + args[:-1] + ["--", args[-1]],
+                       cwd=ROOT, capture_output=True, text=True)
+    took = time.time() - t0
+    out = r.stdout + r.stderr
+    if "could not compile" in r.stderr or "error[" in r.stderr:
+        return "no build", took, out
+    if "no test target named" in r.stderr or "no such test" in r.stderr:
+        return "no target", took, out
+    ran = [int(m) for m in re.findall(r"^running (\d+) tests?$", r.stdout, re.M)]
+    if re.search(r"^test result: FAILED\.", r.stdout, re.M) and r.returncode != 0:
+        return "failed", took, out
+    if r.returncode == 0 and sum(ran) > 0:
+        return "passed", took, out
+    if sum(ran) == 0:
+        return "no test ran", took, out
+    return f"exit {r.returncode} without a failed test", took, out
+
+
+def baseline(mutations):
+    """Every test a mutation relies on passes on the unmutated tree, or nothing counts."""
+    bad = 0
+    for args in sorted({tuple(m[4]) for m in mutations}):
+        outcome, took, out = cargo_test(list(args))
+        print(f"baseline {' '.join(args)}: {outcome}, {took:.0f} s", flush=True)
+        if outcome != "passed":
+            print(out[-3000:])
+            bad += 1
+    return bad
 
 
 def run(name, path, old, new, args):
@@ -98,26 +248,32 @@ def run(name, path, old, new, args):
         return "STALE (the code changed: update this script)"
     try:
         f.write_text(text.replace(old, new))
-        t0 = time.time()
-        r = subprocess.run(["cargo", "test", "-q", "--locked"] + args[:-1] + ["--", args[-1]],
-                           cwd=ROOT, capture_output=True, text=True)
-        took = time.time() - t0
-        if "error[" in r.stderr and "could not compile" in r.stderr:
-            return "DID NOT COMPILE (fix the mutation)\n" + r.stderr[-2000:]
-        return ("caught (the test fails)" if r.returncode != 0 else "NOT CAUGHT (the test passes)") + f", {took:.0f} s"
+        outcome, took, out = cargo_test(args)
+        if outcome == "failed":
+            return f"caught (the test fails), {took:.0f} s"
+        if outcome == "passed":
+            return f"NOT CAUGHT (the test passes), {took:.0f} s"
+        return f"NOT COUNTED ({outcome}: fix the mutation)\n" + out[-2000:]
     finally:
         f.write_text(text)
 
 
 def main():
     only = sys.argv[1] if len(sys.argv) > 1 else ""
+    chosen = [m for m in MUTATIONS if only in m[0]]
+    stale = [m[0] for m in chosen if (ROOT / m[1]).read_text().count(m[2]) != 1]
+    if stale:
+        print("STALE (the code changed: update this script):", *stale, sep="\n  ")
+        sys.exit(2)
+    if baseline(chosen):
+        print("the baseline fails: no mutation can be judged")
+        sys.exit(2)
     bad = 0
-    for m in MUTATIONS:
-        if only not in m[0]:
-            continue
+    for m in chosen:
         result = run(*m)
         bad += not result.startswith("caught")
         print(f"{m[0]}: {result}", flush=True)
+    print(f"{len(chosen) - bad} of {len(chosen)} caught")
     sys.exit(1 if bad else 0)
 
 

@@ -509,9 +509,19 @@ async fn a_rotated_or_truncated_log_is_reopened() {
         status_of(d, "gpu0").0 == "failed"
     })
     .await;
-    // Rotation: the old file moves away, a new one starts with an Xid of its own.
+    // Rotation: the old file moves away, a new one starts with an Xid of its own. The
+    // new file is whole when it appears (written aside, renamed in) and longer than
+    // the old one, so only the inode tells the follower it is another file.
+    let old_len = std::fs::metadata(&log).unwrap().len() as usize;
+    let mut fresh = String::new();
+    while fresh.len() <= old_len {
+        fresh.push_str("Jun 15 08:30:00 n kernel: NVRM: loading driver\n");
+    }
+    fresh.push_str(&format!("{}\n", xid("19")));
+    let aside = dir.path().join("kern.log.new");
+    std::fs::write(&aside, fresh).unwrap();
     std::fs::rename(&log, dir.path().join("kern.log.1")).unwrap();
-    std::fs::write(&log, format!("{}\n", xid("19"))).unwrap();
+    std::fs::rename(&aside, &log).unwrap();
     wait_for(&agent, Duration::from_secs(5), "gpu1 failed", |d| {
         status_of(d, "gpu1").0 == "failed"
     })

@@ -251,11 +251,7 @@ fn shard_publisher(
     lease_cancel: &CancellationToken,
     share: Sharing,
 ) -> (Publisher, tokio::task::JoinHandle<()>) {
-    let cfg_lease = LeaseConfig {
-        duration: cfg.lease_duration,
-        retry: cfg.lease_retry,
-        margin: cfg.lease_retry + Duration::from_secs(1),
-    };
+    let cfg_lease = LeaseConfig::from_flags(cfg.lease_duration, cfg.lease_retry);
     let leases = ShardLeases {
         api: Api::namespaced(kube.clone(), &cfg.namespace),
         name: cfg.name.clone(),

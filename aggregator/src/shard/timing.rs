@@ -15,6 +15,17 @@ pub struct LeaseConfig {
 }
 
 impl LeaseConfig {
+    /// The aggregator's timing from its flags: a replica stops acting one retry and a
+    /// second before its Lease runs out, so a renewal that is one retry late still
+    /// lands while the hold stands, and no other replica's take can overlap it.
+    pub fn from_flags(duration: Duration, retry: Duration) -> Self {
+        LeaseConfig {
+            duration,
+            retry,
+            margin: retry + Duration::from_secs(1),
+        }
+    }
+
     /// Until when a renewal (or take) whose request started at `started` lets this
     /// replica write, on its own clock: the Lease's duration less the margin, counted
     /// from before the server could have written it. Pure: the Lease loop and the model
@@ -55,5 +66,27 @@ pub(super) async fn bounded<T>(
         Err(_) => Err(kube::Error::Service(
             format!("{what}: no answer within {deadline:?} (half a hold); given up").into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_hold_ends_the_margin_before_the_lease() {
+        let t = Instant::now();
+        let cfg = LeaseConfig::from_flags(Duration::from_secs(15), Duration::from_secs(2));
+        assert_eq!(cfg.margin, Duration::from_secs(3));
+        assert_eq!(cfg.hold_until(t), t + Duration::from_secs(12));
+        assert_eq!(cfg.call_deadline(), Duration::from_secs(6));
+        // A margin past the duration holds nothing, and a call still gets 100 ms.
+        let tight = LeaseConfig {
+            margin: Duration::from_secs(20),
+            ..cfg
+        };
+        assert_eq!(tight.hold_until(t), t);
+        assert_eq!(tight.call_deadline(), Duration::from_millis(100));
     }
 }
