@@ -203,6 +203,11 @@ MUTATIONS = [
      'if !record.unknown_only && !policy.auto {',
      'if !policy.auto {',
      ['-p', 'faultline-aggregator', '--test', 'remediation', 'an_unknown_only_taint_lifts_once_the_devices_are_healthy']),
+    ("3 breaker: the shared count's replace is not a compare-and-swap",
+     'aggregator/src/remediate/guards.rs',
+     '                Some(mut cm) => {\n                    cm.data = Some(data);',
+     '                Some(mut cm) => {\n                    cm.data = Some(data);\n                    cm.metadata.resource_version = None;',
+     ['-p', 'faultline-aggregator', '--test', 'remediation', 'the_breaker_counts_across_replicas_and_restarts']),
 ]
 
 

@@ -323,19 +323,20 @@ async fn retries_within_a_sample_and_backoff_when_a_source_cannot_start() {
             ],
             &[("FAKE_TOOL_DIR", tools.p())],
         );
-        // The first sample ended failed, its retries made (the source is down from
-        // the start; the error is recorded when the sample ends).
-        wait_for(
-            &agent,
-            Duration::from_secs(10),
-            "the first sample failed",
-            |d| {
-                d.sources
-                    .iter()
-                    .any(|s| s.name == "exec" && !s.up && s.last_error.is_some())
-            },
-        )
-        .await;
+        // The first sample's calls: each failed call is counted as it fails (the
+        // source reports its error at the first one, without waiting for the retries,
+        // so its status alone is no sign the sample ended). A sample's retries follow
+        // each other at once and the next sample is 30 s away, so 10 s (a generous
+        // bound, a third of the interval) tells the retries of one sample from later
+        // samples.
+        let errors = r#"faultline_agent_source_errors_total{source="exec",kind="call"}"#;
+        reaches(&agent, errors, 1).await;
+        let first = std::time::Instant::now();
+        while metric(&agent, errors).await < want as u64
+            && first.elapsed() < Duration::from_secs(10)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         assert_eq!(
             calls(&tools),
             want,

@@ -599,6 +599,21 @@ async fn the_breaker_counts_across_replicas_and_restarts() {
         .unwrap();
     assert!(!b.note_failure("n5").await.unwrap());
     assert!(!a.is_open().await.unwrap());
+    // Concurrent notes on the existing ConfigMap: both read it before either writes
+    // (join polls a, then b, before any answer), so a replace without the
+    // resourceVersion read would lose one of them.
+    let (x, y) = tokio::join!(a.note_failure("n6"), b.note_failure("n7"));
+    assert!(!x.unwrap() && !y.unwrap());
+    let cm = server
+        .get("configmaps", "faultline", "faultline-breaker")
+        .unwrap();
+    let failures: serde_json::Map<String, Value> =
+        serde_json::from_str(cm["data"]["failures"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        failures.keys().collect::<Vec<_>>(),
+        ["n5", "n6", "n7"],
+        "no note lost to a concurrent replace"
+    );
 }
 
 /// Issue 10, finding 6: the unknown guard has its own budget. It taints at most
