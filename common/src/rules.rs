@@ -668,4 +668,92 @@ mod tests {
         assert!(r.validate().is_err());
         assert!(Rules::default().validate().is_ok());
     }
+
+    /// Found by cargo-mutants (issue 27): the edges of validation, the exact window
+    /// bounds, a rule's identity across reloads, and window rules past the first.
+    #[test]
+    fn edges_cargo_mutants_found_untested() {
+        assert_eq!(link_up(Some("up")), Some(1.0));
+        assert_eq!(link_up(Some("down")), Some(0.0));
+        assert_eq!(link_up(None), None);
+
+        // The aggregator's borrowed view reads findings as the agent's entry does.
+        let json = r#"{"id":"gpu0","vendor":"nvidia","source":"nvml","status":"degraded",
+            "findings":[{"code":"nvlink-down","status":"degraded","detail":""}]}"#;
+        let view: crate::document::DeviceView = serde_json::from_str(json).unwrap();
+        assert_eq!(
+            Rules::default().measure(Some(&view)).soft,
+            vec!["nvlink-down".to_string()]
+        );
+
+        // `below` is strict, as `above` is.
+        let below = Condition {
+            metric: Metric::TemperatureC,
+            above: None,
+            below: Some(50.0),
+        };
+        assert!(below.holds(&dev(49.9)));
+        assert!(!below.holds(&dev(50.0)));
+
+        let window = |count, of| WindowRule {
+            reason: "w".into(),
+            condition: below,
+            count,
+            of,
+        };
+        let with = |windows: Vec<WindowRule>| Rules {
+            windows,
+            ..Rules::default()
+        };
+        assert!(with(vec![window(3, 3)]).validate().is_ok());
+        assert!(with(vec![window(4, 3)]).validate().is_err(), "count > of");
+        assert!(with(vec![window(0, 3)]).validate().is_err(), "count 0");
+        assert!(with(vec![window(1, 1000)]).validate().is_ok());
+        assert!(with(vec![window(1, 1001)]).validate().is_err(), "of > 1000");
+        assert!(with(vec![window(1, 1); MAX_WINDOWS]).validate().is_ok());
+        assert!(with(vec![window(1, 1); MAX_WINDOWS + 1])
+            .validate()
+            .is_err());
+        let mut sm = Rules::default();
+        sm.state_machine.failed_recover_samples = 0;
+        assert!(sm.validate().is_err(), "failed_recover_samples 0");
+
+        // An exact pattern matches only its code.
+        let exact = Rules {
+            hard_faults: vec!["xid-79".into()],
+            ..Rules::default()
+        };
+        assert!(exact.is_hard("xid-79"));
+        assert!(!exact.is_hard("xid-48"));
+
+        // Two window rules, only the second met: its bit, its reason.
+        let two = with(vec![
+            WindowRule {
+                reason: "never".into(),
+                condition: Condition {
+                    metric: Metric::TemperatureC,
+                    above: Some(1000.0),
+                    below: None,
+                },
+                count: 1,
+                of: 1,
+            },
+            WindowRule {
+                reason: "cool".into(),
+                ..window(1, 2)
+            },
+        ]);
+        let mut w = DeviceWindows::default();
+        assert!(w.quiet(), "no window yet");
+        assert_eq!(two.measure(Some(&dev(40.0))).mets, 0b10);
+        assert_eq!(
+            w.observe(Some(&dev(40.0)), &two),
+            Observation::Soft(vec!["cool".into()])
+        );
+        assert!(!w.quiet(), "a sample met a condition");
+        // A reload that renames the rule starts its window afresh.
+        let renamed = with(vec![two.windows[0].clone(), window(1, 2)]);
+        assert_eq!(w.observe(Some(&dev(60.0)), &renamed), Observation::Clean);
+        assert!(w.quiet());
+    }
 }
