@@ -253,6 +253,16 @@ fn when_a_record_may_be_released() {
         release_readiness(&record(false), &healthy, &auto, NOW),
         Readiness::Ready("30 clean samples and 600s cool-down".into())
     );
+    // Exactly the cool-down (and exactly the samples) is enough.
+    assert!(matches!(
+        release_readiness(
+            &record(false),
+            &[view("gpu3", DeviceStatus::Healthy, 30, 600)],
+            &auto,
+            NOW
+        ),
+        Readiness::Ready(_)
+    ));
     // Found by UUID when the agent names it otherwise.
     assert!(matches!(
         release_readiness(
@@ -298,6 +308,8 @@ fn budget_arithmetic() {
     assert_eq!(b.refusal(Some("x"), &[], || 2), None);
     // The second: 2 of 30 is 6.7%, allowed; 2 of 10 is 20%, refused.
     assert_eq!(b.refusal(Some("x"), &q(1), || 30), None);
+    // Exactly the budget is within it: 2 of 20 is 10%.
+    assert_eq!(b.refusal(Some("x"), &q(1), || 20), None);
     let why = b.refusal(Some("x"), &q(1), || 10).unwrap();
     assert!(
         why.contains("2 of 10 nodes would be quarantined (20%)"),
