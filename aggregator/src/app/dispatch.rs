@@ -17,7 +17,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use faultline_common::sync::Locked;
-use faultline_common::time::now_ms;
 use tokio::sync::mpsc;
 
 use crate::metrics::{Action, ActionResult, Metrics};
@@ -277,7 +276,8 @@ impl Dispatch {
     /// Nodes whose devices have been unknown past the tolerance may get the NoSchedule
     /// taint (never an eviction), in the shard holder only.
     fn guard_unknown(&self, pipeline: &Pipeline) {
-        let now = now_ms();
+        // On the remediator's clock, as the pipeline's views are judged (tests move it).
+        let now = self.remediator.clock().now_ms();
         for node in pipeline.node_names() {
             let devices =
                 pipeline.unknown_devices(node, self.unknown.tolerance.as_millis() as u64, now);

@@ -108,7 +108,14 @@ impl Remediator {
         // are taken one at a time in this replica (check, then write), so concurrent
         // passes cannot all see room for one more. (Replicas decide for their own shards;
         // across replicas the count can exceed the budget by at most replicas - 1.)
-        let _budget_turn = if existing.is_none() && !has_taint && self.mode == Mode::Enforce {
+        // A node the unknown guard tainted (an unknown-only record, the same taint key)
+        // is not quarantined yet: its first failure asks the budget like any other
+        // (the randomized schedules found it skipped the budget, issue 27).
+        let unquarantined = match &existing {
+            Some(r) => r.unknown_only,
+            None => !has_taint,
+        };
+        let _budget_turn = if unquarantined && self.mode == Mode::Enforce {
             let turn = self.budget.turn().await;
             if let Some(why) = self.budget.refusal(&self.nodes, &live.node).await? {
                 return self.hold_back(node, why, &devices).await;
