@@ -208,6 +208,11 @@ MUTATIONS = [
      '                Some(mut cm) => {\n                    cm.data = Some(data);',
      '                Some(mut cm) => {\n                    cm.data = Some(data);\n                    cm.metadata.resource_version = None;',
      ['-p', 'faultline-aggregator', '--test', 'remediation', 'the_breaker_counts_across_replicas_and_restarts']),
+    ('4 budgets: a node the unknown guard tainted is quarantined without asking the budget',
+     'aggregator/src/remediate/isolate.rs',
+     'Some(r) => r.unknown_only,',
+     'Some(_) => false,',
+     ['-p', 'faultline-aggregator', '--test', 'remediation', 'a_node_tainted_for_unknown_devices_asks_the_budget_when_a_device_fails']),
 ]
 
 

@@ -652,6 +652,50 @@ async fn the_unknown_guard_has_its_own_budget() {
     );
 }
 
+/// Issue 27 (found by the randomized schedules): a node the unknown guard tainted is not
+/// quarantined yet, so when a device of it then fails, the quarantine asks the budget
+/// like any other. It skipped it (the record and the taint were there), and a third node
+/// was quarantined under a budget of two.
+#[tokio::test]
+async fn a_node_tainted_for_unknown_devices_asks_the_budget_when_a_device_fails() {
+    let (server, client) = setup().await;
+    for n in ["f1", "u1"] {
+        NodeFixture::new(n).create(&server);
+    }
+    let b = Budget {
+        max_nodes: 1,
+        max_percent: 100.0,
+        max_unknown: 1,
+        ..Budget::default()
+    };
+    let r = remediator(client, Mode::Enforce).with_budget(b);
+    let fence = Fence::unfenced();
+    let unknown = vec![RecordDevice::new("gpu0", "no-fresh-data")];
+    assert_eq!(
+        r.guard_unknown("u1", unknown, &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    assert_eq!(
+        r.isolate("f1", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    // The budget (one node) is used: u1's failure is held back, its record stays the
+    // unknown guard's.
+    assert!(matches!(
+        r.isolate("u1", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::HeldBack(_)
+    ));
+    let u1 = server.get("nodes", "", "u1").unwrap();
+    let record: Value = serde_json::from_str(
+        u1["metadata"]["annotations"]["faultline.io/quarantine"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["unknown_only"], true, "{record}");
+    assert_eq!(events(&server, "FaultlineHeldBack"), 1);
+}
+
 /// A quarantine past its expiry that cannot be released (manual mode, or the device
 /// still failed) is extended by another period and announced once per expiry; a
 /// partial release keeps the rest quarantined and holds the released device back.

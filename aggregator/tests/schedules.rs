@@ -919,6 +919,12 @@ impl Sim {
                 }
             }
         }
+        // One line per write (a write may fall in two windows).
+        let mut seen = BTreeSet::new();
+        out.retain(|l| {
+            !l.starts_with("4: ")
+                || seen.insert(l.split(" while ").next().unwrap_or("").to_string())
+        });
         // 5 and 6: the end state.
         let events = self.server.list("events", "default");
         let named = |reason: &str| -> Vec<String> {
