@@ -87,14 +87,16 @@ const FAULT: &str = "gpu-lost";
 /// The aggregator's `--name`: its shard Lease is `faultline-shard-0`.
 const NAME: &str = "faultline";
 
-/// Short Leases, so that a takeover after a crash takes about a second: a hold of
-/// 0.8 s renewed every 150 ms; another replica takes the shard 1.2 s after the last
-/// renewal it saw.
+/// Short Leases, so that a takeover after a crash takes about two seconds: a hold of
+/// 1 s renewed every 200 ms; another replica takes the shard 2 s after the last renewal
+/// it saw. The margin (1 s) is 2.5 times the slowest injected call (400 ms), so a
+/// write that passed the fence lands before another replica can take the shard even
+/// on a loaded 2-core machine (the product's default margin is 3 s).
 fn lease_config() -> LeaseConfig {
     LeaseConfig {
-        duration: Duration::from_millis(1_200),
-        retry: Duration::from_millis(150),
-        margin: Duration::from_millis(400),
+        duration: Duration::from_millis(2_000),
+        retry: Duration::from_millis(200),
+        margin: Duration::from_millis(1_000),
     }
 }
 
@@ -536,9 +538,9 @@ impl Sim {
         if in_flight {
             // Only the core API's calls (Nodes, pods, evictions, the breaker) are slow:
             // the Lease calls keep their pace, and a write sent within the hold lands
-            // before another replica can take the shard (250 ms < the 400 ms margin).
+            // before another replica can take the shard (400 ms < the 1 s margin).
             self.server.set_faults(Faults {
-                latency_ms: self.rng.random_range(100..=250),
+                latency_ms: self.rng.random_range(150..=400),
                 latency_match: "/api/v1/".into(),
                 ..before.clone()
             });
@@ -1098,7 +1100,7 @@ async fn randomized_fault_schedules_keep_the_invariants() {
     let t = Instant::now();
     let results: Vec<Result<Floors, String>> = futures_util::stream::iter(seeds)
         .map(run)
-        .buffer_unordered(8)
+        .buffer_unordered(16)
         .collect()
         .await;
     let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
