@@ -158,10 +158,12 @@ impl Dispatch {
         if let Some(id) = pipeline.device_id(&v.node, &v.device.id) {
             v.device.id = id;
         }
+        // On the remediator's clock, as every other window of remediation (tests move it).
+        let now = self.remediator.clock().instant();
         let (at, list) = self
             .pending
             .entry(v.node.clone())
-            .or_insert_with(|| (Instant::now(), Vec::new()));
+            .or_insert_with(|| (now, Vec::new()));
         if !list.iter().any(|d| d.is(&v.device.id)) {
             if list.len() >= MAX_PENDING_DEVICES {
                 self.metrics.intake_alert("node-devices-overflow");
@@ -169,7 +171,7 @@ impl Dispatch {
             }
             list.push(v.device);
         }
-        *at = Instant::now();
+        *at = now;
         self.remediate(pipeline, vec![v.node]);
     }
 
@@ -202,7 +204,9 @@ impl Dispatch {
         let mut nodes: std::collections::BTreeSet<String> =
             pipeline.node_names().cloned().collect();
         let window = self.remediator.dedup_window();
-        self.pending.retain(|_, (t, _)| t.elapsed() < window);
+        let now = self.remediator.clock().instant();
+        self.pending
+            .retain(|_, (t, _)| now.saturating_duration_since(*t) < window);
         nodes.extend(self.pending.keys().cloned());
         nodes.extend(self.remediator.known_quarantined());
         self.remediate(pipeline, nodes.into_iter().collect());
