@@ -110,6 +110,18 @@ fn the_first_write_is_whole_then_only_changed_shards() {
     assert!(!p.whole);
     assert_eq!(p.include, set(&[2]));
     assert_eq!(p.changed, set(&[2]));
+    // That write counts for the urgent spacing of the shard it carried, not the others
+    // (cargo-mutants: `whole || include` taken as `&&` survived).
+    let t1 = t0 + SPACING;
+    s.urgent(Some(2));
+    s.urgent(Some(0));
+    assert_eq!(
+        s.urgent_due(t1),
+        Some(t0 + ms(50)),
+        "shard 0: spaced from t0"
+    );
+    assert_eq!(s.take_urgent(t1), Some(set(&[0])), "shard 2: just written");
+    assert_eq!(s.urgent_due(t1), Some(t1 + ms(50)));
 }
 
 /// Issue 11: a shard where a device turned failed is written by an urgent write of its
