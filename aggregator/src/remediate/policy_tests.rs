@@ -376,6 +376,16 @@ fn how_a_canary_stands() {
         CanaryState::Succeeded,
         "success wins"
     );
+    assert_eq!(
+        canary_verdict(
+            &run(CanaryState::Running, 600, None),
+            Some(job(0, 0)),
+            t,
+            NOW
+        ),
+        CanaryState::Running,
+        "at the timeout exactly: not yet"
+    );
 
     let cool = Duration::from_secs(600);
     let why =
@@ -384,6 +394,11 @@ fn how_a_canary_stands() {
     assert_eq!(
         canary_retry_wait(Some(&run(CanaryState::Failed, 900, Some(601))), cool, NOW),
         None
+    );
+    assert_eq!(
+        canary_retry_wait(Some(&run(CanaryState::Failed, 900, Some(600))), cool, NOW),
+        None,
+        "the cool-down over exactly"
     );
     assert_eq!(
         canary_retry_wait(Some(&run(CanaryState::Succeeded, 900, Some(1))), cool, NOW),
@@ -403,6 +418,7 @@ fn expiry_and_the_announcement_window() {
     assert!(!expired(&r, NOW), "no expiry never expires");
     assert!(young(&record(false), NOW, 3601.0));
     assert!(!young(&record(false), NOW, 1800.0));
+    assert!(!young(&record(false), NOW, 3600.0), "as old as the window");
 }
 
 #[test]
@@ -431,9 +447,27 @@ fn a_persons_release_holds_within_the_window() {
     let mut old = released.clone();
     old.released.as_mut().unwrap().at = secs_ago(901);
     assert_eq!(
-        not_suppressed(&[old], None, gpu3.clone(), window, NOW),
+        not_suppressed(&[old.clone()], None, gpu3.clone(), window, NOW),
         gpu3
     );
+    old.released.as_mut().unwrap().at = secs_ago(900);
+    assert_eq!(
+        not_suppressed(&[old], None, gpu3.clone(), window, NOW),
+        gpu3,
+        "as old as the window exactly"
+    );
+    // The device released is matched by its name or by its UUID (its index may change).
+    for (id, uuid) in [("gpu3", None), ("gpu1", Some("GPU-3"))] {
+        let mut by = released.clone();
+        by.devices = vec![RecordDevice {
+            uuid: uuid.map(str::to_string),
+            ..RecordDevice::new(id, "xid-79")
+        }];
+        assert!(
+            not_suppressed(&[by], None, gpu3.clone(), window, NOW).is_empty(),
+            "released as {id}, {uuid:?}"
+        );
+    }
     let mut auto = released.clone();
     auto.released.as_mut().unwrap().manual = false;
     assert_eq!(
@@ -459,4 +493,44 @@ fn the_eviction_deadline() {
     assert_eq!(blocked(Duration::from_secs(599), d, true), Blocked::Retry);
     assert_eq!(blocked(Duration::from_secs(600), d, false), Blocked::GiveUp);
     assert_eq!(blocked(Duration::from_secs(600), d, true), Blocked::Delete);
+}
+
+/// The guards' two small decisions: an open breaker stops isolation and eviction, never
+/// a release; an unknown-only quarantine never evicts.
+#[test]
+fn what_the_breaker_stops_and_what_evicts() {
+    assert!(breaker_stops(Step::Isolate));
+    assert!(breaker_stops(Step::Evict));
+    assert!(!breaker_stops(Step::Release));
+    assert!(record_evicts(false));
+    assert!(!record_evicts(true));
+}
+
+/// The breaker's shared count: a node counted once within the window, the window
+/// inclusive, the threshold trips it, an open breaker counts nothing, and a count left
+/// full by a person's close starts afresh.
+#[test]
+fn the_breaker_count() {
+    use std::collections::BTreeMap;
+    let now = rfc3339_ms(NOW);
+    let age =
+        |at: &str| faultline_common::time::parse_rfc3339_ms(at).map(|t| (NOW - t) as f64 / 1000.0);
+    let keys = |f: &BTreeMap<String, String>| f.keys().cloned().collect::<Vec<_>>();
+    let mut f: BTreeMap<String, String> = BTreeMap::new();
+    let note = |f: &mut BTreeMap<String, String>, open: bool, node: &str| {
+        note_failure(open, f, node, &now, age, 4, 600.0)
+    };
+    assert_eq!(note(&mut f, true, "a"), Noted::Open);
+    assert!(f.is_empty());
+    assert_eq!(note(&mut f, false, "a"), Noted::Counted);
+    assert_eq!(note(&mut f, false, "a"), Noted::Unchanged);
+    // Counted 600 s ago (the window exactly) still counts; 601 s ago does not.
+    f.insert("old".into(), secs_ago(600));
+    f.insert("older".into(), secs_ago(601));
+    assert_eq!(note(&mut f, false, "b"), Noted::Counted);
+    assert_eq!(keys(&f), ["a", "b", "old"]);
+    assert_eq!(note(&mut f, false, "c"), Noted::Tripped);
+    // Closed by a person with the count full: it starts afresh.
+    assert_eq!(note(&mut f, false, "d"), Noted::Counted);
+    assert_eq!(keys(&f), ["d"]);
 }

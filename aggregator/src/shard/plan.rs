@@ -369,14 +369,14 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     if hand_back.is_some() {
         hold_off = Some(input.now + 2 * input.retry);
     }
-    let kept = mine.len() - usize::from(hand_back.is_some());
     let holding_off = hold_off.is_some_and(|t| input.now < t);
     let mut take: Vec<u32> = filter(input.shards, |v| matches!(v, ShardView::Free { .. }));
     take.sort_by_key(|s| preference(input.me, *s));
+    // A hand-back holds off (and leaves this replica at or above its share): no take.
     let room = if holding_off {
         0
     } else {
-        most.saturating_sub(kept)
+        most.saturating_sub(mine.len())
     };
     Plan {
         renew: mine.into_iter().filter(|s| Some(*s) != hand_back).collect(),

@@ -41,144 +41,178 @@ struct Case {
     new_hold_off: Option<u32>,
 }
 
+const CASES: &[Case] = &[
+    Case {
+        name: "alone: every free shard",
+        shards: "ffff",
+        live: None,
+        joined: false,
+        hold_off: None,
+        renew: 0,
+        hand_back: false,
+        room: 4,
+        new_hold_off: None,
+    },
+    Case {
+        name: "joining: the first pass that counts members takes nothing",
+        shards: "ffffffff",
+        live: Some(&["a"]),
+        joined: false,
+        hold_off: None,
+        renew: 0,
+        hand_back: false,
+        room: 0,
+        new_hold_off: Some(1),
+    },
+    Case {
+        name: "fair share: two replicas, eight free shards, four each",
+        shards: "ffffffff",
+        live: Some(&["a"]),
+        joined: true,
+        hold_off: None,
+        renew: 0,
+        hand_back: false,
+        room: 4,
+        new_hold_off: None,
+    },
+    Case {
+        name: "fair share: at the share, the rest held by the other",
+        shards: "mmmmaaaa",
+        live: Some(&["a"]),
+        joined: true,
+        hold_off: None,
+        renew: 4,
+        hand_back: false,
+        room: 0,
+        new_hold_off: None,
+    },
+    Case {
+        name: "fair share: below the share, an expired shard is taken",
+        shards: "mmmFaaaa",
+        live: Some(&["a"]),
+        joined: true,
+        hold_off: None,
+        renew: 3,
+        hand_back: false,
+        room: 1,
+        new_hold_off: None,
+    },
+    Case {
+        name: "hand-back: above the share (a third replica came), one per pass",
+        shards: "mmmmmaaa",
+        live: Some(&["a", "b"]),
+        joined: true,
+        hold_off: None,
+        renew: 4,
+        hand_back: true,
+        room: 0,
+        new_hold_off: Some(2),
+    },
+    Case {
+        name: "starving: at the ceiling while a live replica is below the floor",
+        shards: "mmmaaab",
+        live: Some(&["a", "b"]),
+        joined: true,
+        hold_off: None,
+        renew: 2,
+        hand_back: true,
+        room: 0,
+        new_hold_off: Some(2),
+    },
+    Case {
+        name: "not starving: at the ceiling, everyone at least the floor",
+        shards: "mmmaabb",
+        live: Some(&["a", "b"]),
+        joined: true,
+        hold_off: None,
+        renew: 3,
+        hand_back: false,
+        room: 0,
+        new_hold_off: None,
+    },
+    Case {
+        name: "a replica that is not live is not counted (its member Lease ran out)",
+        shards: "mmmaaab",
+        live: Some(&["a"]),
+        joined: true,
+        hold_off: None,
+        renew: 3,
+        hand_back: false,
+        room: 1,
+        new_hold_off: None,
+    },
+    Case {
+        name: "hold-off: below the share but holding off, nothing taken",
+        shards: "mmffaaaa",
+        live: Some(&["a"]),
+        joined: true,
+        hold_off: Some(1),
+        renew: 2,
+        hand_back: false,
+        room: 0,
+        new_hold_off: None,
+    },
+    Case {
+        name: "hold-off past: takes up to the share",
+        shards: "mmffaaaa",
+        live: Some(&["a"]),
+        joined: true,
+        hold_off: Some(-1),
+        renew: 2,
+        hand_back: false,
+        room: 2,
+        new_hold_off: None,
+    },
+    Case {
+        name: "hold-off ends at its instant",
+        shards: "mmffaaaa",
+        live: Some(&["a"]),
+        joined: true,
+        hold_off: Some(0),
+        renew: 2,
+        hand_back: false,
+        room: 2,
+        new_hold_off: None,
+    },
+    Case {
+        name: "not starving: another above the floor is no reason to hand back",
+        shards: "mmmaaabb",
+        live: Some(&["a", "b"]),
+        joined: true,
+        hold_off: None,
+        renew: 3,
+        hand_back: false,
+        room: 0,
+        new_hold_off: None,
+    },
+    Case {
+        name: "an even split: at the share, the one above it hands back, not this one",
+        shards: "mmaaaa",
+        live: Some(&["a", "b"]),
+        joined: true,
+        hold_off: None,
+        renew: 2,
+        hand_back: false,
+        room: 0,
+        new_hold_off: None,
+    },
+    Case {
+        name: "uneven: nine shards, two replicas, the ceiling is five",
+        shards: "mmmmfaaaa",
+        live: Some(&["a"]),
+        joined: true,
+        hold_off: None,
+        renew: 4,
+        hand_back: false,
+        room: 1,
+        new_hold_off: None,
+    },
+];
+
 #[test]
 fn the_plan_of_a_pass() {
-    let cases = [
-        Case {
-            name: "alone: every free shard",
-            shards: "ffff",
-            live: None,
-            joined: false,
-            hold_off: None,
-            renew: 0,
-            hand_back: false,
-            room: 4,
-            new_hold_off: None,
-        },
-        Case {
-            name: "joining: the first pass that counts members takes nothing",
-            shards: "ffffffff",
-            live: Some(&["a"]),
-            joined: false,
-            hold_off: None,
-            renew: 0,
-            hand_back: false,
-            room: 0,
-            new_hold_off: Some(1),
-        },
-        Case {
-            name: "fair share: two replicas, eight free shards, four each",
-            shards: "ffffffff",
-            live: Some(&["a"]),
-            joined: true,
-            hold_off: None,
-            renew: 0,
-            hand_back: false,
-            room: 4,
-            new_hold_off: None,
-        },
-        Case {
-            name: "fair share: at the share, the rest held by the other",
-            shards: "mmmmaaaa",
-            live: Some(&["a"]),
-            joined: true,
-            hold_off: None,
-            renew: 4,
-            hand_back: false,
-            room: 0,
-            new_hold_off: None,
-        },
-        Case {
-            name: "fair share: below the share, an expired shard is taken",
-            shards: "mmmFaaaa",
-            live: Some(&["a"]),
-            joined: true,
-            hold_off: None,
-            renew: 3,
-            hand_back: false,
-            room: 1,
-            new_hold_off: None,
-        },
-        Case {
-            name: "hand-back: above the share (a third replica came), one per pass",
-            shards: "mmmmmaaa",
-            live: Some(&["a", "b"]),
-            joined: true,
-            hold_off: None,
-            renew: 4,
-            hand_back: true,
-            room: 0,
-            new_hold_off: Some(2),
-        },
-        Case {
-            name: "starving: at the ceiling while a live replica is below the floor",
-            shards: "mmmaaab",
-            live: Some(&["a", "b"]),
-            joined: true,
-            hold_off: None,
-            renew: 2,
-            hand_back: true,
-            room: 0,
-            new_hold_off: Some(2),
-        },
-        Case {
-            name: "not starving: at the ceiling, everyone at least the floor",
-            shards: "mmmaabb",
-            live: Some(&["a", "b"]),
-            joined: true,
-            hold_off: None,
-            renew: 3,
-            hand_back: false,
-            room: 0,
-            new_hold_off: None,
-        },
-        Case {
-            name: "a replica that is not live is not counted (its member Lease ran out)",
-            shards: "mmmaaab",
-            live: Some(&["a"]),
-            joined: true,
-            hold_off: None,
-            renew: 3,
-            hand_back: false,
-            room: 1,
-            new_hold_off: None,
-        },
-        Case {
-            name: "hold-off: below the share but holding off, nothing taken",
-            shards: "mmffaaaa",
-            live: Some(&["a"]),
-            joined: true,
-            hold_off: Some(1),
-            renew: 2,
-            hand_back: false,
-            room: 0,
-            new_hold_off: None,
-        },
-        Case {
-            name: "hold-off past: takes up to the share",
-            shards: "mmffaaaa",
-            live: Some(&["a"]),
-            joined: true,
-            hold_off: Some(-1),
-            renew: 2,
-            hand_back: false,
-            room: 2,
-            new_hold_off: None,
-        },
-        Case {
-            name: "uneven: nine shards, two replicas, the ceiling is five",
-            shards: "mmmmfaaaa",
-            live: Some(&["a"]),
-            joined: true,
-            hold_off: None,
-            renew: 4,
-            hand_back: false,
-            room: 1,
-            new_hold_off: None,
-        },
-    ];
     let now = Instant::now();
-    for c in cases {
+    for c in CASES {
         let shards = views(c.shards);
         let live: Option<Vec<String>> = c.live.map(|l| {
             let mut v: Vec<String> = l.iter().map(|s| s.to_string()).collect();
@@ -215,6 +249,13 @@ fn the_plan_of_a_pass() {
         // and never takes a shard that would bring it above the ceiling (one above it
         // hands back one shard a pass).
         let held = intended(&p);
+        assert_eq!(
+            held.len(),
+            c.renew + c.room.min(p.take.len()),
+            "{}: intends {held:?}",
+            c.name
+        );
+        assert!(p.renew.iter().all(|s| held.contains(s)), "{}", c.name);
         for s in &p.others {
             assert!(
                 !held.contains(s),
@@ -334,10 +375,21 @@ fn expiry_as_observed() {
     assert_eq!(o.shard(1, Some(&short), t0), ShardView::Other("b".into()));
     assert_eq!(o.next_expiry(t0 + s(1)), Some(t0 + s(5)));
     assert_eq!(
+        o.next_expiry(t0 + s(5)),
+        Some(t0 + s(31)),
+        "a lease out just now is not counted"
+    );
+    assert_eq!(
         o.shard(1, Some(&short), t0 + s(6)),
         ShardView::Free {
             previous: Some("b".into())
         }
+    );
+    // A shard forgotten (taken, or its take tried) is seen afresh.
+    o.forget_shard(1);
+    assert_eq!(
+        o.shard(1, Some(&short), t0 + s(6)),
+        ShardView::Other("b".into())
     );
     // Ours, released and absent.
     assert_eq!(o.shard(2, Some(&record("me", 1)), t0), ShardView::Mine);
@@ -384,4 +436,47 @@ fn members_live_stale_and_news() {
     listing.members.remove("b");
     assert!(o.between(&listing, 2, t0 + s(154)));
     assert!(!o.between(&listing, 2, t0 + s(155)));
+}
+
+/// The observer's bookkeeping at its edges (cargo-mutants found these untested): stale
+/// only past ten durations; a member Lease gone or removed is forgotten; a renewal
+/// seen between passes counts from then; another's shard seen between passes makes its
+/// release news, this replica's own does not.
+#[test]
+fn the_observer_forgets_and_notes_exactly() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut o = Observer::new("me", DURATION);
+    let mut listing = Listing::default();
+    listing.members.insert("a".into(), record("a", 1));
+    listing.members.insert("b".into(), record("b", 1));
+    o.pass(&listing, 0, t0);
+    assert!(
+        o.pass(&listing, 0, t0 + s(150)).stale.is_empty(),
+        "ten durations"
+    );
+    assert_eq!(o.pass(&listing, 0, t0 + s(151)).stale, vec!["a", "b"]);
+    listing.members.remove("b");
+    assert_eq!(o.pass(&listing, 0, t0 + s(152)).stale, vec!["a"], "b gone");
+    o.forget_member("a");
+    let seen = o.pass(&listing, 0, t0 + s(152));
+    assert!(seen.stale.is_empty(), "{seen:?}");
+    assert_eq!(seen.live, vec!["a", "me"], "a seen afresh");
+    // A renewal seen between passes counts from then: a duration later, not live.
+    listing.members.insert("a".into(), record("a", 2));
+    assert!(!o.between(&listing, 0, t0 + s(160)));
+    assert_eq!(o.pass(&listing, 0, t0 + s(176)).live, vec!["me"]);
+
+    let mut o = Observer::new("me", DURATION);
+    let mut listing = Listing::default();
+    listing.shards.insert(0, record("a", 1));
+    listing.shards.insert(1, record("me", 1));
+    assert!(!o.between(&listing, 2, t0));
+    listing.shards.get_mut(&1).unwrap().holder = None;
+    assert!(
+        !o.between(&listing, 2, t0 + s(1)),
+        "our own release is no news"
+    );
+    listing.shards.get_mut(&0).unwrap().holder = None;
+    assert!(o.between(&listing, 2, t0 + s(2)), "another's release is");
 }
