@@ -685,6 +685,26 @@ mod tests {
             Rules::default().measure(Some(&view)).soft,
             vec!["nvlink-down".to_string()]
         );
+        // And its metrics, each from its own field.
+        let json = r#"{"id":"gpu0","vendor":"nvidia","source":"nvml","status":"healthy",
+            "temperature_c":71.5,"power_w":300.0,"ecc_errors":7,"pcie_link_status":"down",
+            "ecc":{"volatile_corrected":5,"volatile_uncorrected":2,"aggregate_corrected":9,
+            "aggregate_uncorrected":3}}"#;
+        let view: crate::document::DeviceView = serde_json::from_str(json).unwrap();
+        let read: Vec<Option<f64>> = [
+            Metric::TemperatureC,
+            Metric::PowerW,
+            Metric::EccErrors,
+            Metric::EccUncorrected,
+            Metric::PcieLinkUp,
+        ]
+        .into_iter()
+        .map(|m| view.metric(m))
+        .collect();
+        assert_eq!(
+            read,
+            [Some(71.5), Some(300.0), Some(7.0), Some(2.0), Some(0.0)]
+        );
 
         // `below` is strict, as `above` is.
         let below = Condition {
