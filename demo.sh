@@ -48,8 +48,16 @@ for port in $BASE $((BASE + 1)) $((BASE + 2)) $((BASE + 10)) $((BASE + 11)) $((B
     fail "port $port is in use by another process; set FAULTLINE_DEMO_PORT to another base (now $BASE)"
   fi
 done
-echo "== building the agent, the aggregator and the test API server (release; the first build on a fresh clone takes about 14 minutes on 2 cores)"
-cargo build --locked --release -q -p faultline-agent -p faultline-aggregator -p faultline-test-apiserver
+# FAULTLINE_PROFILE=debug runs the debug binaries (what CI does: `cargo test` has
+# built them; a cold release build is 14 of CI's minutes). The default is release.
+PROFILE=${FAULTLINE_PROFILE:-release}
+case $PROFILE in
+  release) BIN=target/release; BUILD=(--release) ;;
+  debug) BIN=target/debug; BUILD=() ;;
+  *) fail "FAULTLINE_PROFILE is release or debug, not $PROFILE" ;;
+esac
+echo "== building the agent, the aggregator and the test API server ($PROFILE; the first release build on a fresh clone takes about 14 minutes on 2 cores)"
+cargo build --locked "${BUILD[@]}" -q -p faultline-agent -p faultline-aggregator -p faultline-test-apiserver
 # wait_until SECONDS WHAT COMMAND...: run COMMAND every 20 ms until it succeeds; fail
 # the demo when it has not within SECONDS.
 wait_until() {
@@ -64,7 +72,7 @@ wait_until() {
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 
 KUBE="http://127.0.0.1:$((BASE + 20))"
-target/release/faultline-test-apiserver --listen "127.0.0.1:$((BASE + 20))" >"$WORK/apiserver.log" 2>&1 &
+$BIN/faultline-test-apiserver --listen "127.0.0.1:$((BASE + 20))" >"$WORK/apiserver.log" 2>&1 &
 started "$WORK/apiserver.log"
 wait_until 10 "the test API server answers" curl -sf "$KUBE/version"
 post() { curl -sf -X POST "$KUBE$1" -H 'content-type: application/json' -d "$2" >/dev/null; }
@@ -86,7 +94,7 @@ for i in 1 2 3; do
   # --fault-dir: the node's own fault.json (on a node: /run/faultline/node, the hostPath
   # its pods mount at /config).
   mkdir "$WORK/node-$i"
-  target/release/faultline-agent --source sim --sim-devices 8 --sim-seed "$i" "${extra[@]}" \
+  $BIN/faultline-agent --source sim --sim-devices 8 --sim-seed "$i" "${extra[@]}" \
     --listen "127.0.0.1:$port" --node-name "gpu-node-$i" \
     --fault-dir "$WORK/node-$i" --delivery-token-file "$WORK/delivery-token" >"$WORK/agent-$i.log" 2>&1 &
   started "$WORK/agent-$i.log"
@@ -108,7 +116,7 @@ done
 AGG="http://127.0.0.1:$((BASE + 10))"
 TOKEN=demo-token-$RANDOM
 echo "$TOKEN" >"$WORK/intake-token"
-target/release/faultline-aggregator --sink configmap --kube-server "$KUBE" --namespace faultline \
+$BIN/faultline-aggregator --sink configmap --kube-server "$KUBE" --namespace faultline \
   --remediation enforce --max-quarantined-percent 100 --agents "$(IFS=,; echo "${NAMED[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
   --intake-token-file "$WORK/intake-token" --reconcile-interval 2s --publish-namespaces default \
   --delivery-token-file "$WORK/delivery-token" \
@@ -117,7 +125,7 @@ started "$WORK/aggregator.log"
 # A second aggregator with the file sink: the same documents in a directory laid out the
 # way kubelet lays out a mounted ConfigMap, for a local consumer.
 OUT="$WORK/config"
-target/release/faultline-aggregator --sink file --out "$OUT" \
+$BIN/faultline-aggregator --sink file --out "$OUT" \
   --agents "$(IFS=,; echo "${NAMED[*]}")" --listen "127.0.0.1:$((BASE + 11))" --replica demo-file \
   >"$WORK/aggregator-file.log" 2>&1 &
 started "$WORK/aggregator-file.log"
@@ -207,22 +215,22 @@ wait_until 15 "pod train-3a (holds the alerted GPU 2) is evicted" pod_gone train
 pod_exists train-3b || fail "pod train-3b was evicted, but its GPUs are healthy"
 echo "  pod default/train-3a (holds GPU 2) evicted; train-3b stays: yes"
 echo "== faultline status (what an SRE sees)"
-status=$(target/release/faultline status --kube-server "$KUBE")
+status=$($BIN/faultline status --kube-server "$KUBE")
 echo "$status" | sed 's/^/  /'
 for n in gpu-node-1 gpu-node-2 gpu-node-3; do
   expect "faultline status lists $n" "$n " "$status"
 done
 echo "== faultline describe gpu-node-2 (also: kubectl faultline describe ...)"
-described=$(target/release/faultline describe gpu-node-2 --kube-server "$KUBE")
+described=$($BIN/faultline describe gpu-node-2 --kube-server "$KUBE")
 echo "$described" | sed 's/^/  /'
 expect "describe shows gpu5 failed" " gpu5 " "$(echo "$described" | grep ' failed ')"
 expect "describe shows the quarantine record" "Quarantine:" "$described"
-agents=$(target/release/faultline agents --kube-server "$KUBE")
+agents=$($BIN/faultline agents --kube-server "$KUBE")
 echo "$agents" | sed 's/^/  /'
 expect "faultline agents lists gpu-node-1's agent as reachable" "gpu-node-1  true" "$agents"
 echo "== the PCIe link of gpu-node-2/gpu5 is repaired; an SRE releases the node"
 curl -sf -X DELETE "${AGENTS[1]}/v1/sim/faults" >/dev/null
-target/release/faultline release --node gpu-node-2 --by sre-demo --reason "PCIe link reseated" --kube-server "$KUBE" | sed 's/^/  /'
+$BIN/faultline release --node gpu-node-2 --by sre-demo --reason "PCIe link reseated" --kube-server "$KUBE" | sed 's/^/  /'
 curl -sf "$KUBE/api/v1/nodes/gpu-node-2" | python3 -c '
 import json, sys
 n = json.load(sys.stdin)
@@ -260,10 +268,10 @@ cat <<TXT
   kubectl --server $KUBE get lease,cm -n faultline
   kubectl --server $KUBE get node gpu-node-2 -o yaml     # taint, label, condition, faultline.io/quarantine
   kubectl --server $KUBE get events -n default
-  target/release/faultline status --kube-server $KUBE
-  target/release/faultline agents -o wide --kube-server $KUBE
-  target/release/faultline describe gpu-node-3 -o yaml --kube-server $KUBE
-  target/release/faultline release --node gpu-node-3 --by me --kube-server $KUBE
+  $BIN/faultline status --kube-server $KUBE
+  $BIN/faultline agents -o wide --kube-server $KUBE
+  $BIN/faultline describe gpu-node-3 -o yaml --kube-server $KUBE
+  $BIN/faultline release --node gpu-node-3 --by me --kube-server $KUBE
   kubectl --server $KUBE get cm faultline-shard-0 -n faultline -o jsonpath='{.data.gpu-node-2\.json}'
   ls -la $OUT; cat $OUT/gpu-node-2.json   # the file sink: ..data -> ..<timestamp>/, a key per node
   curl -s ${AGENTS[0]}/v1/health?format=pretty

@@ -49,16 +49,23 @@ for port in $AGENT $AGG $KUBE_PORT $PROM $AM; do
     fail "port $port is in use; set FAULTLINE_CHAIN_PORT to another base (now $BASE)"
   fi
 done
-cargo build --locked --release -q -p faultline-agent -p faultline-aggregator -p faultline-test-apiserver
+# FAULTLINE_PROFILE=debug: the debug binaries (CI; see demo.sh). Default release.
+PROFILE=${FAULTLINE_PROFILE:-release}
+case $PROFILE in
+  release) BIN=target/release; BUILD=(--release) ;;
+  debug) BIN=target/debug; BUILD=() ;;
+  *) fail "FAULTLINE_PROFILE is release or debug, not $PROFILE" ;;
+esac
+cargo build --locked "${BUILD[@]}" -q -p faultline-agent -p faultline-aggregator -p faultline-test-apiserver
 
-target/release/faultline-test-apiserver --listen "127.0.0.1:$KUBE_PORT" >"$WORK/apiserver.log" 2>&1 &
+$BIN/faultline-test-apiserver --listen "127.0.0.1:$KUBE_PORT" >"$WORK/apiserver.log" 2>&1 &
 PIDS+=($!)
 wait_until 10 "the test API server answers" curl -sf "$KUBE/version"
 post() { curl -sf -X POST "$KUBE$1" -H 'content-type: application/json' -d "$2" >/dev/null; }
 patch_status() { curl -sf -X PATCH "$KUBE$1/status" -H 'content-type: application/merge-patch+json' -d "$2" >/dev/null; }
 post /api/v1/namespaces '{"metadata":{"name":"faultline"}}'
 post /api/v1/nodes '{"metadata":{"name":"gpu-node-1","labels":{"nvidia.com/gpu.present":"true"}},"status":{"conditions":[{"type":"Ready","status":"True"}]}}'
-target/release/faultline-agent --source sim --sim-devices 8 --sim-seed 1 --interval 500ms \
+$BIN/faultline-agent --source sim --sim-devices 8 --sim-seed 1 --interval 500ms \
   --listen "127.0.0.1:$AGENT" --node-name gpu-node-1 >"$WORK/agent.log" 2>&1 &
 PIDS+=($!)
 wait_until 10 "the agent answers" curl -sf "http://127.0.0.1:$AGENT/v1/health"
@@ -71,7 +78,7 @@ for half in a b; do
   patch_status "/api/v1/namespaces/default/pods/train-$half" "{\"status\":{\"phase\":\"Running\",\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\"}],\"containerStatuses\":[{\"name\":\"trainer\",\"ready\":true,\"restartCount\":0,\"image\":\"trainer\",\"imageID\":\"\",\"allocatedResourcesStatus\":[{\"name\":\"nvidia.com/gpu\",\"resources\":[${ids%,}]}]}]}}"
 done
 head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/intake-token"
-target/release/faultline-aggregator --sink configmap --kube-server "$KUBE" --namespace faultline \
+$BIN/faultline-aggregator --sink configmap --kube-server "$KUBE" --namespace faultline \
   --remediation enforce --max-quarantined-percent 100 --agents "gpu-node-1=http://127.0.0.1:$AGENT" \
   --listen "127.0.0.1:$AGG" --replica chain-0 --intake-token-file "$WORK/intake-token" \
   --reconcile-interval 2s --publish-namespaces default >"$WORK/aggregator.log" 2>&1 &

@@ -185,8 +185,8 @@ MUTATIONS = [
      ['-p', 'faultline-aggregator', '--test', 'kubernetes', 'nudges_keep_to_their_rate_and_selector']),
     ('12 lease: held shard Leases not released on stop',
      'aggregator/src/shard/lease.rs',
-     'for shard in held.shards() {',
-     'for shard in held.shards().into_iter().take(0) {',
+     '        for shard in held {',
+     '        for shard in held.into_iter().take(0) {',
      ['-p', 'faultline-aggregator', '--test', 'healing', 'a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease']),
     ('13 unknown guard: runs while standing down',
      'aggregator/src/app/dispatch.rs',
@@ -213,6 +213,11 @@ MUTATIONS = [
      'Some(r) => r.unknown_only,',
      'Some(_) => false,',
      ['-p', 'faultline-aggregator', '--test', 'remediation', 'a_node_tainted_for_unknown_devices_asks_the_budget_when_a_device_fails']),
+    ('2 fencing: a release hands the shard over with a write of the old holder in flight',
+     'aggregator/src/shard/lease.rs',
+     '        self.drain(&held).await;',
+     '',
+     ['-p', 'faultline-aggregator', '--test', 'schedules', 'a_release_waits_out_the_margin_after_a_write_went']),
 ]
 
 

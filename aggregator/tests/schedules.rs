@@ -538,7 +538,9 @@ impl Sim {
         if in_flight {
             // Only the core API's calls (Nodes, pods, evictions, the breaker) are slow:
             // the Lease calls keep their pace, and a write sent within the hold lands
-            // before another replica can take the shard (400 ms < the 1 s margin).
+            // before another replica can take the shard (400 ms < the 1 s margin): after
+            // the Lease runs out on a crash, after the release waits out the margin on
+            // SIGTERM.
             self.server.set_faults(Faults {
                 latency_ms: self.rng.random_range(150..=400),
                 latency_match: "/api/v1/".into(),
@@ -1166,4 +1168,50 @@ async fn randomized_fault_schedules_keep_the_invariants() {
             assert!(got >= floor, "{what}: {got}, below the floor {floor}");
         }
     }
+}
+
+/// A replica stopped (SIGTERM) just after a write passed its fence hands the shard
+/// back only a margin later: a crash's Lease runs out that long after the last write
+/// could go, and a release must not hand over sooner, or the next holder's pass meets
+/// the old holder's eviction landing late (seeds 197 and 527 of the schedules did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_waits_out_the_margin_after_a_write_went() {
+    let mut sim = Sim::new(1).await;
+    let h = sim.holder().expect("a holder");
+    let fence = Shards {
+        held: sim.replicas[h].held.clone(),
+        count: 1,
+    }
+    .fence("n0");
+    assert!(fence.holds(), "the holder's fence lets a write go");
+    let went = wall_ms();
+    let (task, cancel) = sim.replicas[h].lease.take().unwrap();
+    cancel.cancel();
+    task.await.unwrap();
+    let lease = sim
+        .server
+        .get("leases", support::NS, &format!("{NAME}-shard-0"))
+        .unwrap();
+    assert!(
+        lease["spec"]["holderIdentity"].is_null(),
+        "released: {lease}"
+    );
+    let release = sim
+        .server
+        .calls()
+        .into_iter()
+        .filter(|c| {
+            c.uri.contains("/leases/")
+                && c.method == "PUT"
+                && c.token.as_deref() == Some(token(h).as_str())
+        })
+        .map(|c| c.at_ms)
+        .max()
+        .expect("the release");
+    let margin = lease_config().margin.as_millis() as u64;
+    assert!(
+        release >= went + margin,
+        "released {} ms after a write went; the margin is {margin} ms",
+        release - went
+    );
 }

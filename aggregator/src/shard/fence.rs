@@ -29,10 +29,11 @@ impl Fence {
         Fence(Kind::Unfenced)
     }
 
-    /// Whether a write may go now.
+    /// Whether a write may go now (noted: a release of the shard waits until a write
+    /// that went now has landed).
     pub fn holds(&self) -> bool {
         match &self.0 {
-            Kind::Shard { held, shard } => held.holds(*shard),
+            Kind::Shard { held, shard } => held.admit(*shard),
             Kind::Unfenced => true,
         }
     }

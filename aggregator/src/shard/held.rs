@@ -22,6 +22,9 @@ pub struct Held {
     changes: Arc<watch::Sender<BTreeSet<u32>>>,
     /// Per shard, the sequence this replica last published (its renewals carry it).
     published: Arc<Mutex<BTreeMap<u32, u64>>>,
+    /// Per shard, when a write last passed the fence: a release waits out the margin
+    /// from there, so a write in flight lands before another replica can take over.
+    admitted: Arc<Mutex<BTreeMap<u32, Instant>>>,
 }
 
 impl Default for Held {
@@ -30,6 +33,7 @@ impl Default for Held {
             inner: Arc::default(),
             changes: Arc::new(watch::channel(BTreeSet::new()).0),
             published: Arc::default(),
+            admitted: Arc::default(),
         }
     }
 }
@@ -59,6 +63,24 @@ impl Held {
     /// Whether this replica may write `shard` now.
     pub fn holds(&self, shard: u32) -> bool {
         holding(self.inner.locked().get(&shard).copied(), Instant::now())
+    }
+
+    /// Whether a write for `shard` may go now, noting when it went: what the fence asks
+    /// right before every write.
+    pub fn admit(&self, shard: u32) -> bool {
+        let now = Instant::now();
+        let ok = holding(self.inner.locked().get(&shard).copied(), now);
+        if ok {
+            self.admitted.locked().insert(shard, now);
+        }
+        ok
+    }
+
+    /// When a write for `shard` last passed the fence, if one did: a write in flight
+    /// may land until the margin after it (the Lease loop waits that out before it
+    /// releases the shard, as a crash's expiry does).
+    pub fn last_admitted(&self, shard: u32) -> Option<Instant> {
+        self.admitted.locked().get(&shard).copied()
     }
 
     /// Shards held now.

@@ -608,6 +608,7 @@ impl ShardLeases {
             }
         }
         self.held.set(shard, None);
+        self.drain(&[shard]).await;
         self.metrics.set_lease(shard, false);
         self.metrics.rebalance();
         if let Some(spec) = lease.spec.as_mut() {
@@ -622,6 +623,29 @@ impl ShardLeases {
             Err(e) => {
                 tracing::warn!(shard, error = %e, "handing the shard back failed; the next pass finds it ours again")
             }
+        }
+    }
+
+    /// Wait until the writes that passed the fence of `shards` have landed: a margin
+    /// after the last one went (the fence is closed already). A crashed holder's Lease
+    /// runs out at least a margin after its last write could go; a release hands the
+    /// shard over at once, so it waits that margin itself, or the next holder's pass
+    /// could meet this replica's eviction or taint landing late.
+    async fn drain(&self, shards: &[u32]) {
+        let Some(last) = shards
+            .iter()
+            .filter_map(|s| self.held.last_admitted(*s))
+            .max()
+        else {
+            return;
+        };
+        let until = last + self.cfg.margin;
+        if until > Instant::now() {
+            tracing::info!(
+                waited_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
+                "writes may be in flight; releasing the shard once they have landed"
+            );
+            tokio::time::sleep_until(until.into()).await;
         }
     }
 
@@ -653,9 +677,13 @@ impl ShardLeases {
                 }
             }
         }
-        let (api, name, me, held) = (&self.api, &self.name, &self.me, &self.held);
-        for shard in held.shards() {
-            held.set(shard, None);
+        let held = self.held.shards();
+        for &shard in &held {
+            self.held.set(shard, None);
+        }
+        self.drain(&held).await;
+        let (api, name, me) = (&self.api, &self.name, &self.me);
+        for shard in held {
             let lname = lease_name(name, shard);
             if let Ok(mut lease) = api.get(&lname).await {
                 if let Some(spec) = lease
