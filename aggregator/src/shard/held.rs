@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use faultline_common::sync::Locked;
 use tokio::sync::watch;
@@ -76,11 +76,13 @@ impl Held {
         ok
     }
 
-    /// When a write for `shard` last passed the fence, if one did: a write in flight
-    /// may land until the margin after it (the Lease loop waits that out before it
-    /// releases the shard, as a crash's expiry does).
-    pub fn last_admitted(&self, shard: u32) -> Option<Instant> {
-        self.admitted.locked().get(&shard).copied()
+    /// When the writes that passed the fence of `shards` have landed, if that is still
+    /// to come: `margin` after the last one went. A release waits until then, or the
+    /// next holder's pass could meet this replica's eviction or taint landing late.
+    pub fn quiet_at(&self, shards: &[u32], margin: Duration) -> Option<Instant> {
+        let admitted = self.admitted.locked();
+        let last = shards.iter().filter_map(|s| admitted.get(s)).max()?;
+        Some(*last + margin).filter(|u| *u > Instant::now())
     }
 
     /// Shards held now.
@@ -118,5 +120,27 @@ impl Held {
             *s = keys;
             changed
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_release_waits_a_margin_after_the_last_write_the_fence_let_go() {
+        let held = Held::default();
+        let margin = Duration::from_secs(60);
+        assert!(!held.admit(1), "not held: no write goes");
+        assert_eq!(held.quiet_at(&[1], margin), None, "a refused write is none");
+        held.grant(1, Instant::now() + Duration::from_secs(60));
+        let before = Instant::now();
+        assert!(held.admit(1));
+        let after = Instant::now();
+        held.set(1, None);
+        let q = held.quiet_at(&[0, 1], margin).expect("a write went");
+        assert!(q >= before + margin && q <= after + margin, "{q:?}");
+        assert_eq!(held.quiet_at(&[0], margin), None, "another shard's");
+        assert_eq!(held.quiet_at(&[1], Duration::ZERO), None, "past: no wait");
     }
 }

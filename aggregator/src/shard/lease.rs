@@ -626,24 +626,13 @@ impl ShardLeases {
         }
     }
 
-    /// Wait until the writes that passed the fence of `shards` have landed: a margin
-    /// after the last one went (the fence is closed already). A crashed holder's Lease
-    /// runs out at least a margin after its last write could go; a release hands the
-    /// shard over at once, so it waits that margin itself, or the next holder's pass
-    /// could meet this replica's eviction or taint landing late.
+    /// Wait until the writes that passed the fence of `shards` (closed already) have
+    /// landed: [`Held::quiet_at`]. A crashed holder's Lease runs out that late at least.
     async fn drain(&self, shards: &[u32]) {
-        let Some(last) = shards
-            .iter()
-            .filter_map(|s| self.held.last_admitted(*s))
-            .max()
-        else {
-            return;
-        };
-        let until = last + self.cfg.margin;
-        if until > Instant::now() {
+        if let Some(until) = self.held.quiet_at(shards, self.cfg.margin) {
             tracing::info!(
-                waited_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
-                "writes may be in flight; releasing the shard once they have landed"
+                ?until,
+                "writes may be in flight; releasing once they have landed"
             );
             tokio::time::sleep_until(until.into()).await;
         }
