@@ -29,7 +29,7 @@ MUTATIONS = [
      ["-p", "faultline-aggregator", "--test", "kubernetes", "a_default_install_is_a_dry_run"]),
     ("2 fencing: a write goes without the shard's Lease",
      "aggregator/src/shard/fence.rs",
-     "Kind::Shard { held, shard } => held.holds(*shard),",
+     "Kind::Shard { held, shard } => held.admit(*shard),",
      "Kind::Shard { .. } => true,",
      ["-p", "faultline-aggregator", "--test", "remediation", "a_replica_without_its_lease_changes_nothing"]),
     ("2 fencing: a Lease past its renewals still counts as held (no self-expiry)",
