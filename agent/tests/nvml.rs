@@ -21,6 +21,70 @@ fn nvml_agent(state: &StateFile, extra: &[&str]) -> AgentProc {
     spawn_agent(&flags, &[("FAKE_NVML_STATE", state.p())])
 }
 
+/// Issue 29: NVML field 230, the recovery action, read on every sample through
+/// `nvmlDeviceGetFieldValues`, each documented value (0-7) to its action, status and
+/// reason; a value this build does not know is a probe error, not a guess; a driver
+/// without the field is no reading.
+#[tokio::test]
+async fn reads_the_recovery_action_of_each_nvml_value() {
+    use faultline_common::RecoveryAction;
+    let mut lines = String::from("device_count=10\n");
+    for i in 0..=8 {
+        lines.push_str(&format!("gpu.{i}.recovery_action={i}\n"));
+    }
+    let state = StateFile::new(&lines);
+    let agent = nvml_agent(&state, &[]);
+    let doc = wait_for(&agent, Duration::from_secs(10), "ten GPUs", |d| {
+        d.npus.len() == 10
+    })
+    .await;
+    let want = [
+        ("none", "healthy", None),
+        ("gpu-reset", "failed", Some("recovery-gpu-reset")),
+        ("node-reboot", "failed", Some("recovery-node-reboot")),
+        ("drain-p2p", "failed", Some("recovery-drain-p2p")),
+        (
+            "drain-and-reset",
+            "failed",
+            Some("recovery-drain-and-reset"),
+        ),
+        (
+            "recover-imex-domain",
+            "degraded",
+            Some("recovery-recover-imex-domain"),
+        ),
+        ("bus-reset", "failed", Some("recovery-bus-reset")),
+        ("system-reboot", "failed", Some("recovery-system-reboot")),
+    ];
+    for (i, (action, status, reason)) in want.into_iter().enumerate() {
+        let g = device(&doc, &format!("gpu{i}"));
+        let got = g.reading.recovery_action.expect("read");
+        assert_eq!(Some(got), RecoveryAction::from_nvml(i as u64));
+        assert_eq!(got.as_str(), action);
+        // As /v1/health carries it.
+        let wire = serde_json::to_value(&g.reading).unwrap();
+        assert_eq!(wire["recovery_action"], action, "gpu{i}");
+        assert_eq!(g.status.as_str(), status, "gpu{i}: {:?}", g.findings);
+        assert_eq!(g.reason.as_deref(), reason, "gpu{i}");
+    }
+    let unknown = device(&doc, "gpu8");
+    assert_eq!(unknown.reading.recovery_action, None);
+    assert!(
+        unknown
+            .reading
+            .probe_errors
+            .iter()
+            .any(|e| e == "recovery_action: value 8 unknown to this build"),
+        "{:?}",
+        unknown.reading.probe_errors
+    );
+    assert_eq!(unknown.status.as_str(), "healthy");
+    let unsupported = device(&doc, "gpu9");
+    assert_eq!(unsupported.reading.recovery_action, None);
+    assert!(unsupported.reading.probe_errors.is_empty());
+    assert_eq!(unsupported.status.as_str(), "healthy");
+}
+
 #[tokio::test]
 async fn reads_every_metric_through_nvml() {
     let state = StateFile::new(

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use faultline_common::ascend::{Catalog, UB_PORT_DOWN, UB_PORT_DOWN_REASON};
 use faultline_common::ascend_escalation::Escalation;
 use faultline_common::classify::{
-    failed_reasons, GPU_LOST, PCIE_LINK_DOWN, ROCE_LINK_DOWN, ROW_REMAP_FAILURE,
-    VENDOR_HEALTH_CRITICAL,
+    failed_reasons, recovery_verdict, GPU_LOST, PCIE_LINK_DOWN, RECOVERY_PREFIX, ROCE_LINK_DOWN,
+    ROW_REMAP_FAILURE, VENDOR_HEALTH_CRITICAL,
 };
-use faultline_common::{DeviceStatus, NodeHealth, XidPolicy};
+use faultline_common::{DeviceStatus, NodeHealth, RecoveryAction, XidPolicy};
 use support::*;
 
 /// How the test makes a device fail with one reason.
@@ -34,6 +34,16 @@ enum Cause {
 }
 
 fn cause(reason: &str, catalog: &Catalog) -> Cause {
+    if reason.starts_with(RECOVERY_PREFIX) {
+        let v = (0..=7u64)
+            .find(|v| {
+                RecoveryAction::from_nvml(*v)
+                    .and_then(recovery_verdict)
+                    .is_some_and(|(code, _, _)| code == reason)
+            })
+            .unwrap_or_else(|| panic!("no NVML value gives {reason}"));
+        return Cause::Sim(format!(r#""fault":"recovery","value":{v}"#));
+    }
     if let Some(xid) = reason.strip_prefix("xid-") {
         return Cause::Sim(format!(r#""fault":"xid","xid":{xid}"#));
     }

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeSet;
 
-use crate::reading::{DeviceReading, DeviceStatus, VendorHealthLevel};
+use crate::reading::{DeviceReading, DeviceStatus, RecoveryAction, VendorHealthLevel};
 use crate::xid::{XidPolicy, XidVerdict};
 
 /// A device that no longer answers on the bus.
@@ -18,6 +18,52 @@ pub const ROW_REMAP_FAILURE: &str = "row-remap-failure";
 pub const VENDOR_HEALTH_CRITICAL: &str = "vendor-health-critical";
 /// A RoCE link down (failed only where the agent's policy says so).
 pub const ROCE_LINK_DOWN: &str = "roce-link-down";
+/// The prefix of a recovery action's reason: `recovery-gpu-reset`, `recovery-node-reboot`.
+pub const RECOVERY_PREFIX: &str = "recovery-";
+
+/// What a recovery action the driver reports makes of the device, and why; `None`
+/// for no action. Every repair that ends or resets the GPU's work fails it (the
+/// driver says its processes must go); recovering the IMEX domain degrades it (the
+/// repair is the domain's, not this GPU's: no eviction on that alone).
+pub fn recovery_verdict(a: RecoveryAction) -> Option<(String, DeviceStatus, String)> {
+    use RecoveryAction as A;
+    let (status, what) = match a {
+        A::None => return None,
+        A::GpuReset => (
+            DeviceStatus::Failed,
+            "terminate its processes and reset the GPU",
+        ),
+        A::NodeReboot => (
+            DeviceStatus::Failed,
+            "reboot the node (the OS may be inconsistent)",
+        ),
+        A::DrainP2p => (
+            DeviceStatus::Failed,
+            "terminate the processes using peer-to-peer traffic, then ask again",
+        ),
+        A::DrainAndReset => (
+            DeviceStatus::Failed,
+            "drain peer-to-peer traffic, then reset the GPU",
+        ),
+        A::RecoverImexDomain => (DeviceStatus::Degraded, "recover the GPU's IMEX domain"),
+        A::BusReset => (DeviceStatus::Failed, "reset the GPU's PCIe bus"),
+        A::SystemReboot => (DeviceStatus::Failed, "reboot the system"),
+    };
+    Some((
+        format!("{RECOVERY_PREFIX}{}", a.as_str()),
+        status,
+        format!("the driver's recovery action is {}: {what}", a.as_str()),
+    ))
+}
+
+/// Every recovery action that fails a device, as its reason.
+pub fn recovery_failed_reasons() -> impl Iterator<Item = String> {
+    (0..=7u64)
+        .filter_map(RecoveryAction::from_nvml)
+        .filter_map(recovery_verdict)
+        .filter(|(_, s, _)| *s == DeviceStatus::Failed)
+        .map(|(code, _, _)| code)
+}
 
 /// The classifier's own reasons that fail a device; the others come from the Xid
 /// policy, the Ascend table and what a source reports ([`failed_reasons`]).
@@ -39,6 +85,7 @@ pub fn failed_reasons(
     esc: &crate::ascend_escalation::Escalation,
 ) -> BTreeSet<String> {
     let mut out: BTreeSet<String> = FAILED_CODES.iter().map(|c| c.to_string()).collect();
+    out.extend(recovery_failed_reasons());
     out.extend(
         crate::xid::catalog()
             .iter()
@@ -215,6 +262,9 @@ pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> 
             add(&x.code, x.status, x.detail);
         }
     }
+    if let Some((code, status, detail)) = r.recovery_action.and_then(recovery_verdict) {
+        add(&code, status, detail);
+    }
     if let Some(temp) = r.temperature_c {
         if temp >= t.temp_degraded_c {
             add(
@@ -283,6 +333,7 @@ pub fn classify(r: &DeviceReading, xid: Option<&XidVerdict>, t: &Thresholds) -> 
         && r.ecc.is_none()
         && r.pcie.is_none()
         && r.vendor_health.is_none()
+        && r.recovery_action.is_none()
         && r.reported_status.is_none();
     if read_nothing && !r.lost {
         let detail = if r.probe_errors.is_empty() {
@@ -405,6 +456,51 @@ mod tests {
     #[test]
     fn a_clean_reading_is_healthy_even_at_a_lower_idle_pcie_gen() {
         assert_eq!(verdict(&healthy()), (DeviceStatus::Healthy, None));
+    }
+
+    #[test]
+    fn each_recovery_action_maps_to_its_status_and_reason() {
+        use RecoveryAction as A;
+        let want = [
+            (0, None),
+            (1, Some(("recovery-gpu-reset", DeviceStatus::Failed))),
+            (2, Some(("recovery-node-reboot", DeviceStatus::Failed))),
+            (3, Some(("recovery-drain-p2p", DeviceStatus::Failed))),
+            (4, Some(("recovery-drain-and-reset", DeviceStatus::Failed))),
+            (
+                5,
+                Some(("recovery-recover-imex-domain", DeviceStatus::Degraded)),
+            ),
+            (6, Some(("recovery-bus-reset", DeviceStatus::Failed))),
+            (7, Some(("recovery-system-reboot", DeviceStatus::Failed))),
+        ];
+        for (v, expect) in want {
+            let mut r = healthy();
+            r.recovery_action = A::from_nvml(v);
+            let got = verdict(&r);
+            match expect {
+                None => assert_eq!(got, (DeviceStatus::Healthy, None), "value {v}"),
+                Some((code, status)) => {
+                    assert_eq!(got, (status, Some(code.to_string())), "value {v}")
+                }
+            }
+        }
+        assert_eq!(A::from_nvml(8), None, "a value this build does not know");
+        // Only a reading of the action is still a reading (not "no metrics").
+        let mut only = DeviceReading::new("gpu0", Vendor::Nvidia, "nvml");
+        only.recovery_action = Some(A::GpuReset);
+        assert_eq!(verdict(&only).0, DeviceStatus::Failed);
+        let reboots: Vec<bool> = (0..=7)
+            .filter_map(A::from_nvml)
+            .map(A::node_scoped)
+            .collect();
+        assert_eq!(
+            reboots,
+            [false, false, true, false, false, false, false, true]
+        );
+        let failed: BTreeSet<String> = recovery_failed_reasons().collect();
+        assert_eq!(failed.len(), 6, "{failed:?}");
+        assert!(!failed.contains("recovery-recover-imex-domain"));
     }
 
     #[test]

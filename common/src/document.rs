@@ -386,6 +386,8 @@ struct DeviceHealthWire {
     #[serde(default)]
     vendor_health: Option<crate::reading::VendorHealth>,
     #[serde(default)]
+    recovery_action: Option<crate::reading::RecoveryAction>,
+    #[serde(default)]
     reported_status: Option<DeviceStatus>,
     #[serde(default)]
     reported_reason: Option<String>,
@@ -435,6 +437,7 @@ impl From<DeviceHealthWire> for DeviceHealth {
                 nvlink: w.nvlink,
                 lost: w.lost,
                 vendor_health: w.vendor_health,
+                recovery_action: w.recovery_action,
                 reported_status: w.reported_status,
                 reported_reason: w.reported_reason,
                 probe_errors: w.probe_errors,

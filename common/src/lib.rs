@@ -34,6 +34,7 @@ pub use classify::{classify, Classification, Finding, Thresholds};
 pub use document::{DeviceHealth, NodeHealth, SourceStatus, Summary, SCHEMA_VERSION};
 pub use reading::{
     normalize_bus_id, AscendIds, DeviceReading, DeviceStatus, EccCounts, NvLinkState, PcieLink,
-    RemappedRows, RetiredPages, RoceLink, Throttle, Vendor, VendorHealth, VendorHealthLevel,
+    RecoveryAction, RemappedRows, RetiredPages, RoceLink, Throttle, Vendor, VendorHealth,
+    VendorHealthLevel,
 };
 pub use xid::{XidClass, XidEvent, XidPolicy, XidThreshold, XidVerdict};

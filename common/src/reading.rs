@@ -159,6 +159,75 @@ pub struct AscendIds {
     pub chip: Option<i32>,
 }
 
+/// What NVIDIA's driver says a GPU needs before it can be used again: NVML field 230,
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (`nvmlDeviceGpuRecoveryAction_t`; values as
+/// NVIDIA's "Error Recovery and Response Flags" and the NVML headers give them). It
+/// replaces the deprecated reset-status fields; Xid 154 announces a change of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RecoveryAction {
+    /// 0: nothing to do; a new process may use the GPU.
+    None,
+    /// 1: terminate the GPU's processes and reset it (`nvidia-smi -r`).
+    GpuReset,
+    /// 2: the fault may have left the OS inconsistent: reboot the node.
+    NodeReboot,
+    /// 3: quiesce all peer-to-peer traffic (terminate the processes using it), then
+    /// ask again: the driver answers with another action.
+    DrainP2p,
+    /// 4: drain peer-to-peer traffic, then reset the GPU.
+    DrainAndReset,
+    /// 5: recover the GPU's IMEX domain (multi-node NVLink).
+    RecoverImexDomain,
+    /// 6: reset the GPU's PCIe bus.
+    BusReset,
+    /// 7: reboot the system.
+    SystemReboot,
+}
+
+impl RecoveryAction {
+    /// The action NVML's value `v` names; `None` for a value this build does not know
+    /// (a newer driver's: reported as a probe error, never guessed).
+    pub fn from_nvml(v: u64) -> Option<RecoveryAction> {
+        use RecoveryAction::*;
+        Some(match v {
+            0 => None,
+            1 => GpuReset,
+            2 => NodeReboot,
+            3 => DrainP2p,
+            4 => DrainAndReset,
+            5 => RecoverImexDomain,
+            6 => BusReset,
+            7 => SystemReboot,
+            _ => return Option::None,
+        })
+    }
+
+    /// The name on the wire and in findings (`gpu-reset`, `node-reboot`, ...).
+    pub fn as_str(self) -> &'static str {
+        use RecoveryAction::*;
+        match self {
+            None => "none",
+            GpuReset => "gpu-reset",
+            NodeReboot => "node-reboot",
+            DrainP2p => "drain-p2p",
+            DrainAndReset => "drain-and-reset",
+            RecoverImexDomain => "recover-imex-domain",
+            BusReset => "bus-reset",
+            SystemReboot => "system-reboot",
+        }
+    }
+
+    /// Whether the repair takes the whole node down (a reboot): the node, not one of
+    /// its devices, is what needs the repair.
+    pub fn node_scoped(self) -> bool {
+        matches!(
+            self,
+            RecoveryAction::NodeReboot | RecoveryAction::SystemReboot
+        )
+    }
+}
+
 /// RoCE network health of an Ascend chip (`dcmi_get_device_network_health`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoceLink {
@@ -222,6 +291,10 @@ pub struct DeviceReading {
     /// The vendor's own verdict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vendor_health: Option<VendorHealth>,
+    /// The repair the driver says the device needs (NVML field 230), where it offers
+    /// one: not supported is no reading.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<RecoveryAction>,
     /// A status an exec tool reported itself; taken into account, never trusted alone
     /// to make a device healthier than its readings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -264,6 +337,7 @@ impl DeviceReading {
             nvlink: None,
             lost: false,
             vendor_health: None,
+            recovery_action: None,
             reported_status: None,
             reported_reason: None,
             probe_errors: Vec::new(),

@@ -18,16 +18,18 @@ use faultline_common::sync::Locked;
 use faultline_common::time::now_ms;
 use faultline_common::xid::class_of;
 use faultline_common::{
-    normalize_bus_id, DeviceReading, EccCounts, NvLinkState, PcieLink, RemappedRows, RetiredPages,
-    Throttle, Vendor, XidEvent,
+    normalize_bus_id, DeviceReading, EccCounts, NvLinkState, PcieLink, RecoveryAction,
+    RemappedRows, RetiredPages, Throttle, Vendor, XidEvent,
 };
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, RetirementCause, TemperatureSensor,
 };
+use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 use tokio_util::sync::CancellationToken;
 
@@ -274,6 +276,13 @@ fn read_metrics(dev: &Device<'_>, r: &mut DeviceReading) -> Result<(), bool> {
     }
 
     r.remapped_rows = read!(r, "remapped_rows", remapped_rows(dev));
+    match read!(r, "recovery_action", recovery_action(dev)) {
+        Some(Ok(a)) => r.recovery_action = Some(a),
+        Some(Err(v)) => r
+            .probe_errors
+            .push(format!("recovery_action: value {v} unknown to this build")),
+        None => {}
+    }
 
     let reasons = match clock_event_reasons(dev) {
         Err(NvmlError::FailedToLoadSymbol(_)) | Err(NvmlError::NotSupported) => {
@@ -361,6 +370,24 @@ fn remapped_rows(dev: &Device<'_>) -> Result<RemappedRows, NvmlError> {
         pending: pending != 0,
         failure: failure != 0,
     })
+}
+
+/// NVML field 230, `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: the repair the driver says
+/// the GPU needs, through `nvmlDeviceGetFieldValues`. A driver without the field answers
+/// not supported for it (no reading); `Err(v)`: a value this build does not know.
+fn recovery_action(dev: &Device<'_>) -> Result<Result<RecoveryAction, u64>, NvmlError> {
+    let id = FieldId(nvml_wrapper_sys::bindings::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION);
+    let sample = dev
+        .field_values_for(&[id])?
+        .pop()
+        .ok_or(NvmlError::Unknown)??;
+    let v = match sample.value? {
+        SampleValue::U32(v) => u64::from(v),
+        SampleValue::U64(v) => v,
+        SampleValue::I64(v) => u64::try_from(v).unwrap_or(u64::MAX),
+        SampleValue::F64(v) => v as u64,
+    };
+    Ok(RecoveryAction::from_nvml(v).ok_or(v))
 }
 
 /// `nvmlDeviceGetCurrentClocksEventReasons` (the newer name of the throttle reasons).

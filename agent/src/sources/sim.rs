@@ -8,8 +8,8 @@ use faultline_common::sync::Locked;
 use faultline_common::time::now_ms;
 use faultline_common::xid::class_of;
 use faultline_common::{
-    DeviceReading, EccCounts, NvLinkState, PcieLink, RemappedRows, Throttle, Vendor, VendorHealth,
-    VendorHealthLevel, XidEvent,
+    DeviceReading, EccCounts, NvLinkState, PcieLink, RecoveryAction, RemappedRows, Throttle,
+    Vendor, VendorHealth, VendorHealthLevel, XidEvent,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -49,6 +49,8 @@ pub enum FaultKind {
     Hang,
     /// Every sample of the source fails with an error.
     ProbeError,
+    /// The driver's recovery action is NVML's value `value` (default 1, GPU reset).
+    Recovery,
 }
 
 /// `POST /v1/sim/faults` body.
@@ -416,6 +418,9 @@ impl Source for SimSource {
                     }
                     FaultKind::RowRemapFailure => {
                         r.remapped_rows.get_or_insert_with(Default::default).failure = true
+                    }
+                    FaultKind::Recovery => {
+                        r.recovery_action = RecoveryAction::from_nvml(v.unwrap_or(1.0) as u64)
                     }
                     FaultKind::VendorCritical => {
                         r.vendor_health = Some(VendorHealth {
