@@ -61,7 +61,7 @@ async fn reads_the_recovery_action_of_each_nvml_value() {
         let got = g.reading.recovery_action.expect("read");
         assert_eq!(Some(got), RecoveryAction::from_nvml(i as u64));
         assert_eq!(got.as_str(), action);
-        // As /v1/health carries it.
+        // Its name on the wire.
         let wire = serde_json::to_value(&g.reading).unwrap();
         assert_eq!(wire["recovery_action"], action, "gpu{i}");
         assert_eq!(g.status.as_str(), status, "gpu{i}: {:?}", g.findings);

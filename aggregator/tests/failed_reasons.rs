@@ -35,12 +35,10 @@ enum Cause {
 
 fn cause(reason: &str, catalog: &Catalog) -> Cause {
     if reason.starts_with(RECOVERY_PREFIX) {
-        let v = (0..=7u64)
-            .find(|v| {
-                RecoveryAction::from_nvml(*v)
-                    .and_then(recovery_verdict)
-                    .is_some_and(|(code, _, _)| code == reason)
-            })
+        // The NVML value is the action's index.
+        let v = RecoveryAction::ALL
+            .into_iter()
+            .position(|a| recovery_verdict(a).is_some_and(|(code, _, _)| code == reason))
             .unwrap_or_else(|| panic!("no NVML value gives {reason}"));
         return Cause::Sim(format!(r#""fault":"recovery","value":{v}"#));
     }

@@ -186,21 +186,28 @@ pub enum RecoveryAction {
 }
 
 impl RecoveryAction {
+    /// Every action, at the index of its NVML value.
+    pub const ALL: [RecoveryAction; 8] = {
+        use RecoveryAction::*;
+        [
+            None,
+            GpuReset,
+            NodeReboot,
+            DrainP2p,
+            DrainAndReset,
+            RecoverImexDomain,
+            BusReset,
+            SystemReboot,
+        ]
+    };
+
     /// The action NVML's value `v` names; `None` for a value this build does not know
     /// (a newer driver's: reported as a probe error, never guessed).
     pub fn from_nvml(v: u64) -> Option<RecoveryAction> {
-        use RecoveryAction::*;
-        Some(match v {
-            0 => None,
-            1 => GpuReset,
-            2 => NodeReboot,
-            3 => DrainP2p,
-            4 => DrainAndReset,
-            5 => RecoverImexDomain,
-            6 => BusReset,
-            7 => SystemReboot,
-            _ => return Option::None,
-        })
+        usize::try_from(v)
+            .ok()
+            .and_then(|i| Self::ALL.get(i))
+            .copied()
     }
 
     /// The name on the wire and in findings (`gpu-reset`, `node-reboot`, ...).
@@ -216,15 +223,6 @@ impl RecoveryAction {
             BusReset => "bus-reset",
             SystemReboot => "system-reboot",
         }
-    }
-
-    /// Whether the repair takes the whole node down (a reboot): the node, not one of
-    /// its devices, is what needs the repair.
-    pub fn node_scoped(self) -> bool {
-        matches!(
-            self,
-            RecoveryAction::NodeReboot | RecoveryAction::SystemReboot
-        )
     }
 }
 

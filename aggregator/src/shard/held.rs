@@ -68,10 +68,10 @@ impl Held {
     /// Whether a write for `shard` may go now, noting when it went: what the fence asks
     /// right before every write.
     pub fn admit(&self, shard: u32) -> bool {
-        let now = Instant::now();
-        let ok = holding(self.inner.locked().get(&shard).copied(), now);
+        let ok = self.holds(shard);
         if ok {
-            self.admitted.locked().insert(shard, now);
+            // Noted after the check: a later instant, so a release waits longer, never less.
+            self.admitted.locked().insert(shard, Instant::now());
         }
         ok
     }
