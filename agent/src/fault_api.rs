@@ -2,15 +2,21 @@
 //! watch stream with `watch=true`), `PUT` takes the aggregator's delivery (bearer
 //! token). [`pod_router`] serves only the `GET`, for `--fault-listen`: the port the
 //! node's pods may reach.
+//!
+//! `POST /v1/drain/ack` (both ports) is a pod's word that it has checkpointed, so it
+//! may be evicted before its drain intent's deadline (issue 29). It needs no API
+//! rights: it must come from one of the addresses the intent lists for that pod (the
+//! pod's own `status.podIPs`), name a pod the entry held has an intent for, and is
+//! then carried to the aggregator in this agent's `/v1/health` (`drain_acks`).
 
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use faultline_common::fault::Delivery;
 use faultline_common::time::now_ms;
@@ -25,6 +31,8 @@ pub const MAX_DELIVERY: usize = 1 << 20;
 /// Watch streams open at once on `--fault-listen` (the node's pods), apart from the
 /// API's own cap; past it a watch gets the document once.
 pub const POD_WAITERS: usize = 64;
+/// Largest acknowledgement body accepted.
+const MAX_ACK: usize = 4096;
 /// How often a watch looks whether the verdict turned stale.
 const STALE_LOOK: Duration = Duration::from_millis(500);
 
@@ -39,12 +47,17 @@ struct FaultQuery {
 
 /// The `/v1/fault` routes of the agent's API.
 pub fn routes() -> Router<ApiState> {
-    Router::new().route(
-        "/v1/fault",
-        get(fault)
-            .put(deliver)
-            .layer(DefaultBodyLimit::max(MAX_DELIVERY)),
-    )
+    Router::new()
+        .route(
+            "/v1/fault",
+            get(fault)
+                .put(deliver)
+                .layer(DefaultBodyLimit::max(MAX_DELIVERY)),
+        )
+        .route(
+            "/v1/drain/ack",
+            post(ack).layer(DefaultBodyLimit::max(MAX_ACK)),
+        )
 }
 
 /// What `--fault-listen` serves: the node's `fault.json` and a liveness probe, nothing
@@ -52,6 +65,10 @@ pub fn routes() -> Router<ApiState> {
 pub fn pod_router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/fault", get(fault))
+        .route(
+            "/v1/drain/ack",
+            post(ack).layer(DefaultBodyLimit::max(MAX_ACK)),
+        )
         .route("/healthz", get(|| async { Json(json!({"ok": true})) }))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
@@ -171,4 +188,78 @@ async fn deliver(
     let sequence = d.sequence;
     s.verdicts.apply(d, now_ms()).map_err(refused)?;
     Ok(Json(json!({"sequence": sequence})).into_response())
+}
+
+/// What a pod sends to acknowledge its drain intent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Ack {
+    /// The pod's UID (the downward API's `metadata.uid`).
+    uid: String,
+}
+
+/// A pod's acknowledgement: from one of its own addresses, for an intent the entry
+/// held lists. 202 once taken (again: 200), 404 for no such intent, 403 from another
+/// address; each refusal counted (`errors_total{source="drain-ack"}`).
+async fn ack(
+    State(s): State<ApiState>,
+    peer: Option<axum::Extension<ConnectInfo<std::net::SocketAddr>>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let refuse = |kind: &str, status: StatusCode, message: String| {
+        s.metrics.count_error("drain-ack", kind);
+        ApiError::new(status, message)
+    };
+    let body = body.map_err(|e| refuse("body", e.status(), e.body_text()))?;
+    let a: Ack = serde_json::from_slice(&body).map_err(|e| {
+        refuse(
+            "invalid",
+            StatusCode::BAD_REQUEST,
+            format!("not an acknowledgement ({{\"uid\": \"<pod uid>\"}}): {e}"),
+        )
+    })?;
+    let Some(notice) = s.verdicts.drain_notice(&a.uid) else {
+        return Err(refuse(
+            "unknown",
+            StatusCode::NOT_FOUND,
+            format!("no drain intent for pod {} on this node", a.uid),
+        ));
+    };
+    let from = peer.map(|axum::Extension(ConnectInfo(p))| p.ip().to_canonical());
+    let own = from.is_some_and(|ip| notice.pod_ips.iter().any(|p| p.parse() == Ok(ip)));
+    if !own {
+        let from = from.map_or_else(|| "an unknown address".to_string(), |ip| ip.to_string());
+        return Err(refuse(
+            "address",
+            StatusCode::FORBIDDEN,
+            format!(
+                "pod {}/{} acknowledges from its own address ({}), not from {from}",
+                notice.namespace,
+                notice.pod,
+                if notice.pod_ips.is_empty() {
+                    "none listed: a pod on the host network acknowledges by exiting".to_string()
+                } else {
+                    notice.pod_ips.join(", ")
+                }
+            ),
+        ));
+    }
+    let verdicts = s.verdicts.clone();
+    let new = s
+        .store
+        .ack_drain(&a.uid, |uid| verdicts.drain_notice(uid).is_some());
+    if new {
+        s.metrics.drain_acked();
+        tracing::info!(namespace = %notice.namespace, pod = %notice.pod, uid = %a.uid, "drain intent acknowledged");
+    }
+    let status = if new {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(json!({"uid": a.uid, "evict_after": notice.evict_after, "acknowledged": true})),
+    )
+        .into_response())
 }

@@ -92,6 +92,7 @@ pub struct Metrics {
     http: Family<HttpLabels, Counter>,
     killed_children: Counter,
     long_polls_shortened: Counter,
+    drain_acks: Counter,
     killed_seen: AtomicU64,
 }
 
@@ -130,6 +131,7 @@ impl Metrics {
             http: Family::default(),
             killed_children: Counter::default(),
             long_polls_shortened: Counter::default(),
+            drain_acks: Counter::default(),
             killed_seen: AtomicU64::new(0),
             registry: Registry::default(),
         };
@@ -162,6 +164,11 @@ impl Metrics {
             "long_polls_shortened",
             "Long polls that waited at most a second: too many were open",
             m.long_polls_shortened.clone(),
+        );
+        registry.register(
+            "drain_acks",
+            "Drain intents acknowledged by their pods through this agent (refusals: errors_total{source=\"drain-ack\"})",
+            m.drain_acks.clone(),
         );
         registry.register(
             "killed_children",
@@ -358,6 +365,11 @@ impl Metrics {
     /// A long poll past the waiter cap: it waits at most a second.
     pub fn long_poll_shortened(&self) {
         self.long_polls_shortened.inc();
+    }
+
+    /// A pod acknowledged its drain intent.
+    pub fn drain_acked(&self) {
+        self.drain_acks.inc();
     }
 
     /// The Prometheus text exposition.

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use faultline_common::classify::Finding;
+use faultline_common::document::DrainAck;
 use faultline_common::sync::Locked;
 use faultline_common::time::{rfc3339_ms, Clock};
 use faultline_common::xid::XidVerdict;
@@ -85,7 +86,12 @@ struct Inner {
     announced_at: Instant,
     /// Per device: stale or not, and its Xid verdict, at the last upkeep.
     timed: TimedView,
+    /// Drain intents the node's pods acknowledged (issue 29), oldest first.
+    drain_acks: Vec<DrainAck>,
 }
+
+/// Acknowledgements a document carries at most (the oldest go first).
+pub const MAX_DRAIN_ACKS: usize = 64;
 
 /// Shared agent state.
 pub struct Store {
@@ -139,6 +145,7 @@ impl Store {
                 generation: 1,
                 announced_at: Instant::now(),
                 timed: BTreeMap::new(),
+                drain_acks: Vec::new(),
             }),
             generation,
             metrics,
@@ -186,6 +193,28 @@ impl Store {
     /// Watch the generation.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.generation.subscribe()
+    }
+
+    /// Take a pod's acknowledgement of its drain intent (issue 29): it joins the
+    /// document (a new generation) unless it is there already. Only acknowledgements
+    /// whose intent `listed` still names are kept, [`MAX_DRAIN_ACKS`] at most. Whether
+    /// it is new.
+    pub fn ack_drain(&self, uid: &str, listed: impl Fn(&str) -> bool) -> bool {
+        let at = rfc3339_ms(self.now().1);
+        let mut inner = self.lock();
+        inner.drain_acks.retain(|a| listed(&a.uid));
+        if inner.drain_acks.iter().any(|a| a.uid == uid) {
+            return false;
+        }
+        if inner.drain_acks.len() >= MAX_DRAIN_ACKS {
+            inner.drain_acks.remove(0);
+        }
+        inner.drain_acks.push(DrainAck {
+            uid: uid.to_string(),
+            at,
+        });
+        self.bump(&mut inner);
+        true
     }
 
     /// Declare a source. Polled sources gate readiness until their first attempt.
@@ -515,6 +544,7 @@ impl Store {
             })
             .collect();
         let generation = inner.generation;
+        let drain_acks = inner.drain_acks.clone();
         drop(inner);
         NodeHealth {
             schema_version: SCHEMA_VERSION.to_string(),
@@ -526,6 +556,7 @@ impl Store {
             npus,
             sources,
             unattributed_xids: unattributed,
+            drain_acks,
         }
     }
 }

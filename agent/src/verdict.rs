@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use faultline_common::fault::{
-    AgentReach, Delivery, FaultSummary, NodeFaults, NpuFault, SourceReach, VerdictSource,
-    FAULT_VERSION,
+    AgentReach, Delivery, DrainNotice, FaultSummary, NodeFaults, NpuFault, SourceReach,
+    VerdictSource, FAULT_VERSION,
 };
 use faultline_common::sync::Locked;
 use faultline_common::time::{now_ms, rfc3339_ms};
@@ -40,6 +40,9 @@ pub const NO_VERDICT_REASON: &str = "no-verdict";
 const MIN_STALE_AFTER: Duration = Duration::from_secs(1);
 /// Most devices a delivered entry may list.
 const MAX_DEVICES: usize = 1024;
+/// Most drain intents a delivered entry may list (a node runs at most a few hundred
+/// pods, and only those on a failed device that opted in get one).
+const MAX_DRAIN: usize = 512;
 
 /// Why a delivery was refused.
 #[derive(Debug, thiserror::Error)]
@@ -181,6 +184,12 @@ impl Verdicts {
                         entry.npus.len()
                     )));
                 }
+                if entry.drain.len() > MAX_DRAIN {
+                    return Err(Refused::Invalid(format!(
+                        "{} drain intents, at most {MAX_DRAIN}",
+                        entry.drain.len()
+                    )));
+                }
                 if let Some(h) = held.as_ref() {
                     if h.writer == d.writer && d.sequence < h.sequence {
                         return Err(Refused::Conflict(format!(
@@ -202,6 +211,17 @@ impl Verdicts {
         drop(held);
         self.bump();
         Ok(())
+    }
+
+    /// The drain intent of pod `uid` in the entry held, if it lists one.
+    pub fn drain_notice(&self, uid: &str) -> Option<DrainNotice> {
+        let held = self.held.locked();
+        held.as_ref()?
+            .entry
+            .drain
+            .iter()
+            .find(|n| n.uid == uid)
+            .cloned()
     }
 
     /// Whether the verdict held is stale at `now_ms` (none held: stale).
@@ -301,6 +321,7 @@ impl Verdicts {
             readings_at: None,
             verdict: None,
             trimmed: None,
+            drain: Vec::new(),
         }
     }
 }

@@ -30,6 +30,11 @@ pub fn positive_duration(v: &str) -> Result<Duration, String> {
     }
 }
 
+/// A duration such as `0`, `300s`, `10m` (zero allowed: "none").
+fn any_duration(v: &str) -> Result<Duration, String> {
+    parse_duration(v).ok_or_else(|| format!("{v:?}: expected a duration such as 0, 300s, 10m"))
+}
+
 /// `--name`: a DNS-1123 label, since it is both part of object names and the value of
 /// the member label (`faultline_common::names`).
 fn base_name(v: &str) -> Result<String, String> {
@@ -275,6 +280,11 @@ pub struct RemediationArgs {
     /// Nodes quarantined at most at once, cluster-wide.
     #[arg(long, env = "FAULTLINE_MAX_QUARANTINED", default_value_t = 5)]
     pub max_quarantined: usize,
+    /// The longest a pod on a failed device may ask to checkpoint before its eviction
+    /// (its `faultline.io/checkpoint-grace` annotation, or its namespace's): it is warned
+    /// in fault.json and evicted at its acknowledgement or deadline. 0: none is warned.
+    #[arg(long, env = "FAULTLINE_MAX_CHECKPOINT_GRACE", default_value = "10m", value_parser = any_duration)]
+    pub max_checkpoint_grace: Duration,
     /// Share of accelerator nodes quarantined at most, in percent (one node always may be).
     #[arg(
         long,
@@ -444,6 +454,7 @@ pub struct Config {
     pub watch_pod_health: bool,
     pub shutdown_timeout: Duration,
     pub force_delete_after_deadline: bool,
+    pub max_checkpoint_grace: Duration,
 }
 
 fn comma_list(s: &str) -> impl Iterator<Item = &str> {
@@ -636,6 +647,7 @@ impl Config {
             }),
             watch_pod_health: r.watch_pod_health,
             force_delete_after_deadline: r.force_delete_after_deadline,
+            max_checkpoint_grace: r.max_checkpoint_grace,
             shutdown_timeout: r.shutdown_timeout,
             taint_key: r.taint_key,
             event_namespace: r.event_namespace,

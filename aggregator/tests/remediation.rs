@@ -231,7 +231,7 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
         .await
         .unwrap();
     let fence = Fence::unfenced();
-    let first = r.evict("gpu-1", &fence).await.unwrap();
+    let first = r.evict("gpu-1", &[], &fence).await.unwrap();
     let names = |v: &[String]| -> Vec<String> {
         v.iter()
             .map(|k| k.split('/').nth(1).unwrap().to_string())
@@ -256,7 +256,7 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
         );
     }
     // A second pass evicts nothing new and still waits on the budget.
-    let second = r.evict("gpu-1", &fence).await.unwrap();
+    let second = r.evict("gpu-1", &[], &fence).await.unwrap();
     assert!(second.evicted.is_empty());
     assert_eq!(names(&second.blocked), vec!["guarded"]);
     // The budget allows it now.
@@ -275,7 +275,7 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
             None,
         )
         .unwrap();
-    let third = r.evict("gpu-1", &fence).await.unwrap();
+    let third = r.evict("gpu-1", &[], &fence).await.unwrap();
     assert_eq!(names(&third.evicted), vec!["guarded"]);
     // Each pod was asked to leave once, whatever the passes.
     let calls = server.calls();
@@ -451,7 +451,7 @@ async fn evictions_are_rate_limited_and_the_rest_wait() {
     r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
         .await
         .unwrap();
-    let first = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
+    let first = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
     assert_eq!(
         (first.evicted.len(), first.blocked.len()),
         (2, 2),
@@ -510,7 +510,7 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
         (Some("unknown"), Some("NoSchedule"))
     );
     // No eviction for unknown, whatever pass runs.
-    let e = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
+    let e = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
     assert!(e.evicted.is_empty() && e.blocked.is_empty(), "{e:?}");
     assert!(server.get("pods", "default", "w0").is_some());
     assert_eq!(events(&server, "FaultlineUnknownCordoned"), 1);
@@ -804,9 +804,15 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
     r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
         .await
         .unwrap();
-    assert_eq!(r.evict("gpu-1", &fence).await.unwrap().blocked.len(), 1);
+    assert_eq!(
+        r.evict("gpu-1", &[], &fence).await.unwrap().blocked.len(),
+        1
+    );
     clock.advance(deadline + std::time::Duration::from_secs(1));
-    assert_eq!(r.evict("gpu-1", &fence).await.unwrap().given_up.len(), 1);
+    assert_eq!(
+        r.evict("gpu-1", &[], &fence).await.unwrap().given_up.len(),
+        1
+    );
     assert!(server.get("pods", "default", "guarded").is_some());
     assert_eq!(events(&server, "FaultlineEvictionBlocked"), 1);
 
@@ -826,9 +832,12 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
     server
         .update("poddisruptionbudgets", "default", "guarded", pdb, None)
         .unwrap();
-    assert_eq!(r.evict("gpu-1", &fence).await.unwrap().blocked.len(), 1);
+    assert_eq!(
+        r.evict("gpu-1", &[], &fence).await.unwrap().blocked.len(),
+        1
+    );
     clock.advance(deadline + std::time::Duration::from_secs(1));
-    let out = r.evict("gpu-1", &fence).await.unwrap();
+    let out = r.evict("gpu-1", &[], &fence).await.unwrap();
     assert_eq!(out.evicted.len(), 1, "{out:?}");
     // Deleted with its grace period: Terminating, then gone once its kubelet stops it.
     assert!(server
@@ -836,7 +845,7 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
         .is_none_or(|p| p.pointer("/metadata/deletionTimestamp").is_some()));
     assert_eq!(events(&server, "FaultlinePodDeleted"), 1);
     // Nothing more on later passes.
-    let out = r.evict("gpu-1", &fence).await.unwrap();
+    let out = r.evict("gpu-1", &[], &fence).await.unwrap();
     assert!(out.evicted.is_empty() && out.blocked.is_empty(), "{out:?}");
 }
 
@@ -892,7 +901,7 @@ async fn one_pods_eviction_error_does_not_stop_the_pass() {
     r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
         .await
         .unwrap();
-    let out = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
+    let out = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
     let names = |v: &[String]| -> Vec<String> {
         v.iter()
             .map(|k| k.split('/').nth(1).unwrap().to_string())
@@ -949,7 +958,7 @@ async fn a_load_shedding_429_is_not_a_budget() {
         ..Default::default()
     });
     for _ in 0..3 {
-        let out = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
+        let out = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
         assert_eq!(out.blocked.len(), 1, "{out:?}");
         // Well past the deadline each time, were it counting.
         clock.advance(std::time::Duration::from_secs(700));
@@ -963,7 +972,7 @@ async fn a_load_shedding_429_is_not_a_budget() {
         "the deadline never started"
     );
     server.set_faults(Faults::default());
-    let out = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
+    let out = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
     assert_eq!(out.evicted.len(), 1, "{out:?}");
     assert_eq!(events(&server, "FaultlinePodDeleted"), 0);
 }
@@ -985,7 +994,7 @@ async fn the_record_survives_node_churn() {
         node_churn: true,
         ..Default::default()
     });
-    let out = r.evict("gpu-1", &Fence::unfenced()).await.unwrap();
+    let out = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
     assert_eq!(out.evicted.len(), 2, "{out:?}");
     let rec = gpu1_record(&server);
     assert_eq!(rec["evicted"].as_array().unwrap().len(), 2, "{rec}");
@@ -1037,7 +1046,7 @@ async fn a_replica_without_its_lease_changes_nothing() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let quarantined = server.get("nodes", "", "gpu-1").unwrap();
-    assert!(r.evict("gpu-1", &fence).await.is_err(), "no eviction");
+    assert!(r.evict("gpu-1", &[], &fence).await.is_err(), "no eviction");
     assert!(server.get("pods", "default", "train").is_some());
     let req = ReleaseRequest {
         devices: vec![],

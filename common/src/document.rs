@@ -41,6 +41,20 @@ pub struct NodeHealth {
     /// Recent Xid events whose PCI bus id matched no known device.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unattributed_xids: Vec<XidEvent>,
+    /// Drain intents the node's pods acknowledged through this agent (issue 29), while
+    /// the aggregator's entry still lists them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drain_acks: Vec<DrainAck>,
+}
+
+/// A pod's word that it has checkpointed: evict it now (`POST /v1/drain/ack` on the
+/// agent, from the pod's own address).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainAck {
+    /// The pod's UID, as the drain intent names it.
+    pub uid: String,
+    /// When the agent took it (RFC 3339).
+    pub at: String,
 }
 
 /// The devices of a document, read into one allocation: serde's `Vec` grows from
@@ -143,6 +157,19 @@ pub struct DocView<'a> {
     /// [`NodeHealth::sources`].
     #[serde(borrow)]
     pub sources: Vec<SourceView<'a>>,
+    /// [`NodeHealth::drain_acks`]: the UIDs only.
+    #[serde(borrow, default)]
+    pub drain_acks: Vec<AckView<'a>>,
+}
+
+/// An acknowledgement as the aggregator reads it.
+#[derive(Debug, Deserialize)]
+pub struct AckView<'a> {
+    /// The pod's UID.
+    #[serde(borrow)]
+    pub uid: Cow<'a, str>,
+    #[serde(rename = "at")]
+    _at: serde::de::IgnoredAny,
 }
 
 /// A device entry as the aggregator reads it ([`DeviceHealth`]'s fields of the same
@@ -234,6 +261,14 @@ impl<'a> DocView<'a> {
         for s in &self.sources {
             len("source name", &s.name, limits::ID)?;
         }
+        count(
+            "drain acknowledgements",
+            self.drain_acks.len(),
+            limits::DRAIN_ACKS,
+        )?;
+        for a in &self.drain_acks {
+            len("acknowledged pod uid", &a.uid, limits::ID)?;
+        }
         for d in &self.npus {
             len("device id", &d.id, limits::ID)?;
             len("device uuid", d.uuid.as_deref().unwrap_or(""), limits::ID)?;
@@ -308,6 +343,8 @@ pub mod limits {
     pub const SOURCES: usize = 32;
     /// Vendor error codes of one device (DCMI returns at most 128).
     pub const CODES: usize = 128;
+    /// Drain acknowledgements of one node (the agent keeps 64).
+    pub const DRAIN_ACKS: usize = 64;
     /// A device temperature in C: no sensor of a working or dying accelerator reads
     /// outside this (a die past ~125 C shuts down; cold plates stay above freezing).
     pub const TEMPERATURE_C: (f64, f64) = (-40.0, 200.0);

@@ -113,6 +113,41 @@ pub struct NodeFaults {
     /// its page's other nodes from being published).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trimmed: Option<u32>,
+    /// Pods of this node asked to checkpoint before they are evicted from a failed
+    /// device (issue 29). Absent where no pod on the node opted in
+    /// (`faultline.io/checkpoint-grace`), so documents without it read as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drain: Vec<DrainNotice>,
+}
+
+/// A drain intent: one pod on a failed device is evicted at `evict_after` at the
+/// latest, and at once when it says it has checkpointed (it exits, or acknowledges
+/// through its node's agent: `POST /v1/drain/ack`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DrainNotice {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod: String,
+    /// The pod's UID (what an acknowledgement names).
+    pub uid: String,
+    /// The pod's addresses (`status.podIPs`): its node's agent takes an
+    /// acknowledgement only from one of them. Empty for a pod on the host's network
+    /// (any process of the node has that address): such a pod acknowledges by exiting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_ips: Vec<String>,
+    /// The failed devices the pod uses (ids on the node).
+    pub devices: Vec<String>,
+    /// Why, as in `npus[].reason` (`xid-79`, `recovery-gpu-reset`).
+    pub reason: String,
+    /// When the intent was published (RFC 3339).
+    pub requested: String,
+    /// The pod is evicted at this time at the latest (RFC 3339).
+    pub evict_after: String,
+    /// When faultline got the pod's acknowledgement (RFC 3339): it is evicted now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged: Option<String>,
 }
 
 /// Where a node's own `fault.json` got its statuses, and whether they can still be
@@ -391,6 +426,7 @@ mod tests {
             readings_at: None,
             verdict: None,
             trimmed: None,
+            drain: Vec::new(),
         };
         let v = serde_json::to_value(&n).unwrap();
         assert_eq!(v["node"], "atlas900-node-042");

@@ -321,7 +321,7 @@ pub async fn serve_trusted(
         tokio::spawn(async move {
             let (_slot, _peer) = (slot, peer_slot);
             stats.open.fetch_add(1, Ordering::Relaxed);
-            connection(stream, router, limits, &stats, guard, &mut stop).await;
+            connection(stream, peer, router, limits, &stats, guard, &mut stop).await;
             stats.open.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -378,6 +378,7 @@ impl Drop for PeerSlot {
 
 async fn connection(
     stream: TcpStream,
+    peer: std::net::SocketAddr,
     router: Router,
     limits: Limits,
     stats: &Stats,
@@ -411,6 +412,11 @@ async fn connection(
                 return Ok::<Response<Body>, Infallible>(r);
             }
             let _busy = InFlight::new(&act);
+            // Who is asking (`ConnectInfo`): the agent takes a pod's drain
+            // acknowledgement only from that pod's address (issue 29).
+            let mut req = req;
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
             let req = req.map(|b| {
                 Body::new(TimedBody {
                     inner: b,

@@ -40,6 +40,7 @@ pub fn node(name: &str) -> NodeDoc {
             summary: Summary::default(),
             sources: Vec::new(),
             unattributed_xids: Vec::new(),
+            drain_acks: Vec::new(),
         },
         summary: None,
     }

@@ -260,9 +260,10 @@ impl Core {
                         d.verdict(&self.pipeline, v);
                     }
                 }
-                Some(s) = recv_settled(&mut inputs.settled) => {
+                Some(s) = recv_settled(&mut inputs.settled) => self.on_settled(s),
+                _ = sleep_until_opt(self.dispatch.as_ref().and_then(|d| d.next_wake())) => {
                     if let Some(d) = self.dispatch.as_mut() {
-                        d.settle(s);
+                        d.wake_due(&self.pipeline);
                     }
                 }
                 // GET /v1/faults with the ConfigMap sink: the whole document, now.
@@ -347,6 +348,27 @@ impl Core {
         }
     }
 
+    /// A pass's report: verdicts settled, and the node's drain intents (issue 29),
+    /// published at once (an urgent write, and the node's agent) with a wake at the
+    /// next deadline.
+    fn on_settled(&mut self, mut s: Settled) {
+        if let Some((notices, wake)) = s.drains.take() {
+            if self.pipeline.set_drain(&s.node, notices, now_ms()) {
+                self.on_change(Change {
+                    nodes: vec![s.node.clone()],
+                    urgent: true,
+                    ..Default::default()
+                });
+            }
+            if let (Some(at), Some(d)) = (wake, self.dispatch.as_mut()) {
+                d.wake_at(&s.node, at);
+            }
+        }
+        if let Some(d) = self.dispatch.as_mut() {
+            d.settle(s);
+        }
+    }
+
     /// What a change means beyond the document: urgency, remediation, nudges.
     fn on_change(&mut self, c: Change) {
         for n in &c.nodes {
@@ -360,6 +382,14 @@ impl Core {
             if let Some(d) = &self.dispatch {
                 d.remediate(&self.pipeline, c.alarming.clone());
             }
+        }
+        // A pod acknowledged its drain intent: its node's pass evicts it now (shortly,
+        // if one is running).
+        if let (false, Some(d)) = (c.drain_acked.is_empty(), self.dispatch.as_mut()) {
+            for n in &c.drain_acked {
+                d.wake_at(n, 0);
+            }
+            d.wake_due(&self.pipeline);
         }
         self.alarming.extend(c.alarming);
     }

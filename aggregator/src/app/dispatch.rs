@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use faultline_common::sync::Locked;
 use tokio::sync::mpsc;
 
+use faultline_common::fault::DrainNotice;
+
 use crate::metrics::{Action, ActionResult, Metrics};
 use crate::model::{Provenance, RecordDevice, Verdict};
 use crate::pipeline::Pipeline;
@@ -46,6 +48,11 @@ impl InFlight {
         self.0.locked().len()
     }
 
+    /// Whether a pass of `node` is running.
+    pub fn busy(&self, node: &str) -> bool {
+        self.0.locked().contains(node)
+    }
+
     /// Whether no pass is running.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -66,6 +73,9 @@ pub struct Settled {
     pub node: String,
     /// The verdicts settled.
     pub devices: Vec<RecordDevice>,
+    /// The node's drain intents to publish, and when the next falls due (ms on the
+    /// remediator's clock); `None`: the pass did not look (issue 29).
+    pub drains: Option<(Vec<DrainNotice>, Option<u64>)>,
 }
 
 /// Remediation's side of the core loop.
@@ -85,6 +95,9 @@ pub struct Dispatch {
     unknown: UnknownGuard,
     /// The unknown guard stood down at its last look.
     standing_down: bool,
+    /// When each node's pass must run again for a drain intent's deadline (ms on the
+    /// remediator's clock), issue 29: a pod is evicted at its deadline, never later.
+    wakes: BTreeMap<String, u64>,
 }
 
 /// When the unknown guard acts.
@@ -103,6 +116,9 @@ impl UnknownGuard {
         total > 0 && (total - reachable) as f64 > self.standdown_share * total as f64
     }
 }
+
+/// How soon a wake whose node had a pass running is tried again (ms).
+const WAKE_RETRY_MS: u64 = 100;
 
 /// Nodes not followed by this replica with verdicts waiting at once, at most.
 const MAX_UNFOLLOWED: usize = 64;
@@ -131,6 +147,7 @@ impl Dispatch {
                 settled,
                 unknown,
                 standing_down: false,
+                wakes: BTreeMap::new(),
             },
             rx,
         )
@@ -173,6 +190,38 @@ impl Dispatch {
         }
         *at = now;
         self.remediate(pipeline, vec![v.node]);
+    }
+
+    /// Run `node`'s pass again at `at_ms` (a drain intent's deadline).
+    pub fn wake_at(&mut self, node: &str, at_ms: u64) {
+        let at = self.wakes.entry(node.to_string()).or_insert(at_ms);
+        *at = (*at).min(at_ms);
+    }
+
+    /// When the next wake is due, as an instant.
+    pub fn next_wake(&self) -> Option<tokio::time::Instant> {
+        let at = *self.wakes.values().min()?;
+        let wait = at.saturating_sub(self.remediator.clock().now_ms());
+        Some(tokio::time::Instant::now() + Duration::from_millis(wait))
+    }
+
+    /// Run the passes whose wake is due; one whose node has a pass running is tried
+    /// again shortly (that pass may have begun before the deadline).
+    pub fn wake_due(&mut self, pipeline: &Pipeline) {
+        let now = self.remediator.clock().now_ms();
+        let due: Vec<String> = self
+            .wakes
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for node in &due {
+            self.wakes.remove(node);
+            if self.in_flight.busy(node) {
+                self.wakes.insert(node.clone(), now + WAKE_RETRY_MS);
+            }
+        }
+        self.run_passes(pipeline, due, true);
     }
 
     /// A pass settled some pending verdicts.
@@ -224,6 +273,12 @@ impl Dispatch {
     /// One pass per node of `nodes` that has failed devices or a quarantine, in the
     /// shard holder only.
     pub fn remediate(&self, pipeline: &Pipeline, nodes: Vec<String>) {
+        self.run_passes(pipeline, nodes, false);
+    }
+
+    /// [`Dispatch::remediate`]; `forced`: also for a node not known to be quarantined
+    /// (a drain intent's deadline or acknowledgement: the pass reads the record).
+    pub fn run_passes(&self, pipeline: &Pipeline, nodes: Vec<String>, forced: bool) {
         let quarantined: BTreeSet<String> =
             self.remediator.known_quarantined().into_iter().collect();
         for node in nodes {
@@ -248,7 +303,7 @@ impl Dispatch {
                 }
             }
             let is_quarantined = quarantined.contains(&node);
-            let nothing = devices.is_empty() && unverified.is_empty() && !is_quarantined;
+            let nothing = devices.is_empty() && unverified.is_empty() && !is_quarantined && !forced;
             if nothing || !self.shards.holds_node(&node) {
                 continue;
             }
@@ -267,6 +322,7 @@ impl Dispatch {
                 extra,
                 unverified,
                 followed: pipeline.knows(&node_name),
+                acks: pipeline.drain_acks(&node_name),
             };
             tokio::spawn(async move {
                 let _slot = slot;
@@ -329,6 +385,8 @@ struct NodePass {
     unverified: Vec<RecordDevice>,
     /// This replica follows the node's agent (so the Node is known to exist).
     followed: bool,
+    /// Pods of the node whose drain acknowledgement its agent carries (UIDs).
+    acks: Vec<String>,
 }
 
 impl NodePass {
@@ -347,6 +405,8 @@ impl NodePass {
             {
                 Ok(Outcome::Released) => {
                     tracing::debug!(node = %node, "released");
+                    // The record and its drain intents are gone.
+                    self.report_drains(Some(Vec::new()), None);
                     return;
                 }
                 Ok(outcome) => tracing::debug!(node = %node, ?outcome, "release pass"),
@@ -387,6 +447,7 @@ impl NodePass {
                 let _ = self.settled.send(Settled {
                     node: self.node.clone(),
                     devices: self.extra.clone(),
+                    drains: None,
                 });
                 false
             }
@@ -433,6 +494,7 @@ impl NodePass {
             let _ = self.settled.send(Settled {
                 node,
                 devices: unattributed,
+                drains: None,
             });
         }
     }
@@ -456,6 +518,7 @@ impl NodePass {
             let _ = self.settled.send(Settled {
                 node: node.to_string(),
                 devices: self.extra.clone(),
+                drains: None,
             });
         }
         if r.mode() == crate::remediate::Mode::DryRun {
@@ -463,12 +526,25 @@ impl NodePass {
             return Ok(());
         }
         let t1 = Instant::now();
-        let e = r.evict(node, &self.fence).await?;
+        let mut e = r.evict(node, &self.acks, &self.fence).await?;
         if !e.evicted.is_empty() {
             self.metrics
                 .action_time(Action::Evict, t1.elapsed().as_secs_f64());
         }
+        self.report_drains(e.drains.take(), e.wake_ms);
         tracing::debug!(node = %node, ?e, "eviction pass");
         Ok(())
+    }
+
+    /// Hand the node's drain intents to the core loop (to publish) with the time its
+    /// pass must run again, if the pass looked.
+    fn report_drains(&self, drains: Option<Vec<DrainNotice>>, wake_ms: Option<u64>) {
+        if let Some(d) = drains {
+            let _ = self.settled.send(Settled {
+                node: self.node.clone(),
+                devices: Vec::new(),
+                drains: Some((d, wake_ms)),
+            });
+        }
     }
 }

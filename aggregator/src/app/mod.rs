@@ -237,6 +237,7 @@ fn remediator(
     .with_breaker(breaker, cfg.max_evictions_per_minute)
     .with_release(cfg.release.clone())
     .with_force_delete(cfg.force_delete_after_deadline)
+    .with_checkpoint_grace(cfg.max_checkpoint_grace)
     .with_reporting(notifier, Some(metrics.clone()))
     .with_clock(clock.clone())
 }

@@ -53,6 +53,9 @@ pub enum Action {
     Alert,
     /// The quarantine record on the Node.
     Record,
+    /// A drain intent before an eviction (issue 29): `ok` published, then
+    /// `acknowledged`, `timed-out` (evicted at the deadline) or `left` (the pod went).
+    Drain,
 }
 
 impl Action {
@@ -68,6 +71,7 @@ impl Action {
             Action::Event => "event",
             Action::Alert => "alert",
             Action::Record => "record",
+            Action::Drain => "drain",
         }
     }
 }
@@ -98,6 +102,14 @@ pub enum ActionResult {
     Retried,
     /// Named no device of the node (an alert).
     Unattributed,
+    /// A drain intent its pod acknowledged: evicted at once.
+    Acknowledged,
+    /// A drain intent past its deadline: evicted then.
+    TimedOut,
+    /// A drain intent whose pod left before its eviction.
+    Left,
+    /// A setting that could not be read (a checkpoint grace that is no duration).
+    Invalid,
 }
 
 impl ActionResult {
@@ -115,6 +127,10 @@ impl ActionResult {
             ActionResult::Deleted => "deleted",
             ActionResult::Retried => "retried",
             ActionResult::Unattributed => "unattributed",
+            ActionResult::Acknowledged => "acknowledged",
+            ActionResult::TimedOut => "timed-out",
+            ActionResult::Left => "left",
+            ActionResult::Invalid => "invalid",
         }
     }
 }

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use faultline_common::document::DocView;
-use faultline_common::fault::{fnv1a64, AgentReach, NodeFaults};
+use faultline_common::fault::{fnv1a64, AgentReach, DrainNotice, NodeFaults};
 use faultline_common::rules::{DeviceWindows, Rules};
 use faultline_common::state::{step, DeviceState};
 use faultline_common::DeviceStatus;
@@ -46,6 +46,8 @@ pub struct Change {
     pub urgent: bool,
     /// Nodes where a device turned degraded or failed: their pods are nudged.
     pub alarming: Vec<String>,
+    /// Nodes whose agent carried a new drain acknowledgement: their pass runs now.
+    pub drain_acked: Vec<String>,
 }
 
 impl Change {
@@ -53,6 +55,7 @@ impl Change {
         self.nodes.extend(o.nodes);
         self.urgent |= o.urgent;
         self.alarming.extend(o.alarming);
+        self.drain_acked.extend(o.drain_acked);
     }
 }
 
@@ -177,6 +180,7 @@ impl Pipeline {
             churn: (0, 0),
             refused_logged_ms: None,
             uuid_logged_ms: None,
+            drain: None,
         });
         self.counts_stale = true;
         true
@@ -299,6 +303,7 @@ impl Pipeline {
             node.changed_ms = now_ms;
         }
         let texts_changed = node.remember(doc);
+        let acked = node.take_acks(doc);
         node.pending = Some(measures(&self.rules, doc));
         node.unseen = true;
         let due = node
@@ -336,7 +341,33 @@ impl Pipeline {
         if texts_changed {
             self.check_uuids(name, now_ms);
         }
+        if acked {
+            change.drain_acked.push(name.to_string());
+        }
         change
+    }
+
+    /// The drain intents to publish for node `name` (from its remediation pass, issue
+    /// 29): whether its entry changed.
+    pub fn set_drain(&mut self, name: &str, notices: Vec<DrainNotice>, now_ms: u64) -> bool {
+        let Some(n) = self.nodes.get_mut(name) else {
+            return false;
+        };
+        if n.drain.as_ref().map_or(&[][..], |d| &d.notices[..]) == notices.as_slice() {
+            return false;
+        }
+        n.drain.get_or_insert_with(Default::default).notices = notices;
+        n.changed_ms = now_ms;
+        true
+    }
+
+    /// The pods of node `name` whose drain acknowledgement its agent carries (UIDs).
+    pub fn drain_acks(&self, name: &str) -> Vec<String> {
+        self.nodes
+            .get(name)
+            .and_then(|n| n.drain.as_ref())
+            .map(|d| d.acks.clone())
+            .unwrap_or_default()
     }
 
     /// After node `name`'s devices' texts changed: a UUID another node reported first

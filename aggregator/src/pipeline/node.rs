@@ -75,6 +75,17 @@ pub(super) struct Node {
     pub(super) refused_logged_ms: Option<u64>,
     /// When UUIDs another node reported first were last logged for this node.
     pub(super) uuid_logged_ms: Option<u64>,
+    /// Drain intents published and acknowledgements carried (issue 29); boxed, as
+    /// nearly every node has none.
+    pub(super) drain: Option<Box<NodeDrain>>,
+}
+
+/// A node's drain intents (from its remediation pass) and the acknowledgements its
+/// agent carries (pod UIDs).
+#[derive(Default)]
+pub(super) struct NodeDrain {
+    pub(super) notices: Vec<faultline_common::fault::DrainNotice>,
+    pub(super) acks: Vec<String>,
 }
 
 /// Most devices kept for one node, remembered ones included (issue 26: an agent that
@@ -116,6 +127,21 @@ pub(super) fn measures(rules: &Rules, doc: &DocView<'_>) -> Vec<Measure> {
 }
 
 impl Node {
+    /// Take the drain acknowledgements of a document: whether one is new.
+    pub(super) fn take_acks(&mut self, doc: &DocView<'_>) -> bool {
+        let held = self.drain.as_ref().map_or(&[][..], |d| &d.acks[..]);
+        if doc.drain_acks.is_empty() && held.is_empty() {
+            return false;
+        }
+        let new = doc
+            .drain_acks
+            .iter()
+            .any(|a| !held.iter().any(|h| *h == *a.uid));
+        self.drain.get_or_insert_with(Default::default).acks =
+            doc.drain_acks.iter().map(|a| a.uid.to_string()).collect();
+        new
+    }
+
     /// The last document's readings of device `id`, if it listed the device.
     pub(super) fn last(&self, id: &str) -> Option<&Last> {
         self.last.iter().find(|l| &*l.id == id)

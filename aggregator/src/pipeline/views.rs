@@ -70,6 +70,11 @@ impl Pipeline {
             readings_at: None,
             verdict: None,
             trimmed: None,
+            drain: n
+                .drain
+                .as_ref()
+                .map(|d| d.notices.clone())
+                .unwrap_or_default(),
         }
     }
 

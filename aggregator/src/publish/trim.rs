@@ -129,6 +129,7 @@ mod tests {
             readings_at: None,
             verdict: None,
             trimmed: None,
+            drain: Vec::new(),
         }
     }
 

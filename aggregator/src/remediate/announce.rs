@@ -309,6 +309,18 @@ impl Announcer {
     /// The Event on the evicted Pod itself (its owners see it with `kubectl describe`).
     /// Best effort and named by the pod's UID, like the Node's Events.
     pub async fn pod_event(&self, pod: &Pod, devices: &[RecordDevice]) {
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .unwrap_or("");
+        let message = format!("evicted from {node}: {}", describe(devices));
+        self.pod_note(pod, "FaultlineEvicted", "evicted", message)
+            .await;
+    }
+
+    /// An Event on the pod itself, once per pod and `tag` (its name says so).
+    pub async fn pod_note(&self, pod: &Pod, reason: &str, tag: &str, message: String) {
         let (Some(name), Some(ns)) = (
             pod.metadata.name.as_deref(),
             pod.metadata.namespace.as_deref(),
@@ -319,7 +331,7 @@ impl Announcer {
         let ev = self.event_object(
             format!(
                 "{name}.faultline.{:016x}",
-                fnv1a64(format!("evicted\0{uid}").as_bytes())
+                fnv1a64(format!("{tag}\0{uid}").as_bytes())
             ),
             ObjectReference {
                 kind: Some("Pod".into()),
@@ -329,15 +341,8 @@ impl Announcer {
                 api_version: Some("v1".into()),
                 ..Default::default()
             },
-            "FaultlineEvicted",
-            format!(
-                "evicted from {}: {}",
-                pod.spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_deref())
-                    .unwrap_or(""),
-                describe(devices)
-            ),
+            reason,
+            message,
             true,
         );
         let api: Api<Event> = Api::namespaced(self.client.clone(), ns);

@@ -19,10 +19,13 @@
 
 use std::time::Duration;
 
+use faultline_common::fault::DrainNotice;
+use faultline_common::time::rfc3339_ms;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams};
 
 use super::announce::audit;
+use super::drain::{drain_step, next_deadline, notice, DrainStep, Drained, NamespaceGraces};
 use super::error::RemediateError;
 use super::patch::NodePatch;
 use super::policy::{blocked, breaker_stops, record_evicts, wants_eviction, Blocked, Mode, Step};
@@ -47,6 +50,15 @@ pub struct Evictions {
     pub given_up: Vec<String>,
     /// Failed otherwise (recorded with the reason): to retry.
     pub failed: Vec<String>,
+    /// Warned and not evicted yet (issue 29): waiting for their acknowledgement or
+    /// deadline.
+    pub draining: Vec<String>,
+    /// The node's drain intents as they stand after the pass, to publish (`None`: the
+    /// pass did not look, and what is published stays).
+    pub drains: Option<Vec<DrainNotice>>,
+    /// When the next intent falls due (ms, on the remediator's clock): the node's pass
+    /// must run again then.
+    pub wake_ms: Option<u64>,
 }
 
 /// How one pod's eviction went.
@@ -96,13 +108,21 @@ impl Remediator {
         Ok(all.list(&lp).await?.items)
     }
 
-    /// Evict the pods on `node` that use a failed device (see the module).
-    pub async fn evict(&self, node: &str, fence: &Fence) -> Result<Evictions, RemediateError> {
+    /// Evict the pods on `node` that use a failed device (see the module); a pod that
+    /// asked for time to checkpoint is warned first (`drain.rs`), and evicted once its
+    /// UID is among `acks` or its deadline passed.
+    pub async fn evict(
+        &self,
+        node: &str,
+        acks: &[String],
+        fence: &Fence,
+    ) -> Result<Evictions, RemediateError> {
         let mut out = Evictions::default();
         if self.mode == Mode::Off || (breaker_stops(Step::Evict) && self.breaker_open().await?) {
             return Ok(out);
         }
         let live = self.read(node).await?;
+        out.drains = Some(Vec::new());
         let Some(before) = live
             .record
             .clone()
@@ -121,7 +141,9 @@ impl Remediator {
             .filter(|p| wants_eviction(&PodView::of(p, &self.resources), &record.devices))
             .collect();
         let mut touched = Vec::new();
+        self.drains_left(node, &targets, &mut record, &mut touched);
         let mut throttled = false;
+        let mut namespaces = NamespaceGraces::default();
         for pod in targets {
             let Some((ns, name, key)) = pod_key(pod) else {
                 continue;
@@ -132,6 +154,17 @@ impl Remediator {
             if !fence.holds() {
                 return Err(RemediateError::NotHolder);
             }
+            let drained = match self
+                .drain_step(node, pod, &key, acks, &mut record, &mut namespaces)
+                .await
+            {
+                Some(d) => d,
+                None => {
+                    touched.push(key.clone());
+                    out.draining.push(key);
+                    continue;
+                }
+            };
             // Past the eviction rate, or while the API sheds load, the pod waits for a
             // later pass.
             if throttled || !self.rate.take() {
@@ -145,8 +178,16 @@ impl Remediator {
                     record.eviction_blocked.remove(&key);
                     record.eviction_failed.remove(&key);
                     record.evicted.push(key.clone());
+                    let why = match drained {
+                        Drained::NoGrace => String::new(),
+                        d => {
+                            record.drains.remove(&key);
+                            self.announce.metric(Action::Drain, d.result());
+                            format!(" (drain intent {})", d.as_str())
+                        }
+                    };
                     record.act(
-                        format!("evict {ns}/{name}"),
+                        format!("evict {ns}/{name}{why}"),
                         &self.clock.rfc3339(),
                         &self.actor,
                     );
@@ -177,11 +218,131 @@ impl Remediator {
                 PodEviction::Failed => out.failed.push(key),
             }
         }
+        out.drains = Some(record.drains.values().cloned().collect());
+        out.wake_ms = next_deadline(&record.drains, self.clock.now_ms());
         if record != before {
             self.write_eviction_record(&live, &before, record, &touched, fence)
                 .await?;
         }
         Ok(out)
+    }
+
+    /// Intents of pods no longer on the failed device (they exited, finished or were
+    /// deleted): they acknowledged by leaving; the intent goes.
+    fn drains_left(
+        &self,
+        node: &str,
+        targets: &[&Pod],
+        record: &mut QuarantineRecord,
+        touched: &mut Vec<String>,
+    ) {
+        let here: Vec<String> = targets
+            .iter()
+            .filter_map(|p| pod_key(p))
+            .map(|k| k.2)
+            .collect();
+        let gone: Vec<String> = record
+            .drains
+            .keys()
+            .filter(|k| !here.contains(k))
+            .cloned()
+            .collect();
+        for key in gone {
+            record.drains.remove(&key);
+            self.announce.metric(Action::Drain, ActionResult::Left);
+            tracing::info!(node, pod = %key, "drain intent ended: the pod left before its eviction");
+            record.act(
+                format!("drain {key}: the pod left"),
+                &self.clock.rfc3339(),
+                &self.actor,
+            );
+            touched.push(key);
+        }
+    }
+
+    /// Whether to evict `pod` now (and why), or `None`: it was warned and waits for its
+    /// acknowledgement or deadline (a new intent is recorded and announced here).
+    async fn drain_step(
+        &self,
+        node: &str,
+        pod: &Pod,
+        key: &str,
+        acks: &[String],
+        record: &mut QuarantineRecord,
+        namespaces: &mut NamespaceGraces,
+    ) -> Option<Drained> {
+        let now = self.clock.now_ms();
+        let intent = record
+            .drains
+            .get(key)
+            .map(|n| faultline_common::time::parse_rfc3339_ms(&n.evict_after).unwrap_or(0));
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let acked = !uid.is_empty() && acks.iter().any(|a| a == uid);
+        let grace = if intent.is_some() {
+            std::time::Duration::ZERO
+        } else {
+            match self.grace_of(pod, namespaces).await {
+                Ok(g) => g,
+                Err(why) => {
+                    self.announce.metric(Action::Drain, ActionResult::Invalid);
+                    self.announce
+                        .pod_note(
+                            pod,
+                            "FaultlineBadCheckpointGrace",
+                            "bad-grace",
+                            format!("{why}: evicted without a warning"),
+                        )
+                        .await;
+                    std::time::Duration::ZERO
+                }
+            }
+        };
+        match drain_step(grace, intent, acked, now) {
+            DrainStep::Evict(d) => {
+                if let Some(n) = record.drains.get_mut(key).filter(|_| acked) {
+                    n.acknowledged.get_or_insert_with(|| rfc3339_ms(now));
+                }
+                Some(d)
+            }
+            DrainStep::Wait(_) => None,
+            DrainStep::Request(at) => {
+                let n = notice(
+                    pod,
+                    record.devices.iter().map(|d| d.id.clone()).collect(),
+                    describe(&record.devices),
+                    now,
+                    at,
+                );
+                let message = format!(
+                    "checkpoint now: evicted at {} at the latest, at once when acknowledged ({}); from a failed device: {}",
+                    n.evict_after,
+                    "exit, or POST /v1/drain/ack to the node's agent",
+                    describe(&record.devices)
+                );
+                audit("drain-intent", node, &record.devices, &self.actor, key);
+                record.act(
+                    format!("drain {key} until {}", n.evict_after),
+                    &rfc3339_ms(now),
+                    &self.actor,
+                );
+                record.drains.insert(key.to_string(), n);
+                self.announce.metric(Action::Drain, ActionResult::Ok);
+                self.announce
+                    .pod_note(pod, "FaultlineDrainRequested", "drain", message.clone())
+                    .await;
+                self.announce
+                    .event(
+                        node,
+                        "FaultlineDrainRequested",
+                        key,
+                        format!("{key}: {message}"),
+                        true,
+                        &record.devices,
+                    )
+                    .await;
+                None
+            }
+        }
     }
 
     /// Dry run: announce the pods an eviction pass would evict for `devices` (a dry run

@@ -9,10 +9,12 @@
 //! - `guards.rs`: budget, breaker, eviction rate and held-back nodes, each its own lock;
 //! - `announce.rs`: Events, audit lines, notifications;
 //! - `remediator.rs`: what every pass needs; `isolate.rs`, `evict.rs`, `release.rs`,
-//!   `canary.rs`: the passes.
+//!   `canary.rs`: the passes;
+//! - `drain.rs`: warning a pod before its eviction (issue 29).
 
 pub mod announce;
 pub mod canary;
+pub mod drain;
 pub mod error;
 pub mod evict;
 pub mod guards;

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use faultline_common::fault::DrainNotice;
 use k8s_openapi::api::core::v1::Node;
 use serde::{Deserialize, Serialize};
 
@@ -163,6 +164,10 @@ pub struct QuarantineRecord {
     /// Set when the record ends (it then moves to the history annotation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<Released>,
+    /// Pods warned before their eviction (`namespace/name/uid`), as published in
+    /// `fault.json` (issue 29): each leaves when it is evicted or gone.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub drains: BTreeMap<String, DrainNotice>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -199,6 +204,7 @@ impl QuarantineRecord {
             canary: None,
             canary_attempts: 0,
             released: None,
+            drains: BTreeMap::new(),
         }
     }
 
@@ -262,6 +268,14 @@ impl QuarantineRecord {
                 }
                 None => {
                     self.eviction_failed.remove(k);
+                }
+            }
+            match ours.drains.get(k) {
+                Some(n) => {
+                    self.drains.insert(k.clone(), n.clone());
+                }
+                None => {
+                    self.drains.remove(k);
                 }
             }
         }

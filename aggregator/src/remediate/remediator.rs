@@ -53,6 +53,8 @@ pub struct Remediator {
     pub(super) eviction_deadline: Duration,
     /// Delete a pod whose budget refused eviction past the deadline (off by default).
     pub(super) force_delete: bool,
+    /// The longest a pod may ask to checkpoint before its eviction (0: none may).
+    pub(super) max_grace: Duration,
     pub(super) budget: BudgetGuard,
     pub(super) breaker: Option<Breaker>,
     pub(super) rate: EvictionRate,
@@ -89,6 +91,7 @@ impl Remediator {
             release: ReleasePolicy::default(),
             quarantined: Default::default(),
             force_delete: false,
+            max_grace: Duration::ZERO,
             mode,
             taint: Taint {
                 key: taint_key.to_string(),
@@ -125,6 +128,12 @@ impl Remediator {
     /// (off by default: then it is announced and left).
     pub fn with_force_delete(mut self, force: bool) -> Self {
         self.force_delete = force;
+        self
+    }
+
+    /// Warn before evicting: a pod may ask for up to `max` to checkpoint (issue 29).
+    pub fn with_checkpoint_grace(mut self, max: Duration) -> Self {
+        self.max_grace = max;
         self
     }
 

@@ -1,0 +1,313 @@
+//! Warn before evicting (issue 29): a pod on a failed device that asks for time to
+//! checkpoint (`faultline.io/checkpoint-grace: 300s` on the pod, or on its namespace;
+//! at most `--max-checkpoint-grace`) gets a drain intent first: published in its node's
+//! `fault.json` entry (`drain[]`, with `evict_after`), recorded on the Node, and sent as
+//! an Event to the pod. It is evicted when it acknowledges (through its node's agent,
+//! `POST /v1/drain/ack`), and at `evict_after` in any case, never later: the dispatcher
+//! wakes the node's pass at the deadline. A pod that exits has acknowledged by leaving.
+//! Without the annotation (grace 0) a pod is evicted at once, as before.
+//!
+//! The decisions are the pure functions here ([`grace`], [`drain_step`]), each with a
+//! table test; budgets, the breaker, PDBs and dry-run apply to the eviction as before.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use faultline_common::fault::DrainNotice;
+use faultline_common::time::{parse_duration, parse_rfc3339_ms, rfc3339_ms};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::Api;
+
+use super::remediator::Remediator;
+
+/// The annotation (on a pod, or on its namespace) asking for time to checkpoint.
+pub const GRACE_ANNOTATION: &str = "faultline.io/checkpoint-grace";
+
+/// How long a pod may checkpoint before its eviction: its own annotation, else its
+/// namespace's, at most `max`; none: zero. A value that is not a duration is an error
+/// (the pod is then evicted at once, as without one, and the error announced).
+pub fn grace(
+    pod: Option<&str>,
+    namespace: Option<&str>,
+    max: Duration,
+) -> Result<Duration, String> {
+    let Some(v) = pod.or(namespace) else {
+        return Ok(Duration::ZERO);
+    };
+    match parse_duration(v) {
+        Some(d) => Ok(d.min(max)),
+        None => Err(format!(
+            "{GRACE_ANNOTATION}: {v:?} is not a duration such as 300s or 5m"
+        )),
+    }
+}
+
+/// Why a pod is evicted now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained {
+    /// It asked for no time: as before.
+    NoGrace,
+    /// It acknowledged its intent.
+    Acknowledged,
+    /// Its intent's deadline passed.
+    TimedOut,
+}
+
+impl Drained {
+    /// The metric's result.
+    pub fn result(self) -> crate::metrics::ActionResult {
+        use crate::metrics::ActionResult;
+        match self {
+            Drained::NoGrace => ActionResult::Ok,
+            Drained::Acknowledged => ActionResult::Acknowledged,
+            Drained::TimedOut => ActionResult::TimedOut,
+        }
+    }
+
+    /// The record's wording.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Drained::NoGrace => "no-grace",
+            Drained::Acknowledged => "acknowledged",
+            Drained::TimedOut => "timed-out",
+        }
+    }
+}
+
+/// What to do with a pod on a failed device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainStep {
+    /// Evict it now.
+    Evict(Drained),
+    /// Publish its intent: evicted at this time (ms) at the latest.
+    Request(u64),
+    /// Its intent stands: wait until this time (ms) or its acknowledgement.
+    Wait(u64),
+}
+
+/// The step for a pod with `grace`, its intent so far (`evict_after`, in ms), whether
+/// it acknowledged, at `now_ms`. An intent once published keeps its deadline (a grace
+/// changed meanwhile does not move it); an acknowledgement counts only for a published
+/// intent.
+pub fn drain_step(grace: Duration, intent: Option<u64>, acked: bool, now_ms: u64) -> DrainStep {
+    match intent {
+        None if grace.is_zero() => DrainStep::Evict(Drained::NoGrace),
+        None => DrainStep::Request(now_ms.saturating_add(grace.as_millis() as u64)),
+        Some(_) if acked => DrainStep::Evict(Drained::Acknowledged),
+        Some(at) if now_ms >= at => DrainStep::Evict(Drained::TimedOut),
+        Some(at) => DrainStep::Wait(at),
+    }
+}
+
+/// When the earliest intent of `drains` that still waits falls due (ms), after
+/// `now_ms`: the dispatcher wakes the node's pass then. Intents past their deadline
+/// (a budget holds the pod) and acknowledged ones are the passes' business already.
+pub fn next_deadline(drains: &BTreeMap<String, DrainNotice>, now_ms: u64) -> Option<u64> {
+    drains
+        .values()
+        .filter(|n| n.acknowledged.is_none())
+        .filter_map(|n| parse_rfc3339_ms(&n.evict_after))
+        .filter(|at| *at > now_ms)
+        .min()
+}
+
+/// A new intent for `pod` (its record key `key`), evicted at `evict_after_ms`.
+pub fn notice(
+    pod: &Pod,
+    devices: Vec<String>,
+    reason: String,
+    now_ms: u64,
+    evict_after_ms: u64,
+) -> DrainNotice {
+    let status = pod.status.as_ref();
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    let pod_ips = if host_network {
+        Vec::new()
+    } else {
+        let mut ips: Vec<String> = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .map(|ips| ips.iter().map(|p| p.ip.clone()).collect())
+            .unwrap_or_default();
+        if ips.is_empty() {
+            ips.extend(status.and_then(|s| s.pod_ip.clone()));
+        }
+        ips
+    };
+    DrainNotice {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        pod: pod.metadata.name.clone().unwrap_or_default(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        pod_ips,
+        devices,
+        reason,
+        requested: rfc3339_ms(now_ms),
+        evict_after: rfc3339_ms(evict_after_ms),
+        acknowledged: None,
+    }
+}
+
+/// The namespaces' grace annotations read in one pass, each namespace once.
+#[derive(Default)]
+pub struct NamespaceGraces(BTreeMap<String, Option<String>>);
+
+impl Remediator {
+    /// How long `pod` may checkpoint ([`grace`]); the namespace is read only when the
+    /// pod has no annotation and the cluster allows any grace. A namespace that cannot
+    /// be read counts as one without the annotation (logged).
+    pub(super) async fn grace_of(
+        &self,
+        pod: &Pod,
+        namespaces: &mut NamespaceGraces,
+    ) -> Result<Duration, String> {
+        if self.max_grace.is_zero() {
+            return Ok(Duration::ZERO);
+        }
+        let own = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(GRACE_ANNOTATION))
+            .cloned();
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let of_ns = match (&own, namespaces.0.get(&ns)) {
+            (Some(_), _) => None,
+            (None, Some(v)) => v.clone(),
+            (None, None) => {
+                let api: Api<Namespace> = Api::all(self.client.clone());
+                let v = match api.get_metadata_opt(&ns).await {
+                    Ok(n) => n
+                        .and_then(|n| n.metadata.annotations)
+                        .and_then(|mut a| a.remove(GRACE_ANNOTATION)),
+                    Err(e) => {
+                        tracing::warn!(namespace = %ns, error = %e, "cannot read the namespace's checkpoint grace; none assumed");
+                        None
+                    }
+                };
+                namespaces.0.insert(ns, v.clone());
+                v
+            }
+        };
+        grace(own.as_deref(), of_ns.as_deref(), self.max_grace)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: Duration = Duration::from_secs(600);
+
+    #[test]
+    fn the_pod_s_grace_wins_over_its_namespace_s_and_none_is_zero() {
+        let s = Duration::from_secs;
+        for (pod, ns, want) in [
+            (None, None, Ok(s(0))),
+            (Some("300s"), None, Ok(s(300))),
+            (None, Some("2m"), Ok(s(120))),
+            (Some("30s"), Some("2m"), Ok(s(30))),
+            (Some("0"), Some("2m"), Ok(s(0))),
+            (Some("2h"), None, Ok(MAX)),
+        ] {
+            assert_eq!(grace(pod, ns, MAX), want, "pod {pod:?}, namespace {ns:?}");
+        }
+        let e = grace(Some("five minutes"), Some("2m"), MAX).unwrap_err();
+        assert!(
+            e.contains("five minutes") && e.contains(GRACE_ANNOTATION),
+            "{e}"
+        );
+        assert_eq!(
+            grace(Some("300s"), None, Duration::ZERO),
+            Ok(s(0)),
+            "max 0: none"
+        );
+    }
+
+    #[test]
+    fn a_pod_is_warned_then_evicted_at_its_acknowledgement_or_deadline() {
+        let g = Duration::from_secs(300);
+        use DrainStep::*;
+        for (grace, intent, acked, now, want) in [
+            (Duration::ZERO, None, false, 1_000, Evict(Drained::NoGrace)),
+            (Duration::ZERO, None, true, 1_000, Evict(Drained::NoGrace)),
+            (g, None, false, 1_000, Request(301_000)),
+            (g, None, true, 1_000, Request(301_000)),
+            (g, Some(301_000), false, 1_000, Wait(301_000)),
+            (g, Some(301_000), false, 300_999, Wait(301_000)),
+            (g, Some(301_000), false, 301_000, Evict(Drained::TimedOut)),
+            (g, Some(301_000), true, 2_000, Evict(Drained::Acknowledged)),
+            // The grace changed after the intent: its deadline stands.
+            (Duration::ZERO, Some(301_000), false, 2_000, Wait(301_000)),
+            (
+                g * 10,
+                Some(301_000),
+                false,
+                301_000,
+                Evict(Drained::TimedOut),
+            ),
+        ] {
+            assert_eq!(
+                drain_step(grace, intent, acked, now),
+                want,
+                "grace {grace:?}, intent {intent:?}, acked {acked}, now {now}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_pass_wakes_at_the_earliest_deadline_still_ahead() {
+        let at = |ms: u64, acked: bool| DrainNotice {
+            namespace: "ml".into(),
+            pod: format!("p{ms}"),
+            uid: format!("u{ms}"),
+            pod_ips: vec![],
+            devices: vec!["gpu0".into()],
+            reason: "xid-79".into(),
+            requested: rfc3339_ms(0),
+            evict_after: rfc3339_ms(ms),
+            acknowledged: acked.then(|| rfc3339_ms(1)),
+        };
+        let drains: BTreeMap<String, DrainNotice> = [
+            ("a".to_string(), at(5_000, false)),
+            ("b".to_string(), at(3_000, true)),
+            ("c".to_string(), at(9_000, false)),
+            ("d".to_string(), at(1_000, false)),
+        ]
+        .into();
+        assert_eq!(next_deadline(&drains, 2_000), Some(5_000));
+        assert_eq!(next_deadline(&drains, 5_000), Some(9_000));
+        assert_eq!(next_deadline(&drains, 9_000), None);
+        assert_eq!(next_deadline(&BTreeMap::new(), 0), None);
+    }
+
+    #[test]
+    fn an_intent_names_the_pod_s_own_addresses_and_none_on_the_host_network() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train-0", "namespace": "ml", "uid": "u-1"},
+            "spec": {"containers": []},
+            "status": {"podIP": "10.0.0.7", "podIPs": [{"ip": "10.0.0.7"}, {"ip": "fd00::7"}]},
+        }))
+        .unwrap();
+        let n = notice(&pod, vec!["gpu3".into()], "xid-79".into(), 0, 300_000);
+        assert_eq!(n.pod_ips, ["10.0.0.7", "fd00::7"]);
+        assert_eq!(
+            (n.namespace.as_str(), n.pod.as_str(), n.uid.as_str()),
+            ("ml", "train-0", "u-1")
+        );
+        assert_eq!(n.evict_after, "1970-01-01T00:05:00.000Z");
+        let mut host = pod.clone();
+        host.spec.as_mut().unwrap().host_network = Some(true);
+        assert!(notice(&host, vec![], String::new(), 0, 1)
+            .pod_ips
+            .is_empty());
+        let mut old = pod;
+        old.status.as_mut().unwrap().pod_ips = None;
+        assert_eq!(
+            notice(&old, vec![], String::new(), 0, 1).pod_ips,
+            ["10.0.0.7"]
+        );
+    }
+}
