@@ -7,6 +7,8 @@
 
 mod support;
 
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use faultline_common::time::{now_ms, parse_rfc3339_ms};
@@ -102,6 +104,10 @@ async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_be
         ("ckpt", "default")
     );
     assert_eq!(i_ckpt.devices, ["gpu1"]);
+    assert_eq!(
+        i_ckpt.reason, "row-remap-failure",
+        "as npus[].reason says it"
+    );
     assert_eq!(i_ckpt.pod_ips, ["127.0.0.1"]);
     assert!(i_ckpt.acknowledged.is_none());
     let deadline = |i: &faultline_common::fault::DrainNotice| {
@@ -127,8 +133,18 @@ async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_be
 
     // Acknowledgements are checked: the pod's own address, a listed intent, a body.
     let ack = format!("http://{pod_port}/v1/drain/ack");
-    let (s, body) = call("POST", &ack, None, json!({"uid": slow}).to_string()).await;
-    assert_eq!(s, 403, "not slow's address: {body}");
+    // (The Rust kit's acknowledge, as a pod would call it.)
+    let kit = |uid: String| {
+        let agent = format!("http://{pod_port}");
+        tokio::task::spawn_blocking(move || {
+            faultline_consumer::acknowledge(&agent, &uid, Duration::from_secs(5))
+        })
+    };
+    let refused = kit(slow.clone()).await.unwrap().unwrap_err().to_string();
+    assert!(
+        refused.contains("HTTP 403") && refused.contains("10.1.2.3"),
+        "not slow's address: {refused}"
+    );
     let (s, _) = call("POST", &ack, None, json!({"uid": "no-such"}).to_string()).await;
     assert_eq!(s, 404);
     let (s, _) = call("POST", &ack, None, "garbage".into()).await;
@@ -137,8 +153,7 @@ async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_be
 
     // ckpt checkpointed and says so: evicted now, not in 300 s.
     let acked = Instant::now();
-    let (s, body) = call("POST", &ack, None, json!({"uid": ckpt}).to_string()).await;
-    assert_eq!(s, 202, "{body}");
+    kit(ckpt.clone()).await.unwrap().unwrap();
     let (s, _) = call("POST", &ack, None, json!({"uid": ckpt}).to_string()).await;
     assert_eq!(s, 200, "once");
     until(Duration::from_secs(10), "ckpt evicted on its word", || {
@@ -196,4 +211,195 @@ async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_be
 /// `call` from a synchronous closure (`until` polls a closure).
 fn futures_block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+/// The kit's example trainer (`consumers/job/train.py`) as a pod: `FAULTLINE_ON=drain`,
+/// so only its own drain intent stops it.
+fn trainer(uid: &str, node_file: &Path, ckpt: &Path, agent: &str) -> ChildGuard {
+    ChildGuard(
+        Command::new("python3")
+            .arg(repo_root().join("consumers/job/train.py"))
+            .env("NODE_NAME", "n1")
+            .env("POD_UID", uid)
+            .env("FAULTLINE_FILE", node_file)
+            .env("FAULTLINE_AGENT", agent)
+            .env("FAULTLINE_ON", "drain")
+            .env("CHECKPOINT_DIR", ckpt)
+            .env("STEP_SECONDS", "0.02")
+            .env("CHECKPOINT_EVERY", "100000")
+            // The next pod (resumed from a checkpoint of about 80 steps) ends soon.
+            .env("STEPS", "200")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Its exit code and output, once it exited (at most `within`).
+async fn output(c: &mut ChildGuard, within: Duration) -> (Option<i32>, String) {
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Some(s) = c.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the trainer did not exit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut out = String::new();
+    std::io::Read::read_to_string(c.0.stdout.as_mut().unwrap(), &mut out).unwrap();
+    (status.code(), out)
+}
+
+/// The step the trainer checkpointed at when warned.
+fn lost_at(out: &str) -> u64 {
+    out.lines()
+        .find_map(|l| l.split("checkpointed at step ").nth(1))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no checkpoint line: {out}"))
+}
+
+/// Steps lost, from the trainer's last line.
+fn lost(out: &str) -> u64 {
+    let last = out.lines().last().unwrap_or_default();
+    let n = last
+        .strip_suffix(" steps lost")
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap_or_else(|| panic!("no steps-lost line: {out}"));
+    n.parse().unwrap()
+}
+
+/// Issue 29, done when: two trainers on one node whose GPU fails, side by side. The one
+/// that asked for a grace is warned, checkpoints, acknowledges through its node's agent
+/// and is evicted at once, losing nothing; the one that did not is evicted at once and
+/// loses every step since its last periodic checkpoint. The test plays the kubelet: a
+/// pod the API server no longer has gets SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn side_by_side_the_warned_trainer_loses_nothing_the_unwarned_one_its_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token = tmp.path().join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let dir = tmp.path().join("node");
+    std::fs::create_dir(&dir).unwrap();
+    let agent = agent_with(
+        "n1",
+        &[
+            "--fault-dir",
+            dir.to_str().unwrap(),
+            "--fault-listen",
+            "127.0.0.1:0",
+            "--delivery-token-file",
+            token.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let pod_agent = format!("http://{}", agent.fault_addr.unwrap());
+    let w = Scenario::new()
+        .node(NodeFixture::shared("n1").ready(true))
+        .object("pods", "default", pod("warned", Some("60s"), "127.0.0.1"))
+        .object("pods", "default", pod("unwarned", None, "10.1.2.5"))
+        .agents_flag(&format!("n1=http://{}", agent.addr))
+        .start()
+        .await;
+    let server = &w.server;
+    let agg = w
+        .healing("r1")
+        .args(&["--delivery-token-file", token.to_str().unwrap()])
+        .start()
+        .await;
+    holds(server, "r1").await;
+    let node_file = dir.join("fault.json");
+    until(Duration::from_secs(20), "the node's verdict", || {
+        let t: Value = serde_json::from_slice(&std::fs::read(&node_file).ok()?).ok()?;
+        (t["verdict"]["writer"] == "r1").then_some(())
+    })
+    .await;
+    let ckpts = [tmp.path().join("warned"), tmp.path().join("unwarned")];
+    let mut pods = Vec::new();
+    for (name, ckpt) in ["warned", "unwarned"].iter().zip(&ckpts) {
+        std::fs::create_dir(ckpt).unwrap();
+        pods.push((
+            *name,
+            trainer(&uid(server, name), &node_file, ckpt, &pod_agent),
+        ));
+    }
+    // Work accumulates: neither has checkpointed yet (every 100,000 steps).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    fail(&agent, "gpu1").await;
+    // The kubelet: SIGTERM to a pod's process once the pod is gone (evicted).
+    let mut killed = [None, None];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while killed.iter().any(Option::is_none) {
+        assert!(Instant::now() < deadline, "not both evicted: {killed:?}");
+        for (i, (name, child)) in pods.iter().enumerate() {
+            if killed[i].is_none() && server.get("pods", "default", name).is_none() {
+                let pid = child.0.id().to_string();
+                Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+                killed[i] = Some(now_ms());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut outs = Vec::new();
+    for (name, child) in &mut pods {
+        let (code, out) = output(child, Duration::from_secs(10)).await;
+        eprintln!("--- {name} (exit {code:?}):\n{out}");
+        outs.push((code, out));
+    }
+    let (warned, unwarned) = (&outs[0], &outs[1]);
+    assert!(
+        warned.1.contains("drain requested on n1") && warned.1.contains("acknowledged at "),
+        "{}",
+        warned.1
+    );
+    assert!(
+        lost(&warned.1) <= 1,
+        "the warned trainer lost at most one step"
+    );
+    assert_eq!(warned.0, Some(0));
+    let acked_ms: f64 = warned
+        .1
+        .lines()
+        .find_map(|l| l.strip_prefix("acknowledged at "))
+        .and_then(|l| l.split(';').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let evicted = evicted_at(server, "warned").unwrap();
+    let after_ack = evicted as f64 - acked_ms * 1000.0;
+    eprintln!("warned: evicted {after_ack:.0} ms after its acknowledgement (grace 60 s)");
+    assert!(
+        after_ack < 30_000.0,
+        "evicted on its word, not at its deadline: {after_ack} ms"
+    );
+    let steps = lost(&unwarned.1);
+    eprintln!("unwarned: evicted at once, {steps} steps lost");
+    assert!(
+        steps > 1,
+        "the unwarned trainer loses its steps: {}",
+        unwarned.1
+    );
+    assert!(
+        unwarned.1.contains("last checkpoint at step 0"),
+        "{}",
+        unwarned.1
+    );
+    assert!(evicted_once(server, "warned") && evicted_once(server, "unwarned"));
+    // The Job's next pod, elsewhere, resumes from the checkpoint.
+    let saved = lost_at(&warned.1);
+    let mut next = trainer(
+        "next-pod",
+        &tmp.path().join("elsewhere.json"),
+        &ckpts[0],
+        &pod_agent,
+    );
+    let (code, out) = output(&mut next, Duration::from_secs(20)).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with(&format!("resumed from step {saved}\n")),
+        "{out}"
+    );
+    assert_no_forbidden(server);
+    agg.cancel_token().cancel();
+    agg.wait().await;
 }

@@ -7,6 +7,15 @@ the Job's podFailurePolicy ignores that exit (it does not count against backoffL
 so the Job starts a new pod, which the quarantine taint keeps off this node, and that
 pod resumes from the checkpoint.
 
+Warned before its eviction (the pod's `faultline.io/checkpoint-grace` annotation; POD_UID
+from the downward API): when its node's entry names this pod in `drain`, it stops
+training, checkpoints, and acknowledges through its node's agent (FAULTLINE_AGENT,
+http://$HOST_IP:8082), then waits for the eviction, which comes at once; without
+FAULTLINE_AGENT it exits 42 instead, which acknowledges as well. FAULTLINE_ON=drain makes
+it react to its drain intent only, not to a failed device it reads itself (the
+aggregator decides). Evicted without a warning (SIGTERM), it loses the steps since its
+last periodic checkpoint, and says how many.
+
 It says when its node's verdict is no longer confirmed (the aggregator or the agent fell
 silent): the devices the verdict called healthy then read "unknown", never "healthy".
 It goes on training: unknown is "could not look", not "broken"; a failed device still
@@ -17,10 +26,12 @@ Environment: NODE_NAME (downward API), FAULTLINE_FILE (the node's own fault.json
 FAULTLINE_DIR (the projected shard ConfigMaps), FAULTLINE_DEVICES (ids, UUIDs or bus
 ids of the devices this pod holds, comma separated; default: all; NVIDIA's device
 plugin sets NVIDIA_VISIBLE_DEVICES to the UUIDs), CHECKPOINT_DIR, STEPS, STEP_SECONDS,
-CHECKPOINT_EVERY.
+CHECKPOINT_EVERY, POD_UID, FAULTLINE_AGENT, FAULTLINE_ON (`failed`, the default, or
+`drain`).
 """
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -59,7 +70,20 @@ def main():
         print("resumed from step %d" % step, flush=True)
 
     failed = threading.Event()
+    drain = threading.Event()
     why = []
+    uid = os.environ.get("POD_UID")
+    on_failed = os.environ.get("FAULTLINE_ON", "failed") != "drain"
+    state = {"step": step, "saved": step}
+
+    def terminated(*_):
+        # The eviction's SIGTERM: what was not checkpointed is lost.
+        lost = state["step"] - state["saved"]
+        print("terminated at step %d; last checkpoint at step %d: %d steps lost"
+              % (state["step"], state["saved"], lost), flush=True)
+        os._exit(143 if lost else 0)
+
+    signal.signal(signal.SIGTERM, terminated)
 
     def watcher():
         only = devices()
@@ -75,13 +99,34 @@ def main():
                 print("verdict on %s: %s" % (node, "stale (%s): devices it called healthy "
                                              "read unknown" % stale if stale else "confirmed"),
                       flush=True)
-            if entry is not None and entry.failed():
+            intent = entry.drain_for(uid) if entry is not None else None
+            if intent is not None:
+                why.append("evicted after %s (%s)" % (intent.evict_after, intent.reason))
+                drain.set()
+                return
+            if on_failed and entry is not None and entry.failed():
                 why.extend("%s (%s)" % (d.id, d.reason) for d in entry.failed())
                 failed.set()
                 return
 
     threading.Thread(target=watcher, daemon=True).start()
     while step < steps:
+        if drain.is_set():
+            checkpoint(ckpt, step)
+            state["saved"] = step
+            print("drain requested on %s: %s; checkpointed at step %d" % (node, why[0], step),
+                  flush=True)
+            agent = os.environ.get("FAULTLINE_AGENT")
+            if not agent:
+                print("exiting %d (acknowledges the intent)" % EXIT_DEVICE_FAILED, flush=True)
+                return EXIT_DEVICE_FAILED
+            try:
+                faultline_consumer.acknowledge(agent, uid)
+                print("acknowledged at %.3f; waiting for the eviction" % time.time(), flush=True)
+            except (ValueError, OSError) as e:
+                print("cannot acknowledge (%s): evicted at the deadline" % e, flush=True)
+            while True:
+                time.sleep(1)
         if failed.is_set():
             checkpoint(ckpt, step)
             print("device failed on %s: %s; checkpointed at step %d, exiting %d"
@@ -89,8 +134,10 @@ def main():
             return EXIT_DEVICE_FAILED
         time.sleep(step_seconds)
         step += 1
+        state["step"] = step
         if step % every == 0:
             checkpoint(ckpt, step)
+            state["saved"] = step
     checkpoint(ckpt, step)
     print("done at step %d" % step, flush=True)
     return 0

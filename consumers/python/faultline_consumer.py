@@ -23,12 +23,23 @@ nobody rewrites the file any more (the agent or the follow mode stopped), by its
 verdict called healthy reads ``unknown verdict-stale``, as the agent would write it.
 Failed and degraded devices keep their status.
 
-Command line (exit status 3 when ``--exit-on-failed`` sees a failed device)::
+Command line (exit status 3 when ``--exit-on-failed`` sees a failed device, 4 when
+``--exit-on-drain`` sees this pod's drain intent)::
 
     python3 faultline_consumer.py --file /config/fault.json --exit-on-failed
     python3 faultline_consumer.py --dir /config --node "$NODE_NAME" --device gpu3
+    python3 faultline_consumer.py --file /config/fault.json --pod-uid "$POD_UID" --exit-on-drain
+    python3 faultline_consumer.py --ack "http://$HOST_IP:8082" --pod-uid "$POD_UID"
 
-Each change prints one line per device: ``<node> <device> <status> <reason or ->``.
+Each change prints one line per device: ``<node> <device> <status> <reason or ->``, and
+one per drain intent: ``<node> - drain <namespace>/<pod> <evict_after> <reason>``.
+
+Warn before evicting (docs/remediation.md#warn-before-evicting): a pod annotated
+``faultline.io/checkpoint-grace: 300s`` that uses a failed device is named in its node's
+entry (``Entry.drains``) with a deadline (``evict_after``) before it is evicted. It
+checkpoints, then acknowledges: it exits, or, to stay up until the eviction,
+``acknowledge("http://$HOST_IP:8082", uid)`` (its node's agent, from the pod's own
+address; no API rights). It is then evicted at once, and at the deadline in any case.
 
 Follow mode, the sidecar of a ``restricted`` namespace (no hostPath): follow the agent's
 ``/v1/fault?watch=true`` on the node's port 8082 and keep ``--write`` a copy of the
@@ -66,13 +77,22 @@ STALE_GRACE_S = 5.0
 MAX_LINE = 1 << 20
 
 Device = namedtuple("Device", "id status reason uuid pci_bus_id")
+# A pod asked to checkpoint before its eviction: evicted at ``evict_after`` (RFC 3339) at
+# the latest, at once once ``acknowledged``.
+Drain = namedtuple("Drain", "namespace pod uid devices reason requested evict_after acknowledged")
 
 
-class Entry(namedtuple("Entry", "node devices reachable stale", defaults=(None,))):
-    """One node's published health: its devices, whether its agent was reached, and
+class Entry(namedtuple("Entry", "node devices reachable stale drains", defaults=(None, ()))):
+    """One node's published health: its devices, whether its agent was reached,
     ``stale``: None, or why the verdict is not to be trusted (``verdict-stale``: not
-    confirmed in time; ``no-verdict``: none received yet). Only the node's own
-    ``fault.json`` has a verdict; the shard ConfigMaps' entries are never stale here."""
+    confirmed in time; ``no-verdict``: none received yet), and ``drains``: the drain
+    intents of its pods (a tuple of Drain). Only the node's own ``fault.json`` has a
+    verdict; the shard ConfigMaps' entries are never stale here."""
+
+    def drain_for(self, uid):
+        """This pod's drain intent (by its UID, the downward API's ``metadata.uid``), or
+        None."""
+        return next((d for d in self.drains if uid and d.uid == uid), None)
 
     def failed(self):
         return [d for d in self.devices if d.status == "failed"]
@@ -174,7 +194,43 @@ def parse(text, node=None, only=None, now=None):
         devices.append(dev)
     agent = doc.get("agent")
     reachable = agent.get("reachable", True) if isinstance(agent, dict) else True
-    return Entry(doc.get("node"), devices, bool(reachable), stale)
+    drains = tuple(
+        Drain(str(d.get("namespace")), str(d.get("pod")), str(d.get("uid")),
+              tuple(str(x) for x in d.get("devices") or ()), d.get("reason"),
+              d.get("requested"), d.get("evict_after"), d.get("acknowledged"))
+        for d in doc.get("drain") or () if isinstance(d, dict)
+    )
+    return Entry(doc.get("node"), devices, bool(reachable), stale, drains)
+
+
+def acknowledge(agent, uid, timeout=5.0):
+    """Tell the node's agent (``http://HOST:PORT``, its ``--fault-listen``) that pod
+    ``uid`` has checkpointed: faultline evicts it now instead of at its deadline. Must
+    run in that pod (the agent takes it only from the pod's own address). True when
+    taken (202; 200: taken before); raises ValueError with the agent's answer otherwise
+    (403: not from the pod's address; 404: no intent for it), OSError when the agent
+    cannot be reached."""
+    u = urllib.parse.urlsplit(agent)
+    if u.scheme != "http" or not u.hostname:
+        raise ValueError("%s: the agent's http://HOST:PORT" % agent)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/drain/ack", body=json.dumps({"uid": uid}),
+                     headers={"Content-Type": "application/json",
+                              "User-Agent": "faultline-consumer"})
+        resp = conn.getresponse()
+        body = resp.read(4096).decode("utf-8", "replace")
+    except http.client.HTTPException as e:
+        raise OSError("%s: %s" % (agent, e)) from e
+    finally:
+        conn.close()
+    if resp.status in (200, 202):
+        return True
+    try:
+        why = json.loads(body).get("error", body)
+    except ValueError:
+        why = body
+    raise ValueError("HTTP %d: %s" % (resp.status, why))
 
 
 def read(path, node=None, only=None):
@@ -251,6 +307,9 @@ def describe(entry, node):
     head = ["%s - unknown %s" % (who, entry.stale)] if entry.stale else []
     return head + [
         "%s %s %s %s" % (who, d.id, d.status, d.reason or "-") for d in entry.devices
+    ] + [
+        "%s - drain %s/%s %s %s" % (who, d.namespace, d.pod, d.evict_after, d.reason or "-")
+        for d in entry.drains
     ]
 
 
@@ -407,15 +466,32 @@ def main(argv=None):
     p.add_argument("--interval", type=float, default=0.5, help="seconds between looks")
     p.add_argument("--exit-on-failed", action="store_true",
                    help="exit 3 once a watched device is failed")
+    p.add_argument("--pod-uid", default=os.environ.get("POD_UID"),
+                   help="this pod's UID (default: $POD_UID; the downward API's metadata.uid)")
+    p.add_argument("--exit-on-drain", action="store_true",
+                   help="exit 4 once this pod (--pod-uid) is asked to checkpoint before its eviction")
+    src.add_argument("--ack", metavar="AGENT",
+                     help="acknowledge this pod's drain intent (--pod-uid) to its node's "
+                          "agent, http://HOST:PORT, and exit: 0 taken, 1 refused")
     a = p.parse_args(argv)
+    if (a.exit_on_drain or a.ack) and not a.pod_uid:
+        p.error("--exit-on-drain and --ack need --pod-uid or $POD_UID")
+    if a.ack:
+        try:
+            acknowledge(a.ack, a.pod_uid)
+        except (ValueError, OSError) as e:
+            print("faultline_consumer: acknowledgement refused: %s" % e, file=sys.stderr)
+            return 1
+        print("acknowledged %s" % a.pod_uid, flush=True)
+        return 0
     if a.dir and not a.node:
         p.error("--dir needs --node or $NODE_NAME")
     if bool(a.url) != bool(a.write):
         p.error("--url and --write go together (follow mode)")
     if a.url:
-        if a.exit_on_failed or a.device:
-            p.error("follow mode only writes the file: --exit-on-failed and --device "
-                    "belong to the consumer reading it")
+        if a.exit_on_failed or a.exit_on_drain or a.device:
+            p.error("follow mode only writes the file: --exit-on-failed, --exit-on-drain "
+                    "and --device belong to the consumer reading it")
         if not os.path.isdir(os.path.dirname(os.path.abspath(a.write))):
             p.error("--write %s: its directory does not exist" % a.write)
         try:
@@ -444,6 +520,11 @@ def main(argv=None):
             for d in entry.failed():
                 print("FAILED %s %s %s" % (entry.node, d.id, d.reason or "-"), flush=True)
             return 3
+        drain = entry.drain_for(a.pod_uid) if entry is not None else None
+        if a.exit_on_drain and drain is not None:
+            print("DRAIN %s/%s evict_after=%s %s" % (drain.namespace, drain.pod, drain.evict_after,
+                                                  drain.reason or "-"), flush=True)
+            return 4
     return 0
 
 

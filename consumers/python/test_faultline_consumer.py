@@ -296,3 +296,81 @@ class StaleTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class DrainTest(unittest.TestCase):
+    """Warn before evicting: the entry's drain intents, and the acknowledgement."""
+
+    def doc(self):
+        d = node_doc(["failed", "healthy"])
+        d["drain"] = [{"namespace": "ml", "pod": "train-0", "uid": "u-1", "pod_ips": ["10.0.0.7"],
+                       "devices": ["gpu0"], "reason": "xid-79",
+                       "requested": "2026-12-05T00:00:00.000Z",
+                       "evict_after": "2026-12-05T00:05:00.000Z"}]
+        return d
+
+    def test_the_intent_of_this_pod_is_read_and_printed(self):
+        e = fc.parse(json.dumps(self.doc()))
+        d = e.drain_for("u-1")
+        self.assertEqual((d.namespace, d.pod, d.devices, d.reason), ("ml", "train-0", ("gpu0",), "xid-79"))
+        self.assertEqual(d.evict_after, "2026-12-05T00:05:00.000Z")
+        self.assertIsNone(d.acknowledged)
+        self.assertIsNone(e.drain_for("u-2"), "another pod's")
+        self.assertIsNone(e.drain_for(None))
+        self.assertIn("n1 - drain ml/train-0 2026-12-05T00:05:00.000Z xid-79", fc.describe(e, "n1"))
+        # A document without intents reads as before.
+        plain = fc.parse(json.dumps(node_doc(["healthy"])))
+        self.assertEqual(plain.drains, ())
+        self.assertEqual(fc.describe(plain, "n1"), ["n1 gpu0 healthy -"])
+
+    def test_the_command_line_exits_4_on_this_pods_intent_only(self):
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        path = os.path.join(tmp, "fault.json")
+        with open(path, "w") as f:
+            json.dump(self.doc(), f)
+        run = lambda uid: subprocess.run(
+            [sys.executable, os.path.join(HERE, "faultline_consumer.py"), "--file", path,
+             "--pod-uid", uid, "--exit-on-drain", "--interval", "0.05"],
+            capture_output=True, text=True, timeout=10)
+        r = run("u-1")
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn("DRAIN ml/train-0 evict_after=2026-12-05T00:05:00.000Z xid-79", r.stdout)
+        with self.assertRaises(subprocess.TimeoutExpired):
+            subprocess.run([sys.executable, os.path.join(HERE, "faultline_consumer.py"), "--file",
+                            path, "--pod-uid", "u-2", "--exit-on-drain", "--interval", "0.05"],
+                           capture_output=True, timeout=1)
+
+    def test_acknowledge_posts_the_uid_and_reports_a_refusal(self):
+        got = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                got.append((self.path, body))
+                status = 202 if body["uid"] == "u-1" else 403
+                out = json.dumps({"error": "not from its address", "status": status} if status == 403
+                                 else {"uid": body["uid"], "acknowledged": True}).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        agent = "http://127.0.0.1:%d" % server.server_address[1]
+        self.assertTrue(fc.acknowledge(agent, "u-1"))
+        self.assertEqual(got[0], ("/v1/drain/ack", {"uid": "u-1"}))
+        with self.assertRaises(ValueError) as e:
+            fc.acknowledge(agent, "u-2")
+        self.assertIn("HTTP 403: not from its address", str(e.exception))
+        cli = [sys.executable, os.path.join(HERE, "faultline_consumer.py"), "--ack", agent, "--pod-uid"]
+        self.assertEqual(subprocess.run(cli + ["u-1"], capture_output=True, timeout=10).returncode, 0)
+        self.assertEqual(subprocess.run(cli + ["u-2"], capture_output=True, timeout=10).returncode, 1)
+        with self.assertRaises(OSError):
+            fc.acknowledge("http://127.0.0.1:9", "u-1", timeout=1)

@@ -306,10 +306,15 @@ impl Remediator {
             }
             DrainStep::Wait(_) => None,
             DrainStep::Request(at) => {
+                // The reasons as fault.json gives them (`npus[].reason`).
+                let mut reasons: Vec<&str> =
+                    record.devices.iter().map(|d| d.reason.as_str()).collect();
+                reasons.sort_unstable();
+                reasons.dedup();
                 let n = notice(
                     pod,
                     record.devices.iter().map(|d| d.id.clone()).collect(),
-                    describe(&record.devices),
+                    reasons.join(","),
                     now,
                     at,
                 );

@@ -21,6 +21,12 @@
 //! [`STALE_GRACE`]). Then every device the verdict called healthy reads `unknown`
 //! (`verdict-stale`), as the agent writes it; failed and degraded ones keep their status.
 //!
+//! Warn before evicting (`docs/remediation.md#warn-before-evicting`): a pod annotated
+//! `faultline.io/checkpoint-grace: 300s` that uses a failed device is named in its node's
+//! entry ([`Entry::drain_for`] its UID) with a deadline before it is evicted. It
+//! checkpoints, then exits or calls [`acknowledge`] (its node's agent, from the pod's
+//! own address, no API rights); it is then evicted at once, and at the deadline anyway.
+//!
 //! ```no_run
 //! let mut w = faultline_consumer::Watch::file("/config/fault.json").unwrap();
 //! loop {
@@ -147,9 +153,39 @@ pub struct Entry {
     /// `None`, or why the verdict is not to be trusted (only the node's own
     /// `fault.json` has a verdict; a shard ConfigMap's entry is never stale here).
     pub stale: Option<Stale>,
+    /// Pods of the node asked to checkpoint before their eviction.
+    pub drains: Vec<Drain>,
+}
+
+/// A pod asked to checkpoint before its eviction from a failed device: evicted at
+/// `evict_after` at the latest, at once when it acknowledges.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Drain {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod: String,
+    /// The pod's UID (the downward API's `metadata.uid`).
+    pub uid: String,
+    /// The failed devices it uses.
+    #[serde(default)]
+    pub devices: Vec<String>,
+    /// Why (`xid-79`).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// When it is evicted at the latest (RFC 3339).
+    pub evict_after: String,
+    /// When faultline got its acknowledgement (RFC 3339).
+    #[serde(default)]
+    pub acknowledged: Option<String>,
 }
 
 impl Entry {
+    /// The drain intent of pod `uid`, if the node's entry has one.
+    pub fn drain_for(&self, uid: &str) -> Option<&Drain> {
+        self.drains.iter().find(|d| !uid.is_empty() && d.uid == uid)
+    }
+
     /// The failed devices.
     pub fn failed(&self) -> Vec<&Device> {
         self.devices
@@ -167,6 +203,8 @@ struct Doc {
     agent: Option<Reach>,
     #[serde(default)]
     verdict: Option<Verdict>,
+    #[serde(default)]
+    drain: Vec<Drain>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -295,6 +333,8 @@ pub enum Error {
     Invalid(String),
     /// The directory watch could not start.
     Watch(notify::Error),
+    /// The agent refused an acknowledgement (its status and answer).
+    Refused(String),
 }
 
 impl std::fmt::Display for Error {
@@ -303,6 +343,7 @@ impl std::fmt::Display for Error {
             Error::Io(e) => write!(f, "{e}"),
             Error::Invalid(e) => write!(f, "not a node document: {e}"),
             Error::Watch(e) => write!(f, "cannot watch: {e}"),
+            Error::Refused(e) => write!(f, "acknowledgement refused: {e}"),
         }
     }
 }
@@ -347,7 +388,51 @@ pub fn parse_at(
             .collect(),
         reachable: doc.agent.is_none_or(|a| a.reachable),
         stale,
+        drains: doc.drain,
     })
+}
+
+/// Tell the node's agent (`http://HOST:PORT`, its `--fault-listen`) that pod `uid` has
+/// checkpointed: it is evicted now instead of at its deadline. Must run in that pod
+/// (the agent takes it only from the pod's own address). `Ok` when taken (again);
+/// [`Error::Refused`] with the agent's answer (403: not from the pod's address; 404: no
+/// intent for it); [`Error::Io`] when the agent cannot be reached in `timeout`.
+pub fn acknowledge(agent: &str, uid: &str, timeout: Duration) -> Result<(), Error> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let host = agent
+        .strip_prefix("http://")
+        .map(|h| h.trim_end_matches('/'))
+        .filter(|h| !h.is_empty() && !h.contains('/'))
+        .ok_or_else(|| Error::Invalid(format!("{agent}: the agent's http://HOST:PORT")))?;
+    let addr = host
+        .to_socket_addrs()
+        .map_err(Error::Io)?
+        .next()
+        .ok_or_else(|| Error::Invalid(format!("{host}: no address")))?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(Error::Io)?;
+    s.set_read_timeout(Some(timeout)).map_err(Error::Io)?;
+    s.set_write_timeout(Some(timeout)).map_err(Error::Io)?;
+    let body = serde_json::json!({ "uid": uid }).to_string();
+    write!(
+        s,
+        "POST /v1/drain/ack HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .map_err(Error::Io)?;
+    let mut answer = Vec::new();
+    s.take(64 * 1024)
+        .read_to_end(&mut answer)
+        .map_err(Error::Io)?;
+    let answer = String::from_utf8_lossy(&answer);
+    let status = answer.split(' ').nth(1).unwrap_or_default();
+    match status {
+        "200" | "202" => Ok(()),
+        _ => Err(Error::Refused(format!(
+            "HTTP {status}: {}",
+            answer.rsplit("\r\n\r\n").next().unwrap_or_default()
+        ))),
+    }
 }
 
 /// The entry at `path` now; `None` when there is none (the node is not published).

@@ -116,6 +116,16 @@ fn own(devices: &[(&str, Option<&str>)], verdict: &str) -> String {
     )
 }
 
+/// `doc` with a drain intent for pod `pod` (UID `uid`) of namespace `ml`.
+fn with_drain(doc: String, uid: &str, pod: &str) -> String {
+    doc.replace(
+        r#""verdict":"#,
+        &format!(
+            r#""drain":[{{"namespace":"ml","pod":"{pod}","uid":"{uid}","devices":["gpu0"],"reason":"xid-79","requested":"2026-01-01T00:00:00.000Z","evict_after":"2026-01-01T00:05:00.000Z"}}],"verdict":"#
+        ),
+    )
+}
+
 #[test]
 fn every_consumer_prints_the_same_lines_for_the_nodes_own_fault_json() {
     need("python3");
@@ -165,12 +175,38 @@ fn every_consumer_prints_the_same_lines_for_the_nodes_own_fault_json() {
             vec!["n1 - unknown no-verdict", "n1 gpu0 unknown no-verdict"],
             None,
         ),
+        (
+            "another pod's drain intent",
+            with_drain(own(&[("degraded", Some("thermal"))], fresh), "u-1", "t1"),
+            vec![
+                "n1 gpu0 degraded thermal",
+                "n1 - drain ml/t1 2026-01-01T00:05:00.000Z xid-79",
+            ],
+            None,
+        ),
+        (
+            "this pod's drain intent",
+            with_drain(own(&[("degraded", Some("thermal"))], fresh), "u-9", "t9"),
+            vec![
+                "n1 gpu0 degraded thermal",
+                "n1 - drain ml/t9 2026-01-01T00:05:00.000Z xid-79",
+                "DRAIN ml/t9 evict_after=2026-01-01T00:05:00.000Z xid-79",
+            ],
+            Some(4),
+        ),
     ];
     let dir = std::env::temp_dir().join(format!("faultline-kit-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("fault.json");
     let file = path.to_str().unwrap();
-    let args = ["--file", file, "--exit-on-failed"];
+    let args = [
+        "--file",
+        file,
+        "--exit-on-failed",
+        "--pod-uid",
+        "u-9",
+        "--exit-on-drain",
+    ];
     for (what, doc, want, exit) in &cases {
         std::fs::write(&path, doc).unwrap();
         let consumers: [(&str, Command); 3] = [
