@@ -268,6 +268,7 @@ impl Verdicts {
                 npu.power_w = d.reading.power_w;
                 npu.ecc_errors = d.ecc_errors;
                 npu.pcie_link_status.clone_from(&d.pcie_link_status);
+                npu.recovery_action = d.reading.recovery_action;
             }
             if stale && npu.status == DeviceStatus::Healthy {
                 npu.status = DeviceStatus::Unknown;
@@ -297,6 +298,7 @@ impl Verdicts {
                 pcie_link_status: None,
                 uuid: d.reading.uuid.clone(),
                 pci_bus_id: d.reading.pci_bus_id.clone(),
+                recovery_action: d.reading.recovery_action,
             })
             .collect();
         NodeFaults {

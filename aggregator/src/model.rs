@@ -64,6 +64,10 @@ pub struct RecordDevice {
     /// The metric's value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// The repair the driver asked for when it was recorded (NVML's recovery action:
+    /// a GPU reset, a reboot, ...), where the agent reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<faultline_common::RecoveryAction>,
 }
 
 impl RecordDevice {
@@ -73,6 +77,7 @@ impl RecordDevice {
             id: id.into(),
             uuid: None,
             pci_bus_id: None,
+            recovery_action: None,
             reason: reason.into(),
             source: None,
             metric: None,

@@ -109,6 +109,12 @@ async fn kubectl_faultline_describes_nodes_and_agents_in_the_chosen_context() {
     let (server, kube) = (&w.server, &w.kube);
     let _agg = w.healing("r1").start().await;
     fail(w.agent("n1"), "gpu1").await;
+    // The driver asks for a GPU reset of gpu2 (NVML's recovery action 1).
+    inject(
+        w.agent("n1"),
+        r#"{"device":"gpu2","fault":"recovery","value":1}"#,
+    )
+    .await;
     until(
         Duration::from_secs(15),
         "n1 quarantined and published",
@@ -116,11 +122,11 @@ async fn kubectl_faultline_describes_nodes_and_agents_in_the_chosen_context() {
             let node = server.get("nodes", "", "n1")?;
             let cm = server.get("configmaps", NS, "faultline-shard-0")?;
             let entry: Value = serde_json::from_str(cm["data"]["n1.json"].as_str()?).ok()?;
-            let failed = entry["npus"][1]["status"] == "failed";
+            let failed = entry["npus"][1]["status"] == "failed"
+                && entry["npus"][2]["recovery_action"] == "gpu-reset";
             let sources = entry["agent"]["sources"][0]["name"] == "sim";
-            (node["metadata"]["annotations"]["faultline.io/quarantine"].is_string()
-                && failed
-                && sources)
+            let record = node["metadata"]["annotations"]["faultline.io/quarantine"].as_str()?;
+            (record.contains("\"recovery_action\":\"gpu-reset\"") && failed && sources)
                 .then_some(())
         },
     )
@@ -158,6 +164,21 @@ async fn kubectl_faultline_describes_nodes_and_agents_in_the_chosen_context() {
         text.contains("  Device:    gpu1 row-remap-failure"),
         "{text}"
     );
+    // The repair the driver asks for: in the devices' table and the record.
+    let gpu2 = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("gpu2 "))
+        .unwrap_or_else(|| panic!("no gpu2 row: {text}"));
+    let cols: Vec<&str> = gpu2.split_whitespace().collect();
+    assert_eq!(
+        (cols[3], cols[8]),
+        ("recovery-gpu-reset", "gpu-reset"),
+        "{gpu2}"
+    );
+    assert!(
+        text.contains("  Device:    gpu2 recovery-gpu-reset (said by agent), repair: gpu-reset"),
+        "{text}"
+    );
     assert!(text.contains(":NoSchedule (faultline)"), "{text}");
 
     // -o json: the same view, whole.
@@ -183,7 +204,7 @@ async fn kubectl_faultline_describes_nodes_and_agents_in_the_chosen_context() {
     assert_eq!(nodes, ["n1", "n2"]);
     assert_eq!(yaml[0]["agent"]["reachable"], true);
     assert_eq!(yaml[0]["agent"]["sources"][0]["name"], "sim");
-    assert_eq!(yaml[0]["summary"]["failed"], 1);
+    assert_eq!(yaml[0]["summary"]["failed"], 2, "gpu1 and gpu2");
 
     // agents -o wide: kubectl's columns, the wide ones added.
     let wide =
@@ -203,7 +224,7 @@ async fn kubectl_faultline_describes_nodes_and_agents_in_the_chosen_context() {
         ]
     );
     let n1: Vec<&str> = wide.lines().nth(1).unwrap().split_whitespace().collect();
-    assert_eq!(&n1[..6], ["n1", "true", "4", "1", "sim", "0"], "{wide}");
+    assert_eq!(&n1[..6], ["n1", "true", "4", "2", "sim", "0"], "{wide}");
 
     // status -o json: the record and the breaker.
     let json: Value = serde_json::from_str(&stdout(

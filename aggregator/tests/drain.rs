@@ -403,3 +403,57 @@ async fn side_by_side_the_warned_trainer_loses_nothing_the_unwarned_one_its_step
     agg.cancel_token().cancel();
     agg.wait().await;
 }
+
+/// Dry run: the announcement says the pod would be warned first, and nothing is
+/// published, recorded or evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_announces_the_warning_and_publishes_no_intent() {
+    let w = Scenario::new()
+        .node(NodeFixture::shared("n1").ready(true))
+        .object("pods", "default", pod("ckpt", Some("300s"), "10.1.2.6"))
+        .object("pods", "default", pod("plain", None, "10.1.2.7"))
+        .agents()
+        .start()
+        .await;
+    let server = &w.server;
+    let _agg = w
+        .healing("r1")
+        .set("--remediation", "dry-run")
+        .start()
+        .await;
+    holds(server, "r1").await;
+    fail(w.agent("n1"), "gpu1").await;
+    let messages = |reason: &str| -> Vec<String> {
+        server
+            .list("events", "default")
+            .iter()
+            .filter(|e| e["reason"] == reason)
+            .filter_map(|e| e["message"].as_str().map(String::from))
+            .collect()
+    };
+    let (would, _) = until(Duration::from_secs(15), "both announced", || {
+        let m = messages("FaultlineWouldEvict");
+        (m.len() == 2).then_some(m)
+    })
+    .await;
+    assert!(
+        would.iter().any(|m| m
+            == "dry-run: would evict default/ckpt after warning it to checkpoint (grace 300s, or its acknowledgement)"),
+        "{would:?}"
+    );
+    assert!(
+        would
+            .iter()
+            .any(|m| m == "dry-run: would evict default/plain"),
+        "{would:?}"
+    );
+    assert!(record(server, "n1").is_none());
+    let (entry, _) = until(Duration::from_secs(10), "gpu1 published failed", || {
+        node_entry(server, 1, "n1").filter(|e| e.summary.failed == 1)
+    })
+    .await;
+    assert!(entry.drain.is_empty(), "{entry:?}");
+    assert_eq!(events(server, "FaultlineDrainRequested"), 0);
+    assert_eq!(evictions(server, "ckpt") + evictions(server, "plain"), 0);
+    assert_no_forbidden(server);
+}

@@ -257,6 +257,20 @@ async fn every_reason_the_agent_fails_a_device_with_is_published_at_once_and_act
         want.len(),
         took
     );
+    // NVML's recovery action, beside its reason, in the entry (issue 29).
+    let nv_pub = node_entry(server, 1, "nv").unwrap().npus;
+    let repairs: Vec<(&String, RecoveryAction)> = want
+        .iter()
+        .filter_map(|((_, id), reason)| {
+            let name = reason.strip_prefix(RECOVERY_PREFIX)?;
+            Some((id, RecoveryAction::named(name).unwrap()))
+        })
+        .collect();
+    assert_eq!(repairs.len(), 6, "every failing action: {repairs:?}");
+    for (id, action) in &repairs {
+        let d = nv_pub.iter().find(|d| &&d.id == id).unwrap();
+        assert_eq!(d.recovery_action, Some(*action), "{id}");
+    }
 
     // Acted on: each node quarantined once, its record naming every failed device,
     // every pod holding one evicted once, the pods of the healthy devices kept.
@@ -279,8 +293,15 @@ async fn every_reason_the_agent_fails_a_device_with_is_published_at_once_and_act
                     .as_array()
                     .unwrap()
                     .iter()
-                    .any(|d| d["id"] == id.as_str() && d["reason"] == reason.as_str());
-                assert!(listed, "{node}/{id} ({reason}) in the record {rec}");
+                    .find(|d| d["id"] == id.as_str() && d["reason"] == reason.as_str());
+                assert!(
+                    listed.is_some(),
+                    "{node}/{id} ({reason}) in the record {rec}"
+                );
+                // The repair the driver asked for, kept with the device (issue 29).
+                if let Some(name) = reason.strip_prefix(RECOVERY_PREFIX) {
+                    assert_eq!(listed.unwrap()["recovery_action"], name, "{rec}");
+                }
             }
         }
     }

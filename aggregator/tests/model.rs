@@ -213,6 +213,7 @@ fn device() -> RecordDevice {
         source: None,
         metric: None,
         value: None,
+        recovery_action: None,
     }
 }
 

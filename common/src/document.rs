@@ -210,6 +210,19 @@ pub struct DeviceView<'a> {
     /// `up` or `down`.
     #[serde(borrow, default, deserialize_with = "opt_text")]
     pub pcie_link_status: Option<Cow<'a, str>>,
+    /// NVML's recovery action; a name this build does not know reads as none (a newer
+    /// agent's: the document is not refused for it).
+    #[serde(default, deserialize_with = "known_action")]
+    pub recovery_action: Option<crate::reading::RecoveryAction>,
+}
+
+/// A recovery action by its name; `None` for null or a name this build does not know.
+fn known_action<'de, D>(d: D) -> Result<Option<crate::reading::RecoveryAction>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let name = opt_text(d)?;
+    Ok(name.and_then(|n| crate::reading::RecoveryAction::named(&n)))
 }
 
 /// A finding as the aggregator reads it.

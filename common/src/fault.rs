@@ -252,6 +252,12 @@ pub struct NpuFault {
     /// PCI bus id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci_bus_id: Option<String>,
+    /// The repair NVIDIA's driver says the GPU needs (NVML's recovery action; issue
+    /// 29): `gpu-reset`, `node-reboot`, `drain-p2p`, `drain-and-reset`,
+    /// `recover-imex-domain`, `bus-reset`, `system-reboot`, or `none`. Absent where the
+    /// driver does not report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<crate::reading::RecoveryAction>,
 }
 
 /// Counts by status; `total` is their sum.
@@ -421,6 +427,7 @@ mod tests {
                 pcie_link_status: Some("down".into()),
                 uuid: None,
                 pci_bus_id: None,
+                recovery_action: None,
             }],
             summary: FaultSummary::of(&[DeviceStatus::Failed]),
             readings_at: None,

@@ -163,7 +163,7 @@ pub struct AscendIds {
 /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (`nvmlDeviceGpuRecoveryAction_t`; values as
 /// NVIDIA's "Error Recovery and Response Flags" and the NVML headers give them). It
 /// replaces the deprecated reset-status fields; Xid 154 announces a change of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum RecoveryAction {
     /// 0: nothing to do; a new process may use the GPU.
@@ -208,6 +208,11 @@ impl RecoveryAction {
             .ok()
             .and_then(|i| Self::ALL.get(i))
             .copied()
+    }
+
+    /// The action named `name` on the wire, if this build knows it.
+    pub fn named(name: &str) -> Option<RecoveryAction> {
+        Self::ALL.iter().copied().find(|a| a.as_str() == name)
     }
 
     /// The name on the wire and in findings (`gpu-reset`, `node-reboot`, ...).

@@ -217,13 +217,16 @@ pub fn describe(v: &DescribeView) -> String {
                             .map(|e| e.to_string())
                             .unwrap_or_else(|| "-".into()),
                         d.pcie_link_status.clone().unwrap_or_else(|| "-".into()),
+                        d.recovery_action
+                            .map_or_else(|| "-".into(), |a| a.as_str().to_string()),
                         or_none(d.uuid.as_deref()),
                     ]
                 })
                 .collect();
             let t = table(
                 &[
-                    "ID", "STATUS", "SINCE", "REASON", "TEMP", "POWER", "ECC", "PCIE", "UUID",
+                    "ID", "STATUS", "SINCE", "REASON", "TEMP", "POWER", "ECC", "PCIE", "REPAIR",
+                    "UUID",
                 ],
                 &rows,
             );
@@ -249,12 +252,15 @@ pub fn describe(v: &DescribeView) -> String {
             for d in &r.devices {
                 let _ = writeln!(
                     o,
-                    "  Device:    {} {}{}",
+                    "  Device:    {} {}{}{}",
                     d.id,
                     d.reason,
                     d.source
                         .as_ref()
                         .map(|s| format!(" (said by {s})"))
+                        .unwrap_or_default(),
+                    d.recovery_action
+                        .map(|a| format!(", repair: {}", a.as_str()))
                         .unwrap_or_default()
                 );
             }
@@ -264,6 +270,17 @@ pub fn describe(v: &DescribeView) -> String {
             let _ = writeln!(o, "  Evicted:   {}", or_none(Some(&r.evicted.join(", "))));
             for (pod, why) in &r.eviction_blocked {
                 let _ = writeln!(o, "  Blocked:   {pod}: {why}");
+            }
+            for (pod, n) in &r.drains {
+                let _ = writeln!(
+                    o,
+                    "  Draining:  {pod}: evicted at {} at the latest{}",
+                    n.evict_after,
+                    n.acknowledged
+                        .as_ref()
+                        .map(|a| format!(", acknowledged {a}"))
+                        .unwrap_or_default()
+                );
             }
             if let Some(c) = &r.canary {
                 let _ = writeln!(

@@ -34,6 +34,7 @@ pub(super) struct Last {
     pub(super) power_w: Option<f64>,
     pub(super) ecc_errors: Option<u64>,
     pub(super) pcie_link_status: Option<Box<str>>,
+    pub(super) recovery_action: Option<faultline_common::RecoveryAction>,
 }
 
 pub(super) struct Node {
@@ -105,6 +106,7 @@ pub(super) fn record_device(n: &Node, id: &str, reason: String) -> RecordDevice 
     RecordDevice {
         uuid: last.and_then(|l| l.uuid.as_deref().map(String::from)),
         pci_bus_id: last.and_then(|l| l.pci_bus_id.as_deref().map(String::from)),
+        recovery_action: last.and_then(|l| l.recovery_action),
         source: Some(Provenance::Agent),
         ..RecordDevice::new(id, reason)
     }
@@ -223,6 +225,7 @@ impl Node {
                 l.temperature_c = d.temperature_c;
                 l.power_w = d.power_w;
                 l.ecc_errors = d.ecc_errors;
+                l.recovery_action = d.recovery_action;
             }
         } else {
             let text = |v: &Option<std::borrow::Cow<'_, str>>| v.as_deref().map(Box::from);
@@ -239,6 +242,7 @@ impl Node {
                     power_w: d.power_w,
                     ecc_errors: d.ecc_errors,
                     pcie_link_status: text(&d.pcie_link_status),
+                    recovery_action: d.recovery_action,
                 })
                 .collect();
         }

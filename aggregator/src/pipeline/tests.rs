@@ -609,3 +609,35 @@ fn a_uuid_another_node_reported_first_is_flagged_and_withheld() {
     p.on_document(doc("moved", vec![with_uuid(victim, None)]), 3_000);
     assert_eq!(uuid_of(&p, "moved").as_deref(), Some(victim));
 }
+
+/// Issue 29: NVML's recovery action, as the agent reports it per device, is in the
+/// node's published entry and names the repair in a quarantine record; a name this
+/// build does not know reads as none, and the document is not refused for it.
+#[test]
+fn the_recovery_action_of_each_nvml_value_is_published_and_recorded() {
+    let mut p = pipeline();
+    let mut now = 0;
+    for action in faultline_common::RecoveryAction::ALL {
+        let mut d = dev("gpu0", 40.0, Some("xid-79"));
+        d.reading.recovery_action = Some(action);
+        now += 1_000;
+        p.on_document(doc("n1", vec![d]), now);
+        let f = p.node_faults("n1").unwrap();
+        assert_eq!(f.npus[0].recovery_action, Some(action), "{action:?}");
+        let v = serde_json::to_value(&f).unwrap();
+        assert_eq!(v["npus"][0]["recovery_action"], action.as_str());
+        assert_eq!(p.failed_devices("n1")[0].recovery_action, Some(action));
+    }
+    // A newer agent's name.
+    let mut raw = serde_json::to_value(doc("n1", vec![dev("gpu0", 40.0, None)])).unwrap();
+    raw["npus"][0]["recovery_action"] = serde_json::json!("melt-down");
+    raw["generation"] = serde_json::json!(99);
+    let bytes = serde_json::to_vec(&raw).unwrap();
+    let view = DocView::parse(&bytes).expect("not refused for an unknown action");
+    p.on_view(&view, &bytes, now + 1_000);
+    assert_eq!(p.node_faults("n1").unwrap().npus[0].recovery_action, None);
+    // A driver without the field: none in the entry.
+    p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), now + 2_000);
+    let v = serde_json::to_value(p.node_faults("n1").unwrap()).unwrap();
+    assert!(v["npus"][0].get("recovery_action").is_none(), "{v}");
+}

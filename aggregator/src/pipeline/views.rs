@@ -53,6 +53,7 @@ impl Pipeline {
                     pcie_link_status: text(|l| &l.pcie_link_status),
                     uuid: text(|l| &l.uuid),
                     pci_bus_id: text(|l| &l.pci_bus_id),
+                    recovery_action: last.and_then(|l| l.recovery_action),
                 }
             })
             .collect();

@@ -110,6 +110,7 @@ mod tests {
             pcie_link_status: Some("up".into()),
             uuid: Some(format!("GPU-{id}")),
             pci_bus_id: None,
+            recovery_action: None,
         }
     }
 

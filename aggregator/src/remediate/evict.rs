@@ -363,6 +363,7 @@ impl Remediator {
         }
         let pods = self.pods_on(node).await?;
         let mut n = 0;
+        let mut namespaces = NamespaceGraces::default();
         for pod in pods
             .iter()
             .filter(|p| wants_eviction(&PodView::of(p, &self.resources), devices))
@@ -370,13 +371,21 @@ impl Remediator {
             let Some((ns, name, key)) = pod_key(pod) else {
                 continue;
             };
+            // What enforce would do first for a pod that asked for time (issue 29).
+            let warn = match self.grace_of(pod, &mut namespaces).await {
+                Ok(g) if !g.is_zero() => format!(
+                    " after warning it to checkpoint (grace {}s, or its acknowledgement)",
+                    g.as_secs()
+                ),
+                _ => String::new(),
+            };
             if self
                 .announce
                 .event(
                     node,
                     "FaultlineWouldEvict",
                     &key,
-                    format!("dry-run: would evict {ns}/{name}"),
+                    format!("dry-run: would evict {ns}/{name}{warn}"),
                     true,
                     devices,
                 )
