@@ -187,6 +187,9 @@ async fn deliver(
         .map_err(|e| refused(Refused::Invalid(format!("not a delivery: {e}"))))?;
     let sequence = d.sequence;
     s.verdicts.apply(d, now_ms()).map_err(refused)?;
+    // Acknowledgements of intents the new entry no longer lists go.
+    let verdicts = s.verdicts.clone();
+    s.store.prune_drain_acks(|a| verdicts.lists(a));
     Ok(Json(json!({"sequence": sequence})).into_response())
 }
 
@@ -247,7 +250,7 @@ async fn ack(
     let verdicts = s.verdicts.clone();
     let new = s
         .store
-        .ack_drain(&a.uid, |uid| verdicts.drain_notice(uid).is_some());
+        .ack_drain(&a.uid, &notice.requested, |a| verdicts.lists(a));
     if new {
         s.metrics.drain_acked();
         tracing::info!(namespace = %notice.namespace, pod = %notice.pod, uid = %a.uid, "drain intent acknowledged");

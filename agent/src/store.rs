@@ -195,15 +195,24 @@ impl Store {
         self.generation.subscribe()
     }
 
-    /// Take a pod's acknowledgement of its drain intent (issue 29): it joins the
-    /// document (a new generation) unless it is there already. Only acknowledgements
-    /// whose intent `listed` still names are kept, [`MAX_DRAIN_ACKS`] at most. Whether
-    /// it is new.
-    pub fn ack_drain(&self, uid: &str, listed: impl Fn(&str) -> bool) -> bool {
+    /// Take a pod's acknowledgement of its drain intent (the one `requested` then;
+    /// issue 29): it joins the document (a new generation) unless it is there already.
+    /// Only acknowledgements of intents `listed` still holds are kept,
+    /// [`MAX_DRAIN_ACKS`] at most. Whether it is new.
+    pub fn ack_drain(
+        &self,
+        uid: &str,
+        requested: &str,
+        listed: impl Fn(&DrainAck) -> bool,
+    ) -> bool {
         let at = rfc3339_ms(self.now().1);
         let mut inner = self.lock();
-        inner.drain_acks.retain(|a| listed(&a.uid));
-        if inner.drain_acks.iter().any(|a| a.uid == uid) {
+        inner.drain_acks.retain(|a| listed(a));
+        if inner
+            .drain_acks
+            .iter()
+            .any(|a| a.uid == uid && a.requested == requested)
+        {
             return false;
         }
         if inner.drain_acks.len() >= MAX_DRAIN_ACKS {
@@ -211,10 +220,22 @@ impl Store {
         }
         inner.drain_acks.push(DrainAck {
             uid: uid.to_string(),
+            requested: requested.to_string(),
             at,
         });
         self.bump(&mut inner);
         true
+    }
+
+    /// Drop the acknowledgements of intents `listed` no longer holds (a new entry
+    /// arrived without them): a later intent for the same pod starts unacknowledged.
+    pub fn prune_drain_acks(&self, listed: impl Fn(&DrainAck) -> bool) {
+        let mut inner = self.lock();
+        let before = inner.drain_acks.len();
+        inner.drain_acks.retain(|a| listed(a));
+        if inner.drain_acks.len() != before {
+            self.bump(&mut inner);
+        }
     }
 
     /// Declare a source. Polled sources gate readiness until their first attempt.

@@ -224,6 +224,12 @@ impl Verdicts {
             .cloned()
     }
 
+    /// Whether the entry held lists the intent an acknowledgement answers.
+    pub fn lists(&self, ack: &faultline_common::document::DrainAck) -> bool {
+        self.drain_notice(&ack.uid)
+            .is_some_and(|n| n.requested == ack.requested)
+    }
+
     /// Whether the verdict held is stale at `now_ms` (none held: stale).
     pub fn stale(&self, now_ms: u64) -> bool {
         self.held.locked().as_ref().is_none_or(|h| {

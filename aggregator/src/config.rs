@@ -30,9 +30,13 @@ pub fn positive_duration(v: &str) -> Result<Duration, String> {
     }
 }
 
-/// A duration such as `0`, `300s`, `10m` (zero allowed: "none").
-fn any_duration(v: &str) -> Result<Duration, String> {
-    parse_duration(v).ok_or_else(|| format!("{v:?}: expected a duration such as 0, 300s, 10m"))
+/// `--max-checkpoint-grace`: a duration such as `0` (none), `300s`, `10m`, at most 7 days.
+fn grace_duration(v: &str) -> Result<Duration, String> {
+    match parse_duration(v) {
+        Some(d) if d <= Duration::from_secs(7 * 86_400) => Ok(d),
+        Some(_) => Err(format!("{v:?}: at most 7d")),
+        None => Err(format!("{v:?}: expected a duration such as 0, 300s, 10m")),
+    }
 }
 
 /// `--name`: a DNS-1123 label, since it is both part of object names and the value of
@@ -283,7 +287,7 @@ pub struct RemediationArgs {
     /// The longest a pod on a failed device may ask to checkpoint before its eviction
     /// (its `faultline.io/checkpoint-grace` annotation, or its namespace's): it is warned
     /// in fault.json and evicted at its acknowledgement or deadline. 0: none is warned.
-    #[arg(long, env = "FAULTLINE_MAX_CHECKPOINT_GRACE", default_value = "10m", value_parser = any_duration)]
+    #[arg(long, env = "FAULTLINE_MAX_CHECKPOINT_GRACE", default_value = "10m", value_parser = grace_duration)]
     pub max_checkpoint_grace: Duration,
     /// Share of accelerator nodes quarantined at most, in percent (one node always may be).
     #[arg(

@@ -356,7 +356,7 @@ async fn side_by_side_the_warned_trainer_loses_nothing_the_unwarned_one_its_step
         lost(&warned.1) <= 1,
         "the warned trainer lost at most one step"
     );
-    assert_eq!(warned.0, Some(0));
+    assert_eq!(warned.0, Some(143), "never 0: the Job would complete");
     let acked_ms: f64 = warned
         .1
         .lines()
@@ -455,5 +455,53 @@ async fn a_dry_run_announces_the_warning_and_publishes_no_intent() {
     assert!(entry.drain.is_empty(), "{entry:?}");
     assert_eq!(events(server, "FaultlineDrainRequested"), 0);
     assert_eq!(evictions(server, "ckpt") + evictions(server, "plain"), 0);
+    assert_no_forbidden(server);
+}
+
+/// A warned pod whose disruption budget refuses its eviction past `--eviction-deadline`
+/// is left (as before): its intent ends with it, so it is not told to drain forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_left_to_its_budget_is_no_longer_told_to_drain() {
+    let w = Scenario::new()
+        .node(NodeFixture::shared("n1").ready(true))
+        .object("pods", "default", pod("stuck", Some("1s"), "10.1.2.8"))
+        .object(
+            "poddisruptionbudgets",
+            "default",
+            json!({"metadata": {"name": "stuck"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "stuck"}}}}),
+        )
+        .agents()
+        .start()
+        .await;
+    let server = &w.server;
+    let _agg = w
+        .healing("r1")
+        .args(&["--eviction-deadline", "2s"])
+        .start()
+        .await;
+    holds(server, "r1").await;
+    fail(w.agent("n1"), "gpu1").await;
+    until(Duration::from_secs(10), "the intent published", || {
+        node_entry(server, 1, "n1").filter(|e| e.drain.len() == 1)
+    })
+    .await;
+    until(
+        Duration::from_secs(20),
+        "given up on, its intent gone",
+        || {
+            let gone = node_entry(server, 1, "n1")?.drain.is_empty();
+            (gone && events_on(server, "n1", "FaultlineEvictionBlocked") == 1).then_some(())
+        },
+    )
+    .await;
+    let r = record(server, "n1").unwrap();
+    assert!(r.get("drains").is_none(), "{r}");
+    assert!(
+        server.get("pods", "default", "stuck").is_some(),
+        "left, as before"
+    );
+    assert_eq!(eviction_calls(server, "stuck", 201), 0);
+    assert!(eviction_calls(server, "stuck", 429) >= 1);
     assert_no_forbidden(server);
 }

@@ -53,6 +53,9 @@ pub struct NodeHealth {
 pub struct DrainAck {
     /// The pod's UID, as the drain intent names it.
     pub uid: String,
+    /// The intent's `requested`: an acknowledgement answers that one intent, never a
+    /// later one for the same pod.
+    pub requested: String,
     /// When the agent took it (RFC 3339).
     pub at: String,
 }
@@ -168,6 +171,9 @@ pub struct AckView<'a> {
     /// The pod's UID.
     #[serde(borrow)]
     pub uid: Cow<'a, str>,
+    /// The acknowledged intent's `requested`.
+    #[serde(borrow)]
+    pub requested: Cow<'a, str>,
     #[serde(rename = "at")]
     _at: serde::de::IgnoredAny,
 }
@@ -281,6 +287,7 @@ impl<'a> DocView<'a> {
         )?;
         for a in &self.drain_acks {
             len("acknowledged pod uid", &a.uid, limits::ID)?;
+            len("acknowledged intent time", &a.requested, limits::ID)?;
         }
         for d in &self.npus {
             len("device id", &d.id, limits::ID)?;

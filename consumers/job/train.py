@@ -77,11 +77,12 @@ def main():
     state = {"step": step, "saved": step}
 
     def terminated(*_):
-        # The eviction's SIGTERM: what was not checkpointed is lost.
+        # The eviction's SIGTERM: what was not checkpointed is lost. Never exit 0 here:
+        # the pod would be Succeeded and the Job complete before its last step.
         lost = state["step"] - state["saved"]
         print("terminated at step %d; last checkpoint at step %d: %d steps lost"
               % (state["step"], state["saved"], lost), flush=True)
-        os._exit(143 if lost else 0)
+        os._exit(143)
 
     signal.signal(signal.SIGTERM, terminated)
 

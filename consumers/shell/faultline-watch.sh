@@ -115,10 +115,12 @@ while :; do
       sed 's/^\([^ ]*\) \([^ ]*\) failed /FAILED \1 \2 /' <<<"$failed"
       exit 3
     fi
-    if [ -n "$exit_on_drain" ] && mine=$(my_drain <<<"$text") && [ -n "$mine" ]; then
-      printf '%s\n' "$mine"
-      exit 4
-    fi
+  fi
+  # On every read, not only when the printed lines change (an unreachable agent's
+  # entry prints one line, whatever its intents).
+  if [ -n "$exit_on_drain" ] && [ -n "${text:-}" ] && mine=$(my_drain <<<"$text") && [ -n "$mine" ]; then
+    printf '%s\n' "$mine"
+    exit 4
   fi
   sleep "$interval"
 done

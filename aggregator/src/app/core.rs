@@ -174,6 +174,12 @@ impl Core {
             devices,
             "shard taken; seeded from its last document"
         );
+        // Drain intents stay published; their passes re-arm the deadlines.
+        if let Some(d) = self.dispatch.as_mut() {
+            for n in t.nodes.iter().filter(|n| !n.drain.is_empty()) {
+                d.wake_soon(&n.node);
+            }
+        }
         // Written once granted (`on_grants`), by a write of its own.
         self.schedule.seeded_shard(t.shard);
     }

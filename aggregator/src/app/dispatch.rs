@@ -198,6 +198,13 @@ impl Dispatch {
         *at = (*at).min(at_ms);
     }
 
+    /// Run `node`'s pass again in a second (a shard just taken with drain intents
+    /// published: its deadlines are read from the record again once it is held).
+    pub fn wake_soon(&mut self, node: &str) {
+        let at = self.remediator.clock().now_ms() + 1_000;
+        self.wake_at(node, at);
+    }
+
     /// When the next wake is due, as an instant.
     pub fn next_wake(&self) -> Option<tokio::time::Instant> {
         let at = *self.wakes.values().min()?;
@@ -385,8 +392,8 @@ struct NodePass {
     unverified: Vec<RecordDevice>,
     /// This replica follows the node's agent (so the Node is known to exist).
     followed: bool,
-    /// Pods of the node whose drain acknowledgement its agent carries (UIDs).
-    acks: Vec<String>,
+    /// The drain acknowledgements its agent carries (pod UID, intent's `requested`).
+    acks: Vec<(String, String)>,
 }
 
 impl NodePass {

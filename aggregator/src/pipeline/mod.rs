@@ -227,6 +227,13 @@ impl Pipeline {
                 },
             );
         }
+        // Its drain intents stay published until this holder's pass reads the record.
+        if !faults.drain.is_empty() {
+            node.drain = Some(Box::new(node::NodeDrain {
+                notices: faults.drain.clone(),
+                acks: Vec::new(),
+            }));
+        }
         faults.npus.len()
     }
 
@@ -361,8 +368,9 @@ impl Pipeline {
         true
     }
 
-    /// The pods of node `name` whose drain acknowledgement its agent carries (UIDs).
-    pub fn drain_acks(&self, name: &str) -> Vec<String> {
+    /// The drain acknowledgements node `name`'s agent carries: (pod UID, the
+    /// acknowledged intent's `requested`).
+    pub fn drain_acks(&self, name: &str) -> Vec<(String, String)> {
         self.nodes
             .get(name)
             .and_then(|n| n.drain.as_ref())

@@ -82,11 +82,11 @@ pub(super) struct Node {
 }
 
 /// A node's drain intents (from its remediation pass) and the acknowledgements its
-/// agent carries (pod UIDs).
+/// agent carries (pod UID, the intent's `requested`).
 #[derive(Default)]
 pub(super) struct NodeDrain {
     pub(super) notices: Vec<faultline_common::fault::DrainNotice>,
-    pub(super) acks: Vec<String>,
+    pub(super) acks: Vec<(String, String)>,
 }
 
 /// Most devices kept for one node, remembered ones included (issue 26: an agent that
@@ -129,18 +129,31 @@ pub(super) fn measures(rules: &Rules, doc: &DocView<'_>) -> Vec<Measure> {
 }
 
 impl Node {
-    /// Take the drain acknowledgements of a document: whether one is new.
+    /// Take the drain acknowledgements of a document: whether one is new and answers
+    /// an intent published for the node and not yet acknowledged (only such a one
+    /// makes the node's pass run: an agent naming ever new UIDs makes none).
     pub(super) fn take_acks(&mut self, doc: &DocView<'_>) -> bool {
-        let held = self.drain.as_ref().map_or(&[][..], |d| &d.acks[..]);
-        if doc.drain_acks.is_empty() && held.is_empty() {
+        let Some(d) = self.drain.as_mut() else {
+            return false;
+        };
+        if doc.drain_acks.is_empty() && d.acks.is_empty() {
             return false;
         }
-        let new = doc
+        let new = doc.drain_acks.iter().any(|a| {
+            let held = d
+                .acks
+                .iter()
+                .any(|(u, r)| *u == *a.uid && *r == *a.requested);
+            !held
+                && d.notices.iter().any(|n| {
+                    n.uid == *a.uid && n.requested == *a.requested && n.acknowledged.is_none()
+                })
+        });
+        d.acks = doc
             .drain_acks
             .iter()
-            .any(|a| !held.iter().any(|h| *h == *a.uid));
-        self.drain.get_or_insert_with(Default::default).acks =
-            doc.drain_acks.iter().map(|a| a.uid.to_string()).collect();
+            .map(|a| (a.uid.to_string(), a.requested.to_string()))
+            .collect();
         new
     }
 

@@ -641,3 +641,55 @@ fn the_recovery_action_of_each_nvml_value_is_published_and_recorded() {
     let v = serde_json::to_value(p.node_faults("n1").unwrap()).unwrap();
     assert!(v["npus"][0].get("recovery_action").is_none(), "{v}");
 }
+
+/// Issue 29: only a new acknowledgement of an intent published for the node, not yet
+/// acknowledged, makes its pass run (an agent naming ever new UIDs makes none); a shard
+/// taken over keeps its intents published.
+#[test]
+fn only_an_acknowledgement_of_a_published_intent_wakes_the_node() {
+    use faultline_common::document::DrainAck;
+    use faultline_common::fault::DrainNotice;
+    let mut p = pipeline();
+    p.on_document(doc("n1", vec![dev("gpu0", 40.0, None)]), 1_000);
+    let intent = DrainNotice {
+        namespace: "ml".into(),
+        pod: "p".into(),
+        uid: "u-1".into(),
+        pod_ips: vec![],
+        devices: vec!["gpu0".into()],
+        reason: "xid-79".into(),
+        requested: rfc3339(1_000),
+        evict_after: rfc3339(301_000),
+        acknowledged: None,
+    };
+    assert!(p.set_drain("n1", vec![intent.clone()], 1_100));
+    assert!(!p.set_drain("n1", vec![intent.clone()], 1_200), "unchanged");
+    assert_eq!(p.node_faults("n1").unwrap().drain, vec![intent.clone()]);
+    let with_acks = |acks: &[(&str, u64)], g: u64| {
+        let mut d = doc("n1", vec![dev("gpu0", 40.0, None)]);
+        d.generation = g;
+        d.drain_acks = acks
+            .iter()
+            .map(|(uid, at)| DrainAck {
+                uid: uid.to_string(),
+                requested: rfc3339(*at),
+                at: rfc3339(2_000),
+            })
+            .collect();
+        d
+    };
+    let c = p.on_document(with_acks(&[("u-9", 1_000), ("u-1", 500)], 2), 2_000);
+    assert!(
+        c.drain_acked.is_empty(),
+        "no such intent, or an earlier one"
+    );
+    let c = p.on_document(with_acks(&[("u-1", 1_000)], 3), 3_000);
+    assert_eq!(c.drain_acked, ["n1"]);
+    assert_eq!(p.drain_acks("n1"), [("u-1".to_string(), rfc3339(1_000))]);
+    let c = p.on_document(with_acks(&[("u-1", 1_000)], 4), 4_000);
+    assert!(c.drain_acked.is_empty(), "the same one again");
+    // Another replica takes the shard over: the intents stay published.
+    let mut q = pipeline();
+    q.seed(&p.node_faults("n1").unwrap(), 5_000);
+    assert_eq!(q.node_faults("n1").unwrap().drain, vec![intent]);
+}

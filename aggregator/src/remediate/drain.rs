@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use faultline_common::fault::DrainNotice;
-use faultline_common::time::{parse_duration, parse_rfc3339_ms, rfc3339_ms};
+use faultline_common::time::{parse_duration, rfc3339_ms};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::Api;
 
@@ -99,16 +99,14 @@ pub fn drain_step(grace: Duration, intent: Option<u64>, acked: bool, now_ms: u64
     }
 }
 
-/// When the earliest intent of `drains` that still waits falls due (ms), after
-/// `now_ms`: the dispatcher wakes the node's pass then. Intents past their deadline
-/// (a budget holds the pod) and acknowledged ones are the passes' business already.
-pub fn next_deadline(drains: &BTreeMap<String, DrainNotice>, now_ms: u64) -> Option<u64> {
-    drains
-        .values()
-        .filter(|n| n.acknowledged.is_none())
-        .filter_map(|n| parse_rfc3339_ms(&n.evict_after))
-        .filter(|at| *at > now_ms)
-        .min()
+/// Whether `intent` is acknowledged: recorded so, or answered by one of `acks` (pod
+/// UID, the intent's `requested`). An acknowledgement of an earlier intent of the same
+/// pod answers nothing now.
+pub fn acknowledged(intent: &DrainNotice, acks: &[(String, String)]) -> bool {
+    intent.acknowledged.is_some()
+        || acks
+            .iter()
+            .any(|(uid, requested)| *uid == intent.uid && *requested == intent.requested)
 }
 
 /// A new intent for `pod` (its record key `key`), evicted at `evict_after_ms`.
@@ -258,29 +256,34 @@ mod tests {
     }
 
     #[test]
-    fn the_pass_wakes_at_the_earliest_deadline_still_ahead() {
-        let at = |ms: u64, acked: bool| DrainNotice {
+    fn an_acknowledgement_answers_its_own_intent_only() {
+        let intent = DrainNotice {
             namespace: "ml".into(),
-            pod: format!("p{ms}"),
-            uid: format!("u{ms}"),
+            pod: "p".into(),
+            uid: "u-1".into(),
             pod_ips: vec![],
             devices: vec!["gpu0".into()],
             reason: "xid-79".into(),
-            requested: rfc3339_ms(0),
-            evict_after: rfc3339_ms(ms),
-            acknowledged: acked.then(|| rfc3339_ms(1)),
+            requested: rfc3339_ms(2_000),
+            evict_after: rfc3339_ms(302_000),
+            acknowledged: None,
         };
-        let drains: BTreeMap<String, DrainNotice> = [
-            ("a".to_string(), at(5_000, false)),
-            ("b".to_string(), at(3_000, true)),
-            ("c".to_string(), at(9_000, false)),
-            ("d".to_string(), at(1_000, false)),
-        ]
-        .into();
-        assert_eq!(next_deadline(&drains, 2_000), Some(5_000));
-        assert_eq!(next_deadline(&drains, 5_000), Some(9_000));
-        assert_eq!(next_deadline(&drains, 9_000), None);
-        assert_eq!(next_deadline(&BTreeMap::new(), 0), None);
+        let ack = |uid: &str, at: u64| (uid.to_string(), rfc3339_ms(at));
+        assert!(acknowledged(&intent, &[ack("u-1", 2_000)]));
+        assert!(!acknowledged(&intent, &[]));
+        assert!(
+            !acknowledged(&intent, &[ack("u-2", 2_000)]),
+            "another pod's"
+        );
+        assert!(
+            !acknowledged(&intent, &[ack("u-1", 1_000)]),
+            "an earlier intent's, of the same pod"
+        );
+        let recorded = DrainNotice {
+            acknowledged: Some(rfc3339_ms(3_000)),
+            ..intent
+        };
+        assert!(acknowledged(&recorded, &[]), "recorded: it stands");
     }
 
     #[test]

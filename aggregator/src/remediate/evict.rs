@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams};
 
 use super::announce::audit;
-use super::drain::{drain_step, next_deadline, notice, DrainStep, Drained, NamespaceGraces};
+use super::drain::{acknowledged, drain_step, notice, DrainStep, Drained, NamespaceGraces};
 use super::error::RemediateError;
 use super::patch::NodePatch;
 use super::policy::{blocked, breaker_stops, record_evicts, wants_eviction, Blocked, Mode, Step};
@@ -109,12 +109,13 @@ impl Remediator {
     }
 
     /// Evict the pods on `node` that use a failed device (see the module); a pod that
-    /// asked for time to checkpoint is warned first (`drain.rs`), and evicted once its
-    /// UID is among `acks` or its deadline passed.
+    /// asked for time to checkpoint is warned first (`drain.rs`), and evicted once
+    /// `acks` (pod UID, the intent's `requested`) answer its intent or its deadline
+    /// passed.
     pub async fn evict(
         &self,
         node: &str,
-        acks: &[String],
+        acks: &[(String, String)],
         fence: &Fence,
     ) -> Result<Evictions, RemediateError> {
         let mut out = Evictions::default();
@@ -158,8 +159,11 @@ impl Remediator {
                 .drain_step(node, pod, &key, acks, &mut record, &mut namespaces)
                 .await
             {
-                Some(d) => d,
-                None => {
+                Ok(d) => d,
+                Err(at) => {
+                    // Woken at the deadline (the earliest of the pass's decisions: one
+                    // that passes while the pass runs is still woken for).
+                    out.wake_ms = Some(out.wake_ms.map_or(at, |w| w.min(at)));
                     touched.push(key.clone());
                     out.draining.push(key);
                     continue;
@@ -172,7 +176,12 @@ impl Remediator {
                 continue;
             }
             touched.push(key.clone());
-            match self.evict_pod(node, pod, &key, &mut record).await? {
+            let outcome = self.evict_pod(node, pod, &key, &mut record).await?;
+            // Given up or deleted past the budget's deadline: its intent ends too.
+            if record.evicted.contains(&key) {
+                record.drains.remove(&key);
+            }
+            match outcome {
                 PodEviction::Evicted => {
                     audit("evict", node, &record.devices, &self.actor, &key);
                     record.eviction_blocked.remove(&key);
@@ -219,7 +228,6 @@ impl Remediator {
             }
         }
         out.drains = Some(record.drains.values().cloned().collect());
-        out.wake_ms = next_deadline(&record.drains, self.clock.now_ms());
         if record != before {
             self.write_eviction_record(&live, &before, record, &touched, fence)
                 .await?;
@@ -260,24 +268,25 @@ impl Remediator {
         }
     }
 
-    /// Whether to evict `pod` now (and why), or `None`: it was warned and waits for its
-    /// acknowledgement or deadline (a new intent is recorded and announced here).
+    /// Whether to evict `pod` now (and why), or the time (ms) it waits until: it was
+    /// warned and waits for its acknowledgement or deadline (a new intent is recorded
+    /// and announced here).
     async fn drain_step(
         &self,
         node: &str,
         pod: &Pod,
         key: &str,
-        acks: &[String],
+        acks: &[(String, String)],
         record: &mut QuarantineRecord,
         namespaces: &mut NamespaceGraces,
-    ) -> Option<Drained> {
+    ) -> Result<Drained, u64> {
         let now = self.clock.now_ms();
-        let intent = record
-            .drains
-            .get(key)
-            .map(|n| faultline_common::time::parse_rfc3339_ms(&n.evict_after).unwrap_or(0));
-        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        let acked = !uid.is_empty() && acks.iter().any(|a| a == uid);
+        let held = record.drains.get(key);
+        let intent =
+            held.map(|n| faultline_common::time::parse_rfc3339_ms(&n.evict_after).unwrap_or(0));
+        // An acknowledgement answers one intent (its `requested`), never a later one
+        // for the same pod; once recorded it stands (the agent keeps only the latest).
+        let acked = held.is_some_and(|n| acknowledged(n, acks));
         let grace = if intent.is_some() {
             std::time::Duration::ZERO
         } else {
@@ -302,9 +311,9 @@ impl Remediator {
                 if let Some(n) = record.drains.get_mut(key).filter(|_| acked) {
                     n.acknowledged.get_or_insert_with(|| rfc3339_ms(now));
                 }
-                Some(d)
+                Ok(d)
             }
-            DrainStep::Wait(_) => None,
+            DrainStep::Wait(at) => Err(at),
             DrainStep::Request(at) => {
                 // The reasons as fault.json gives them (`npus[].reason`).
                 let mut reasons: Vec<&str> =
@@ -345,7 +354,7 @@ impl Remediator {
                         &record.devices,
                     )
                     .await;
-                None
+                Err(at)
             }
         }
     }
