@@ -22,6 +22,7 @@ modules=(
   'common/src/state.rs|state::'                    # the per-device state machine
   'common/src/rules.rs|rules::'                    # windows and correlation rules
   'aggregator/src/remediate/policy.rs|remediate::' # budgets, breaker, release, eviction choice
+  'aggregator/src/remediate/drain.rs|remediate::drain' # warn before evicting (issue 29)
   'aggregator/src/app/schedule.rs|app::schedule'   # write schedule
   'aggregator/src/shard/plan.rs|shard::'           # shard planning (fair share, hand-back)
 )

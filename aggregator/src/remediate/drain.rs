@@ -7,18 +7,16 @@
 //! wakes the node's pass at the deadline. A pod that exits has acknowledged by leaving.
 //! Without the annotation (grace 0) a pod is evicted at once, as before.
 //!
-//! The decisions are the pure functions here ([`grace`], [`drain_step`]), each with a
-//! table test; budgets, the breaker, PDBs and dry-run apply to the eviction as before.
+//! The decisions are the pure functions here ([`grace`], [`drain_step`],
+//! [`acknowledged`]), each with a table test (and cargo-mutants, scripts/mutants.sh);
+//! reading a namespace's annotation is `grace.rs`'s. Budgets, the breaker, PDBs and
+//! dry-run apply to the eviction as before.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use faultline_common::fault::DrainNotice;
 use faultline_common::time::{parse_duration, rfc3339_ms};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::Api;
-
-use super::remediator::Remediator;
+use k8s_openapi::api::core::v1::Pod;
 
 /// The annotation (on a pod, or on its namespace) asking for time to checkpoint.
 pub const GRACE_ANNOTATION: &str = "faultline.io/checkpoint-grace";
@@ -148,51 +146,6 @@ pub fn notice(
     }
 }
 
-/// The namespaces' grace annotations read in one pass, each namespace once.
-#[derive(Default)]
-pub struct NamespaceGraces(BTreeMap<String, Option<String>>);
-
-impl Remediator {
-    /// How long `pod` may checkpoint ([`grace`]); the namespace is read only when the
-    /// pod has no annotation and the cluster allows any grace. A namespace that cannot
-    /// be read counts as one without the annotation (logged).
-    pub(super) async fn grace_of(
-        &self,
-        pod: &Pod,
-        namespaces: &mut NamespaceGraces,
-    ) -> Result<Duration, String> {
-        if self.max_grace.is_zero() {
-            return Ok(Duration::ZERO);
-        }
-        let own = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(GRACE_ANNOTATION))
-            .cloned();
-        let ns = pod.metadata.namespace.clone().unwrap_or_default();
-        let of_ns = match (&own, namespaces.0.get(&ns)) {
-            (Some(_), _) => None,
-            (None, Some(v)) => v.clone(),
-            (None, None) => {
-                let api: Api<Namespace> = Api::all(self.client.clone());
-                let v = match api.get_metadata_opt(&ns).await {
-                    Ok(n) => n
-                        .and_then(|n| n.metadata.annotations)
-                        .and_then(|mut a| a.remove(GRACE_ANNOTATION)),
-                    Err(e) => {
-                        tracing::warn!(namespace = %ns, error = %e, "cannot read the namespace's checkpoint grace; none assumed");
-                        None
-                    }
-                };
-                namespaces.0.insert(ns, v.clone());
-                v
-            }
-        };
-        grace(own.as_deref(), of_ns.as_deref(), self.max_grace)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +205,23 @@ mod tests {
                 want,
                 "grace {grace:?}, intent {intent:?}, acked {acked}, now {now}"
             );
+        }
+    }
+
+    /// What the metric and the record say of each way a pod leaves.
+    #[test]
+    fn each_way_out_is_named_and_counted_apart() {
+        use crate::metrics::ActionResult;
+        for (d, word, result) in [
+            (Drained::NoGrace, "no-grace", ActionResult::Ok),
+            (
+                Drained::Acknowledged,
+                "acknowledged",
+                ActionResult::Acknowledged,
+            ),
+            (Drained::TimedOut, "timed-out", ActionResult::TimedOut),
+        ] {
+            assert_eq!((d.as_str(), d.result()), (word, result), "{d:?}");
         }
     }
 

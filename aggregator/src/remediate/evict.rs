@@ -25,8 +25,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams};
 
 use super::announce::audit;
-use super::drain::{acknowledged, drain_step, notice, DrainStep, Drained, NamespaceGraces};
+use super::drain::{acknowledged, drain_step, notice, DrainStep, Drained};
 use super::error::RemediateError;
+use super::grace::NamespaceGraces;
 use super::patch::NodePatch;
 use super::policy::{blocked, breaker_stops, record_evicts, wants_eviction, Blocked, Mode, Step};
 use super::record::{describe, LiveNode, QuarantineRecord};

@@ -10,13 +10,15 @@
 //! - `announce.rs`: Events, audit lines, notifications;
 //! - `remediator.rs`: what every pass needs; `isolate.rs`, `evict.rs`, `release.rs`,
 //!   `canary.rs`: the passes;
-//! - `drain.rs`: warning a pod before its eviction (issue 29).
+//! - `drain.rs`: warning a pod before its eviction (issue 29); `grace.rs`: the grace a
+//!   pod or its namespace asks for.
 
 pub mod announce;
 pub mod canary;
 pub mod drain;
 pub mod error;
 pub mod evict;
+pub mod grace;
 pub mod guards;
 pub mod isolate;
 pub mod patch;
