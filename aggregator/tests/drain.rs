@@ -7,8 +7,9 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use faultline_common::time::{now_ms, parse_rfc3339_ms};
@@ -48,14 +49,19 @@ fn uid(server: &faultline_test_apiserver::ApiServer, pod: &str) -> String {
         .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_before() {
-    let tmp = tempfile::tempdir().unwrap();
-    let token = tmp.path().join("token");
+/// An agent for `n1` that takes the aggregator's deliveries (its token file, written in
+/// `tmp`), keeps the node's own fault.json in `tmp/node` and serves its pods on a port of
+/// their own: the agent, the token file and that directory.
+async fn delivering_agent(tmp: &Path) -> (faultline_agent::Agent, PathBuf, PathBuf) {
+    let token = tmp.join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let dir = tmp.join("node");
+    std::fs::create_dir(&dir).unwrap();
     let agent = agent_with(
         "n1",
         &[
+            "--fault-dir",
+            dir.to_str().unwrap(),
             "--fault-listen",
             "127.0.0.1:0",
             "--delivery-token-file",
@@ -63,6 +69,13 @@ async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_be
         ],
     )
     .await;
+    (agent, token, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_before() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (agent, token, _) = delivering_agent(tmp.path()).await;
     let pod_port = agent.fault_addr.expect("--fault-listen bound");
     let w = Scenario::new()
         .node(NodeFixture::shared("n1").ready(true))
@@ -213,42 +226,71 @@ fn futures_block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
 }
 
-/// The kit's example trainer (`consumers/job/train.py`) as a pod: `FAULTLINE_ON=drain`,
-/// so only its own drain intent stops it.
-fn trainer(uid: &str, node_file: &Path, ckpt: &Path, agent: &str) -> ChildGuard {
-    ChildGuard(
-        Command::new("python3")
-            .arg(repo_root().join("consumers/job/train.py"))
-            .env("NODE_NAME", "n1")
-            .env("POD_UID", uid)
-            .env("FAULTLINE_FILE", node_file)
-            .env("FAULTLINE_AGENT", agent)
-            .env("FAULTLINE_ON", "drain")
-            .env("CHECKPOINT_DIR", ckpt)
-            .env("STEP_SECONDS", "0.02")
-            .env("CHECKPOINT_EVERY", "100000")
-            // The next pod (resumed from a checkpoint of about 80 steps) ends soon.
-            .env("STEPS", "200")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    )
+/// The kit's example trainer (`consumers/job/train.py`) as a pod (`FAULTLINE_ON=drain`,
+/// so only its own drain intent stops it), its output collected as it comes.
+struct Trainer {
+    child: ChildGuard,
+    out: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Its exit code and output, once it exited (at most `within`).
-async fn output(c: &mut ChildGuard, within: Duration) -> (Option<i32>, String) {
-    let deadline = Instant::now() + within;
-    let status = loop {
-        if let Some(s) = c.0.try_wait().unwrap() {
-            break s;
+impl Trainer {
+    fn start(uid: &str, node_file: &Path, ckpt: &Path, agent: &str) -> Self {
+        let mut child = ChildGuard(
+            Command::new("python3")
+                .arg(repo_root().join("consumers/job/train.py"))
+                .env("NODE_NAME", "n1")
+                .env("POD_UID", uid)
+                .env("FAULTLINE_FILE", node_file)
+                .env("FAULTLINE_AGENT", agent)
+                .env("FAULTLINE_ON", "drain")
+                .env("CHECKPOINT_DIR", ckpt)
+                .env("STEP_SECONDS", "0.005")
+                .env("CHECKPOINT_EVERY", "100000")
+                // The next pod (resumed from the warned one's checkpoint) ends soon.
+                .env("STEPS", "400")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap(),
+        );
+        let (out, stdout) = (Arc::new(Mutex::new(String::new())), child.0.stdout.take());
+        let sink = out.clone();
+        let reader = std::thread::spawn(move || {
+            let lines = std::io::BufRead::lines(std::io::BufReader::new(stdout.unwrap()));
+            for l in lines.map_while(Result::ok) {
+                let mut o = sink.lock().unwrap();
+                o.push_str(&l);
+                o.push('\n');
+            }
+        });
+        Trainer {
+            child,
+            out,
+            reader: Some(reader),
         }
-        assert!(Instant::now() < deadline, "the trainer did not exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let mut out = String::new();
-    std::io::Read::read_to_string(c.0.stdout.as_mut().unwrap(), &mut out).unwrap();
-    (status.code(), out)
+    }
+
+    /// What it printed so far.
+    fn said(&self) -> String {
+        self.out.lock().unwrap().clone()
+    }
+
+    /// Its exit code and whole output, once it exited (at most `within`).
+    async fn output(&mut self, within: Duration) -> (Option<i32>, String) {
+        let deadline = Instant::now() + within;
+        let status = loop {
+            if let Some(s) = self.child.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "the trainer did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        if let Some(r) = self.reader.take() {
+            r.join().unwrap();
+        }
+        (status.code(), self.said())
+    }
 }
 
 /// The step the trainer checkpointed at when warned.
@@ -277,22 +319,7 @@ fn lost(out: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn side_by_side_the_warned_trainer_loses_nothing_the_unwarned_one_its_steps() {
     let tmp = tempfile::tempdir().unwrap();
-    let token = tmp.path().join("token");
-    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
-    let dir = tmp.path().join("node");
-    std::fs::create_dir(&dir).unwrap();
-    let agent = agent_with(
-        "n1",
-        &[
-            "--fault-dir",
-            dir.to_str().unwrap(),
-            "--fault-listen",
-            "127.0.0.1:0",
-            "--delivery-token-file",
-            token.to_str().unwrap(),
-        ],
-    )
-    .await;
+    let (agent, token, dir) = delivering_agent(tmp.path()).await;
     let pod_agent = format!("http://{}", agent.fault_addr.unwrap());
     let w = Scenario::new()
         .node(NodeFixture::shared("n1").ready(true))
@@ -320,20 +347,25 @@ async fn side_by_side_the_warned_trainer_loses_nothing_the_unwarned_one_its_step
         std::fs::create_dir(ckpt).unwrap();
         pods.push((
             *name,
-            trainer(&uid(server, name), &node_file, ckpt, &pod_agent),
+            Trainer::start(&uid(server, name), &node_file, ckpt, &pod_agent),
         ));
     }
-    // Work accumulates: neither has checkpointed yet (every 100,000 steps).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Both train (and neither checkpoints: every 100,000 steps) before the GPU fails.
+    until(Duration::from_secs(20), "both trainers started", || {
+        pods.iter()
+            .all(|(_, t)| t.said().contains("training from step 0"))
+            .then_some(())
+    })
+    .await;
     fail(&agent, "gpu1").await;
     // The kubelet: SIGTERM to a pod's process once the pod is gone (evicted).
     let mut killed = [None, None];
     let deadline = Instant::now() + Duration::from_secs(30);
     while killed.iter().any(Option::is_none) {
         assert!(Instant::now() < deadline, "not both evicted: {killed:?}");
-        for (i, (name, child)) in pods.iter().enumerate() {
+        for (i, (name, trainer)) in pods.iter().enumerate() {
             if killed[i].is_none() && server.get("pods", "default", name).is_none() {
-                let pid = child.0.id().to_string();
+                let pid = trainer.child.0.id().to_string();
                 Command::new("kill").args(["-TERM", &pid]).status().unwrap();
                 killed[i] = Some(now_ms());
             }
@@ -341,8 +373,8 @@ async fn side_by_side_the_warned_trainer_loses_nothing_the_unwarned_one_its_step
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut outs = Vec::new();
-    for (name, child) in &mut pods {
-        let (code, out) = output(child, Duration::from_secs(10)).await;
+    for (name, trainer) in &mut pods {
+        let (code, out) = trainer.output(Duration::from_secs(10)).await;
         eprintln!("--- {name} (exit {code:?}):\n{out}");
         outs.push((code, out));
     }
@@ -387,13 +419,13 @@ async fn side_by_side_the_warned_trainer_loses_nothing_the_unwarned_one_its_step
     assert!(evicted_once(server, "warned") && evicted_once(server, "unwarned"));
     // The Job's next pod, elsewhere, resumes from the checkpoint.
     let saved = lost_at(&warned.1);
-    let mut next = trainer(
+    let mut next = Trainer::start(
         "next-pod",
         &tmp.path().join("elsewhere.json"),
         &ckpts[0],
         &pod_agent,
     );
-    let (code, out) = output(&mut next, Duration::from_secs(20)).await;
+    let (code, out) = next.output(Duration::from_secs(20)).await;
     assert_eq!(code, Some(0), "{out}");
     assert!(
         out.starts_with(&format!("resumed from step {saved}\n")),

@@ -69,6 +69,7 @@ def main():
             step = json.load(f)["step"]
         print("resumed from step %d" % step, flush=True)
 
+    print("training from step %d" % step, flush=True)
     failed = threading.Event()
     drain = threading.Event()
     why = []

@@ -288,7 +288,12 @@ impl Remediator {
         // An acknowledgement answers one intent (its `requested`), never a later one
         // for the same pod; once recorded it stands (the agent keeps only the latest).
         let acked = held.is_some_and(|n| acknowledged(n, acks));
-        let grace = if intent.is_some() {
+        // Asked once per pod: one whose eviction was already tried without an intent (a
+        // budget refused it, or it failed) stays without one, and costs no namespace
+        // read on every later pass.
+        let tried =
+            record.eviction_blocked.contains_key(key) || record.eviction_failed.contains_key(key);
+        let grace = if intent.is_some() || tried {
             std::time::Duration::ZERO
         } else {
             match self.grace_of(pod, namespaces).await {
