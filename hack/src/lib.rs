@@ -1,0 +1,1 @@
+//! Nothing to call: this crate only enables features (see its Cargo.toml).
