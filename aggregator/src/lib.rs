@@ -8,6 +8,7 @@
 //! - `publish`: the documents, to files or shard ConfigMaps, and pod nudges;
 //! - `shard`: Leases and the fence every write asks;
 //! - `remediate`: isolation, eviction, release, with their guards and announcements;
+//! - `quarantine`: one device taken out through DRA's DeviceTaintRule (issue 28);
 //! - `app`: the wiring, the core loop and the per-node dispatcher;
 //! - `api`, `config` (and `targets`, the agents it names), `metrics`, `notify`,
 //!   `rules_file`, `model` (the shared vocabulary).
@@ -23,6 +24,7 @@ pub mod model;
 pub mod notify;
 pub mod pipeline;
 pub mod publish;
+pub mod quarantine;
 pub mod remediate;
 pub mod rules_file;
 pub mod shard;

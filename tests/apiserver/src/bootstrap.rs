@@ -32,6 +32,7 @@ pub struct Bootstrap {
     manifests: Vec<String>,
     tokens: Option<Vec<(String, String)>>,
     faults: Option<Faults>,
+    release: Option<crate::Release>,
 }
 
 impl Bootstrap {
@@ -83,9 +84,19 @@ impl Bootstrap {
         self
     }
 
+    /// The Kubernetes release played (`release.rs`; 1.34 by default): set before the
+    /// objects are seeded, so a kind the release does not serve cannot be seeded.
+    pub fn release(mut self, release: crate::Release) -> Self {
+        self.release = Some(release);
+        self
+    }
+
     /// Seed the server, bind and serve in a task.
     pub async fn start(self) -> anyhow::Result<Running> {
         let server = ApiServer::new();
+        if let Some(r) = self.release {
+            server.set_release(r);
+        }
         for ns in &self.namespaces {
             server
                 .create("namespaces", "", json!({"metadata": {"name": ns}}))

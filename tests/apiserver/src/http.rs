@@ -21,7 +21,7 @@ use crate::kinds::kind_of;
 use crate::selectors::Selection;
 use crate::{
     costs, paging, patch, rbac, watch, ApiError, ApiResult, ApiServer, Call, Costs, Faults, Inner,
-    Kind, Received, KINDS,
+    Kind, Received, Release, KINDS,
 };
 
 /// The query parameters this server acts on; the others (fieldManager, timeout, ...)
@@ -51,13 +51,17 @@ impl ListParams {
 /// The router, with discovery, resources and the test controls.
 pub fn router(server: ApiServer) -> Router {
     Router::new()
-        .route("/version", get(|| async { Json(json!({"major": "1", "minor": "34", "gitVersion": "v1.34.0-faultline-test", "platform": "linux/amd64"})) }))
+        .route("/version", get(|State(s): State<ApiServer>| async move {
+            let r = s.release();
+            Json(json!({"major": "1", "minor": r.minor.to_string(), "gitVersion": r.git_version(), "platform": "linux/amd64"}))
+        }))
         .route("/api", get(|| async { Json(json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})) }))
-        .route("/api/v1", get(|| async { Json(resource_list("", "v1")) }))
-        .route("/apis", get(|| async { Json(group_list()) }))
-        .route("/apis/{group}/{version}", get(|Path((g, v)): Path<(String, String)>| async move {
-            if KINDS.iter().any(|k| k.group == g && k.version == v) {
-                Json(resource_list(&g, &v)).into_response()
+        .route("/api/v1", get(|State(s): State<ApiServer>| async move { Json(resource_list(&s.release(), "", "v1")) }))
+        .route("/apis", get(|State(s): State<ApiServer>| async move { Json(group_list(&s.release())) }))
+        .route("/apis/{group}/{version}", get(|State(s): State<ApiServer>, Path((g, v)): Path<(String, String)>| async move {
+            let r = s.release();
+            if KINDS.iter().any(|k| k.group == g && r.serves(k, &v)) {
+                Json(resource_list(&r, &g, &v)).into_response()
             } else {
                 ApiError::new(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource").into_response()
             }
@@ -97,17 +101,20 @@ async fn get_faults(State(s): State<ApiServer>) -> Json<Faults> {
     Json(s.lock().faults.clone())
 }
 
-fn resource_list(group: &str, version: &str) -> Value {
+fn resource_list(r: &Release, group: &str, version: &str) -> Value {
     let mut resources = Vec::new();
     for k in KINDS
         .iter()
-        .filter(|k| k.group == group && k.version == version)
+        .filter(|k| k.group == group && r.serves(k, version))
     {
         resources.push(json!({
             "name": k.plural, "singularName": k.kind.to_lowercase(), "namespaced": k.namespaced, "kind": k.kind,
             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": k.short
         }));
-        if matches!(k.plural, "nodes" | "pods" | "poddisruptionbudgets") {
+        if matches!(
+            k.plural,
+            "nodes" | "pods" | "poddisruptionbudgets" | "resourceclaims" | "devicetaintrules"
+        ) {
             resources.push(json!({"name": format!("{}/status", k.plural), "singularName": "", "namespaced": k.namespaced, "kind": k.kind, "verbs": ["get", "patch", "update"]}));
         }
         if k.plural == "pods" {
@@ -122,22 +129,92 @@ fn resource_list(group: &str, version: &str) -> Value {
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
 
-fn group_list() -> Value {
-    let mut groups: Vec<Value> = Vec::new();
+/// `/apis`: each group with the versions the release serves, newest first, the
+/// newest preferred (staging/src/k8s.io/apiserver/pkg/endpoints/discovery/group.go).
+fn group_list(r: &Release) -> Value {
+    let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
     for k in KINDS.iter().filter(|k| !k.group.is_empty()) {
-        if groups.iter().any(|g| g["name"] == k.group) {
-            continue;
+        let i = match groups.iter().position(|(g, _)| *g == k.group) {
+            Some(i) => i,
+            None => {
+                groups.push((k.group, Vec::new()));
+                groups.len() - 1
+            }
+        };
+        for v in r.versions(k) {
+            if !groups[i].1.contains(v) {
+                groups[i].1.push(v);
+            }
         }
-        let gv = format!("{}/{}", k.group, k.version);
-        groups.push(json!({"name": k.group, "versions": [{"groupVersion": gv, "version": k.version}], "preferredVersion": {"groupVersion": gv, "version": k.version}}));
     }
+    let groups: Vec<Value> = groups
+        .into_iter()
+        .filter(|(_, vs)| !vs.is_empty())
+        .map(|(g, mut vs)| {
+            vs.sort_by_key(|v| std::cmp::Reverse(version_rank(v)));
+            let versions: Vec<Value> = vs
+                .iter()
+                .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+                .collect();
+            json!({"name": g, "versions": versions, "preferredVersion": versions[0]})
+        })
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// How Kubernetes orders versions (GA before beta before alpha, then by number:
+/// staging/src/k8s.io/apimachinery/pkg/version/helpers.go `CompareKubeAwareVersionStrings`).
+fn version_rank(v: &str) -> (u8, u32, u32) {
+    let Some(rest) = v.strip_prefix('v') else {
+        return (0, 0, 0);
+    };
+    let digits = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    let major = rest[..digits].parse().unwrap_or(0);
+    let tail = &rest[digits..];
+    let (stage, minor) = if tail.is_empty() {
+        (3, 0)
+    } else if let Some(n) = tail.strip_prefix("beta") {
+        (2, n.parse().unwrap_or(0))
+    } else if let Some(n) = tail.strip_prefix("alpha") {
+        (1, n.parse().unwrap_or(0))
+    } else {
+        (0, 0)
+    };
+    (stage, major, minor)
+}
+
+/// An object, a list or a watch event of `k` as a client that asked for `version` sees
+/// it: the versions of one kind share their fields here (`kinds.rs`), so conversion
+/// is the apiVersion (pkg/apis/resource/v1beta2/conversion.go and the generated
+/// conversions carry every field over).
+pub(crate) fn at_version(k: &Kind, version: &str, mut v: Value) -> Value {
+    if version == k.version {
+        return v;
+    }
+    let gv = format!("{}/{version}", k.group);
+    let storage = crate::kinds::api_version(k);
+    let mut set = |o: &mut Value| {
+        if o.get("apiVersion").and_then(Value::as_str) == Some(storage.as_str()) {
+            o["apiVersion"] = json!(gv);
+        }
+    };
+    set(&mut v);
+    if let Some(items) = v.get_mut("items").and_then(Value::as_array_mut) {
+        items.iter_mut().for_each(&mut set);
+    }
+    if let Some(o) = v.get_mut("object") {
+        set(o);
+    }
+    v
 }
 
 /// A resource path, taken apart.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct ResourcePath {
     pub(crate) group: String,
+    pub(crate) version: String,
     pub(crate) namespace: String,
     pub(crate) plural: String,
     pub(crate) name: Option<String>,
@@ -147,9 +224,9 @@ pub(crate) struct ResourcePath {
 /// `/api/v1/[namespaces/NS/]PLURAL[/NAME[/SUB]]` and `/apis/GROUP/VERSION/...`.
 pub(crate) fn parse_path(path: &str) -> Option<ResourcePath> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (group, rest) = match parts.as_slice() {
-        ["api", _v, rest @ ..] => ("".to_string(), rest),
-        ["apis", g, _v, rest @ ..] => (g.to_string(), rest),
+    let (group, version, rest) = match parts.as_slice() {
+        ["api", v, rest @ ..] => ("".to_string(), v.to_string(), rest),
+        ["apis", g, v, rest @ ..] => (g.to_string(), v.to_string(), rest),
         _ => return None,
     };
     let (namespace, rest) = match rest {
@@ -164,6 +241,7 @@ pub(crate) fn parse_path(path: &str) -> Option<ResourcePath> {
     };
     Some(ResourcePath {
         group,
+        version,
         namespace,
         plural: plural.to_string(),
         name,
@@ -294,12 +372,18 @@ async fn handle(
     };
     let ResourcePath {
         group,
+        version,
         namespace: ns,
         plural,
         name,
         subresource: sub,
     } = parse_path(path).ok_or_else(not_found)?;
-    let k = kind_of(&group, &plural).ok_or_else(not_found)?;
+    // A kind at a version the release does not serve is not there
+    // (staging/src/k8s.io/apiserver/pkg/server/storage/resource_config.go).
+    let k = kind_of(&group, &plural)
+        .filter(|k| s.release().serves(k, &version))
+        .ok_or_else(not_found)?;
+    let conv = |v: Value| at_version(k, &version, v);
     let params: ListParams = Query::try_from_uri(uri)
         .map(|Query(p)| p)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", e.body_text()))?;
@@ -354,9 +438,9 @@ async fn handle(
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", e))?;
             paging::validate_options(&params)?;
             if params.is_watch() {
-                watch::watch(s, k, &ns, &params, sel)
+                watch::watch(s, k, &ns, &params, sel, &version)
             } else {
-                let list = paging::list(s, k, &ns, &params, &sel)?;
+                let list = conv(paging::list(s, k, &ns, &params, &sel)?);
                 Ok(Json(match metadata_only(headers) {
                     Some(Partial::List) => partial_list(list),
                     _ => list,
@@ -368,14 +452,14 @@ async fn handle(
             .get(k.plural, &ns_of(&ns), &n)
             .map(|o| match metadata_only(headers) {
                 Some(Partial::Object) => Json(partial(o)).into_response(),
-                _ => Json(o).into_response(),
+                _ => Json(conv(o)).into_response(),
             })
             .ok_or_else(|| ApiError::not_found(k.plural, &n)),
         (Method::POST, None, None) => {
             let mut obj = parse_json(&body)?;
             before_create(k, &mut obj);
             let obj = s.create(k.plural, &ns, obj)?;
-            Ok((StatusCode::CREATED, Json(obj)).into_response())
+            Ok((StatusCode::CREATED, Json(conv(obj))).into_response())
         }
         (Method::POST, Some(n), Some("eviction")) if k.plural == "pods" => {
             let grace = parse_json(&body)?
@@ -383,15 +467,20 @@ async fn handle(
                 .and_then(Value::as_i64);
             Ok((StatusCode::CREATED, Json(s.evict(&ns, &n, grace)?)).into_response())
         }
-        (Method::PUT, Some(n), sub @ (None | Some("status"))) => {
-            Ok(Json(s.update(k.plural, &ns, &n, parse_json(&body)?, sub)?).into_response())
-        }
+        (Method::PUT, Some(n), sub @ (None | Some("status"))) => Ok(Json(conv(s.update(
+            k.plural,
+            &ns,
+            &n,
+            parse_json(&body)?,
+            sub,
+        )?))
+        .into_response()),
         (Method::PATCH, Some(n), sub @ (None | Some("status"))) => {
             let ct = headers
                 .get("content-type")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
-            Ok(Json(apply_patch(s, k, &ns_of(&ns), &n, sub, ct, &body)?).into_response())
+            Ok(Json(conv(apply_patch(s, k, &ns_of(&ns), &n, sub, ct, &body)?)).into_response())
         }
         (Method::DELETE, Some(n), None) => {
             // DeleteOptions come in the body or the query.
@@ -400,7 +489,7 @@ async fn handle(
                     .ok()
                     .and_then(|b| b.get("gracePeriodSeconds").and_then(Value::as_i64))
             });
-            Ok(Json(s.delete_with_grace(k.plural, &ns, &n, grace)?).into_response())
+            Ok(Json(conv(s.delete_with_grace(k.plural, &ns, &n, grace)?)).into_response())
         }
         _ => Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,

@@ -138,6 +138,43 @@ pub const KINDS: &[Kind] = &[
         namespaced: true,
         short: &["pdb"],
     },
+    // Dynamic Resource Allocation (staging/src/k8s.io/api/resource/v1/types.go): the
+    // version here is the storage version; which versions are served depends on the
+    // release played (`release.rs`), and the others convert by their apiVersion alone
+    // (v1beta2 and v1alpha3's DeviceTaintRule have v1's fields:
+    // staging/src/k8s.io/api/resource/v1beta2/types.go).
+    Kind {
+        group: "resource.k8s.io",
+        version: "v1",
+        plural: "resourceslices",
+        kind: "ResourceSlice",
+        namespaced: false,
+        short: &[],
+    },
+    Kind {
+        group: "resource.k8s.io",
+        version: "v1",
+        plural: "resourceclaims",
+        kind: "ResourceClaim",
+        namespaced: true,
+        short: &[],
+    },
+    Kind {
+        group: "resource.k8s.io",
+        version: "v1",
+        plural: "deviceclasses",
+        kind: "DeviceClass",
+        namespaced: false,
+        short: &[],
+    },
+    Kind {
+        group: "resource.k8s.io",
+        version: "v1",
+        plural: "devicetaintrules",
+        kind: "DeviceTaintRule",
+        namespaced: false,
+        short: &[],
+    },
 ];
 
 pub(crate) fn kind_of(group: &str, plural: &str) -> Option<&'static Kind> {

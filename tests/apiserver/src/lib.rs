@@ -33,6 +33,7 @@ mod b64;
 mod bootstrap;
 pub mod costs;
 pub mod disruption;
+pub mod dra;
 pub mod fixtures;
 mod http;
 mod kinds;
@@ -41,8 +42,10 @@ mod lifecycle;
 mod paging;
 pub mod patch;
 pub mod rbac;
+pub mod release;
 pub mod selectors;
 mod store;
+mod taint_eviction;
 pub mod validation;
 mod watch;
 
@@ -50,6 +53,7 @@ pub use bootstrap::{spawn, Bootstrap, Running};
 pub use costs::{Costs, Fanout, Tally};
 pub use http::{router, serve};
 pub use kinds::{Kind, KINDS};
+pub use release::Release;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -191,6 +195,8 @@ pub(crate) struct Inner {
     pub(crate) kubelets: kubelet::Kubelets,
     /// What the server sent and stored.
     pub(crate) meter: Arc<costs::Meter>,
+    /// The Kubernetes release played: which `resource.k8s.io` versions are served.
+    pub(crate) release: Release,
 }
 
 fn pod_node(obj: &Value) -> String {
@@ -385,15 +391,27 @@ impl ApiServer {
                 terminating: BTreeMap::new(),
                 kubelets: kubelet::Kubelets::default(),
                 meter: meter.clone(),
+                release: Release::default(),
             })),
             events,
             meter,
         };
         lifecycle::start(Arc::downgrade(&s.inner), s.events.clone());
+        taint_eviction::start(Arc::downgrade(&s.inner), s.events.clone(), s.meter.clone());
         for ns in ["default", "kube-system"] {
             let _ = s.create("namespaces", "", json!({"metadata": {"name": ns}}));
         }
         s
+    }
+
+    /// Play `release` from now on (discovery, `/version`, the versions served).
+    pub fn set_release(&self, release: Release) {
+        self.lock().release = release;
+    }
+
+    /// The release played.
+    pub fn release(&self) -> Release {
+        self.lock().release
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {

@@ -554,6 +554,8 @@ pub fn convert_field(k: &Kind, field: &str) -> Result<String, String> {
         "namespaces" => &["status.phase", "metadata.name"],
         "secrets" => &["type", "metadata.namespace", "metadata.name"],
         "jobs" => &["metadata.name", "metadata.namespace", "status.successful"],
+        // pkg/registry/resource/resourceslice/strategy.go `toSelectableFields`.
+        "resourceslices" => &["metadata.name", "spec.nodeName", "spec.driver"],
         _ => {
             return match field {
                 "metadata.name" | "metadata.namespace" => Ok(field.into()),
@@ -610,6 +612,8 @@ pub fn field_value(k: &Kind, obj: &Value, field: &str) -> String {
             }
         }
         ("events", f) => at(&format!("/{}", f.replace('.', "/"))),
+        ("resourceslices", "spec.nodeName") => at("/spec/nodeName"),
+        ("resourceslices", "spec.driver") => at("/spec/driver"),
         ("namespaces", "status.phase") => at("/status/phase"),
         ("secrets", "type") => at("/type"),
         ("jobs", "status.successful") => obj

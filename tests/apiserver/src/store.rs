@@ -11,7 +11,9 @@ use rand::Rng;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
+use crate::dra;
 use crate::kinds::{api_version, kind_of_plural};
+use crate::release::{Release, RESOURCE_GROUP};
 use crate::{
     costs, disruption, lifecycle, now_rfc3339, status_body, validation, ApiError, ApiServer, Inner,
     Key, Kind, WatchEvent, CONFIGMAP_MAX_BYTES, HISTORY,
@@ -92,7 +94,7 @@ impl ApiServer {
         Ok(())
     }
 
-    fn validate(k: &Kind, ns: &str, obj: &Value) -> Result<(), ApiError> {
+    fn validate(k: &Kind, ns: &str, obj: &Value, release: &Release) -> Result<(), ApiError> {
         let name = obj
             .pointer("/metadata/name")
             .and_then(Value::as_str)
@@ -103,6 +105,9 @@ impl ApiServer {
             "configmaps" => validation::configmap(obj).map_err(invalid)?,
             "secrets" => validation::secret(obj).map_err(invalid)?,
             "events" => validation::event(ns, obj).map_err(invalid)?,
+            "devicetaintrules" => dra::device_taint_rule(obj, release).map_err(invalid)?,
+            "resourceslices" => dra::resource_slice(obj, release).map_err(invalid)?,
+            "resourceclaims" => dra::resource_claim(obj).map_err(invalid)?,
             _ => {}
         }
         if k.plural == "configmaps" {
@@ -126,6 +131,14 @@ impl ApiServer {
     /// Create an object (as the API would: name, uid, resourceVersion, timestamps).
     pub fn create(&self, plural: &str, ns: &str, mut obj: Value) -> Result<Value, ApiError> {
         let k = kind_of_plural(plural)?;
+        if self.lock().release.versions(k).is_empty() {
+            // Not served by the release played: a kind this cluster does not have.
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("the server could not find the requested resource ({plural})"),
+            ));
+        }
         if !obj.get("metadata").is_some_and(Value::is_object) {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
@@ -173,7 +186,11 @@ impl ApiServer {
             ));
         }
         obj["metadata"]["name"] = json!(name);
-        Self::validate(k, ns, &obj)?;
+        if k.group == RESOURCE_GROUP {
+            dra::prepare_for_create(plural, &mut obj, &now_rfc3339());
+        }
+        let release = g.release;
+        Self::validate(k, ns, &obj, &release)?;
         g.uid += 1;
         let uid = format!("00000000-0000-4000-8000-{:012x}", g.uid);
         {
@@ -304,9 +321,13 @@ impl ApiServer {
                 .unwrap_or(1);
             obj["metadata"]["generation"] = json!(generation + 1);
         }
+        if k.group == RESOURCE_GROUP {
+            dra::prepare_for_update(k.plural, &cur, &mut obj, &now_rfc3339());
+        }
         validation::immutable_update(k.plural, &cur, &obj)
             .map_err(|e| ApiError::invalid(k.kind, name, e))?;
-        Self::validate(k, ns, &obj)?;
+        let release = g.release;
+        Self::validate(k, ns, &obj, &release)?;
         Self::stamp(&mut g, &mut obj, k, ns);
         g.put(key.clone(), obj.clone());
         let resource = match subresource {

@@ -59,6 +59,7 @@ pub(crate) fn watch(
     ns: &str,
     p: &ListParams,
     sel: Selection,
+    version: &str,
 ) -> ApiResult {
     let mut rx = s.events.subscribe();
     let (backlog, start_rv, too_old, drop_after) = {
@@ -98,7 +99,8 @@ pub(crate) fn watch(
     let bookmarks = p.allow_watch_bookmarks.unwrap_or(false);
     let ns = ns.to_string();
     let counter = s.meter.slot("watch", k.plural);
-    let stream = async_stream(counter, move |tx| async move {
+    let version = version.to_string();
+    let stream = async_stream(counter, k, version, move |tx| async move {
         if too_old {
             let _ = tx.send(json!({"type": "ERROR", "object": status_body(StatusCode::GONE, "Expired", "too old resource version")})).await;
             return;
@@ -147,8 +149,9 @@ pub(crate) fn watch(
 }
 
 /// A streaming body fed line by line (one JSON document per line, as watches are),
-/// each line counted on `counter` as it is sent.
-fn async_stream<F, Fut>(counter: Arc<Counter>, f: F) -> Body
+/// each line counted on `counter` as it is sent, its object at the `version` of `k`
+/// the client asked for.
+fn async_stream<F, Fut>(counter: Arc<Counter>, k: &'static Kind, version: String, f: F) -> Body
 where
     F: FnOnce(tokio::sync::mpsc::Sender<Value>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -158,6 +161,7 @@ where
     let stream = futures_util::stream::poll_fn(move |cx| {
         rx.poll_recv(cx).map(|v| {
             v.map(|v| {
+                let v = crate::http::at_version(k, &version, v);
                 let mut line = serde_json::to_vec(&v).unwrap_or_default();
                 line.push(b'\n');
                 counter.watch_event(line.len() as u64);

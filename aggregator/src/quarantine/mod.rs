@@ -1,0 +1,16 @@
+//! Quarantine one device, not its node (issue 28): Kubernetes' DeviceTaintRule
+//! (KEP-5055) where the cluster serves it.
+//!
+//! - `api`: which version of `resource.k8s.io` serves DeviceTaintRule, if any;
+//! - `index` (pure): the allowlisted drivers' devices by UUID, complete pools only, and
+//!   the pods that hold a device through their claims;
+//! - `rule` (pure): one DeviceTaintRule per device, its name, ownership and the
+//!   controller's prediction of a `None` rule.
+
+pub mod api;
+pub mod index;
+pub mod rule;
+
+pub use api::{discover, newest_with_rules, TaintApi};
+pub use index::{holders, DeviceIndex, DeviceRef, Holder, Slice};
+pub use rule::{is_ours, rule_name, rule_object, would_evict, Effect};
