@@ -5,12 +5,16 @@
 //! - `index` (pure): the allowlisted drivers' devices by UUID, complete pools only, and
 //!   the pods that hold a device through their claims;
 //! - `rule` (pure): one DeviceTaintRule per device, its name, ownership and the
-//!   controller's prediction of a `None` rule.
+//!   controller's prediction of a `None` rule;
+//! - `apply`: the writes (propose with `None`, read the prediction, enforce, release),
+//!   never to a rule without faultline's label.
 
 pub mod api;
+pub mod apply;
 pub mod index;
 pub mod rule;
 
 pub use api::{discover, newest_with_rules, TaintApi};
+pub use apply::{judge, Dra, Prediction, QuarantineError};
 pub use index::{holders, DeviceIndex, DeviceRef, Holder, Slice};
 pub use rule::{is_ours, rule_name, rule_object, would_evict, Effect};

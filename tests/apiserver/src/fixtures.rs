@@ -549,6 +549,62 @@ pub fn realistic_node(name: &str, ip: &str) -> Value {
     })
 }
 
+/// The UUID NVIDIA's driver reports for GPU `index` of `node` in these fixtures
+/// (`GPU-` and a UUID, as `nvidia-smi -L` prints it), stable per node and index.
+pub fn gpu_uuid(node: &str, index: usize) -> String {
+    let h = node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!(
+        "GPU-{:08x}-{:04x}-4{:03x}-8000-{:012x}",
+        h >> 32,
+        (h >> 16) & 0xffff,
+        index & 0xfff,
+        h & 0xffff_ffff_ffff
+    )
+}
+
+/// A node's ResourceSlice as NVIDIA's DRA driver publishes it
+/// (kubernetes-sigs/dra-driver-nvidia-gpu: driver `gpu.nvidia.com`, one pool per node
+/// named after it, devices `gpu-<minor>` with the attributes `uuid`, `productName`,
+/// `architecture`, `driverVersion`, and the capacity `memory`).
+pub fn nvidia_slice(node: &str, gpus: usize) -> Value {
+    let devices: Vec<Value> = (0..gpus)
+        .map(|i| {
+            json!({"name": format!("gpu-{i}"),
+                "attributes": {"uuid": {"string": gpu_uuid(node, i)}, "productName": {"string": "NVIDIA H200"},
+                               "architecture": {"string": "Hopper"}, "driverVersion": {"version": "570.133.20"},
+                               "type": {"string": "gpu"}},
+                "capacity": {"memory": {"value": "143771Mi"}}})
+        })
+        .collect();
+    json!({"metadata": {"name": format!("{node}-gpu.nvidia.com-0")},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}})
+}
+
+/// A running pod on `node`, as its kubelet reports it, to be seeded with
+/// [`ApiServer::create`](crate::ApiServer::create) before [`claim_for`].
+pub fn dra_pod(name: &str, node: &str) -> Value {
+    json!({"metadata": {"name": name, "labels": {"app": "train"}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": format!("{name}-gpu")}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+}
+
+/// The claim of `pod` (as created, with its uid) on GPU `device` of its node, as the
+/// scheduler allocates and reserves it (`status.allocation.devices.results`,
+/// `status.reservedFor`); `tolerations` are the allocation's.
+pub fn claim_for(pod: &Value, device: &str, tolerations: Value) -> Value {
+    let name = pod["metadata"]["name"].as_str().unwrap_or("");
+    let node = pod["spec"]["nodeName"].as_str().unwrap_or("");
+    json!({"metadata": {"name": format!("{name}-gpu")},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": node,
+                                                             "device": device, "tolerations": tolerations}]}},
+                   "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]}})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 
 mod common;
 
-use faultline_test_apiserver::{ApiServer, Bootstrap, Release};
+use faultline_test_apiserver::{fixtures, ApiServer, Bootstrap, Release};
 use futures_util::StreamExt;
 use kube::api::{
     Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent,
@@ -343,29 +343,23 @@ async fn slices_are_bounded_and_selected_by_node() {
 /// Seed node `n1`: its 8-GPU slice, and pods p3, p4, p5 holding gpu-3, gpu-4 and gpu-3
 /// again (p5's claim tolerates every taint), as the scheduler and the kubelet leave them.
 fn seed_node(server: &ApiServer) {
-    server
-        .create(
-            "resourceslices",
-            "",
-            serde_json::to_value(slice("n1", 8, 0)).unwrap(),
-        )
-        .unwrap();
+    let mut slice = fixtures::nvidia_slice("n1", 8);
+    slice["metadata"]["name"] = json!("n1-gpu.nvidia.com");
+    server.create("resourceslices", "", slice).unwrap();
     for (pod, device, tolerations) in [
         ("p3", "gpu-3", json!([])),
         ("p4", "gpu-4", json!([])),
         ("p5", "gpu-3", json!([{"operator": "Exists"}])),
     ] {
         let p = server
-            .create("pods", "train", json!({"metadata": {"name": pod, "labels": {"app": "train"}},
-                "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]},
-                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}))
+            .create("pods", "train", fixtures::dra_pod(pod, "n1"))
             .unwrap();
-        let uid = p["metadata"]["uid"].as_str().unwrap();
         server
-            .create("resourceclaims", "train", json!({"metadata": {"name": format!("{pod}-gpu")},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
-                "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": device, "tolerations": tolerations}]}},
-                           "reservedFor": [{"resource": "pods", "name": pod, "uid": uid}]}}))
+            .create(
+                "resourceclaims",
+                "train",
+                fixtures::claim_for(&p, device, tolerations),
+            )
             .unwrap();
     }
 }

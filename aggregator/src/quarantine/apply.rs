@@ -1,0 +1,293 @@
+//! The writes of a device quarantine (issue 28, point 3), through the real `kube`
+//! client: read the slices and claims, propose a rule with effect `None`, read the
+//! device-taint eviction controller's prediction, enforce (`NoSchedule`) only when
+//! it agrees with faultline's own count, and release. A rule without faultline's label
+//! is never changed or deleted, whatever its name.
+//!
+//! The caller decides (budgets, breaker, dry-run, the shard's fence); this module only
+//! writes what it is told, and refuses what would touch another owner's rule.
+
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Preconditions,
+};
+use kube::Client;
+use serde_json::{json, Value};
+
+use super::api::{TaintApi, GROUP};
+use super::index::{holders, DeviceIndex, DeviceRef, Holder, Slice};
+use super::rule::{is_ours, rule_name, rule_object, would_evict, Effect};
+
+/// Why a write was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum QuarantineError {
+    #[error("DeviceTaintRule {0} exists and is not faultline's (no app.kubernetes.io/managed-by=faultline): left alone")]
+    NotOurs(String),
+    #[error("Kubernetes API: {0}")]
+    Api(#[from] kube::Error),
+    #[error("unreadable {what}: {why}")]
+    Decode { what: String, why: String },
+}
+
+/// What the controller's prediction says against faultline's own count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prediction {
+    /// Not reported yet for this generation (or no controller runs).
+    Pending,
+    /// The controller would evict exactly the pods faultline counts.
+    Agrees(u64),
+    /// It would evict another number: act on neither, announce.
+    Disagrees { controller: u64, faultline: u64 },
+}
+
+/// Compare the controller's prediction with faultline's holders of the device.
+pub fn judge(predicted: Option<u64>, ours: &[Holder]) -> Prediction {
+    let faultline = ours.len() as u64;
+    match predicted {
+        None => Prediction::Pending,
+        Some(n) if n == faultline => Prediction::Agrees(n),
+        Some(controller) => Prediction::Disagrees {
+            controller,
+            faultline,
+        },
+    }
+}
+
+/// The DRA objects of one cluster, at the versions it serves.
+#[derive(Clone)]
+pub struct Dra {
+    client: Client,
+    taints: TaintApi,
+    drivers: Vec<String>,
+}
+
+fn resource(version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: version.into(),
+        api_version: format!("{GROUP}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+fn as_json(o: &DynamicObject) -> Result<Value, QuarantineError> {
+    serde_json::to_value(o).map_err(|e| QuarantineError::Decode {
+        what: "object".into(),
+        why: e.to_string(),
+    })
+}
+
+impl Dra {
+    /// `taints`: where DeviceTaintRules are served ([`super::discover`]); `drivers`:
+    /// the DRA drivers whose devices faultline may quarantine (`gpu.nvidia.com`, …).
+    pub fn new(client: Client, taints: TaintApi, drivers: Vec<String>) -> Self {
+        Dra {
+            client,
+            taints,
+            drivers,
+        }
+    }
+
+    fn rules(&self) -> Api<DynamicObject> {
+        Api::all_with(
+            self.client.clone(),
+            &resource(&self.taints.version, "DeviceTaintRule", "devicetaintrules"),
+        )
+    }
+
+    /// The allowlisted drivers' devices, from every ResourceSlice (`resource.k8s.io/v1`,
+    /// served from 1.34), one list per driver (field selector `spec.driver`).
+    pub async fn index(&self) -> Result<DeviceIndex, QuarantineError> {
+        let api: Api<DynamicObject> = Api::all_with(
+            self.client.clone(),
+            &resource("v1", "ResourceSlice", "resourceslices"),
+        );
+        let mut slices = Vec::new();
+        for d in &self.drivers {
+            let list = api
+                .list(&ListParams::default().fields(&format!("spec.driver={d}")))
+                .await?;
+            for o in &list.items {
+                if let Some(s) = Slice::from_json(&as_json(o)?) {
+                    slices.push(s);
+                }
+            }
+        }
+        Ok(DeviceIndex::build(&slices, &self.drivers))
+    }
+
+    /// The pods that hold `device` through their claims, in every namespace.
+    pub async fn holders(&self, device: &DeviceRef) -> Result<Vec<Holder>, QuarantineError> {
+        let api: Api<DynamicObject> = Api::all_with(
+            self.client.clone(),
+            &resource("v1", "ResourceClaim", "resourceclaims"),
+        );
+        let list = api.list(&ListParams::default()).await?;
+        let claims = list
+            .items
+            .iter()
+            .map(as_json)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(holders(&claims, device))
+    }
+
+    /// The rule of `device`, if there is one (ours or not).
+    pub async fn rule(&self, device: &DeviceRef) -> Result<Option<Value>, QuarantineError> {
+        match self.rules().get_opt(&rule_name(device)).await? {
+            Some(o) => Ok(Some(as_json(&o)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Propose a quarantine: the device's rule with effect `None`, so the controller
+    /// reports what it would evict and nothing changes. A rule of ours already there is
+    /// kept (a replica that restarted, a second fault): its effect is left as it is.
+    pub async fn propose(
+        &self,
+        device: &DeviceRef,
+        uuid: &str,
+        reason: &str,
+        sequence: u64,
+        shard: u32,
+    ) -> Result<Value, QuarantineError> {
+        if let Some(r) = self.rule(device).await? {
+            return if is_ours(&r) {
+                Ok(r)
+            } else {
+                Err(QuarantineError::NotOurs(rule_name(device)))
+            };
+        }
+        let obj = rule_object(
+            &self.taints,
+            device,
+            uuid,
+            Effect::None,
+            reason,
+            sequence,
+            shard,
+        );
+        let o: DynamicObject =
+            serde_json::from_value(obj).map_err(|e| QuarantineError::Decode {
+                what: "rule".into(),
+                why: e.to_string(),
+            })?;
+        match self.rules().create(&PostParams::default(), &o).await {
+            Ok(made) => as_json(&made),
+            // Another replica made it between our read and our write: read it again.
+            Err(kube::Error::Api(s)) if s.code == 409 => match self.rule(device).await? {
+                Some(r) if is_ours(&r) => Ok(r),
+                _ => Err(QuarantineError::NotOurs(rule_name(device))),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The controller's prediction for the device's rule against faultline's count.
+    pub async fn prediction(
+        &self,
+        device: &DeviceRef,
+        ours: &[Holder],
+    ) -> Result<Prediction, QuarantineError> {
+        let Some(r) = self.rule(device).await? else {
+            return Ok(Prediction::Pending);
+        };
+        Ok(judge(would_evict(&r), ours))
+    }
+
+    /// Enforce: the rule's effect becomes `NoSchedule` (`NoExecute` only where the
+    /// operator opted in: it deletes pods, bypassing their PodDisruptionBudgets). The
+    /// write names the rule's uid and resourceVersion: a rule replaced meanwhile, or
+    /// another owner's, is not written.
+    pub async fn enforce(
+        &self,
+        device: &DeviceRef,
+        effect: Effect,
+    ) -> Result<Value, QuarantineError> {
+        let name = rule_name(device);
+        let Some(r) = self.rule(device).await? else {
+            return Err(QuarantineError::Decode {
+                what: format!("rule {name}"),
+                why: "not found".into(),
+            });
+        };
+        if !is_ours(&r) {
+            return Err(QuarantineError::NotOurs(name));
+        }
+        let patch = json!([
+            {"op": "test", "path": "/metadata/uid", "value": r["metadata"]["uid"]},
+            {"op": "test", "path": "/metadata/resourceVersion", "value": r["metadata"]["resourceVersion"]},
+            {"op": "test", "path": "/metadata/labels/app.kubernetes.io~1managed-by", "value": "faultline"},
+            {"op": "replace", "path": "/spec/taint/effect", "value": effect.as_str()},
+        ]);
+        let p: json_patch::Patch =
+            serde_json::from_value(patch).map_err(|e| QuarantineError::Decode {
+                what: "patch".into(),
+                why: e.to_string(),
+            })?;
+        let done = self
+            .rules()
+            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(p))
+            .await?;
+        as_json(&done)
+    }
+
+    /// Release: delete the device's rule, only if it is ours, preconditioned on its uid
+    /// and resourceVersion. `Ok(false)`: there was none.
+    pub async fn release(&self, device: &DeviceRef) -> Result<bool, QuarantineError> {
+        let name = rule_name(device);
+        let Some(r) = self.rule(device).await? else {
+            return Ok(false);
+        };
+        if !is_ours(&r) {
+            return Err(QuarantineError::NotOurs(name));
+        }
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: r["metadata"]["uid"].as_str().map(str::to_string),
+                resource_version: r["metadata"]["resourceVersion"]
+                    .as_str()
+                    .map(str::to_string),
+            }),
+            ..DeleteParams::default()
+        };
+        self.rules().delete(&name, &dp).await?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(pod: &str) -> Holder {
+        Holder {
+            namespace: "t".into(),
+            pod: pod.into(),
+            uid: format!("u-{pod}"),
+            claim: format!("c-{pod}"),
+        }
+    }
+
+    #[test]
+    fn the_prediction_is_acted_on_only_when_it_agrees() {
+        let ours = [holder("a"), holder("b")];
+        assert_eq!(judge(None, &ours), Prediction::Pending);
+        assert_eq!(judge(Some(2), &ours), Prediction::Agrees(2));
+        assert_eq!(
+            judge(Some(3), &ours),
+            Prediction::Disagrees {
+                controller: 3,
+                faultline: 2
+            }
+        );
+        assert_eq!(judge(Some(0), &[]), Prediction::Agrees(0));
+        assert_eq!(
+            judge(Some(1), &[]),
+            Prediction::Disagrees {
+                controller: 1,
+                faultline: 0
+            }
+        );
+    }
+}
