@@ -151,6 +151,26 @@ pub struct CorrelationRule {
     pub severity: Severity,
 }
 
+/// The default `node_faults`: what takes a whole node out, whichever device reports it.
+pub const DEFAULT_NODE_FAULTS: [&str; 16] = [
+    "gpu-lost",
+    "pcie-link-down",
+    "xid-79",
+    "xid-74",
+    "xid-144",
+    "xid-145",
+    "xid-146",
+    "xid-147",
+    "xid-148",
+    "xid-149",
+    "xid-150",
+    "recovery-node-reboot",
+    "recovery-system-reboot",
+    "recovery-recover-imex-domain",
+    "recovery-drain-p2p",
+    "recovery-drain-and-reset",
+];
+
 /// The whole rules file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -171,6 +191,17 @@ pub struct Rules {
     /// Agent finding codes ignored here because a window rule covers them (the agent's
     /// instantaneous `high-temp` is replaced by the 3-of-5 window).
     pub ignore_findings: Vec<String>,
+    /// Findings that are the node's, not one device's (issue 28; same patterns as
+    /// `hard_faults`): a device failed for one of these takes the node path (the node
+    /// tainted) even where the device alone could be quarantined. Default: the GPU gone
+    /// from the bus (`gpu-lost`, `xid-79`), the PCIe link (`pcie-link-down`), NVLink and
+    /// its fabric (`xid-74`, NVLink5's `xid-144` to `xid-150`), and NVML's recovery
+    /// actions that reboot the node, recover the multi-node NVLink domain or drain the
+    /// node's peer-to-peer traffic.
+    pub node_faults: Vec<String>,
+    /// From how many failed devices on one node the node is quarantined instead of each
+    /// device (at least 1; 1 is the node path for every fault).
+    pub node_after_devices: u32,
     /// The state machine's timers.
     pub state_machine: StateMachineConfig,
 }
@@ -210,6 +241,8 @@ impl Default for Rules {
             hard_faults: vec!["*".into()],
             soft_faults: vec![],
             ignore_findings: vec!["high-temp".into()],
+            node_faults: DEFAULT_NODE_FAULTS.iter().map(|s| s.to_string()).collect(),
+            node_after_devices: 2,
             state_machine: StateMachineConfig::default(),
         }
     }
@@ -257,6 +290,11 @@ impl Rules {
                 )));
             }
         }
+        if self.node_after_devices == 0 {
+            return Err(RulesError::Invalid(
+                "node_after_devices must be at least 1".into(),
+            ));
+        }
         let sm = &self.state_machine;
         if sm.failed_recover_samples == 0 || sm.degraded_recover_samples == 0 {
             return Err(RulesError::Invalid(
@@ -268,11 +306,22 @@ impl Rules {
 
     /// Whether a failed finding `code` fails the device at once.
     fn is_hard(&self, code: &str) -> bool {
-        let matches = |p: &String| match p.strip_suffix('*') {
-            Some(prefix) => code.starts_with(prefix),
-            None => p == code,
-        };
-        self.hard_faults.iter().any(matches) && !self.soft_faults.iter().any(matches)
+        self.hard_faults.iter().any(|p| pattern_matches(p, code))
+            && !self.soft_faults.iter().any(|p| pattern_matches(p, code))
+    }
+
+    /// Whether a device failed for `code` takes its whole node out (`node_faults`).
+    pub fn is_node_fault(&self, code: &str) -> bool {
+        self.node_faults.iter().any(|p| pattern_matches(p, code))
+    }
+}
+
+/// A pattern of `hard_faults`, `soft_faults` or `node_faults`: a code, or a prefix
+/// ending in `*`.
+fn pattern_matches(pattern: &str, code: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => code.starts_with(prefix),
+        None => pattern == code,
     }
 }
 
@@ -613,6 +662,61 @@ mod tests {
             DeviceWindows::default().observe(Some(&d), &listed),
             Observation::Soft(vec!["ascend-separate-npu".into()])
         );
+    }
+
+    /// Issue 28: which faults are the node's, by the default list and by a site's own.
+    #[test]
+    fn node_faults_are_named_by_pattern() {
+        let rules = Rules::default();
+        for code in [
+            "gpu-lost",
+            "xid-79",
+            "xid-74",
+            "xid-147",
+            "pcie-link-down",
+            "recovery-node-reboot",
+        ] {
+            assert!(rules.is_node_fault(code), "{code}");
+        }
+        for code in [
+            "xid-48",
+            "xid-94",
+            "row-remap-failure",
+            "recovery-gpu-reset",
+            "xid-7",
+            "xid-790",
+        ] {
+            assert!(!rules.is_node_fault(code), "{code}");
+        }
+        let site = Rules {
+            node_faults: vec!["ascend-*".into(), "xid-48".into()],
+            ..Rules::default()
+        };
+        assert!(site.is_node_fault("ascend-separate-npu"));
+        assert!(site.is_node_fault("xid-48"));
+        assert!(
+            !site.is_node_fault("xid-79"),
+            "a site's list replaces the default"
+        );
+        assert!(!Rules {
+            node_faults: vec![],
+            ..Rules::default()
+        }
+        .is_node_fault("gpu-lost"));
+        // The threshold: at least one device.
+        assert_eq!(rules.node_after_devices, 2);
+        assert!(Rules {
+            node_after_devices: 0,
+            ..Rules::default()
+        }
+        .validate()
+        .is_err());
+        assert!(Rules {
+            node_after_devices: 1,
+            ..Rules::default()
+        }
+        .validate()
+        .is_ok());
     }
 
     /// Issue 30: every reason the agent can fail a device with, NVIDIA and Ascend alike,

@@ -6,6 +6,8 @@
 //!   the pods that hold a device through their claims;
 //! - `rule` (pure): one DeviceTaintRule per device, its name, ownership and the
 //!   controller's prediction of a `None` rule;
+//! - `scope` (pure): the device or the node, by the rules file's node faults and
+//!   threshold, the API, and whether a complete pool publishes the device;
 //! - `apply`: the writes (propose with `None`, read the prediction, enforce, release),
 //!   never to a rule without faultline's label.
 
@@ -13,8 +15,10 @@ pub mod api;
 pub mod apply;
 pub mod index;
 pub mod rule;
+pub mod scope;
 
 pub use api::{discover, newest_with_rules, TaintApi};
 pub use apply::{judge, Dra, Prediction, QuarantineError};
 pub use index::{holders, DeviceIndex, DeviceRef, Holder, Slice};
 pub use rule::{is_ours, rule_name, rule_object, would_evict, Effect};
+pub use scope::{scope, Failed, NodeWhy, Scope};
