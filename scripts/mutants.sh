@@ -25,6 +25,9 @@ modules=(
   'aggregator/src/remediate/drain.rs|remediate::drain' # warn before evicting (issue 29)
   'aggregator/src/app/schedule.rs|app::schedule'   # write schedule
   'aggregator/src/shard/plan.rs|shard::'           # shard planning (fair share, hand-back)
+  'aggregator/src/quarantine/index.rs|quarantine::index' # DRA devices by UUID, holders (issue 28)
+  'aggregator/src/quarantine/rule.rs|quarantine::rule'   # DeviceTaintRule names, ownership, prediction
+  'aggregator/src/quarantine/scope.rs|quarantine::scope' # device or node
 )
 shard=()
 if [ "${1:-}" = "--ci" ]; then

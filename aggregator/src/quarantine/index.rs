@@ -292,6 +292,7 @@ mod tests {
         )];
         let ix = DeviceIndex::build(&s, &nvidia());
         assert_eq!(ix.len(), 2);
+        assert!(!ix.is_empty());
         let d = ix.by_uuid("GPU-b").unwrap();
         assert_eq!(
             d.device,
@@ -400,6 +401,12 @@ mod tests {
             ),
             // Allocated, not yet reserved: no pod yet.
             claim("c4", "gpu-3", json!([])),
+            // A "pods" of another API group is no Pod.
+            claim(
+                "c5",
+                "gpu-3",
+                json!([{"apiGroup": "example.com", "resource": "pods", "name": "x", "uid": "u5"}]),
+            ),
         ];
         let h = holders(&claims, &dev);
         assert_eq!(

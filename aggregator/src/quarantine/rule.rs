@@ -179,6 +179,18 @@ mod tests {
     }
 
     #[test]
+    fn the_hash_is_fnv1a_and_tells_drivers_apart() {
+        // FNV-1a 64's published test vectors.
+        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a("foobar"), 0x8594_4171_f739_67e8);
+        // Same device and pool under two drivers: only the hash differs, and it does.
+        let mut other = dev("n1", "gpu-0");
+        other.driver = "npu.huawei.com".into();
+        assert_ne!(rule_name(&dev("n1", "gpu-0")), rule_name(&other));
+    }
+
+    #[test]
     fn the_rule_selects_one_device_and_is_marked_ours() {
         let api = TaintApi {
             version: "v1beta2".into(),
