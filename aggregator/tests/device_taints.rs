@@ -181,3 +181,34 @@ mod quarantine {
         assert_eq!(writes, 0);
     }
 }
+
+mod support;
+
+mod wiring {
+    use std::time::Duration;
+
+    use faultline_test_apiserver::Release;
+
+    use super::support::*;
+
+    /// The aggregator looks for the API at start and shows what it found.
+    #[tokio::test]
+    async fn the_aggregator_shows_where_device_taints_are_served() {
+        for (release, version) in [("1.37", "v1"), ("1.34", "none")] {
+            let w = Scenario::ready_nodes(&["n1"]).start().await;
+            w.server.set_release(Release::parse(release).unwrap());
+            let agg = w.configmap("r1", 1).start().await;
+            let needle =
+                format!("faultline_aggregator_device_taint_api{{version=\"{version}\"}} 1");
+            let text = metric_until(agg.addr, &needle, Duration::from_secs(10)).await;
+            assert_eq!(
+                text.matches("faultline_aggregator_device_taint_api{")
+                    .count(),
+                1,
+                "{release}"
+            );
+            assert_no_forbidden(&w.server);
+            agg.cancel_token().cancel();
+        }
+    }
+}

@@ -416,6 +416,8 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
             );
             lease_task = Some(task);
             if cfg.remediation != Mode::Off {
+                // Issue 28: whether one device can be quarantined alone here.
+                crate::quarantine::api::spawn_follow(kube, &metrics, &cancel);
                 let r = Arc::new(remediator(&cfg, kube, notifier.clone(), &metrics, &clock));
                 // The kubelet's device health (KEP-4680): Unhealthy is a verdict, Unknown an alert.
                 if let (true, Some(watch)) = (cfg.watch_pod_health, watch.as_ref()) {

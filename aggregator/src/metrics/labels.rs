@@ -172,3 +172,8 @@ pub(super) struct KindLabel {
 pub(super) struct ShardLabel {
     pub(super) shard: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct VersionLabel {
+    pub(super) version: String,
+}

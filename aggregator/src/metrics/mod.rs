@@ -14,7 +14,7 @@ mod labels;
 pub use labels::{Action, ActionResult};
 use labels::{
     ActionLabel, ActionLabels, CodeLabel, DeliveryLabels, KindLabel, ResultLabel, ShardLabel,
-    SinkLabels, StateLabel, TransitionLabels,
+    SinkLabels, StateLabel, TransitionLabels, VersionLabel,
 };
 
 /// Every metric of the aggregator.
@@ -26,6 +26,7 @@ pub struct Metrics {
     agent_polls: Family<ResultLabel, Counter>,
     agent_poll_errors: Family<KindLabel, Counter>,
     remediation_errors: Family<KindLabel, Counter>,
+    device_taint_api: Family<VersionLabel, Gauge>,
     agents_reachable: Gauge,
     agents_total: Gauge,
     devices: Family<StateLabel, Gauge>,
@@ -154,6 +155,7 @@ impl Metrics {
             agent_polls: Family::default(),
             agent_poll_errors: Family::default(),
             remediation_errors: Family::default(),
+            device_taint_api: Family::default(),
             agents_reachable: Gauge::default(),
             agents_total: Gauge::default(),
             devices: Family::default(),
@@ -274,6 +276,11 @@ impl Metrics {
             m.remediation_errors.clone(),
         );
         registry.register(
+            "device_taint_api",
+            "1 for the resource.k8s.io version serving DeviceTaintRule (or none)",
+            m.device_taint_api.clone(),
+        );
+        registry.register(
             "agents_reachable",
             "Agents whose last request succeeded",
             m.agents_reachable.clone(),
@@ -339,6 +346,15 @@ impl Metrics {
         self.agent_poll_errors
             .get_or_create(&KindLabel { kind: kind.into() })
             .inc();
+    }
+
+    /// Where DeviceTaintRule is served: `Some("v1")`, or `None` (`version="none"`).
+    pub fn device_taint_api(&self, version: Option<&str>) {
+        self.device_taint_api.clear();
+        let version = version.unwrap_or("none").to_string();
+        self.device_taint_api
+            .get_or_create(&VersionLabel { version })
+            .set(1);
     }
 
     /// A remediation pass failed, by kind.

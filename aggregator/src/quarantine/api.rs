@@ -105,6 +105,65 @@ pub async fn discover(client: &Client) -> Result<Option<TaintApi>, kube::Error> 
     Ok(newest_with_rules(served).map(|version| TaintApi { version }))
 }
 
+/// How often the API is looked for again once found (or found absent): a cluster
+/// upgraded to 1.37, or a gate turned on, is noticed within this.
+pub const REDISCOVER: std::time::Duration = std::time::Duration::from_secs(600);
+/// How soon a failed discovery is tried again.
+pub const RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Find the API at start and again every `every` (an error retried after `retry`),
+/// until `cancel`: each answer logged when it changes and shown as the gauge
+/// `faultline_aggregator_device_taint_api{version}`; an error counted as a
+/// `discovery` remediation error and the last answer kept.
+pub async fn follow(
+    client: Client,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    every: std::time::Duration,
+    retry: std::time::Duration,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    let mut last: Option<Option<TaintApi>> = None;
+    loop {
+        let wait = match discover(&client).await {
+            Ok(found) => {
+                if last.as_ref() != Some(&found) {
+                    match &found {
+                        Some(api) => tracing::info!(api = %api.api_version(), "DeviceTaintRule served: a failed device can be quarantined alone"),
+                        None => tracing::info!("no DeviceTaintRule served (no DRA device taints): a device fault takes the node path"),
+                    }
+                    metrics.device_taint_api(found.as_ref().map(|a| a.version.as_str()));
+                    last = Some(found);
+                }
+                every
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "looking for DeviceTaintRule failed; the last answer stands");
+                metrics.remediation_error("discovery");
+                retry
+            }
+        };
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// [`follow`] in a task, every 10 minutes (an error again after 30 s).
+pub fn spawn_follow(
+    client: &Client,
+    metrics: &std::sync::Arc<crate::metrics::Metrics>,
+    cancel: &tokio_util::sync::CancellationToken,
+) {
+    tokio::spawn(follow(
+        client.clone(),
+        metrics.clone(),
+        REDISCOVER,
+        RETRY,
+        cancel.clone(),
+    ));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
