@@ -28,6 +28,8 @@ modules=(
   'aggregator/src/quarantine/index.rs|quarantine::index' # DRA devices by UUID, holders (issue 28)
   'aggregator/src/quarantine/rule.rs|quarantine::rule'   # DeviceTaintRule names, ownership, prediction
   'aggregator/src/quarantine/scope.rs|quarantine::scope' # device or node
+  'aggregator/src/quarantine/plugin.rs|quarantine::plugin' # what a device plugin already took out
+  'aggregator/src/quarantine/ascend.rs|quarantine::ascend' # Ascend's ManuallySeparateNPU
 )
 shard=()
 if [ "${1:-}" = "--ci" ]; then

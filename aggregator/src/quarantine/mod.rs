@@ -8,17 +8,24 @@
 //!   controller's prediction of a `None` rule;
 //! - `scope` (pure): the device or the node, by the rules file's node faults and
 //!   threshold, the API, and whether a complete pool publishes the device;
+//! - `plugin` (pure): on a device-plugin cluster, whether the plugin already took the
+//!   failed devices out of the node's allocatable;
+//! - `ascend` (pure): the chips Huawei's device plugin already separated by hand
+//!   (`ManuallySeparateNPU`), never isolated a second time;
 //! - `apply`: the writes (propose with `None`, read the prediction, enforce, release),
 //!   never to a rule without faultline's label.
 
 pub mod api;
 pub mod apply;
+pub mod ascend;
 pub mod index;
+pub mod plugin;
 pub mod rule;
 pub mod scope;
 
 pub use api::{discover, newest_with_rules, TaintApi};
 pub use apply::{judge, Dra, Prediction, QuarantineError};
 pub use index::{holders, DeviceIndex, DeviceRef, Holder, Slice};
+pub use plugin::{plugin_scope, taken_out, PluginScope};
 pub use rule::{is_ours, rule_name, rule_object, would_evict, Effect};
 pub use scope::{scope, Failed, NodeWhy, Scope};

@@ -36,6 +36,12 @@ pub enum NodeWhy {
     NoDeviceApi,
     /// No complete pool publishes `device`.
     NotPublished { device: String },
+    /// A device-plugin cluster whose plugin took out fewer devices (`taken_out`, from
+    /// the Node's capacity and allocatable) than `failed`.
+    NotTakenOut {
+        taken_out: Option<u64>,
+        failed: usize,
+    },
 }
 
 impl NodeWhy {
@@ -52,6 +58,10 @@ impl NodeWhy {
             NodeWhy::NotPublished { device } => {
                 format!("{device} is in no complete ResourceSlice pool")
             }
+            NodeWhy::NotTakenOut { taken_out, failed } => format!(
+                "the device plugin took {} of {failed} failed devices out of the node's allocatable",
+                taken_out.map_or("none (not reported)".to_string(), |n| n.to_string())
+            ),
         }
     }
 }

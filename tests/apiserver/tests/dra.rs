@@ -7,7 +7,7 @@
 
 mod common;
 
-use faultline_test_apiserver::{fixtures, ApiServer, Bootstrap, Release};
+use faultline_test_apiserver::{fixtures, ApiServer, Bootstrap, Faults, Release};
 use futures_util::StreamExt;
 use kube::api::{
     Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent,
@@ -417,6 +417,12 @@ async fn a_none_rule_reports_what_no_execute_would_evict() {
 #[tokio::test]
 async fn no_execute_deletes_the_holders_without_asking_their_budget() {
     let (server, c) = start(rel("1.37")).await;
+    // Containers that take a minute to stop: the deleted pod stays Terminating, to be
+    // looked at (the simulated kubelet would otherwise remove it within a tick).
+    server.set_faults(Faults {
+        pod_stop_ms: 60_000,
+        ..Faults::default()
+    });
     server
         .create("namespaces", "", json!({"metadata": {"name": "train"}}))
         .unwrap();
