@@ -197,8 +197,10 @@ impl Dra {
 
     /// Enforce: the rule's effect becomes `NoSchedule` (`NoExecute` only where the
     /// operator opted in: it deletes pods, bypassing their PodDisruptionBudgets). The
-    /// write names the rule's uid and resourceVersion: a rule replaced meanwhile, or
-    /// another owner's, is not written.
+    /// JSON patch tests the rule's uid and faultline's label, which the API server
+    /// checks against the object it writes: a rule replaced meanwhile, or relabelled to
+    /// another owner, is not written (422). Not its resourceVersion: the eviction
+    /// controller writes the rule's status at any time.
     pub async fn enforce(
         &self,
         device: &DeviceRef,
@@ -216,7 +218,6 @@ impl Dra {
         }
         let patch = json!([
             {"op": "test", "path": "/metadata/uid", "value": r["metadata"]["uid"]},
-            {"op": "test", "path": "/metadata/resourceVersion", "value": r["metadata"]["resourceVersion"]},
             {"op": "test", "path": "/metadata/labels/app.kubernetes.io~1managed-by", "value": "faultline"},
             {"op": "replace", "path": "/spec/taint/effect", "value": effect.as_str()},
         ]);
@@ -232,27 +233,37 @@ impl Dra {
         as_json(&done)
     }
 
-    /// Release: delete the device's rule, only if it is ours, preconditioned on its uid
-    /// and resourceVersion. `Ok(false)`: there was none.
+    /// Release: delete the device's rule, only if it is ours, preconditioned on the uid
+    /// and resourceVersion it was judged ours at. A 409 (the controller wrote its
+    /// status meanwhile) reads and judges again, three times at most. `Ok(false)`:
+    /// there was none.
     pub async fn release(&self, device: &DeviceRef) -> Result<bool, QuarantineError> {
         let name = rule_name(device);
-        let Some(r) = self.rule(device).await? else {
-            return Ok(false);
-        };
-        if !is_ours(&r) {
-            return Err(QuarantineError::NotOurs(name));
+        let mut tries = 0;
+        loop {
+            let Some(r) = self.rule(device).await? else {
+                return Ok(false);
+            };
+            if !is_ours(&r) {
+                return Err(QuarantineError::NotOurs(name));
+            }
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: r["metadata"]["uid"].as_str().map(str::to_string),
+                    resource_version: r["metadata"]["resourceVersion"]
+                        .as_str()
+                        .map(str::to_string),
+                }),
+                ..DeleteParams::default()
+            };
+            tries += 1;
+            match self.rules().delete(&name, &dp).await {
+                Ok(_) => return Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+                Err(kube::Error::Api(s)) if s.code == 409 && tries < 3 => continue,
+                Err(e) => return Err(e.into()),
+            }
         }
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: r["metadata"]["uid"].as_str().map(str::to_string),
-                resource_version: r["metadata"]["resourceVersion"]
-                    .as_str()
-                    .map(str::to_string),
-            }),
-            ..DeleteParams::default()
-        };
-        self.rules().delete(&name, &dp).await?;
-        Ok(true)
     }
 }
 

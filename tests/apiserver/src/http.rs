@@ -489,6 +489,30 @@ async fn handle(
                     .ok()
                     .and_then(|b| b.get("gracePeriodSeconds").and_then(Value::as_i64))
             });
+            // DeleteOptions.preconditions (staging/src/k8s.io/apiserver/pkg/registry/
+            // generic/registry/store.go `Delete`, `checkPreconditions`): a uid or
+            // resourceVersion that is not the object's is a 409 and nothing is deleted.
+            let pre = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|b| b.get("preconditions").cloned());
+            if let Some(pre) = pre {
+                let cur = s
+                    .get(k.plural, &ns_of(&ns), &n)
+                    .ok_or_else(|| ApiError::not_found(k.plural, &n))?;
+                for (field, what) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
+                    let want = pre.get(field).and_then(Value::as_str);
+                    let have = cur
+                        .pointer(&format!("/metadata/{field}"))
+                        .and_then(Value::as_str);
+                    if let Some(want) = want.filter(|w| Some(*w) != have) {
+                        return Err(ApiError::new(
+                            StatusCode::CONFLICT,
+                            "Conflict",
+                            format!("Precondition failed: {what} in precondition: {want}, {what} in object meta: {}", have.unwrap_or("")),
+                        ));
+                    }
+                }
+            }
             Ok(Json(conv(s.delete_with_grace(k.plural, &ns, &n, grace)?)).into_response())
         }
         _ => Err(ApiError::new(
@@ -565,10 +589,36 @@ fn apply_patch(
     content_type: &str,
     body: &Bytes,
 ) -> Result<Value, ApiError> {
+    let p = parse_json(body)?;
+    // A patch that names no resourceVersion is applied to the object as it is when
+    // written: a write that lands between the read and the write is a conflict the
+    // server retries, never the client's (staging/src/k8s.io/apiserver/pkg/endpoints/
+    // handlers/patch.go applies the patch inside the storage's `GuaranteedUpdate`,
+    // which retries on a conflict). One that names a resourceVersion gets its 409.
+    let pinned = p.pointer("/metadata/resourceVersion").is_some();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match apply_patch_once(s, k, ns, name, sub, content_type, &p) {
+            Err(e) if e.code() == 409 && !pinned && attempt < 16 => continue,
+            other => return other,
+        }
+    }
+}
+
+fn apply_patch_once(
+    s: &ApiServer,
+    k: &Kind,
+    ns: &str,
+    name: &str,
+    sub: Option<&str>,
+    content_type: &str,
+    p: &Value,
+) -> Result<Value, ApiError> {
     let cur = s
         .get(k.plural, ns, name)
         .ok_or_else(|| ApiError::not_found(k.plural, name))?;
-    let p = parse_json(body)?;
+    let p = p.clone();
     let mut next = match content_type.split(';').next().unwrap_or("").trim() {
         "application/json-patch+json" => patch::json_patch(&cur, &p).map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e))?,
         "application/merge-patch+json" => patch::merge_patch(&cur, &p),

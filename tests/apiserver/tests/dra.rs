@@ -511,3 +511,48 @@ async fn the_scheduler_does_not_allocate_a_tainted_device() {
     api.delete("r", &Default::default()).await.unwrap();
     assert_eq!(server.allocatable_devices("n1"), 7);
 }
+
+#[tokio::test]
+async fn a_delete_keeps_its_preconditions() {
+    let (server, c) = start(rel("1.37")).await;
+    let api = rules(&c, "v1");
+    let made = api
+        .create(&PostParams::default(), &rule("r", "None"))
+        .await
+        .unwrap();
+    let with = |uid: Option<String>, rv: Option<String>| kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid,
+            resource_version: rv,
+        }),
+        ..Default::default()
+    };
+    // staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go: a uid or
+    // resourceVersion that is not the object's is a 409, and the object stays.
+    let e = api
+        .delete("r", &with(Some("not-the-uid".into()), None))
+        .await
+        .unwrap_err();
+    assert_eq!(status_code(e), 409);
+    let e = api
+        .delete("r", &with(None, Some("1".into())))
+        .await
+        .unwrap_err();
+    assert_eq!(status_code(e), 409);
+    assert!(server.get("devicetaintrules", "", "r").is_some());
+    // Once the controller has written the rule's status, the resourceVersion holds.
+    condition(&server, "r").await;
+    let cur = server.get("devicetaintrules", "", "r").unwrap();
+    api.delete(
+        "r",
+        &with(
+            made.metadata.uid.clone(),
+            cur["metadata"]["resourceVersion"]
+                .as_str()
+                .map(str::to_string),
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(server.get("devicetaintrules", "", "r").is_none());
+}
