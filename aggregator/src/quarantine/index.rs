@@ -71,41 +71,42 @@ fn attribute(device: &Value, driver: &str, name: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The elements of the array at `key` of `v` (none when it is absent).
+fn items<'a>(v: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> {
+    v.get(key).and_then(Value::as_array).into_iter().flatten()
+}
+
+impl SliceTaint {
+    fn from_json(t: &Value) -> Option<SliceTaint> {
+        Some(SliceTaint {
+            key: text(t, "/key")?,
+            value: text(t, "/value").unwrap_or_default(),
+            effect: text(t, "/effect")?,
+        })
+    }
+}
+
+impl SliceDevice {
+    fn from_json(d: &Value, driver: &str) -> Option<SliceDevice> {
+        Some(SliceDevice {
+            name: text(d, "/name")?,
+            uuid: attribute(d, driver, "uuid"),
+            taints: items(d, "taints")
+                .filter_map(SliceTaint::from_json)
+                .collect(),
+        })
+    }
+}
+
 impl Slice {
     /// A slice from its JSON (any served version: v1 and v1beta2 share these fields);
     /// `None` when a field the index needs is missing.
     pub fn from_json(obj: &Value) -> Option<Slice> {
         let spec = obj.get("spec")?;
         let driver = text(spec, "/driver")?;
-        let devices = spec
-            .get("devices")
-            .and_then(Value::as_array)
-            .map(|ds| {
-                ds.iter()
-                    .filter_map(|d| {
-                        Some(SliceDevice {
-                            name: text(d, "/name")?,
-                            uuid: attribute(d, &driver, "uuid"),
-                            taints: d
-                                .get("taints")
-                                .and_then(Value::as_array)
-                                .map(|ts| {
-                                    ts.iter()
-                                        .filter_map(|t| {
-                                            Some(SliceTaint {
-                                                key: text(t, "/key")?,
-                                                value: text(t, "/value").unwrap_or_default(),
-                                                effect: text(t, "/effect")?,
-                                            })
-                                        })
-                                        .collect()
-                                })
-                                .unwrap_or_default(),
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let devices = items(spec, "devices")
+            .filter_map(|d| SliceDevice::from_json(d, &driver))
+            .collect();
         Some(Slice {
             name: text(obj, "/metadata/name")?,
             pool: text(spec, "/pool/name")?,

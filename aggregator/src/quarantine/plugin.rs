@@ -13,7 +13,7 @@
 
 use k8s_openapi::api::core::v1::Node;
 
-use super::scope::{Failed, NodeWhy};
+use super::scope::{node_fault, Failed, NodeWhy};
 use faultline_common::rules::Rules;
 
 /// A whole-number quantity (`"8"`); `None` for anything else (`"8k"`, `"500m"`).
@@ -47,18 +47,8 @@ pub enum PluginScope {
 /// at least as many devices as failed (fewer: some failed device is still offered to
 /// new pods).
 pub fn plugin_scope(rules: &Rules, failed: &[Failed<'_>], taken_out: Option<u64>) -> PluginScope {
-    for f in failed {
-        if let Some(r) = f.reasons.iter().find(|r| rules.is_node_fault(r)) {
-            return PluginScope::Node(NodeWhy::NodeFault {
-                device: f.id.to_string(),
-                reason: r.clone(),
-            });
-        }
-    }
-    if failed.len() >= rules.node_after_devices as usize {
-        return PluginScope::Node(NodeWhy::Devices {
-            failed: failed.len(),
-        });
+    if let Some(why) = node_fault(rules, failed) {
+        return PluginScope::Node(why);
     }
     match taken_out {
         Some(n) if n >= failed.len() as u64 => PluginScope::AlreadyOut { taken_out: n },

@@ -75,6 +75,23 @@ pub enum Scope {
     Node(NodeWhy),
 }
 
+/// The node's fault whatever the cluster can do: a node fault of the rules file, or
+/// `node_after_devices` failed devices (1 and 2 above). Shared by [`scope`] and the
+/// device-plugin path (`plugin.rs`).
+pub fn node_fault(rules: &Rules, failed: &[Failed<'_>]) -> Option<NodeWhy> {
+    for f in failed {
+        if let Some(r) = f.reasons.iter().find(|r| rules.is_node_fault(r)) {
+            return Some(NodeWhy::NodeFault {
+                device: f.id.to_string(),
+                reason: r.clone(),
+            });
+        }
+    }
+    (failed.len() >= rules.node_after_devices as usize).then_some(NodeWhy::Devices {
+        failed: failed.len(),
+    })
+}
+
 /// Decide for one node's failed devices. `device_api`: the cluster serves
 /// DeviceTaintRule; `published(id)`: a complete pool publishes the device.
 pub fn scope(
@@ -83,18 +100,8 @@ pub fn scope(
     device_api: bool,
     published: impl Fn(&str) -> bool,
 ) -> Scope {
-    for f in failed {
-        if let Some(r) = f.reasons.iter().find(|r| rules.is_node_fault(r)) {
-            return Scope::Node(NodeWhy::NodeFault {
-                device: f.id.to_string(),
-                reason: r.clone(),
-            });
-        }
-    }
-    if failed.len() >= rules.node_after_devices as usize {
-        return Scope::Node(NodeWhy::Devices {
-            failed: failed.len(),
-        });
+    if let Some(why) = node_fault(rules, failed) {
+        return Scope::Node(why);
     }
     if failed.is_empty() {
         return Scope::Devices;

@@ -482,10 +482,12 @@ impl ApiServer {
     /// Every object of a kind (in every namespace when `ns` is empty and the kind is
     /// namespaced).
     pub fn list(&self, plural: &str, ns: &str) -> Vec<Value> {
+        // The keys sort by kind first: a range of the map, not a scan of every object.
+        let from = (plural.to_string(), ns.to_string(), String::new());
         self.lock()
             .objects
-            .iter()
-            .filter(|((p, n, _), _)| p == plural && (ns.is_empty() || n == ns))
+            .range(from..)
+            .take_while(|((p, n, _), _)| p == plural && (ns.is_empty() || n == ns))
             .map(|(_, v)| v.clone())
             .collect()
     }

@@ -196,26 +196,14 @@ fn observed(rule: &Value) -> Option<i64> {
         .and_then(Value::as_i64)
 }
 
-/// Every object of `plural` (a range of the store's keys, not a scan of all objects:
-/// the controller's informers hold only their kinds).
-fn of_kind(s: &ApiServer, plural: &str) -> Vec<Value> {
-    let from = (plural.to_string(), String::new(), String::new());
-    s.lock()
-        .objects
-        .range(from..)
-        .take_while(|((p, _, _), _)| p == plural)
-        .map(|(_, v)| v.clone())
-        .collect()
-}
-
 /// One pass of the controller over every rule.
 pub(crate) fn sync(s: &ApiServer) {
-    let rules = of_kind(s, "devicetaintrules");
+    let rules = s.list("devicetaintrules", "");
     if rules.is_empty() {
         return;
     }
-    let slices = of_kind(s, "resourceslices");
-    let claims = of_kind(s, "resourceclaims");
+    let slices = s.list("resourceslices", "");
+    let claims = s.list("resourceclaims", "");
     let published = published(&slices);
     let allocated = allocated(&claims);
     for rule in rules {
@@ -314,8 +302,8 @@ impl ApiServer {
     /// newest generation) a claim without tolerations could still be allocated,
     /// i.e. carry no `NoSchedule` or `NoExecute` taint from their slice or a rule.
     pub fn allocatable_devices(&self, node: &str) -> usize {
-        let rules = of_kind(self, "devicetaintrules");
-        let slices = of_kind(self, "resourceslices");
+        let rules = self.list("devicetaintrules", "");
+        let slices = self.list("resourceslices", "");
         published(&slices)
             .into_iter()
             .filter(|(_, n, _)| n == node)
