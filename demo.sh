@@ -72,7 +72,9 @@ wait_until() {
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 
 KUBE="http://127.0.0.1:$((BASE + 20))"
-$BIN/faultline-test-apiserver --listen "127.0.0.1:$((BASE + 20))" >"$WORK/apiserver.log" 2>&1 &
+# Kubernetes 1.37: DRA's DeviceTaintRule is served (resource.k8s.io/v1), so one GPU can
+# be quarantined alone where NVIDIA's DRA driver publishes it (the last act below).
+$BIN/faultline-test-apiserver --listen "127.0.0.1:$((BASE + 20))" --kubernetes-version 1.37 >"$WORK/apiserver.log" 2>&1 &
 started "$WORK/apiserver.log"
 wait_until 10 "the test API server answers" curl -sf "$KUBE/version"
 post() { curl -sf -X POST "$KUBE$1" -H 'content-type: application/json' -d "$2" >/dev/null; }
@@ -242,6 +244,63 @@ print("  history: %d record(s); last released by %s: %s" % (len(h), h[-1]["relea
 ours = [t for t in n["spec"].get("taints") or [] if t["key"] == "nvidia.com/gpu-fault"]
 sys.exit(0 if not ours and len(h) == 1 and "faultline.io/quarantine" not in a else 1)' \
   || fail "gpu-node-2 still quarantined after its release"
+echo "== one GPU of eight, not the node (DRA, issue 28): gpu-node-2's 8 GPUs published by NVIDIA's DRA driver,"
+echo "   one training pod per GPU holding it through its ResourceClaim; gpu6 fails (a double-bit ECC error, Xid 48)"
+python3 - "$KUBE" "$(for g in 0 1 2 3 4 5 6 7; do uuid_of $((BASE + 1)) $g; done | paste -sd,)" <<'PY' || fail "publishing gpu-node-2's DRA devices and pods"
+import json, sys, urllib.request
+kube, uuids = sys.argv[1], sys.argv[2].split(",")
+def call(method, path, body, ctype="application/json"):
+    req = urllib.request.Request(kube + path, data=json.dumps(body).encode(), method=method, headers={"content-type": ctype})
+    return json.load(urllib.request.urlopen(req))
+node = "gpu-node-2"
+call("POST", "/apis/resource.k8s.io/v1/resourceslices", {"metadata": {"name": node + "-gpu.nvidia.com-0"}, "spec": {
+    "driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+    "devices": [{"name": "gpu-%d" % i, "attributes": {"uuid": {"string": u}, "productName": {"string": "NVIDIA H200"}}} for i, u in enumerate(uuids)]}})
+for i in range(8):
+    name = "dra-train-%d" % i
+    pod = call("POST", "/api/v1/namespaces/default/pods", {"metadata": {"name": name, "labels": {"app": "dra-train"}}, "spec": {
+        "nodeName": node, "containers": [{"name": "trainer", "image": "trainer", "resources": {"claims": [{"name": "gpu"}]}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]}})
+    call("PATCH", "/api/v1/namespaces/default/pods/%s/status" % name, {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}, "application/merge-patch+json")
+    call("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", {"metadata": {"name": name}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+    # What the scheduler writes: the allocation, and the pod it is reserved for.
+    call("PATCH", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/%s/status" % name, {"status": {
+        "allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": "gpu-%d" % i}]}},
+        "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]}}, "application/merge-patch+json")
+PY
+START=$(date +%s%N)
+curl -sf -X POST "${AGENTS[1]}/v1/sim/faults" -H 'content-type: application/json' -d '{"device":"gpu6","fault":"xid","xid":48}' >/dev/null
+rules() { curl -sf "$KUBE/apis/resource.k8s.io/v1/devicetaintrules"; }
+rule_enforced() { rules | grep -q '"effect":"NoSchedule"'; }
+wait_until 15 "gpu-node-2/gpu6's DeviceTaintRule is enforced" rule_enforced
+echo "  DeviceTaintRule NoSchedule $(ms_since "$START") ms after the fault was injected (created at effect None first;"
+echo "  enforced once kube-controller-manager's dry run agreed with faultline's count of the pods holding gpu6)"
+rules | python3 -c '
+import json, sys
+for r in json.load(sys.stdin)["items"]:
+    s, t = r["spec"]["deviceSelector"], r["spec"]["taint"]
+    print("  DeviceTaintRule %s: %s/%s/%s %s=%s:%s" % (r["metadata"]["name"], s["driver"], s["pool"], s["device"], t["key"], t.get("value", ""), t["effect"]))'
+wait_until 15 "pod dra-train-6 (holds gpu6 through its claim) is evicted" pod_gone dra-train-6
+echo "  pod default/dra-train-6 evicted through the Eviction API $(ms_since "$START") ms after the fault"
+python3 - "$KUBE" <<'PY' || fail "one GPU of eight was not quarantined alone"
+import json, sys, urllib.request
+kube = sys.argv[1]
+get = lambda p: json.load(urllib.request.urlopen(kube + p))
+node = get("/api/v1/nodes/gpu-node-2")
+ours = [t for t in node["spec"].get("taints") or [] if t["key"] == "nvidia.com/gpu-fault"]
+rules = [r for r in get("/apis/resource.k8s.io/v1/devicetaintrules")["items"] if r["spec"]["taint"]["effect"] in ("NoSchedule", "NoExecute")]
+slices = [s for s in get("/apis/resource.k8s.io/v1/resourceslices")["items"] if s["spec"].get("nodeName") == "gpu-node-2"]
+devices = [d["name"] for s in slices for d in s["spec"]["devices"]]
+free = [d for d in devices if not any(r["spec"]["deviceSelector"].get("pool") == "gpu-node-2" and r["spec"]["deviceSelector"].get("device") == d for r in rules)]
+pods = [p["metadata"]["name"] for p in get("/api/v1/namespaces/default/pods?labelSelector=app%3Ddra-train")["items"]]
+print("  node gpu-node-2 taints by faultline: %s" % (len(ours) or "none"))
+print("  GPUs still schedulable on gpu-node-2: %d of %d (%s)" % (len(free), len(devices), ", ".join(free)))
+print("  training pods still running: %d of 8" % len(pods))
+sys.exit(0 if not ours and len(free) == 7 and len(pods) == 7 else 1)
+PY
+described=$($BIN/faultline describe gpu-node-2 --kube-server "$KUBE")
+echo "$described" | grep -E 'Isolation:|Rule:' | sed 's/^/  /'
+expect "describe lists gpu6's rule" "Rule:      gpu6" "$described"
 echo "== gpu-node-1's own fault.json: what its pods read at /config/fault.json (hostPath or sidecar)"
 wait_until 10 "gpu-node-1's own fault.json says gpu3 failed, verdict fresh" failed_in_own 1 gpu3
 python3 - "$WORK/node-1/fault.json" <<'PY' || fail "gpu-node-1's own fault.json does not say gpu3 failed with a fresh verdict"
@@ -266,7 +325,8 @@ cat <<TXT
 == look yourself (./demo.sh --serve keeps all this running):
   kubectl --server $KUBE get nodes,pods -A
   kubectl --server $KUBE get lease,cm -n faultline
-  kubectl --server $KUBE get node gpu-node-2 -o yaml     # taint, label, condition, faultline.io/quarantine
+  kubectl --server $KUBE get node gpu-node-1 -o yaml     # taint, label, condition, faultline.io/quarantine
+  kubectl --server $KUBE get devicetaintrules -o yaml    # gpu-node-2/gpu6 alone, and the controller's dry run
   kubectl --server $KUBE get events -n default
   $BIN/faultline status --kube-server $KUBE
   $BIN/faultline agents -o wide --kube-server $KUBE

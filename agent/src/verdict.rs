@@ -305,6 +305,7 @@ impl Verdicts {
                 uuid: d.reading.uuid.clone(),
                 pci_bus_id: d.reading.pci_bus_id.clone(),
                 recovery_action: d.reading.recovery_action,
+                quarantine: None,
             })
             .collect();
         NodeFaults {

@@ -102,6 +102,8 @@ pub struct Args {
     #[command(flatten)]
     pub remediation: RemediationArgs,
     #[command(flatten)]
+    pub devices: crate::quarantine::settings::DeviceArgs,
+    #[command(flatten)]
     pub intake: IntakeArgs,
     /// Kubernetes API server URL (default: in-cluster config, then $KUBECONFIG).
     #[arg(long, env = "FAULTLINE_KUBE_SERVER")]
@@ -459,6 +461,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub force_delete_after_deadline: bool,
     pub max_checkpoint_grace: Duration,
+    /// The device path (issue 28).
+    pub devices: crate::quarantine::settings::DeviceArgs,
 }
 
 fn comma_list(s: &str) -> impl Iterator<Item = &str> {
@@ -652,6 +656,7 @@ impl Config {
             watch_pod_health: r.watch_pod_health,
             force_delete_after_deadline: r.force_delete_after_deadline,
             max_checkpoint_grace: r.max_checkpoint_grace,
+            devices: a.devices,
             shutdown_timeout: r.shutdown_timeout,
             taint_key: r.taint_key,
             event_namespace: r.event_namespace,

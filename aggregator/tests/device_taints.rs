@@ -191,9 +191,129 @@ mod support;
 mod wiring {
     use std::time::Duration;
 
-    use faultline_test_apiserver::Release;
+    use faultline_test_apiserver::{fixtures, Release};
+    use serde_json::json;
 
     use super::support::*;
+
+    /// The whole path: an agent's GPU fails; the aggregator (deploy RBAC) quarantines
+    /// that GPU alone by its rule, evicts only its pod, leaves the node untainted and
+    /// marks the device in `fault.json` and the metrics.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_gpu_is_quarantined_alone_end_to_end() {
+        let w = Scenario::ready_nodes(&["n1"]).start().await;
+        w.server.set_release(Release::parse("1.37").unwrap());
+        // The agent's GPUs, published by NVIDIA's DRA driver under their UUIDs; one
+        // pod per GPU holding it through its claim.
+        // Once the agent has sampled its GPUs (its first sample follows its start).
+        let url = format!("http://{}/v1/health", w.agent("n1").addr);
+        let mut uuids: Vec<String> = Vec::new();
+        for _ in 0..1000 {
+            let (_, health) = call("GET", &url, None, String::new()).await;
+            uuids = health["npus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| d["uuid"].as_str().map(String::from))
+                .collect();
+            if uuids.len() == 4 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(uuids.len(), 4, "the agent's 4 GPUs");
+        let mut slice = fixtures::nvidia_slice("n1", uuids.len());
+        for (i, u) in uuids.iter().enumerate() {
+            slice["spec"]["devices"][i]["attributes"]["uuid"] = json!({"string": u});
+        }
+        w.server.create("resourceslices", "", slice).unwrap();
+        for i in 0..uuids.len() {
+            let p = w
+                .server
+                .create("pods", "default", fixtures::dra_pod(&format!("p{i}"), "n1"))
+                .unwrap();
+            w.server
+                .create(
+                    "resourceclaims",
+                    "default",
+                    fixtures::claim_for(&p, &format!("gpu-{i}"), json!([])),
+                )
+                .unwrap();
+        }
+        let agg = w.healing("r1").start().await;
+        metric_until(
+            agg.addr,
+            "faultline_aggregator_lease_held{shard=\"0\"} 1",
+            Duration::from_secs(10),
+        )
+        .await;
+        fail(w.agent("n1"), "gpu1").await;
+        let (rule, _) = until(Duration::from_secs(20), "gpu-1's rule enforced", || {
+            w.server
+                .list("devicetaintrules", "")
+                .into_iter()
+                .find(|r| r["spec"]["taint"]["effect"] == "NoSchedule")
+        })
+        .await;
+        assert_eq!(rule["spec"]["deviceSelector"]["device"], "gpu-1");
+        assert!(
+            rule["metadata"]["annotations"]["faultline.io/sequence"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                > 0
+        );
+        until(Duration::from_secs(20), "p1 evicted", || {
+            w.server
+                .get("pods", "default", "p1")
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        let (entry, _) = until(Duration::from_secs(20), "gpu1 marked in fault.json", || {
+            node_entry(&w.server, 1, "n1").filter(|e| {
+                e.npus
+                    .iter()
+                    .any(|d| d.id == "gpu1" && d.quarantine.is_some())
+            })
+        })
+        .await;
+        let mark = entry
+            .npus
+            .iter()
+            .find(|d| d.id == "gpu1")
+            .unwrap()
+            .quarantine
+            .clone()
+            .unwrap();
+        assert_eq!(mark.by, "device-taint-rule");
+        assert_eq!(mark.rule.as_deref(), rule["metadata"]["name"].as_str());
+        assert!(entry
+            .npus
+            .iter()
+            .filter(|d| d.id != "gpu1")
+            .all(|d| d.quarantine.is_none()));
+        metric_until(
+            agg.addr,
+            "faultline_aggregator_devices_isolated{node=\"n1\",driver=\"gpu.nvidia.com\",by=\"device-taint-rule\"} 1",
+            Duration::from_secs(20),
+        )
+        .await;
+        // The node stays schedulable; its other pods stay.
+        assert_eq!(our_taints(&w.server, "n1"), 0);
+        assert_eq!(w.server.allocatable_devices("n1"), uuids.len() - 1);
+        for i in (0..uuids.len()).filter(|i| *i != 1) {
+            assert!(
+                w.server.get("pods", "default", &format!("p{i}")).is_some(),
+                "p{i}"
+            );
+        }
+        assert!(evicted_once(&w.server, "p1"));
+        assert_eq!(events(&w.server, "FaultlineDeviceQuarantined"), 1);
+        assert_no_forbidden(&w.server);
+        agg.cancel_token().cancel();
+    }
 
     /// The aggregator looks for the API at start and shows what it found.
     #[tokio::test]
@@ -214,5 +334,376 @@ mod wiring {
             assert_no_forbidden(&w.server);
             agg.cancel_token().cancel();
         }
+    }
+}
+
+/// Issue 28, points 3-6 through the remediation passes: the device path, the node path
+/// where the fault is the node's, the device plugin's fallback, releases.
+mod passes {
+    use std::sync::Arc;
+
+    use faultline_aggregator::model::RecordDevice;
+    use faultline_aggregator::quarantine::{discover, rule_name, DeviceQuarantine, DeviceRef};
+    use faultline_aggregator::remediate::{
+        record_of, DeviceIsolation, Mode, Outcome, ReleaseRequest, Remediator, DEVICES_LABEL,
+    };
+    use faultline_aggregator::shard::Fence;
+    use faultline_common::rules::Rules;
+    use faultline_test_apiserver::{fixtures, ApiServer, Bootstrap, Release};
+    use serde_json::{json, Value};
+
+    const TAINT: &str = "nvidia.com/gpu-fault";
+
+    /// A cluster at `release` with node n1 (8 GPUs published by NVIDIA's DRA driver,
+    /// allocatable as the device plugin would report `allocatable` of 8), one training
+    /// pod per GPU holding it through its claim (p5's claim tolerating faultline's
+    /// taint: the controller leaves it, and says so in its prediction).
+    async fn cluster(
+        release: Release,
+        allocatable: u32,
+        tolerant: bool,
+    ) -> (ApiServer, Remediator) {
+        let mut node = fixtures::realistic_node("n1", "10.0.0.1");
+        node["status"]["allocatable"]["nvidia.com/gpu"] = json!(allocatable.to_string());
+        // Under the aggregator's RBAC of deploy/base/aggregator.yaml, enforced.
+        let manifest = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/aggregator.yaml"),
+        )
+        .unwrap();
+        let (server, url) = Bootstrap::new()
+            .release(release)
+            .namespace("train")
+            .namespace(super::support::NS)
+            .manifests(manifest)
+            .rbac(&super::support::USERS)
+            .object("nodes", "", node)
+            .object("resourceslices", "", fixtures::nvidia_slice("n1", 8))
+            .spawn()
+            .await;
+        for i in 0..8 {
+            let p = server
+                .create("pods", "train", fixtures::dra_pod(&format!("p{i}"), "n1"))
+                .unwrap();
+            let tol = if tolerant && i == 5 {
+                json!([{"key": "faultline.io/unhealthy", "operator": "Exists"}])
+            } else {
+                json!([])
+            };
+            server
+                .create(
+                    "resourceclaims",
+                    "train",
+                    fixtures::claim_for(&p, &format!("gpu-{i}"), tol),
+                )
+                .unwrap();
+        }
+        let client = super::support::kube_client(&url);
+        let rules = tokio::sync::watch::channel(Arc::new(Rules::default())).1;
+        let q = DeviceQuarantine::new(rules);
+        *q.api.lock().unwrap() = discover(&client).await.unwrap();
+        let r = Remediator::new(client, Mode::Enforce, TAINT, "default", "replica-0")
+            .with_devices(Some(q));
+        (server, r)
+    }
+
+    fn gpu(i: usize, reason: &str) -> RecordDevice {
+        RecordDevice {
+            uuid: Some(fixtures::gpu_uuid("n1", i)),
+            ..RecordDevice::new(format!("gpu{i}"), reason)
+        }
+    }
+
+    fn node_taints(server: &ApiServer) -> Vec<Value> {
+        server.get("nodes", "", "n1").unwrap()["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t["key"] == TAINT)
+            .collect()
+    }
+
+    fn rule_of(server: &ApiServer, i: usize) -> Option<Value> {
+        let d = DeviceRef {
+            driver: "gpu.nvidia.com".into(),
+            pool: "n1".into(),
+            device: format!("gpu-{i}"),
+        };
+        server.get("devicetaintrules", "", &rule_name(&d))
+    }
+
+    fn alive(server: &ApiServer) -> Vec<String> {
+        (0..8)
+            .map(|i| format!("p{i}"))
+            .filter(|p| {
+                server
+                    .get("pods", "train", p)
+                    .is_some_and(|o| o["metadata"]["deletionTimestamp"].is_null())
+            })
+            .collect()
+    }
+
+    /// One GPU of eight fails: its own rule (NoSchedule after the controller agreed),
+    /// no node taint, 7 of 8 still allocatable, only its pod evicted (Eviction API);
+    /// a release deletes the rule and the node's label.
+    #[tokio::test]
+    async fn one_gpu_of_eight_is_quarantined_alone_and_released() {
+        for release in [
+            Release::parse("1.37").unwrap(),
+            Release::parse("1.36")
+                .unwrap()
+                .with_device_taint_rules(true),
+        ] {
+            let (server, r) = cluster(release, 8, false).await;
+            let f = Fence::unfenced();
+            let out = r
+                .isolate("n1", vec![gpu(3, "row-remap-failure")], &f)
+                .await
+                .unwrap();
+            assert_eq!(out, Outcome::Isolated);
+            let rule = rule_of(&server, 3).expect("gpu-3's rule");
+            assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+            assert_eq!(rule["spec"]["deviceSelector"]["device"], "gpu-3");
+            assert!(node_taints(&server).is_empty(), "no node taint");
+            assert_eq!(server.allocatable_devices("n1"), 7);
+            let node = server.get("nodes", "", "n1").unwrap();
+            assert_eq!(node["metadata"]["labels"][DEVICES_LABEL], "gpu3");
+            let n: k8s_openapi::api::core::v1::Node = serde_json::from_value(node).unwrap();
+            let rec = record_of(&n).unwrap().unwrap();
+            assert!(
+                matches!(&rec.isolation, Some(DeviceIsolation::DeviceTaintRule { rules }) if rules.len() == 1 && rules[0].effect == "NoSchedule"),
+                "{:?}",
+                rec.isolation
+            );
+            // Again: nothing more.
+            let again = r
+                .isolate("n1", vec![gpu(3, "row-remap-failure")], &f)
+                .await
+                .unwrap();
+            assert_eq!(again, Outcome::AlreadyDone);
+            let e = r.evict("n1", &[], &f).await.unwrap();
+            assert_eq!(e.evicted.len(), 1, "{e:?}");
+            assert!(e.evicted[0].starts_with("train/p3/"), "{e:?}");
+            assert_eq!(alive(&server).len(), 7);
+            let evictions: usize = (0..8)
+                .map(|i| super::support::eviction_calls(&server, &format!("p{i}"), 201))
+                .sum();
+            assert_eq!(evictions, 1, "through the Eviction API, once");
+            assert!(super::support::evicted_once(&server, "p3"));
+
+            let req = ReleaseRequest {
+                devices: vec![],
+                actor: "user:sre".into(),
+                reason: "replaced".into(),
+            };
+            assert_eq!(r.release("n1", req, &f).await.unwrap(), Outcome::Released);
+            assert!(
+                rule_of(&server, 3).is_none(),
+                "the rule goes with the release"
+            );
+            assert_eq!(server.allocatable_devices("n1"), 8);
+            let node = server.get("nodes", "", "n1").unwrap();
+            assert!(node["metadata"]["labels"][DEVICES_LABEL].is_null());
+            super::support::assert_no_forbidden(&server);
+        }
+    }
+
+    /// The node's own fault (the GPU fell off the bus: Xid 79), or two failed GPUs,
+    /// taint the node as before, and the record says why.
+    #[tokio::test]
+    async fn a_node_fault_or_two_devices_taint_the_node() {
+        for devices in [
+            vec![gpu(2, "xid-79")],
+            vec![gpu(1, "row-remap-failure"), gpu(6, "row-remap-failure")],
+        ] {
+            let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+            let out = r
+                .isolate("n1", devices.clone(), &Fence::unfenced())
+                .await
+                .unwrap();
+            assert_eq!(out, Outcome::Isolated);
+            assert_eq!(node_taints(&server).len(), 1, "{devices:?}");
+            assert!(server.list("devicetaintrules", "").is_empty());
+            let n: k8s_openapi::api::core::v1::Node =
+                serde_json::from_value(server.get("nodes", "", "n1").unwrap()).unwrap();
+            let rec = record_of(&n).unwrap().unwrap();
+            assert!(rec.isolation.is_none());
+            let why = rec.node_why.unwrap();
+            assert!(
+                why.contains("whole node") || why.contains("2 devices"),
+                "{why}"
+            );
+        }
+    }
+
+    /// No DeviceTaintRule (1.34): where the device plugin took the GPU out (8 -> 7) that
+    /// stands and the node stays untainted; where it did not, the node is tainted.
+    #[tokio::test]
+    async fn without_dra_the_device_plugin_isolation_stands_or_the_node_is_tainted() {
+        for (allocatable, tainted) in [(7, false), (8, true)] {
+            let (server, r) = cluster(Release::parse("1.34").unwrap(), allocatable, false).await;
+            let out = r
+                .isolate("n1", vec![gpu(4, "row-remap-failure")], &Fence::unfenced())
+                .await
+                .unwrap();
+            assert_eq!(out, Outcome::Isolated);
+            assert_eq!(
+                node_taints(&server).len(),
+                usize::from(tainted),
+                "{allocatable}"
+            );
+            let n: k8s_openapi::api::core::v1::Node =
+                serde_json::from_value(server.get("nodes", "", "n1").unwrap()).unwrap();
+            let rec = record_of(&n).unwrap().unwrap();
+            if tainted {
+                assert!(rec.node_why.unwrap().contains("device plugin took 0"));
+            } else {
+                assert!(matches!(
+                    rec.isolation,
+                    Some(DeviceIsolation::DevicePlugin { taken_out: 1, .. })
+                ));
+                // Its DRA pod is still found by its claim and evicted; only it.
+                let e = r.evict("n1", &[], &Fence::unfenced()).await.unwrap();
+                assert_eq!(e.evicted.len(), 1, "{e:?}");
+                assert!(e.evicted[0].starts_with("train/p4/"));
+            }
+        }
+    }
+
+    /// The controller's prediction disagrees with faultline's count (the holder's
+    /// claim tolerates the taint): the rule stays at None, nothing is evicted, it is
+    /// announced.
+    #[tokio::test]
+    async fn a_disagreeing_prediction_is_acted_on_neither_way() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, true).await;
+        let out = r
+            .isolate("n1", vec![gpu(5, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert!(matches!(out, Outcome::Waiting(_)), "{out:?}");
+        assert_eq!(
+            rule_of(&server, 5).unwrap()["spec"]["taint"]["effect"],
+            "None"
+        );
+        assert_eq!(server.allocatable_devices("n1"), 8);
+        assert!(node_taints(&server).is_empty());
+        let e = r.evict("n1", &[], &Fence::unfenced()).await.unwrap();
+        assert!(e.evicted.is_empty(), "{e:?}");
+        assert_eq!(alive(&server).len(), 8);
+        assert_eq!(
+            super::support::events(&server, "FaultlineDevicePredictionDisagrees"),
+            1
+        );
+    }
+
+    /// Someone else's rule under faultline's name: never changed, never deleted; the
+    /// device takes the node path instead, and says why.
+    #[tokio::test]
+    async fn another_owners_rule_is_left_and_the_node_path_taken() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let d = DeviceRef {
+            driver: "gpu.nvidia.com".into(),
+            pool: "n1".into(),
+            device: "gpu-1".into(),
+        };
+        server
+            .create("devicetaintrules", "", json!({"metadata": {"name": rule_name(&d), "labels": {"app.kubernetes.io/managed-by": "nvsentinel"}},
+                "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-1"},
+                         "taint": {"key": "nvsentinel.io/quarantine", "effect": "NoSchedule"}}}))
+            .unwrap();
+        let out = r
+            .isolate("n1", vec![gpu(1, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated);
+        assert_eq!(node_taints(&server).len(), 1);
+        let writes = server
+            .calls()
+            .iter()
+            .filter(|c| c.uri.contains("/devicetaintrules") && c.method != "GET")
+            .count();
+        assert_eq!(writes, 0);
+    }
+
+    /// An auto release after positive evidence runs a canary whose own claim selects
+    /// that very GPU (its UUID) and tolerates faultline's taint; the rule is deleted
+    /// only once the canary succeeded.
+    #[tokio::test]
+    async fn a_release_deletes_the_rule_after_the_canary() {
+        use faultline_aggregator::model::DeviceView;
+        use faultline_aggregator::remediate::{CanarySpec, ReleasePolicy};
+        use faultline_common::DeviceStatus;
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let template: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
+            "metadata": {"name": "probe"},
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "probe"}]}}}
+        }))
+        .unwrap();
+        let r = r.with_release(ReleasePolicy {
+            auto: true,
+            healthy_samples: 3,
+            cooldown: std::time::Duration::ZERO,
+            canary: Some(CanarySpec {
+                template,
+                namespace: super::support::NS.into(),
+                timeout: std::time::Duration::from_secs(600),
+            }),
+            ..ReleasePolicy::default()
+        });
+        let f = Fence::unfenced();
+        let bad = gpu(3, "row-remap-failure");
+        assert_eq!(
+            r.isolate("n1", vec![bad.clone()], &f).await.unwrap(),
+            Outcome::Isolated
+        );
+        let views = [DeviceView {
+            device: bad,
+            status: DeviceStatus::Healthy,
+            clean_streak: 10,
+            since_ms: 0,
+        }];
+        let now = r.clock().now_ms();
+        let out = r.release_pass("n1", &views, now, &f).await.unwrap();
+        assert!(
+            matches!(&out, Outcome::Waiting(w) if w.contains("started")),
+            "{out:?}"
+        );
+        assert!(rule_of(&server, 3).is_some(), "kept while the canary runs");
+        let jobs = server.list("jobs", super::support::NS);
+        assert_eq!(jobs.len(), 1);
+        let job = &jobs[0];
+        let name = job["metadata"]["name"].as_str().unwrap().to_string();
+        let pod = &job["spec"]["template"]["spec"];
+        assert_eq!(pod["resourceClaims"][0]["resourceClaimName"], name.as_str());
+        assert_eq!(
+            pod["containers"][0]["resources"]["claims"][0]["name"],
+            "devices"
+        );
+        let claim = server
+            .get("resourceclaims", super::support::NS, &name)
+            .expect("the canary's claim");
+        let req = &claim["spec"]["devices"]["requests"][0]["exactly"];
+        let cel = req["selectors"][0]["cel"]["expression"].as_str().unwrap();
+        assert!(cel.contains(&fixtures::gpu_uuid("n1", 3)), "{cel}");
+        assert_eq!(req["tolerations"][0]["key"], "faultline.io/unhealthy");
+        assert_eq!(
+            claim["metadata"]["ownerReferences"][0]["uid"],
+            job["metadata"]["uid"]
+        );
+        // Running: nothing released.
+        let out = r.release_pass("n1", &views, now, &f).await.unwrap();
+        assert!(matches!(out, Outcome::Waiting(_)), "{out:?}");
+        assert!(rule_of(&server, 3).is_some());
+        // It succeeds: the release deletes the rule.
+        let mut done = server.get("jobs", super::support::NS, &name).unwrap();
+        done["status"] = json!({"succeeded": 1});
+        server
+            .update("jobs", super::support::NS, &name, done, Some("status"))
+            .unwrap();
+        let out = r.release_pass("n1", &views, now, &f).await.unwrap();
+        assert_eq!(out, Outcome::Released);
+        assert!(rule_of(&server, 3).is_none());
+        assert_eq!(server.allocatable_devices("n1"), 8);
+        super::support::assert_no_forbidden(&server);
     }
 }

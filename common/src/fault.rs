@@ -258,6 +258,26 @@ pub struct NpuFault {
     /// driver does not report it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_action: Option<crate::reading::RecoveryAction>,
+    /// How the device is kept from new work while faultline quarantines it (issue 28);
+    /// absent when it is not quarantined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<QuarantineMark>,
+}
+
+/// How a quarantined device is kept from new work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuarantineMark {
+    /// `device-taint-rule` (this device alone, DRA), `device-plugin` (the plugin took
+    /// it out of the node's allocatable), `manually-separate-npu` (Huawei's device
+    /// plugin), or `node-taint` (the whole node).
+    pub by: String,
+    /// The DeviceTaintRule's name, for `device-taint-rule`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// The rule's effect (`NoSchedule`, `NoExecute`), or the node taint's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// Counts by status; `total` is their sum.
@@ -428,6 +448,7 @@ mod tests {
                 uuid: None,
                 pci_bus_id: None,
                 recovery_action: None,
+                quarantine: None,
             }],
             summary: FaultSummary::of(&[DeviceStatus::Failed]),
             readings_at: None,

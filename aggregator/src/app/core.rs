@@ -358,6 +358,14 @@ impl Core {
     /// published at once (an urgent write, and the node's agent) with a wake at the
     /// next deadline.
     fn on_settled(&mut self, mut s: Settled) {
+        if let Some(marks) = s.marks.take() {
+            if self.pipeline.set_marks(&s.node, marks, now_ms()) {
+                self.on_change(Change {
+                    nodes: vec![s.node.clone()],
+                    ..Default::default()
+                });
+            }
+        }
         if let Some((notices, wake)) = s.drains.take() {
             if self.pipeline.set_drain(&s.node, notices, now_ms()) {
                 self.on_change(Change {
@@ -430,12 +438,21 @@ impl Core {
         self.urgent_writing.len() < self.publisher.urgent_in_flight()
     }
 
+    /// The next document's sequence, noted for remediation (a DeviceTaintRule names
+    /// the one current when it was decided).
+    fn next_sequence(&mut self) {
+        self.sequence += 1;
+        if let Some(d) = &self.dispatch {
+            d.note_sequence(self.sequence);
+        }
+    }
+
     /// Write the urgent shards whose spacing has passed, and only them.
     fn write_urgent(&mut self) {
         let Some(ready) = self.schedule.take_urgent(Instant::now()) else {
             return;
         };
-        self.sequence += 1;
+        self.next_sequence();
         self.ready.store(true, Ordering::Release);
         let task = self.publisher.write(
             &self.pipeline,
@@ -460,7 +477,7 @@ impl Core {
             tracing::debug!("the last write failed; this one retries it");
             self.schedule.write_failed();
         }
-        self.sequence += 1;
+        self.next_sequence();
         self.ready.store(true, Ordering::Release);
         let held = self.publisher.held();
         let plan = self

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use faultline_common::sync::Locked;
 use tokio::sync::mpsc;
 
-use faultline_common::fault::DrainNotice;
+use faultline_common::fault::{DrainNotice, QuarantineMark};
 
 use crate::metrics::{Action, ActionResult, Metrics};
 use crate::model::{Provenance, RecordDevice, Verdict};
@@ -76,6 +76,9 @@ pub struct Settled {
     /// The node's drain intents to publish, and when the next falls due (ms on the
     /// remediator's clock); `None`: the pass did not look (issue 29).
     pub drains: Option<(Vec<DrainNotice>, Option<u64>)>,
+    /// How the node's quarantined devices are kept from new work, by device id, for
+    /// `fault.json` (issue 28); `None`: the pass did not look.
+    pub marks: Option<Vec<(String, QuarantineMark)>>,
 }
 
 /// Remediation's side of the core loop.
@@ -277,6 +280,13 @@ impl Dispatch {
         });
     }
 
+    /// Note the `fault.json` sequence being written.
+    pub fn note_sequence(&self, sequence: u64) {
+        self.remediator
+            .sequence_handle()
+            .store(sequence, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// One pass per node of `nodes` that has failed devices or a quarantine, in the
     /// shard holder only.
     pub fn remediate(&self, pipeline: &Pipeline, nodes: Vec<String>) {
@@ -413,7 +423,7 @@ impl NodePass {
                 Ok(Outcome::Released) => {
                     tracing::debug!(node = %node, "released");
                     // The record and its drain intents are gone.
-                    self.report_drains(Some(Vec::new()), None);
+                    self.report_drains(Some(Vec::new()), None, Some(Vec::new()));
                     return;
                 }
                 Ok(outcome) => tracing::debug!(node = %node, ?outcome, "release pass"),
@@ -455,6 +465,7 @@ impl NodePass {
                     node: self.node.clone(),
                     devices: self.extra.clone(),
                     drains: None,
+                    marks: None,
                 });
                 false
             }
@@ -502,6 +513,7 @@ impl NodePass {
                 node,
                 devices: unattributed,
                 drains: None,
+                marks: None,
             });
         }
     }
@@ -526,6 +538,7 @@ impl NodePass {
                 node: node.to_string(),
                 devices: self.extra.clone(),
                 drains: None,
+                marks: None,
             });
         }
         if r.mode() == crate::remediate::Mode::DryRun {
@@ -538,19 +551,25 @@ impl NodePass {
             self.metrics
                 .action_time(Action::Evict, t1.elapsed().as_secs_f64());
         }
-        self.report_drains(e.drains.take(), e.wake_ms);
+        self.report_drains(e.drains.take(), e.wake_ms, e.marks.take());
         tracing::debug!(node = %node, ?e, "eviction pass");
         Ok(())
     }
 
     /// Hand the node's drain intents to the core loop (to publish) with the time its
     /// pass must run again, if the pass looked.
-    fn report_drains(&self, drains: Option<Vec<DrainNotice>>, wake_ms: Option<u64>) {
-        if let Some(d) = drains {
+    fn report_drains(
+        &self,
+        drains: Option<Vec<DrainNotice>>,
+        wake_ms: Option<u64>,
+        marks: Option<Vec<(String, QuarantineMark)>>,
+    ) {
+        if drains.is_some() || marks.is_some() {
             let _ = self.settled.send(Settled {
                 node: self.node.clone(),
                 devices: Vec::new(),
-                drains: Some((d, wake_ms)),
+                drains: drains.map(|d| (d, wake_ms)),
+                marks,
             });
         }
     }

@@ -32,6 +32,7 @@ use crate::notify::Notifier;
 use crate::pipeline::Pipeline;
 use crate::publish::seed::ShardPages;
 use crate::publish::{ConfigMapSink, Nudger, Publisher};
+use crate::quarantine::DeviceQuarantine;
 use crate::remediate::{Breaker, Mode, Remediator};
 use crate::rules_file;
 use crate::shard::{Held, LeaseConfig, ShardLeases, Shards, Sharing};
@@ -242,6 +243,21 @@ fn remediator(
     .with_clock(clock.clone())
 }
 
+/// The device path of `--device-quarantine` (issue 28), following where the cluster
+/// serves DeviceTaintRule (at start, then every 10 minutes).
+fn devices(
+    cfg: &Config,
+    kube: &kube::Client,
+    rules: &watch::Receiver<Arc<Rules>>,
+    metrics: &Arc<Metrics>,
+    cancel: &CancellationToken,
+) -> Option<DeviceQuarantine> {
+    let devices = DeviceQuarantine::from_flags(&cfg.devices, rules.clone());
+    let found = devices.as_ref().map(|d| d.api.clone()).unwrap_or_default();
+    crate::quarantine::api::spawn_follow(kube, metrics, found, cancel);
+    devices
+}
+
 /// What the ConfigMap sink needs: the shard Leases (their task), the publisher.
 fn shard_publisher(
     cfg: &Config,
@@ -416,9 +432,8 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
             );
             lease_task = Some(task);
             if cfg.remediation != Mode::Off {
-                // Issue 28: whether one device can be quarantined alone here.
-                crate::quarantine::api::spawn_follow(kube, &metrics, &cancel);
-                let r = Arc::new(remediator(&cfg, kube, notifier.clone(), &metrics, &clock));
+                let r = remediator(&cfg, kube, notifier.clone(), &metrics, &clock);
+                let r = Arc::new(r.with_devices(devices(&cfg, kube, &rules, &metrics, &cancel)));
                 // The kubelet's device health (KEP-4680): Unhealthy is a verdict, Unknown an alert.
                 if let (true, Some(watch)) = (cfg.watch_pod_health, watch.as_ref()) {
                     let (tx, rx) = mpsc::channel(1024);

@@ -267,6 +267,7 @@ pub fn describe(v: &DescribeView) -> String {
             if r.unknown_only {
                 let _ = writeln!(o, "  Unknown only: the devices could not be read");
             }
+            isolation(&mut o, r);
             let _ = writeln!(o, "  Evicted:   {}", or_none(Some(&r.evicted.join(", "))));
             for (pod, why) in &r.eviction_blocked {
                 let _ = writeln!(o, "  Blocked:   {pod}: {why}");
@@ -316,6 +317,49 @@ pub fn describe(v: &DescribeView) -> String {
         }
     }
     o
+}
+
+/// How a record keeps its devices from new work (issue 28): the node's taint (and why
+/// the node, where a device alone could have been), or each device's DeviceTaintRule,
+/// or the device plugin's own isolation.
+fn isolation(o: &mut String, r: &crate::remediate::QuarantineRecord) {
+    use crate::remediate::DeviceIsolation;
+    match &r.isolation {
+        Some(DeviceIsolation::DeviceTaintRule { rules }) => {
+            let _ = writeln!(
+                o,
+                "  Isolation: each device alone (DRA DeviceTaintRule); the node is not tainted"
+            );
+            for d in rules {
+                let _ = writeln!(
+                    o,
+                    "  Rule:      {} {} ({}/{}/{}, effect {}{})",
+                    d.id,
+                    d.rule,
+                    d.driver,
+                    d.pool,
+                    d.device,
+                    d.effect,
+                    d.predicted
+                        .map(|n| format!(", the controller predicted {n} pods evicted"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        Some(DeviceIsolation::DevicePlugin {
+            resource,
+            taken_out,
+        }) => {
+            let _ = writeln!(o, "  Isolation: the device plugin took {taken_out} {resource} out of allocatable; the node is not tainted");
+        }
+        Some(DeviceIsolation::ManuallySeparateNpu) => {
+            let _ = writeln!(o, "  Isolation: ManuallySeparateNPU (Huawei's device plugin); the node is not tainted");
+        }
+        None => {}
+    }
+    if let Some(why) = &r.node_why {
+        let _ = writeln!(o, "  Node:      tainted, not the device: {why}");
+    }
 }
 
 #[cfg(test)]

@@ -37,6 +37,9 @@ pub(super) struct SinkLabels {
 pub enum Action {
     /// Taint, label and condition for a failed device.
     Quarantine,
+    /// A device quarantined alone (issue 28): its DeviceTaintRule, or the device
+    /// plugin's isolation recorded.
+    QuarantineDevice,
     /// The unknown guard's taint (no eviction).
     TaintUnknown,
     /// Evicting the pods on a failed device.
@@ -63,6 +66,7 @@ impl Action {
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Quarantine => "quarantine",
+            Action::QuarantineDevice => "quarantine-device",
             Action::TaintUnknown => "taint-unknown",
             Action::Evict => "evict",
             Action::Release => "release",
@@ -110,6 +114,9 @@ pub enum ActionResult {
     Left,
     /// A setting that could not be read (a checkpoint grace that is no duration).
     Invalid,
+    /// The device-taint controller's prediction disagreed with faultline's count:
+    /// neither acted on.
+    Disagreed,
 }
 
 impl ActionResult {
@@ -131,6 +138,7 @@ impl ActionResult {
             ActionResult::TimedOut => "timed-out",
             ActionResult::Left => "left",
             ActionResult::Invalid => "invalid",
+            ActionResult::Disagreed => "disagreed",
         }
     }
 }
@@ -171,6 +179,13 @@ pub(super) struct KindLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ShardLabel {
     pub(super) shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct IsolatedLabels {
+    pub(super) node: String,
+    pub(super) driver: String,
+    pub(super) by: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

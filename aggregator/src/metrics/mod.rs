@@ -10,6 +10,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 mod labels;
+mod remediation;
 
 pub use labels::{Action, ActionResult};
 use labels::{
@@ -27,6 +28,7 @@ pub struct Metrics {
     agent_poll_errors: Family<KindLabel, Counter>,
     remediation_errors: Family<KindLabel, Counter>,
     device_taint_api: Family<VersionLabel, Gauge>,
+    devices_isolated: Family<labels::IsolatedLabels, Gauge>,
     agents_reachable: Gauge,
     agents_total: Gauge,
     devices: Family<StateLabel, Gauge>,
@@ -156,6 +158,7 @@ impl Metrics {
             agent_poll_errors: Family::default(),
             remediation_errors: Family::default(),
             device_taint_api: Family::default(),
+            devices_isolated: Family::default(),
             agents_reachable: Gauge::default(),
             agents_total: Gauge::default(),
             devices: Family::default(),
@@ -279,6 +282,11 @@ impl Metrics {
             "device_taint_api",
             "1 for the resource.k8s.io version serving DeviceTaintRule (or none)",
             m.device_taint_api.clone(),
+        );
+        registry.register(
+            "devices_isolated",
+            "Failed devices faultline keeps from new work, by node, driver (or resource) and how",
+            m.devices_isolated.clone(),
         );
         registry.register(
             "agents_reachable",
@@ -584,63 +592,6 @@ impl Metrics {
     /// nudges in flight).
     pub fn nudge(&self, result: &str) {
         self.nudges
-            .get_or_create(&ResultLabel {
-                result: result.into(),
-            })
-            .inc();
-    }
-
-    /// A remediation action ended: `ok`, `error`, `held-back`, `dry-run`, ...
-    pub fn action(&self, action: Action, result: ActionResult) {
-        self.actions
-            .get_or_create(&ActionLabels { action, result })
-            .inc();
-    }
-
-    /// How long a remediation pass took.
-    pub fn action_time(&self, action: Action, secs: f64) {
-        self.action_seconds
-            .get_or_create(&ActionLabel { action })
-            .observe(secs);
-    }
-
-    /// Quarantined nodes and devices, as last listed.
-    pub fn set_quarantined(&self, nodes: usize, devices: usize) {
-        self.quarantined_nodes.set(nodes as i64);
-        self.quarantined_devices.set(devices as i64);
-    }
-
-    /// Nodes held back by a budget now.
-    pub fn set_held_back(&self, n: usize) {
-        self.held_back.set(n as i64);
-    }
-
-    /// The breaker's state.
-    pub fn set_breaker(&self, open: bool) {
-        self.breaker_open.set(open as i64);
-    }
-
-    /// An intake answer.
-    pub fn intake_response(&self, code: u16) {
-        self.intake_responses
-            .get_or_create(&CodeLabel {
-                code: code.to_string(),
-            })
-            .inc();
-    }
-
-    /// An alert's outcome.
-    pub fn intake_alert(&self, result: &str) {
-        self.intake_alerts
-            .get_or_create(&ResultLabel {
-                result: result.into(),
-            })
-            .inc();
-    }
-
-    /// A notification's outcome.
-    pub fn notification(&self, result: &str) {
-        self.notifications
             .get_or_create(&ResultLabel {
                 result: result.into(),
             })

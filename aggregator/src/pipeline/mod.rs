@@ -228,10 +228,16 @@ impl Pipeline {
             );
         }
         // Its drain intents stay published until this holder's pass reads the record.
-        if !faults.drain.is_empty() {
+        let marks: Vec<_> = faults
+            .npus
+            .iter()
+            .filter_map(|d| Some((d.id.clone(), d.quarantine.clone()?)))
+            .collect();
+        if !faults.drain.is_empty() || !marks.is_empty() {
             node.drain = Some(Box::new(node::NodeDrain {
                 notices: faults.drain.clone(),
                 acks: Vec::new(),
+                marks,
             }));
         }
         faults.npus.len()
@@ -364,6 +370,20 @@ impl Pipeline {
             return false;
         }
         n.drain.get_or_insert_with(Default::default).notices = notices;
+        n.changed_ms = now_ms;
+        true
+    }
+
+    /// How node `name`'s quarantined devices are kept from new work (issue 28), as its
+    /// remediation pass found the record; whether that changed what is published.
+    pub fn set_marks(&mut self, name: &str, marks: node::Marks, now_ms: u64) -> bool {
+        let Some(n) = self.nodes.get_mut(name) else {
+            return false;
+        };
+        if n.drain.as_ref().map_or(&[][..], |d| &d.marks[..]) == marks.as_slice() {
+            return false;
+        }
+        n.drain.get_or_insert_with(Default::default).marks = marks;
         n.changed_ms = now_ms;
         true
     }

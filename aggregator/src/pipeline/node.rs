@@ -82,12 +82,18 @@ pub(super) struct Node {
 }
 
 /// A node's drain intents (from its remediation pass) and the acknowledgements its
-/// agent carries (pod UID, the intent's `requested`).
+/// agent carries (pod UID, the intent's `requested`); and its quarantine marks.
 #[derive(Default)]
 pub(super) struct NodeDrain {
     pub(super) notices: Vec<faultline_common::fault::DrainNotice>,
     pub(super) acks: Vec<(String, String)>,
+    /// How each quarantined device is kept from new work (issue 28), by device id, as
+    /// the node's last remediation pass found its record.
+    pub(super) marks: Marks,
 }
+
+/// Quarantine marks by device id.
+pub type Marks = Vec<(String, faultline_common::fault::QuarantineMark)>;
 
 /// Most devices kept for one node, remembered ones included (issue 26: an agent that
 /// named 512 new device ids in every document grew a replica by 150 MB a minute and

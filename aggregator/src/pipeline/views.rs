@@ -54,6 +54,12 @@ impl Pipeline {
                     uuid: text(|l| &l.uuid),
                     pci_bus_id: text(|l| &l.pci_bus_id),
                     recovery_action: last.and_then(|l| l.recovery_action),
+                    quarantine: n.drain.as_ref().and_then(|x| {
+                        x.marks
+                            .iter()
+                            .find(|(m, _)| m == id)
+                            .map(|(_, q)| q.clone())
+                    }),
                 }
             })
             .collect();

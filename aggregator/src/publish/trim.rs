@@ -111,6 +111,7 @@ mod tests {
             uuid: Some(format!("GPU-{id}")),
             pci_bus_id: None,
             recovery_action: None,
+            quarantine: None,
         }
     }
 

@@ -14,6 +14,7 @@
 
 use std::cmp::Ordering;
 
+use faultline_common::sync::Locked;
 use kube::Client;
 
 /// The group of Dynamic Resource Allocation.
@@ -111,6 +112,9 @@ pub const REDISCOVER: std::time::Duration = std::time::Duration::from_secs(600);
 /// How soon a failed discovery is tried again.
 pub const RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Where [`follow`] keeps its last answer for the remediation passes.
+pub type Found = std::sync::Arc<std::sync::Mutex<Option<TaintApi>>>;
+
 /// Find the API at start and again every `every` (an error retried after `retry`),
 /// until `cancel`: each answer logged when it changes and shown as the gauge
 /// `faultline_aggregator_device_taint_api{version}`; an error counted as a
@@ -118,6 +122,7 @@ pub const RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 pub async fn follow(
     client: Client,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
+    found_at: Found,
     every: std::time::Duration,
     retry: std::time::Duration,
     cancel: tokio_util::sync::CancellationToken,
@@ -126,6 +131,7 @@ pub async fn follow(
     loop {
         let wait = match discover(&client).await {
             Ok(found) => {
+                *found_at.locked() = found.clone();
                 if last.as_ref() != Some(&found) {
                     match &found {
                         Some(api) => tracing::info!(api = %api.api_version(), "DeviceTaintRule served: a failed device can be quarantined alone"),
@@ -153,11 +159,13 @@ pub async fn follow(
 pub fn spawn_follow(
     client: &Client,
     metrics: &std::sync::Arc<crate::metrics::Metrics>,
+    found_at: Found,
     cancel: &tokio_util::sync::CancellationToken,
 ) {
     tokio::spawn(follow(
         client.clone(),
         metrics.clone(),
+        found_at,
         REDISCOVER,
         RETRY,
         cancel.clone(),

@@ -27,6 +27,8 @@ pub enum QuarantineError {
     Api(#[from] kube::Error),
     #[error("unreadable {what}: {why}")]
     Decode { what: String, why: String },
+    #[error("the cluster serves no DeviceTaintRule")]
+    NoApi,
 }
 
 /// What the controller's prediction says against faultline's own count.
@@ -57,7 +59,7 @@ pub fn judge(predicted: Option<u64>, ours: &[Holder]) -> Prediction {
 #[derive(Clone)]
 pub struct Dra {
     client: Client,
-    taints: TaintApi,
+    taints: Option<TaintApi>,
     drivers: Vec<String>,
 }
 
@@ -84,16 +86,104 @@ impl Dra {
     pub fn new(client: Client, taints: TaintApi, drivers: Vec<String>) -> Self {
         Dra {
             client,
+            taints: Some(taints),
+            drivers,
+        }
+    }
+
+    /// Slices and claims only, where no DeviceTaintRule is served (`taints` `None`):
+    /// a DRA pod of a failed device is still found and evicted on the node path.
+    pub fn maybe(client: Client, taints: Option<TaintApi>, drivers: Vec<String>) -> Self {
+        Dra {
+            client,
             taints,
             drivers,
         }
     }
 
-    fn rules(&self) -> Api<DynamicObject> {
-        Api::all_with(
+    /// Whether DeviceTaintRules can be written.
+    pub fn has_rules(&self) -> bool {
+        self.taints.is_some()
+    }
+
+    fn rules(&self) -> Result<Api<DynamicObject>, QuarantineError> {
+        let v = self.taints.as_ref().ok_or(QuarantineError::NoApi)?;
+        Ok(Api::all_with(
             self.client.clone(),
-            &resource(&self.taints.version, "DeviceTaintRule", "devicetaintrules"),
-        )
+            &resource(&v.version, "DeviceTaintRule", "devicetaintrules"),
+        ))
+    }
+
+    /// The allowlisted drivers' devices on `node` (field selector `spec.nodeName`,
+    /// pkg/registry/resource/resourceslice/strategy.go): one list, the node's own
+    /// slices, whatever the cluster's size. A pool of a node-local driver lives on its
+    /// node, so its completeness is judged as [`Dra::index`] judges it.
+    pub async fn index_node(&self, node: &str) -> Result<DeviceIndex, QuarantineError> {
+        let api: Api<DynamicObject> = Api::all_with(
+            self.client.clone(),
+            &resource("v1", "ResourceSlice", "resourceslices"),
+        );
+        let list = match api
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+        {
+            Ok(l) => l,
+            // No resource.k8s.io/v1 (before 1.34): no DRA devices.
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(DeviceIndex::default()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut slices = Vec::new();
+        for o in &list.items {
+            if let Some(s) = Slice::from_json(&as_json(o)?) {
+                slices.push(s);
+            }
+        }
+        Ok(DeviceIndex::build(&slices, &self.drivers))
+    }
+
+    /// The claims `pods` use (`spec.resourceClaims[].resourceClaimName`, and
+    /// `status.resourceClaimStatuses` for claims made from a template), each read once:
+    /// a node's pods, not every claim of the cluster.
+    pub async fn claims_of(
+        &self,
+        pods: &[k8s_openapi::api::core::v1::Pod],
+    ) -> Result<Vec<Value>, QuarantineError> {
+        let mut names = std::collections::BTreeSet::new();
+        for p in pods {
+            let ns = p.metadata.namespace.clone().unwrap_or_default();
+            let direct = p
+                .spec
+                .iter()
+                .flat_map(|s| s.resource_claims.iter().flatten())
+                .filter_map(|c| c.resource_claim_name.clone());
+            let made = p
+                .status
+                .iter()
+                .flat_map(|s| s.resource_claim_statuses.iter().flatten())
+                .filter_map(|c| c.resource_claim_name.clone());
+            for n in direct.chain(made) {
+                names.insert((ns.clone(), n));
+            }
+        }
+        let mut out = Vec::new();
+        for (ns, name) in names {
+            let api: Api<DynamicObject> = Api::namespaced_with(
+                self.client.clone(),
+                &ns,
+                &resource("v1", "ResourceClaim", "resourceclaims"),
+            );
+            if let Some(c) = api.get_opt(&name).await? {
+                out.push(as_json(&c)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// How many devices faultline's rules quarantine now, cluster-wide (the device
+    /// budget counts them on every replica alike).
+    pub async fn ours(&self) -> Result<usize, QuarantineError> {
+        let lp = ListParams::default().labels("app.kubernetes.io/managed-by=faultline");
+        Ok(self.rules()?.list_metadata(&lp).await?.items.len())
     }
 
     /// The allowlisted drivers' devices, from every ResourceSlice (`resource.k8s.io/v1`,
@@ -134,7 +224,7 @@ impl Dra {
 
     /// The rule of `device`, if there is one (ours or not).
     pub async fn rule(&self, device: &DeviceRef) -> Result<Option<Value>, QuarantineError> {
-        match self.rules().get_opt(&rule_name(device)).await? {
+        match self.rules()?.get_opt(&rule_name(device)).await? {
             Some(o) => Ok(Some(as_json(&o)?)),
             None => Ok(None),
         }
@@ -159,7 +249,7 @@ impl Dra {
             };
         }
         let obj = rule_object(
-            &self.taints,
+            self.taints.as_ref().ok_or(QuarantineError::NoApi)?,
             device,
             uuid,
             Effect::None,
@@ -172,7 +262,7 @@ impl Dra {
                 what: "rule".into(),
                 why: e.to_string(),
             })?;
-        match self.rules().create(&PostParams::default(), &o).await {
+        match self.rules()?.create(&PostParams::default(), &o).await {
             Ok(made) => as_json(&made),
             // Another replica made it between our read and our write: read it again.
             Err(kube::Error::Api(s)) if s.code == 409 => match self.rule(device).await? {
@@ -227,7 +317,7 @@ impl Dra {
                 why: e.to_string(),
             })?;
         let done = self
-            .rules()
+            .rules()?
             .patch(&name, &PatchParams::default(), &Patch::<()>::Json(p))
             .await?;
         as_json(&done)
@@ -257,7 +347,7 @@ impl Dra {
                 ..DeleteParams::default()
             };
             tries += 1;
-            match self.rules().delete(&name, &dp).await {
+            match self.rules()?.delete(&name, &dp).await {
                 Ok(_) => return Ok(true),
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
                 Err(kube::Error::Api(s)) if s.code == 409 && tries < 3 => continue,

@@ -12,6 +12,7 @@
 //!   failed devices out of the node's allocatable;
 //! - `ascend` (pure): the chips Huawei's device plugin already separated by hand
 //!   (`ManuallySeparateNPU`), never isolated a second time;
+//! - `settings`: what the device path of remediation is told;
 //! - `apply`: the writes (propose with `None`, read the prediction, enforce, release),
 //!   never to a rule without faultline's label.
 
@@ -22,10 +23,12 @@ pub mod index;
 pub mod plugin;
 pub mod rule;
 pub mod scope;
+pub mod settings;
 
 pub use api::{discover, newest_with_rules, TaintApi};
 pub use apply::{judge, Dra, Prediction, QuarantineError};
 pub use index::{holders, DeviceIndex, DeviceRef, Holder, Slice};
 pub use plugin::{plugin_scope, taken_out, PluginScope};
 pub use rule::{is_ours, rule_name, rule_object, would_evict, Effect};
-pub use scope::{scope, Failed, NodeWhy, Scope};
+pub use scope::{node_fault, scope, Failed, NodeWhy, Scope};
+pub use settings::DeviceQuarantine;

@@ -42,6 +42,9 @@ pub enum NodeWhy {
         taken_out: Option<u64>,
         failed: usize,
     },
+    /// Another owner's DeviceTaintRule holds `rule`, the name faultline's would have:
+    /// left alone.
+    ForeignRule { device: String, rule: String },
 }
 
 impl NodeWhy {
@@ -61,6 +64,9 @@ impl NodeWhy {
             NodeWhy::NotTakenOut { taken_out, failed } => format!(
                 "the device plugin took {} of {failed} failed devices out of the node's allocatable",
                 taken_out.map_or("none (not reported)".to_string(), |n| n.to_string())
+            ),
+            NodeWhy::ForeignRule { device, rule } => format!(
+                "DeviceTaintRule {rule} for {device} belongs to another owner (no app.kubernetes.io/managed-by=faultline): left alone"
             ),
         }
     }

@@ -167,13 +167,17 @@ impl Remediator {
         }
         let name = canary_name(node, &record.first_seen, record.canary_attempts);
         record.canary_attempts += 1;
-        let job = canary_job(&canary.template, &name, node, &self.taint.key);
-        match jobs.create(&PostParams::default(), &job).await {
-            Ok(_) => {}
+        let mut job = canary_job(&canary.template, &name, node, &self.taint.key);
+        self.device_canary(&record, &mut job, &name);
+        let made = match jobs.create(&PostParams::default(), &job).await {
+            Ok(j) => j,
             // Created by a pass whose answer was lost: it is ours.
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => jobs.get(&name).await?,
             Err(e) => return Err(e.into()),
-        }
+        };
+        let uid = made.metadata.uid.unwrap_or_default();
+        self.create_canary_claim(&record, &canary.namespace, &name, &uid)
+            .await?;
         let job_ref = format!("{}/{name}", canary.namespace);
         let now = self.clock.rfc3339();
         record.canary = Some(CanaryRun {

@@ -12,6 +12,10 @@ pub enum RemediateError {
     /// The record on the Node does not parse.
     #[error("unreadable quarantine record on {0}: {1}")]
     Record(String, String),
+    /// A device quarantine could not go on (a DeviceTaintRule of another owner, one
+    /// that did not decode).
+    #[error("device quarantine: {0}")]
+    Device(String),
 }
 
 impl RemediateError {
@@ -25,6 +29,7 @@ impl RemediateError {
             RemediateError::Api(_) => "api",
             RemediateError::NotHolder => "not-holder",
             RemediateError::Record(..) => "record",
+            RemediateError::Device(..) => "device",
         }
     }
 }

@@ -29,7 +29,10 @@ use super::drain::{acknowledged, drain_step, notice, DrainStep, Drained};
 use super::error::RemediateError;
 use super::grace::NamespaceGraces;
 use super::patch::NodePatch;
-use super::policy::{blocked, breaker_stops, record_evicts, wants_eviction, Blocked, Mode, Step};
+use super::policy::{
+    blocked, breaker_stops, record_evicts, wants_device_eviction, wants_eviction, Blocked, Mode,
+    Step,
+};
 use super::record::{describe, LiveNode, QuarantineRecord};
 use super::remediator::Remediator;
 use super::view::PodView;
@@ -60,6 +63,9 @@ pub struct Evictions {
     /// When the next intent falls due (ms, on the remediator's clock): the node's pass
     /// must run again then.
     pub wake_ms: Option<u64>,
+    /// How the node's quarantined devices are kept from new work, for `fault.json`
+    /// (`None`: the pass did not look).
+    pub marks: Option<Vec<(String, faultline_common::fault::QuarantineMark)>>,
 }
 
 /// How one pod's eviction went.
@@ -101,7 +107,7 @@ impl Remediator {
     /// The pods of `node`, from the watch cache (resourceVersion=0): a node being
     /// remediated is tainted, so no new pod lands there, and a pod the cache has not
     /// seen yet waits for the next pass.
-    async fn pods_on(&self, node: &str) -> Result<Vec<Pod>, RemediateError> {
+    pub(super) async fn pods_on(&self, node: &str) -> Result<Vec<Pod>, RemediateError> {
         let all: Api<Pod> = Api::all(self.client.clone());
         let lp = ListParams::default()
             .match_any()
@@ -125,6 +131,12 @@ impl Remediator {
         }
         let live = self.read(node).await?;
         out.drains = Some(Vec::new());
+        out.marks = Some(
+            live.record
+                .as_ref()
+                .map(QuarantineRecord::marks)
+                .unwrap_or_default(),
+        );
         let Some(before) = live
             .record
             .clone()
@@ -138,9 +150,20 @@ impl Remediator {
         }
         let mut record = before.clone();
         let pods = self.pods_on(node).await?;
+        // DRA pods hold their devices through claims (issue 28).
+        let claimed = self.dra_holders(node, &pods, &record).await?;
+        let device_scoped = !record.node_scoped();
         let targets: Vec<&Pod> = pods
             .iter()
-            .filter(|p| wants_eviction(&PodView::of(p, &self.resources), &record.devices))
+            .filter(|p| {
+                let holds = p.metadata.uid.as_ref().is_some_and(|u| claimed.contains(u));
+                wants_device_eviction(
+                    &PodView::of(p, &self.resources),
+                    &record.devices,
+                    holds,
+                    device_scoped,
+                )
+            })
             .collect();
         let mut touched = Vec::new();
         self.drains_left(node, &targets, &mut record, &mut touched);

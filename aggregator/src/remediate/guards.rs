@@ -58,7 +58,7 @@ impl BudgetGuard {
         // pass).
         let mut quarantined: Vec<ObjectMeta> = Vec::new();
         each_page(nodes, DEVICES_LABEL, |page| {
-            quarantined.extend(page.filter(|m| !unknown_only(m)));
+            quarantined.extend(page.filter(|m| !unknown_only(m) && !device_scoped(m)));
         })
         .await?;
         let domain = |m: &ObjectMeta| {
@@ -123,6 +123,13 @@ async fn each_page(
             None => return Ok(()),
         }
     }
+}
+
+/// Whether only devices of the node are quarantined, not the node (issue 28).
+fn device_scoped(node: &ObjectMeta) -> bool {
+    node.labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(super::record::SCOPE_LABEL))
 }
 
 /// Whether the devices label says only the unknown guard acted on a node.

@@ -11,12 +11,13 @@
 use k8s_openapi::api::core::v1::Taint;
 
 use super::announce::audit;
+use super::device::DevicePath;
 use super::error::{Outcome, RemediateError};
 use super::patch::NodePatch;
 use super::policy::{breaker_stops, not_suppressed, young, Mode, Step};
 use super::record::{
     describe, fingerprint, history_of, label_value, LiveNode, QuarantineRecord,
-    ANNOUNCE_RETRY_SECS, CONDITION, DEVICES_LABEL, UNKNOWN_MARK,
+    ANNOUNCE_RETRY_SECS, CONDITION, DEVICES_LABEL, SCOPE_LABEL, UNKNOWN_MARK,
 };
 use super::remediator::Remediator;
 use super::view::node_ready;
@@ -85,6 +86,14 @@ impl Remediator {
                 devices.push(d);
             }
         }
+        // One device alone where the cluster can (issue 28); else the node, and why.
+        let node_why = match self
+            .isolate_devices(&live, existing.as_ref(), &devices, fence)
+            .await?
+        {
+            DevicePath::Done(outcome) => return Ok(outcome),
+            DevicePath::Node(why) => why,
+        };
         let fp = fingerprint(node, &devices);
         let taints = live.taints();
         let has_taint = taints
@@ -112,7 +121,8 @@ impl Remediator {
         // is not quarantined yet: its first failure asks the budget like any other
         // (the randomized schedules found it skipped the budget, issue 27).
         let unquarantined = match &existing {
-            Some(r) => r.unknown_only,
+            // Unknown-only, or only devices quarantined alone: the node is not yet.
+            Some(r) => r.unknown_only || !r.node_scoped(),
             None => !has_taint,
         };
         let _budget_turn = if unquarantined && self.mode == Mode::Enforce {
@@ -126,9 +136,13 @@ impl Remediator {
         };
         let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
         let summary = format!(
-            "{} failed on {node}: {}",
+            "{} failed on {node}: {}{}",
             ids.join(", "),
-            describe(&devices)
+            describe(&devices),
+            node_why
+                .as_ref()
+                .map(|w| format!("; the node, not the device: {}", w.describe()))
+                .unwrap_or_default()
         );
         if !fence.holds() {
             return Err(RemediateError::NotHolder);
@@ -154,9 +168,17 @@ impl Remediator {
         let mut record = existing.unwrap_or_else(|| self.new_record(node, vec![], &now));
         record.unknown_only = false;
         record.devices = devices;
+        if let Some(why) = &node_why {
+            record.node_why = Some(why.describe());
+        }
         record.fingerprint = fp;
         record.last_seen = now.clone();
         let mut patch = NodePatch::on(&live.node);
+        if live.has_label(SCOPE_LABEL) {
+            // Escalated from a device quarantine: the node's now (its rules stay,
+            // and go with the release).
+            patch.remove_label(SCOPE_LABEL);
+        }
         if !has_taint {
             let mut t = taints;
             t.push(self.taint.clone());

@@ -15,6 +15,7 @@
 
 pub mod announce;
 pub mod canary;
+pub mod device;
 pub mod drain;
 pub mod error;
 pub mod evict;
@@ -28,13 +29,14 @@ pub mod release;
 pub mod remediator;
 pub mod view;
 
+pub use crate::quarantine::DeviceQuarantine;
 pub use error::{Outcome, RemediateError};
 pub use evict::Evictions;
 pub use guards::Breaker;
 pub use policy::{Budget, CanarySpec, Mode, ReleasePolicy};
 pub use record::{
-    history_of, label_value, record_of, CanaryState, LiveNode, QuarantineRecord, ReleaseRequest,
-    CANARY_LABEL, CONDITION, DEVICES_LABEL, HISTORY_ANNOTATION, RECORD_ANNOTATION,
-    RELEASE_ANNOTATION, RELEASE_BY_ANNOTATION, RELEASE_REASON_ANNOTATION,
+    history_of, label_value, record_of, CanaryState, DeviceIsolation, DeviceRule, LiveNode,
+    QuarantineRecord, ReleaseRequest, CANARY_LABEL, CONDITION, DEVICES_LABEL, HISTORY_ANNOTATION,
+    RECORD_ANNOTATION, RELEASE_ANNOTATION, RELEASE_BY_ANNOTATION, RELEASE_REASON_ANNOTATION,
 };
 pub use remediator::Remediator;

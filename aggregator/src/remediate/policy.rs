@@ -409,6 +409,29 @@ pub fn wants_eviction(pod: &PodView, failed: &[RecordDevice]) -> bool {
     pod.held.iter().any(|id| failed.iter().any(|d| d.is(id)))
 }
 
+/// [`wants_eviction`] with what DRA and a device quarantine add (issue 28): a pod whose
+/// claim holds a failed device (`claim_holds`) is evicted, whatever it asks for; where
+/// only devices are quarantined (`device_scoped`), a pod is evicted only when it is
+/// known to hold a failed device (its claim, or the kubelet's KEP-4680 status), so the
+/// pods of the node's healthy devices stay.
+pub fn wants_device_eviction(
+    pod: &PodView,
+    failed: &[RecordDevice],
+    claim_holds: bool,
+    device_scoped: bool,
+) -> bool {
+    if pod.terminating || pod.finished || pod.mirror || pod.daemon || pod.canary {
+        return false;
+    }
+    if claim_holds {
+        return true;
+    }
+    if device_scoped && pod.held.is_empty() {
+        return false;
+    }
+    wants_eviction(pod, failed)
+}
+
 #[cfg(test)]
 #[path = "policy_tests.rs"]
 mod tests;

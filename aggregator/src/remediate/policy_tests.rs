@@ -139,6 +139,71 @@ fn which_pods_are_evicted() {
     );
 }
 
+/// Issue 28: a pod whose claim holds a failed device goes (unless it is one never
+/// evicted); on a device quarantine only a pod known to hold a failed device goes.
+#[test]
+fn a_device_quarantine_evicts_only_the_known_holders() {
+    let res = ["nvidia.com/gpu".to_string()];
+    let dra = pod(
+        json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}}),
+    );
+    let unknown = gpu_pod(json!({}));
+    let holds = |id: &str| {
+        gpu_pod(
+            json!({"status": {"phase": "Running", "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+            "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [{"resourceID": id, "health": "Healthy"}]}]}]}}),
+        )
+    };
+    let daemon = pod(
+        json!({"metadata": {"name": "p", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u"}]},
+        "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}}),
+    );
+    let failed = failed_gpu3();
+    let cases = [
+        // (what, pod, its claim holds a failed device, device-scoped, evicted)
+        ("a DRA holder, device scope", &dra, true, true, true),
+        ("a DRA holder, node scope", &dra, true, false, true),
+        ("a DRA pod holding nothing failed", &dra, false, true, false),
+        ("a DRA pod on the node path", &dra, false, false, false),
+        (
+            "a GPU pod whose devices are unknown, device scope",
+            &unknown,
+            false,
+            true,
+            false,
+        ),
+        (
+            "a GPU pod whose devices are unknown, node scope",
+            &unknown,
+            false,
+            false,
+            true,
+        ),
+        (
+            "the kubelet says it holds gpu3",
+            &holds("GPU-3"),
+            false,
+            true,
+            true,
+        ),
+        (
+            "the kubelet says it holds another",
+            &holds("GPU-9"),
+            false,
+            true,
+            false,
+        ),
+        ("a DaemonSet's, holding it", &daemon, true, true, false),
+    ];
+    for (what, p, claim, scoped, want) in cases {
+        assert_eq!(
+            wants_device_eviction(&PodView::of(p, &res), &failed, claim, scoped),
+            want,
+            "{what}"
+        );
+    }
+}
+
 /// Issue 30: an Ascend pod holds its chips by the device plugin's names (`Ascend910-3`,
 /// a virtual NPU `Ascend910-2c-100-3`), the agent names them by physical id (`npu3`).
 #[test]

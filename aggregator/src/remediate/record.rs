@@ -20,6 +20,9 @@ use crate::model::RecordDevice;
 pub const RECORD_ANNOTATION: &str = "faultline.io/quarantine";
 /// The label listing the unhealthy devices (dot separated ids).
 pub const DEVICES_LABEL: &str = "faultline.io/unhealthy-devices";
+/// On a node whose failed devices are quarantined alone (value `device`): the node is
+/// not, and the node budget does not count it (issue 28).
+pub const SCOPE_LABEL: &str = "faultline.io/quarantine-scope";
 /// The effect of faultline's taint: new pods stay off the node; the pods running leave
 /// one by one through the Eviction API (PodDisruptionBudgets respected), never all at
 /// once by `NoExecute`.
@@ -168,6 +171,147 @@ pub struct QuarantineRecord {
     /// `fault.json` (issue 29): each leaves when it is evicted or gone.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub drains: BTreeMap<String, DrainNotice>,
+    /// How the devices are kept from new work when the node is not tainted (issue 28):
+    /// absent, the node's taint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<DeviceIsolation>,
+    /// Why the node was tainted where a device alone could have been quarantined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_why: Option<String>,
+}
+
+/// How the failed devices of a record are kept from new work without tainting their
+/// node (issue 28).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "by")]
+pub enum DeviceIsolation {
+    /// One DeviceTaintRule per device (DRA).
+    DeviceTaintRule {
+        /// The rules, one per device.
+        rules: Vec<DeviceRule>,
+    },
+    /// The device plugin took the devices out of the node's allocatable already: that
+    /// stands, nothing is added.
+    DevicePlugin {
+        /// The extended resource (`nvidia.com/gpu`).
+        resource: String,
+        /// Devices the plugin took out when the record was made.
+        taken_out: u64,
+    },
+    /// Huawei's device plugin lists the chips in `ManuallySeparateNPU` already.
+    ManuallySeparateNpu,
+}
+
+/// A device's DeviceTaintRule, as a record keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRule {
+    /// The device's id on the node (`gpu3`).
+    pub id: String,
+    /// Its UUID.
+    pub uuid: String,
+    /// The DRA driver, pool and device the rule selects.
+    pub driver: String,
+    /// The pool (NVIDIA's driver: the node's name).
+    pub pool: String,
+    /// The device (`gpu-3`).
+    pub device: String,
+    /// The rule's name.
+    pub rule: String,
+    /// Its effect when last written (`None` while the controller's prediction is
+    /// awaited, then `NoSchedule`, or `NoExecute` where opted in).
+    pub effect: String,
+    /// The pods the device-taint controller said `NoExecute` would evict (its dry run
+    /// at effect `None`), which faultline's own count matched before enforcing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<u64>,
+}
+
+impl DeviceRule {
+    /// The DRA device it selects.
+    pub fn device_ref(&self) -> crate::quarantine::DeviceRef {
+        crate::quarantine::DeviceRef {
+            driver: self.driver.clone(),
+            pool: self.pool.clone(),
+            device: self.device.clone(),
+        }
+    }
+}
+
+impl QuarantineRecord {
+    /// The DeviceTaintRules of the record (none on the node path).
+    pub fn rules(&self) -> &[DeviceRule] {
+        match &self.isolation {
+            Some(DeviceIsolation::DeviceTaintRule { rules }) => rules,
+            _ => &[],
+        }
+    }
+
+    /// How each device of the record is kept from new work, for `fault.json` (an
+    /// unknown-only record marks none: nothing failed).
+    pub fn marks(&self) -> Vec<(String, faultline_common::fault::QuarantineMark)> {
+        use faultline_common::fault::QuarantineMark;
+        if self.unknown_only {
+            return Vec::new();
+        }
+        let mark = |by: &str, rule: Option<String>, detail: Option<String>| QuarantineMark {
+            by: by.into(),
+            rule,
+            detail,
+        };
+        self.devices
+            .iter()
+            .filter_map(|d| {
+                let m = match &self.isolation {
+                    _ if self.owned_taint.is_some() || self.isolation.is_none() => {
+                        mark("node-taint", None, self.owned_taint.clone())
+                    }
+                    Some(DeviceIsolation::DeviceTaintRule { rules }) => {
+                        let r = rules.iter().find(|r| r.id == d.id)?;
+                        mark(
+                            "device-taint-rule",
+                            Some(r.rule.clone()),
+                            Some(r.effect.clone()),
+                        )
+                    }
+                    Some(DeviceIsolation::DevicePlugin { resource, .. }) => {
+                        mark("device-plugin", None, Some(resource.clone()))
+                    }
+                    Some(DeviceIsolation::ManuallySeparateNpu) => {
+                        mark("manually-separate-npu", None, None)
+                    }
+                    None => return None,
+                };
+                Some((d.id.clone(), m))
+            })
+            .collect()
+    }
+
+    /// For the metric: (node, driver or resource, how, devices) of a failure record
+    /// (`-`: the driver is not known on the node path).
+    pub fn isolated_counts(&self) -> Vec<(String, String, String, usize)> {
+        let mut out: Vec<(String, String, String, usize)> = Vec::new();
+        let rules = self.rules();
+        for (id, mark) in self.marks() {
+            let driver = match &self.isolation {
+                Some(DeviceIsolation::DevicePlugin { resource, .. }) => resource.clone(),
+                _ => rules
+                    .iter()
+                    .find(|r| r.id == id)
+                    .map_or_else(|| "-".to_string(), |r| r.driver.clone()),
+            };
+            match out.iter_mut().find(|o| o.1 == driver && o.2 == mark.by) {
+                Some(o) => o.3 += 1,
+                None => out.push((self.node.clone(), driver, mark.by, 1)),
+            }
+        }
+        out
+    }
+
+    /// Whether the node itself is kept from new work (its taint), not only devices:
+    /// no device isolation, or one escalated to the node since.
+    pub fn node_scoped(&self) -> bool {
+        self.isolation.is_none() || self.owned_taint.is_some()
+    }
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -205,6 +349,8 @@ impl QuarantineRecord {
             canary_attempts: 0,
             released: None,
             drains: BTreeMap::new(),
+            isolation: None,
+            node_why: None,
         }
     }
 
@@ -470,6 +616,77 @@ pub fn named_or_all(named: &[RecordDevice], all: &[RecordDevice]) -> Vec<RecordD
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 28: how each device is kept from new work, as `fault.json` and the
+    /// metric show it, and the record's isolation written as text.
+    #[test]
+    fn marks_say_how_each_device_is_isolated() {
+        let mut r = QuarantineRecord::new(
+            "n1",
+            vec![RecordDevice::new("gpu3", "row-remap-failure")],
+            "2026-11-30T00:00:00.000Z",
+            "replica-0",
+            "2026-12-01T00:00:00.000Z".into(),
+        );
+        // The node path: the node's taint.
+        r.owned_taint = Some("nvidia.com/gpu-fault".into());
+        let m = r.marks();
+        assert_eq!(
+            (m[0].0.as_str(), m[0].1.by.as_str()),
+            ("gpu3", "node-taint")
+        );
+        assert_eq!(m[0].1.detail.as_deref(), Some("nvidia.com/gpu-fault"));
+        assert!(r.node_scoped());
+        // A device alone: its rule.
+        r.owned_taint = None;
+        r.isolation = Some(DeviceIsolation::DeviceTaintRule {
+            rules: vec![DeviceRule {
+                id: "gpu3".into(),
+                uuid: "GPU-3".into(),
+                driver: "gpu.nvidia.com".into(),
+                pool: "n1".into(),
+                device: "gpu-3".into(),
+                rule: "faultline-gpu-3-n1-abcd".into(),
+                effect: "NoSchedule".into(),
+                predicted: Some(1),
+            }],
+        });
+        assert!(!r.node_scoped());
+        let m = r.marks();
+        assert_eq!(m[0].1.by, "device-taint-rule");
+        assert_eq!(m[0].1.rule.as_deref(), Some("faultline-gpu-3-n1-abcd"));
+        assert_eq!(
+            r.isolated_counts(),
+            [(
+                "n1".into(),
+                "gpu.nvidia.com".into(),
+                "device-taint-rule".into(),
+                1
+            )]
+        );
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(
+            text.contains(r#""isolation":{"by":"device-taint-rule","rules":[{"id":"gpu3""#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<QuarantineRecord>(&text).unwrap(), r);
+        // Escalated to the node: the node's taint again, the rules kept for the release.
+        r.owned_taint = Some("nvidia.com/gpu-fault".into());
+        assert!(r.node_scoped());
+        assert_eq!(r.marks()[0].1.by, "node-taint");
+        assert_eq!(r.rules().len(), 1);
+        // The device plugin's isolation.
+        r.owned_taint = None;
+        r.isolation = Some(DeviceIsolation::DevicePlugin {
+            resource: "nvidia.com/gpu".into(),
+            taken_out: 1,
+        });
+        assert_eq!(r.marks()[0].1.by, "device-plugin");
+        assert_eq!(r.isolated_counts()[0].1, "nvidia.com/gpu");
+        // An unknown-only record marks nothing: nothing failed.
+        r.unknown_only = true;
+        assert!(r.marks().is_empty());
+    }
 
     #[test]
     fn the_record_round_trips_and_keeps_its_canary_state_as_text() {

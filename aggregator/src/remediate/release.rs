@@ -17,7 +17,7 @@ use super::policy::{breaker_stops, expired, release_readiness, Mode, Readiness, 
 use super::record::{
     describe, fingerprint, history_of, history_text, label_value, named_or_all, LiveNode,
     QuarantineRecord, ReleaseRequest, Released, DEVICES_LABEL, HISTORY_ANNOTATION,
-    RECORD_ANNOTATION, TAINT_EFFECT,
+    RECORD_ANNOTATION, SCOPE_LABEL, TAINT_EFFECT,
 };
 use super::remediator::Remediator;
 use crate::metrics::{Action, ActionResult};
@@ -198,6 +198,10 @@ impl Remediator {
                 .await;
             return Ok(Outcome::Announced);
         }
+        // The devices' DeviceTaintRules go first: a rule deletion that fails keeps the
+        // record, and the next pass tries again.
+        let released = named_or_all(&named, &record.devices);
+        self.release_rules(&node, &mut record, &released).await?;
         let at = self.clock.rfc3339();
         let mut patch = NodePatch::on(&live.node);
         patch.clear_request(&live.node);
@@ -272,6 +276,9 @@ impl Remediator {
         }
         if record.owned_label && live.has_label(DEVICES_LABEL) {
             patch.remove_label(DEVICES_LABEL);
+        }
+        if live.has_label(SCOPE_LABEL) {
+            patch.remove_label(SCOPE_LABEL);
         }
         patch.remove_annotation(RECORD_ANNOTATION);
         record.released = Some(Released {

@@ -66,6 +66,11 @@ pub struct Remediator {
     /// The clock decisions are judged by (deadlines, expiry, cool-downs, canaries);
     /// tests move it instead of sleeping.
     pub(super) clock: faultline_common::time::Clock,
+    /// The device path (issue 28); `None`: every fault takes the node path.
+    pub(super) devices: Option<crate::quarantine::DeviceQuarantine>,
+    /// The last `fault.json` sequence this replica wrote (a DeviceTaintRule is
+    /// annotated with the one current when it was decided).
+    sequence: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Remediator {
@@ -101,6 +106,8 @@ impl Remediator {
             },
             actor: actor.to_string(),
             clock: Default::default(),
+            devices: None,
+            sequence: Arc::default(),
         }
     }
 
@@ -164,6 +171,22 @@ impl Remediator {
     ) -> Self {
         self.announce = self.announce.with_reporting(notifier, metrics);
         self
+    }
+
+    /// Quarantine a failed device alone where the cluster can (issue 28).
+    pub fn with_devices(mut self, devices: Option<crate::quarantine::DeviceQuarantine>) -> Self {
+        self.devices = devices;
+        self
+    }
+
+    /// Where the core loop notes each `fault.json` sequence it writes.
+    pub fn sequence_handle(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.sequence.clone()
+    }
+
+    /// The `fault.json` sequence current now.
+    pub(super) fn sequence_hint(&self) -> u64 {
+        self.sequence.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The accelerator resource names looked for in pods.
@@ -267,10 +290,14 @@ impl Remediator {
             .items;
         let mut devices = 0;
         let mut with_record = Vec::new();
+        let mut isolated = Vec::new();
         for n in nodes {
             let record = record_of(&n).ok().flatten();
             if record.is_some() || ReleaseRequest::of(&n).is_some() {
-                devices += record.map_or(0, |r| r.devices.len());
+                if let Some(r) = &record {
+                    devices += r.devices.len();
+                    isolated.extend(r.isolated_counts());
+                }
                 with_record.push(n);
             }
         }
@@ -280,6 +307,7 @@ impl Remediator {
             .collect();
         if let Some(m) = self.announce.metrics() {
             m.set_quarantined(with_record.len(), devices);
+            m.set_devices_isolated(&isolated);
             m.set_breaker(self.breaker_open().await.unwrap_or(false));
             m.set_held_back(self.held_back.list().len());
         }

@@ -29,6 +29,14 @@ impl Fence {
         Fence(Kind::Unfenced)
     }
 
+    /// The shard it fences (`None`: unfenced).
+    pub fn shard_id(&self) -> Option<u32> {
+        match &self.0 {
+            Kind::Shard { shard, .. } => Some(*shard),
+            Kind::Unfenced => None,
+        }
+    }
+
     /// Whether a write may go now (noted: a release of the shard waits until a write
     /// that went now has landed).
     pub fn holds(&self) -> bool {

@@ -299,6 +299,53 @@ fn attribute(path: &str, v: &Value) -> Result<(), String> {
 /// request, a driver, a pool and a device validly; at most 256 consumers reserved,
 /// each with a resource, a name and a uid, none twice.
 pub fn resource_claim(obj: &Value) -> Result<(), String> {
+    // The spec's requests (validateDeviceRequest): a DNS-label name each, once; an
+    // exact request names its DeviceClass; a CEL selector has an expression; a
+    // toleration's operator is Exists or Equal.
+    let requests = obj
+        .pointer("/spec/devices/requests")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let mut names = std::collections::BTreeSet::new();
+    for (i, q) in requests.iter().enumerate() {
+        let at = format!("spec.devices.requests[{i}]");
+        let name = text(q, "/name").unwrap_or("");
+        if name.is_empty() || !names.insert(name) {
+            return Err(format!("{at}.name: Required value or Duplicate value"));
+        }
+        let Some(exactly) = q.get("exactly") else {
+            continue;
+        };
+        if text(exactly, "/deviceClassName").is_none_or(str::is_empty) {
+            return Err(format!("{at}.exactly.deviceClassName: Required value"));
+        }
+        for (j, s) in exactly
+            .get("selectors")
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .enumerate()
+        {
+            if text(s, "/cel/expression").is_none_or(str::is_empty) {
+                return Err(format!(
+                    "{at}.exactly.selectors[{j}].cel.expression: Required value"
+                ));
+            }
+        }
+        for (j, t) in exactly
+            .get("tolerations")
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .enumerate()
+        {
+            if !matches!(text(t, "/operator").unwrap_or("Equal"), "Exists" | "Equal") {
+                return Err(format!(
+                    "{at}.exactly.tolerations[{j}].operator: Unsupported value"
+                ));
+            }
+        }
+    }
     let results = obj
         .pointer("/status/allocation/devices/results")
         .and_then(Value::as_array)

@@ -199,7 +199,18 @@ fn observed(rule: &Value) -> Option<i64> {
 /// One pass of the controller over every rule.
 pub(crate) fn sync(s: &ApiServer) {
     let rules = s.list("devicetaintrules", "");
-    if rules.is_empty() {
+    // Only rules with something to do: a generation not reported on yet, or NoExecute
+    // (its pods may have changed). Upstream's controller is driven by informers and
+    // looks at what changed; this one, at most, at what could matter (a fleet of
+    // 8,000 claims is not read again on every write to a Lease).
+    let pending = |r: &Value| {
+        let generation = r
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        text(r, "/spec/taint/effect") == "NoExecute" || observed(r) != Some(generation)
+    };
+    if !rules.iter().any(pending) {
         return;
     }
     let slices = s.list("resourceslices", "");
@@ -301,6 +312,23 @@ impl ApiServer {
     /// The scheduler's view of `node`: how many of its published devices (each pool's
     /// newest generation) a claim without tolerations could still be allocated,
     /// i.e. carry no `NoSchedule` or `NoExecute` taint from their slice or a rule.
+    /// [`ApiServer::allocatable_devices`] of every node that publishes devices, in
+    /// one read (a fleet's worth of slices is listed once, not once per node).
+    pub fn allocatable_devices_all(&self) -> std::collections::BTreeMap<String, usize> {
+        let rules = self.list("devicetaintrules", "");
+        let slices = self.list("resourceslices", "");
+        let blocks = |t: &Value| matches!(text(t, "/effect"), "NoSchedule" | "NoExecute");
+        let mut out = std::collections::BTreeMap::new();
+        for (d, node, taints) in published(&slices) {
+            let free = !taints.iter().any(blocks)
+                && !rules
+                    .iter()
+                    .any(|r| selects(r, &d) && r.pointer("/spec/taint").is_some_and(blocks));
+            *out.entry(node.to_string()).or_insert(0) += usize::from(free);
+        }
+        out
+    }
+
     pub fn allocatable_devices(&self, node: &str) -> usize {
         let rules = self.list("devicetaintrules", "");
         let slices = self.list("resourceslices", "");

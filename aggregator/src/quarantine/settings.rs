@@ -1,0 +1,109 @@
+//! What the device path of remediation needs (issue 28), shared by every pass.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use faultline_common::rules::Rules;
+use tokio::sync::watch;
+
+use super::{Effect, TaintApi};
+
+/// What the device path needs, shared by every pass.
+#[derive(Clone)]
+pub struct DeviceQuarantine {
+    /// Where DeviceTaintRule is served, as last discovered (`quarantine::api::follow`
+    /// keeps it current); `None`: nowhere.
+    pub api: Arc<Mutex<Option<TaintApi>>>,
+    /// The DRA drivers whose devices may be quarantined (`gpu.nvidia.com`, ...).
+    pub drivers: Vec<String>,
+    /// The rules file (its node faults and `node_after_devices`).
+    pub rules: watch::Receiver<Arc<Rules>>,
+    /// The effect a rule is enforced with: `NoSchedule`, or `NoExecute` where the
+    /// operator opted in (kube-controller-manager then deletes the holders, bypassing
+    /// their PodDisruptionBudgets).
+    pub effect: Effect,
+    /// Devices quarantined alone at most, cluster-wide.
+    pub max_devices: usize,
+    /// How long a pass waits for the controller's prediction before leaving the rule at
+    /// `None` for the next pass.
+    pub prediction_wait: Duration,
+    /// The DeviceClass a canary's claim asks for (`gpu.nvidia.com`).
+    pub device_class: String,
+}
+
+impl DeviceQuarantine {
+    /// Off until discovery finds the API: NVIDIA's DRA driver, `NoSchedule`, 64 devices,
+    /// two seconds for the prediction.
+    pub fn new(rules: watch::Receiver<Arc<Rules>>) -> Self {
+        DeviceQuarantine {
+            api: Arc::default(),
+            drivers: vec!["gpu.nvidia.com".into()],
+            rules,
+            effect: Effect::NoSchedule,
+            max_devices: 64,
+            prediction_wait: Duration::from_secs(2),
+            device_class: "gpu.nvidia.com".into(),
+        }
+    }
+}
+
+/// The device path's flags.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Device quarantine (issue 28)")]
+pub struct DeviceArgs {
+    /// Quarantine one failed device alone where the cluster can: its own DRA
+    /// DeviceTaintRule, or the device plugin's isolation where it took the device out of
+    /// the node's allocatable already. Off: every fault taints its node.
+    #[arg(long, env = "FAULTLINE_DEVICE_QUARANTINE", default_value = "true", action = clap::ArgAction::Set)]
+    pub device_quarantine: bool,
+    /// DRA drivers whose devices may be quarantined, comma separated.
+    #[arg(
+        long,
+        env = "FAULTLINE_DRA_DRIVERS",
+        default_value = "gpu.nvidia.com,npu.huawei.com"
+    )]
+    pub dra_drivers: String,
+    /// The effect a device's rule is enforced with: NoSchedule (faultline evicts the
+    /// holders through the Eviction API, PodDisruptionBudgets respected) or NoExecute
+    /// (kube-controller-manager deletes them, bypassing their PodDisruptionBudgets).
+    #[arg(long, env = "FAULTLINE_DEVICE_TAINT_EFFECT", default_value = "NoSchedule", value_parser = ["NoSchedule", "NoExecute"])]
+    pub device_taint_effect: String,
+    /// Devices quarantined alone at most at once, cluster-wide (faultline's
+    /// DeviceTaintRules).
+    #[arg(long, env = "FAULTLINE_MAX_QUARANTINED_DEVICES", default_value_t = 64)]
+    pub max_quarantined_devices: usize,
+    /// The DeviceClass a device canary's claim asks for.
+    #[arg(
+        long,
+        env = "FAULTLINE_CANARY_DEVICE_CLASS",
+        default_value = "gpu.nvidia.com"
+    )]
+    pub canary_device_class: String,
+}
+
+impl DeviceQuarantine {
+    /// The device path `flags` ask for (`None`: off), following `rules`.
+    pub fn from_flags(flags: &DeviceArgs, rules: watch::Receiver<Arc<Rules>>) -> Option<Self> {
+        if !flags.device_quarantine {
+            return None;
+        }
+        let drivers: Vec<String> = flags
+            .dra_drivers
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(String::from)
+            .collect();
+        Some(DeviceQuarantine {
+            drivers,
+            effect: if flags.device_taint_effect == "NoExecute" {
+                Effect::NoExecute
+            } else {
+                Effect::NoSchedule
+            },
+            max_devices: flags.max_quarantined_devices,
+            device_class: flags.canary_device_class.clone(),
+            ..DeviceQuarantine::new(rules)
+        })
+    }
+}

@@ -1,0 +1,626 @@
+//! The device path of isolation (issue 28): a failed GPU is kept from new work by its
+//! own DeviceTaintRule (DRA), or by the device plugin that already took it out of the
+//! node's allocatable, and the node's other devices stay schedulable. The node path
+//! (`isolate.rs`) takes over for the node's own faults, for `node_after_devices` failed
+//! devices, and wherever no device can be isolated alone (`quarantine::scope`).
+//!
+//! A rule is proposed with effect `None` first; the device-taint eviction controller
+//! reports what `NoExecute` would evict, and only when that equals faultline's own count
+//! of the pods holding the device (their claims) is the effect switched to
+//! `NoSchedule`. A disagreement is announced and acted on neither way. The record on
+//! the Node (no taint) lists the rules, so evictions, releases and `describe` work as
+//! on the node path. Budgets: new device quarantines ask the device budget (faultline's
+//! rules, counted cluster-wide), the breaker and dry-run apply as for nodes.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use faultline_common::sync::Locked;
+use k8s_openapi::api::core::v1::Pod;
+
+use super::announce::audit;
+use super::error::{Outcome, RemediateError};
+use super::patch::NodePatch;
+use super::policy::Mode;
+use super::record::{
+    describe, fingerprint, label_value, DeviceIsolation, DeviceRule, LiveNode, QuarantineRecord,
+    DEVICES_LABEL, SCOPE_LABEL,
+};
+use super::remediator::Remediator;
+use crate::metrics::{Action, ActionResult};
+use crate::model::RecordDevice;
+use crate::quarantine::{
+    holders, is_ours, judge, node_fault, plugin_scope, rule_name, scope, taken_out, would_evict,
+    Dra, Effect, Failed, NodeWhy, PluginScope, Prediction, QuarantineError, Scope,
+};
+use crate::shard::Fence;
+
+/// Where isolation goes on from the device path.
+pub(super) enum DevicePath {
+    /// Done on the device path.
+    Done(Outcome),
+    /// The node path, and why (none: no device path was looked for).
+    Node(Option<NodeWhy>),
+}
+
+/// The finding codes of a record device, as the rules file's node faults name them: its
+/// reasons, and its NVML recovery action as `recovery-<action>`.
+fn codes(d: &RecordDevice) -> Vec<String> {
+    let mut c: Vec<String> = d
+        .reason
+        .split(',')
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty())
+        .collect();
+    if let Some(a) = d.recovery_action {
+        c.push(format!("recovery-{}", a.as_str()));
+    }
+    c
+}
+
+impl Remediator {
+    /// The DRA reader/writer of this cluster as it stands, if the device path is on.
+    pub(super) fn dra(&self) -> Option<Dra> {
+        let q = self.devices.as_ref()?;
+        let api = q.api.locked().clone();
+        Some(Dra::maybe(self.client.clone(), api, q.drivers.clone()))
+    }
+
+    /// The device path for `devices` (all failed) of `live`, when it applies.
+    pub(super) async fn isolate_devices(
+        &self,
+        live: &LiveNode,
+        existing: Option<&QuarantineRecord>,
+        devices: &[RecordDevice],
+        fence: &Fence,
+    ) -> Result<DevicePath, RemediateError> {
+        let (Some(q), Some(dra)) = (&self.devices, self.dra()) else {
+            return Ok(DevicePath::Node(None));
+        };
+        // A node on the node path stays there until released.
+        if existing.is_some_and(|r| r.node_scoped()) {
+            return Ok(DevicePath::Node(None));
+        }
+        let rules = q.rules.borrow().clone();
+        let codes: Vec<Vec<String>> = devices.iter().map(codes).collect();
+        let failed: Vec<Failed<'_>> = devices
+            .iter()
+            .zip(&codes)
+            .map(|(d, c)| Failed {
+                id: d.uuid.as_deref().unwrap_or(&d.id),
+                reasons: c,
+            })
+            .collect();
+        let index = if dra.has_rules() && node_fault(&rules, &failed).is_none() {
+            dra.index_node(&live.name).await.map_err(quarantine_error)?
+        } else {
+            Default::default()
+        };
+        match scope(&rules, &failed, dra.has_rules(), |id| {
+            index.by_uuid(id).is_some()
+        }) {
+            Scope::Devices => {
+                let mut picked = Vec::new();
+                for (d, f) in devices.iter().zip(&failed) {
+                    if let Some(ix) = index.by_uuid(f.id) {
+                        picked.push(DeviceRule {
+                            id: d.id.clone(),
+                            uuid: f.id.to_string(),
+                            driver: ix.device.driver.clone(),
+                            pool: ix.device.pool.clone(),
+                            device: ix.device.device.clone(),
+                            rule: rule_name(&ix.device),
+                            effect: Effect::None.as_str().into(),
+                            predicted: None,
+                        });
+                    }
+                }
+                // A rule of another owner under faultline's name is never touched.
+                for r in &picked {
+                    let rule = dra.rule(&r.device_ref()).await.map_err(quarantine_error)?;
+                    if rule.as_ref().is_some_and(|o| !is_ours(o)) {
+                        let why = NodeWhy::ForeignRule {
+                            device: r.id.clone(),
+                            rule: r.rule.clone(),
+                        };
+                        return Ok(DevicePath::Node(Some(why)));
+                    }
+                }
+                self.isolate_rules(live, existing, devices, picked, &dra, fence)
+                    .await
+                    .map(DevicePath::Done)
+            }
+            Scope::Node(why @ (NodeWhy::NoDeviceApi | NodeWhy::NotPublished { .. })) => {
+                // No rule can select it: the device plugin's own isolation, if it took
+                // the devices out already.
+                let Some(resource) = self.accelerator_resource(live) else {
+                    return Ok(DevicePath::Node(Some(why)));
+                };
+                match plugin_scope(&rules, &failed, taken_out(&live.node, &resource)) {
+                    PluginScope::AlreadyOut { taken_out } => {
+                        let isolation = DeviceIsolation::DevicePlugin {
+                            resource: resource.clone(),
+                            taken_out,
+                        };
+                        let message = format!(
+                            "the device plugin took {taken_out} {resource} out of the node's allocatable; that stands, the node is not tainted"
+                        );
+                        self.record_device_isolation(
+                            live, existing, devices, isolation, message, fence,
+                        )
+                        .await
+                        .map(DevicePath::Done)
+                    }
+                    PluginScope::Node(why) => Ok(DevicePath::Node(Some(why))),
+                }
+            }
+            Scope::Node(why) => Ok(DevicePath::Node(Some(why))),
+        }
+    }
+
+    /// The accelerator resource the Node offers (capacity), of those looked for.
+    fn accelerator_resource(&self, live: &LiveNode) -> Option<String> {
+        let capacity = live.node.status.as_ref()?.capacity.as_ref()?;
+        self.resources
+            .iter()
+            .find(|r| capacity.contains_key(r.as_str()))
+            .cloned()
+    }
+
+    /// Quarantine `picked` (one rule each): propose, judge, enforce, record.
+    async fn isolate_rules(
+        &self,
+        live: &LiveNode,
+        existing: Option<&QuarantineRecord>,
+        devices: &[RecordDevice],
+        mut picked: Vec<DeviceRule>,
+        dra: &Dra,
+        fence: &Fence,
+    ) -> Result<Outcome, RemediateError> {
+        let q = self.devices.as_ref().expect("the device path is on");
+        let node = live.name.as_str();
+        let known: Vec<&DeviceRule> = existing
+            .map(|r| r.rules().iter().collect())
+            .unwrap_or_default();
+        let enforced = |r: &DeviceRule| {
+            known
+                .iter()
+                .any(|k| k.rule == r.rule && k.effect != Effect::None.as_str())
+        };
+        if picked.iter().all(enforced) && existing.is_some() {
+            return Ok(Outcome::AlreadyDone);
+        }
+        let new: usize = picked
+            .iter()
+            .filter(|r| !known.iter().any(|k| k.rule == r.rule))
+            .count();
+        let _budget_turn = if new > 0 && self.mode == Mode::Enforce {
+            let turn = self.budget.turn().await;
+            let now = dra.ours().await.map_err(quarantine_error)?;
+            if now + new > q.max_devices {
+                let why = format!(
+                    "device budget: {now} devices quarantined alone, at most {}",
+                    q.max_devices
+                );
+                return self.hold_back_device(node, why, devices).await;
+            }
+            Some(turn)
+        } else {
+            None
+        };
+        let names = picked
+            .iter()
+            .map(|r| format!("{} ({}, DeviceTaintRule {})", r.id, r.device, r.rule))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if !fence.holds() {
+            return Err(RemediateError::NotHolder);
+        }
+        if self.mode == Mode::DryRun {
+            self.announce
+                .metric(Action::QuarantineDevice, ActionResult::DryRun);
+            self.announce
+                .event(
+                    node,
+                    "FaultlineWouldQuarantineDevice",
+                    &fingerprint(node, devices),
+                    format!(
+                        "dry-run: would taint {names} with effect {} ({}); the node's other devices stay schedulable",
+                        q.effect.as_str(),
+                        describe(devices)
+                    ),
+                    true,
+                    devices,
+                )
+                .await;
+            return Ok(Outcome::Announced);
+        }
+        let pods = self.pods_on(node).await?;
+        let claims = dra.claims_of(&pods).await.map_err(quarantine_error)?;
+        let (sequence, shard) = (self.sequence_hint(), fence.shard_id().unwrap_or(0));
+        let mut waiting = Vec::new();
+        for r in &mut picked {
+            let d = devices.iter().find(|d| d.id == r.id);
+            let reason = d.map(|d| d.reason.as_str()).unwrap_or("failed");
+            if !fence.holds() {
+                return Err(RemediateError::NotHolder);
+            }
+            let dev = r.device_ref();
+            let mut rule = dra
+                .propose(&dev, &r.uuid, reason, sequence, shard)
+                .await
+                .map_err(quarantine_error)?;
+            let effect = rule["spec"]["taint"]["effect"]
+                .as_str()
+                .unwrap_or("None")
+                .to_string();
+            if effect != Effect::None.as_str() {
+                r.effect = effect;
+                continue;
+            }
+            let ours = holders(&claims, &dev);
+            let deadline = tokio::time::Instant::now() + q.prediction_wait;
+            let verdict = loop {
+                let p = judge(would_evict(&rule), &ours);
+                if p != Prediction::Pending || tokio::time::Instant::now() >= deadline {
+                    break p;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                match dra.rule(&dev).await.map_err(quarantine_error)? {
+                    Some(again) => rule = again,
+                    None => break Prediction::Pending,
+                }
+            };
+            match verdict {
+                Prediction::Agrees(n) => {
+                    if !fence.holds() {
+                        return Err(RemediateError::NotHolder);
+                    }
+                    dra.enforce(&dev, q.effect)
+                        .await
+                        .map_err(quarantine_error)?;
+                    r.effect = q.effect.as_str().into();
+                    r.predicted = Some(n);
+                }
+                Prediction::Disagrees {
+                    controller,
+                    faultline,
+                } => {
+                    self.announce
+                        .metric(Action::QuarantineDevice, ActionResult::Disagreed);
+                    self.announce.event(node, "FaultlineDevicePredictionDisagrees", &format!("{}/{controller}/{faultline}", r.rule),
+                        format!("{} ({}): the device-taint controller would evict {controller} pods, faultline counts {faultline} holding it; neither acted on (DeviceTaintRule {} stays at effect None)", r.id, r.device, r.rule),
+                        true, devices).await;
+                    waiting.push(r.rule.clone());
+                }
+                Prediction::Pending => waiting.push(r.rule.clone()),
+            }
+        }
+        picked.retain(|r| !waiting.contains(&r.rule));
+        if picked.is_empty() {
+            return Ok(Outcome::Waiting(format!(
+                "DeviceTaintRule {} at effect None: the controller's prediction is awaited or disagrees",
+                waiting.join(", ")
+            )));
+        }
+        let mut rules: Vec<DeviceRule> = known.into_iter().cloned().collect();
+        for r in &picked {
+            rules.retain(|k| k.rule != r.rule);
+            rules.push(r.clone());
+        }
+        let isolated: Vec<RecordDevice> = devices
+            .iter()
+            .filter(|d| rules.iter().any(|r| r.id == d.id))
+            .cloned()
+            .collect();
+        let message = format!(
+            "quarantined {names} with effect {}; the node's other devices stay schedulable",
+            q.effect.as_str()
+        );
+        let isolation = DeviceIsolation::DeviceTaintRule { rules };
+        self.record_device_isolation(live, existing, &isolated, isolation, message, fence)
+            .await
+    }
+
+    /// Write the record of a device isolation (no taint): devices, how, the devices
+    /// label, the condition, an Event naming the devices.
+    async fn record_device_isolation(
+        &self,
+        live: &LiveNode,
+        existing: Option<&QuarantineRecord>,
+        devices: &[RecordDevice],
+        isolation: DeviceIsolation,
+        message: String,
+        fence: &Fence,
+    ) -> Result<Outcome, RemediateError> {
+        let node = live.name.as_str();
+        if self.mode == Mode::DryRun {
+            self.announce
+                .metric(Action::QuarantineDevice, ActionResult::DryRun);
+            self.announce
+                .event(
+                    node,
+                    "FaultlineWouldQuarantineDevice",
+                    &fingerprint(node, devices),
+                    format!(
+                        "dry-run: would record {} without tainting the node: {message}",
+                        describe(devices)
+                    ),
+                    true,
+                    devices,
+                )
+                .await;
+            return Ok(Outcome::Announced);
+        }
+        let fp = fingerprint(node, devices);
+        if existing.is_some_and(|r| r.fingerprint == fp && r.isolation.as_ref() == Some(&isolation))
+        {
+            return Ok(Outcome::AlreadyDone);
+        }
+        let now = self.clock.rfc3339();
+        let mut record = existing
+            .cloned()
+            .unwrap_or_else(|| self.new_record(node, vec![], &now));
+        record.devices = devices.to_vec();
+        record.fingerprint = fp;
+        record.last_seen = now.clone();
+        record.isolation = Some(isolation);
+        record.act(format!("quarantine-device: {message}"), &now, &self.actor);
+        let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
+        let mut patch = NodePatch::on(&live.node);
+        let value = label_value(&ids);
+        if record.owned_label || !live.has_label(DEVICES_LABEL) {
+            patch.label(DEVICES_LABEL, &value);
+            record.owned_label = true;
+        }
+        patch.label(SCOPE_LABEL, "device");
+        patch.record(&record);
+        self.apply(node, patch, fence).await?;
+        let summary = format!("{} failed on {node}: {message}", describe(devices));
+        self.condition(node, false, "DeviceQuarantined", summary.clone(), &now)
+            .await?;
+        self.held_back.release(node);
+        self.announce
+            .metric(Action::QuarantineDevice, ActionResult::Ok);
+        audit("quarantine-device", node, devices, &self.actor, &message);
+        self.announce
+            .event(
+                node,
+                "FaultlineDeviceQuarantined",
+                &format!("{}/{}", record.fingerprint, record.first_seen),
+                summary,
+                true,
+                devices,
+            )
+            .await;
+        Ok(Outcome::Isolated)
+    }
+
+    /// A device quarantine the device budget holds back: announced once per node and
+    /// hour, as the node budget's.
+    async fn hold_back_device(
+        &self,
+        node: &str,
+        why: String,
+        devices: &[RecordDevice],
+    ) -> Result<Outcome, RemediateError> {
+        self.announce
+            .metric(Action::QuarantineDevice, ActionResult::HeldBack);
+        let hour = self
+            .clock
+            .rfc3339()
+            .get(..13)
+            .unwrap_or_default()
+            .to_string();
+        tracing::warn!(node, %why, "device quarantine held back by the budget");
+        self.announce
+            .event(
+                node,
+                "FaultlineHeldBack",
+                &format!("{}/{hour}", fingerprint(node, devices)),
+                format!("not quarantined: {why}"),
+                true,
+                devices,
+            )
+            .await;
+        Ok(Outcome::HeldBack(why))
+    }
+
+    /// The UIDs of `pods` whose claims hold one of `devices` (DRA): the pods to evict
+    /// for them. Empty where the device path is off or the node has no DRA devices.
+    pub(super) async fn dra_holders(
+        &self,
+        node: &str,
+        pods: &[Pod],
+        record: &QuarantineRecord,
+    ) -> Result<BTreeSet<String>, RemediateError> {
+        let Some(dra) = self.dra() else {
+            return Ok(BTreeSet::new());
+        };
+        let mut refs: Vec<crate::quarantine::DeviceRef> =
+            record.rules().iter().map(DeviceRule::device_ref).collect();
+        if refs.is_empty() {
+            // The node path on a DRA cluster: the failed devices by their UUIDs.
+            let index = dra.index_node(node).await.map_err(quarantine_error)?;
+            refs = record
+                .devices
+                .iter()
+                .filter_map(|d| index.by_uuid(d.uuid.as_deref()?))
+                .map(|ix| ix.device.clone())
+                .collect();
+        }
+        if refs.is_empty() {
+            return Ok(BTreeSet::new());
+        }
+        let claims = dra.claims_of(pods).await.map_err(quarantine_error)?;
+        Ok(refs
+            .iter()
+            .flat_map(|r| holders(&claims, r))
+            .map(|h| h.uid)
+            .collect())
+    }
+
+    /// Delete the rules of `released` (records' devices by id), only faultline's. A
+    /// rule another owner holds now is announced and left. Driver-owned taints that
+    /// still block a device (in its ResourceSlice) are reported.
+    pub(super) async fn release_rules(
+        &self,
+        node: &str,
+        record: &mut QuarantineRecord,
+        released: &[RecordDevice],
+    ) -> Result<(), RemediateError> {
+        let Some(DeviceIsolation::DeviceTaintRule { rules }) = record.isolation.as_mut() else {
+            return Ok(());
+        };
+        let Some(dra) = self.dra() else {
+            return Ok(());
+        };
+        let (gone, kept): (Vec<DeviceRule>, Vec<DeviceRule>) = rules
+            .drain(..)
+            .partition(|r| released.iter().any(|d| d.id == r.id));
+        *rules = kept;
+        for r in &gone {
+            match dra.release(&r.device_ref()).await {
+                Ok(_) => {
+                    audit("release-device", node, released, &self.actor, &r.rule);
+                }
+                Err(QuarantineError::NotOurs(name)) => {
+                    tracing::warn!(node, rule = %name, "DeviceTaintRule is no longer faultline's: left alone");
+                    self.announce.event(node, "FaultlineRuleNotOurs", &name, format!("DeviceTaintRule {name} of {} is no longer faultline's (no managed-by label): left alone", r.id), true, released).await;
+                }
+                Err(e) => {
+                    // Put it back: the next pass deletes it.
+                    if let Some(DeviceIsolation::DeviceTaintRule { rules }) =
+                        record.isolation.as_mut()
+                    {
+                        rules.push(r.clone());
+                    }
+                    return Err(quarantine_error(e));
+                }
+            }
+        }
+        if let Ok(index) = dra.index_node(node).await {
+            for r in &gone {
+                let Some(ix) = index.by_uuid(&r.uuid) else {
+                    continue;
+                };
+                let taints: Vec<String> = ix
+                    .taints
+                    .iter()
+                    .map(|t| format!("{}={}:{}", t.key, t.value, t.effect))
+                    .collect();
+                if !taints.is_empty() {
+                    self.announce.event(node, "FaultlineDeviceStillTainted", &format!("{}/{}", r.rule, taints.join(",")),
+                        format!("{} ({}) released by faultline, but its driver still taints it: {} (removed by the driver, e.g. when it restarts)", r.id, r.device, taints.join(", ")), true, released).await;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The claim of a device canary: each quarantined device of `rules` exactly (its
+/// driver and UUID, a CEL selector), tolerating faultline's taint, owned by the Job.
+pub fn canary_claim(
+    rules: &[DeviceRule],
+    class: &str,
+    name: &str,
+    job_uid: &str,
+) -> serde_json::Value {
+    let requests: Vec<serde_json::Value> = rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let cel = format!(
+                "device.driver == {driver:?} && device.attributes[{driver:?}].uuid == {uuid:?}",
+                driver = r.driver,
+                uuid = r.uuid
+            );
+            serde_json::json!({"name": format!("device-{i}"), "exactly": {
+                "deviceClassName": class,
+                "selectors": [{"cel": {"expression": cel}}],
+                "tolerations": [{"key": crate::quarantine::rule::TAINT_KEY, "operator": "Exists"}],
+            }})
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "faultline"},
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job_uid}]},
+        "spec": {"devices": {"requests": requests}},
+    })
+}
+
+impl Remediator {
+    /// A device canary's Job (issue 28): the pod asks, through a claim of its own, for
+    /// the very devices the record quarantines, tolerating their taint. The claim is
+    /// made after the Job, owned by it (the garbage collector removes it with the Job);
+    /// the pod waits for it. Nothing is done for a record of the node path.
+    pub(super) fn device_canary(
+        &self,
+        record: &QuarantineRecord,
+        job: &mut k8s_openapi::api::batch::v1::Job,
+        name: &str,
+    ) {
+        if record.rules().is_empty() {
+            return;
+        }
+        let Some(spec) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut()) else {
+            return;
+        };
+        spec.resource_claims = Some(vec![k8s_openapi::api::core::v1::PodResourceClaim {
+            name: "devices".into(),
+            resource_claim_name: Some(name.to_string()),
+            ..Default::default()
+        }]);
+        for c in &mut spec.containers {
+            c.resources
+                .get_or_insert_with(Default::default)
+                .claims
+                .get_or_insert_with(Default::default)
+                .push(k8s_openapi::api::core::v1::ResourceClaim {
+                    name: "devices".into(),
+                    ..Default::default()
+                });
+        }
+    }
+
+    /// Make the claim of a device canary's Job (see [`Remediator::device_canary`]).
+    pub(super) async fn create_canary_claim(
+        &self,
+        record: &QuarantineRecord,
+        namespace: &str,
+        name: &str,
+        job_uid: &str,
+    ) -> Result<(), RemediateError> {
+        let Some(q) = self.devices.as_ref().filter(|_| !record.rules().is_empty()) else {
+            return Ok(());
+        };
+        let claim = canary_claim(record.rules(), &q.device_class, name, job_uid);
+        let ar = kube::api::ApiResource {
+            group: "resource.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "resource.k8s.io/v1".into(),
+            kind: "ResourceClaim".into(),
+            plural: "resourceclaims".into(),
+        };
+        let api: kube::Api<kube::api::DynamicObject> =
+            kube::Api::namespaced_with(self.client.clone(), namespace, &ar);
+        let obj: kube::api::DynamicObject = serde_json::from_value(claim)
+            .map_err(|e| RemediateError::Device(format!("canary claim: {e}")))?;
+        match api.create(&kube::api::PostParams::default(), &obj).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// A DRA error as the pass's: API errors stay API errors.
+fn quarantine_error(e: QuarantineError) -> RemediateError {
+    match e {
+        QuarantineError::Api(e) => RemediateError::Api(e),
+        other => RemediateError::Device(other.to_string()),
+    }
+}
