@@ -536,6 +536,30 @@ mod passes {
         }
     }
 
+    /// A node whose kubelet keeps refusing pods for lack of devices (3 within the hour,
+    /// the rules file's default) is the node's fault, even for one failed GPU.
+    #[tokio::test]
+    async fn a_node_that_keeps_refusing_allocations_is_tainted() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        for i in 0..3 {
+            let mut p = fixtures::dra_pod(&format!("refused-{i}"), "n1");
+            p["status"] = json!({"phase": "Failed", "reason": "UnexpectedAdmissionError",
+                "message": "Allocate failed due to requested number of devices unavailable for nvidia.com/gpu. Requested: 1, Available: 0, which is unexpected"});
+            server.create("pods", "train", p).unwrap();
+        }
+        let out = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated);
+        assert_eq!(node_taints(&server).len(), 1);
+        assert!(server.list("devicetaintrules", "").is_empty());
+        let n: k8s_openapi::api::core::v1::Node =
+            serde_json::from_value(server.get("nodes", "", "n1").unwrap()).unwrap();
+        let why = record_of(&n).unwrap().unwrap().node_why.unwrap();
+        assert!(why.contains("refused 3 pods"), "{why}");
+    }
+
     /// No DeviceTaintRule (1.34): where the device plugin took the GPU out (8 -> 7) that
     /// stands and the node stays untainted; where it did not, the node is tainted.
     #[tokio::test]

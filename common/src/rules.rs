@@ -202,6 +202,11 @@ pub struct Rules {
     /// From how many failed devices on one node the node is quarantined instead of each
     /// device (at least 1; 1 is the node path for every fault).
     pub node_after_devices: u32,
+    /// From how many pods the kubelet refused on one node within the last hour for
+    /// lack of devices (`UnexpectedAdmissionError`) the node is quarantined instead of
+    /// a device: a node that keeps refusing allocations fails its pods whatever a
+    /// device's taint says (0: never).
+    pub node_after_rejections: u32,
     /// The state machine's timers.
     pub state_machine: StateMachineConfig,
 }
@@ -243,6 +248,7 @@ impl Default for Rules {
             ignore_findings: vec!["high-temp".into()],
             node_faults: DEFAULT_NODE_FAULTS.iter().map(|s| s.to_string()).collect(),
             node_after_devices: 2,
+            node_after_rejections: 3,
             state_machine: StateMachineConfig::default(),
         }
     }

@@ -341,7 +341,7 @@ fn isolation(o: &mut String, r: &crate::remediate::QuarantineRecord) {
                     d.device,
                     d.effect,
                     d.predicted
-                        .map(|n| format!(", the controller predicted {n} pods evicted"))
+                        .map(|n| format!(", the controller predicted {n} evicted"))
                         .unwrap_or_default()
                 );
             }

@@ -165,16 +165,22 @@ impl Dra {
                 names.insert((ns.clone(), n));
             }
         }
-        let mut out = Vec::new();
-        for (ns, name) in names {
+        // At once: a node's 8 claims in one round trip's time, not 8.
+        let reads = names.into_iter().map(|(ns, name)| {
             let api: Api<DynamicObject> = Api::namespaced_with(
                 self.client.clone(),
                 &ns,
                 &resource("v1", "ResourceClaim", "resourceclaims"),
             );
-            if let Some(c) = api.get_opt(&name).await? {
-                out.push(as_json(&c)?);
-            }
+            async move { api.get_opt(&name).await }
+        });
+        let mut out = Vec::new();
+        for c in futures_util::future::try_join_all(reads)
+            .await?
+            .into_iter()
+            .flatten()
+        {
+            out.push(as_json(&c)?);
         }
         Ok(out)
     }

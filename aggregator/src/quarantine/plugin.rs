@@ -31,6 +31,29 @@ pub fn taken_out(node: &Node, resource: &str) -> Option<u64> {
     Some(capacity.saturating_sub(allocatable))
 }
 
+/// How long a refused pod counts against its node.
+pub const REJECTION_WINDOW_MS: u64 = 3_600_000;
+
+/// Pods the kubelet refused at admission within `window_ms` before `now_ms`: phase
+/// `Failed` with reason `UnexpectedAdmissionError`, which the kubelet writes when a
+/// device plugin's allocation fails ("Allocate failed due to requested number of devices
+/// unavailable", pkg/kubelet/lifecycle/predicate.go). Counted by creation time; a pod
+/// without one is not counted.
+pub fn rejections(pods: &[k8s_openapi::api::core::v1::Pod], now_ms: u64, window_ms: u64) -> usize {
+    pods.iter()
+        .filter(|p| {
+            let s = p.status.as_ref();
+            s.and_then(|s| s.phase.as_deref()) == Some("Failed")
+                && s.and_then(|s| s.reason.as_deref()) == Some("UnexpectedAdmissionError")
+        })
+        .filter_map(|p| p.metadata.creation_timestamp.as_ref())
+        .filter(|t| {
+            let at = t.0.as_millisecond();
+            at >= 0 && now_ms.saturating_sub(at as u64) <= window_ms
+        })
+        .count()
+}
+
 /// What to do on a device-plugin cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PluginScope {
@@ -90,6 +113,34 @@ mod tests {
         assert_eq!(taken_out(&node("8k", "7"), "nvidia.com/gpu"), None);
         assert_eq!(taken_out(&node("8", "7.5"), "nvidia.com/gpu"), None);
         assert_eq!(taken_out(&Node::default(), "nvidia.com/gpu"), None);
+    }
+
+    #[test]
+    fn refused_pods_count_within_the_window_only() {
+        let pod = |phase: &str, reason: &str, at: &str| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "creationTimestamp": at},
+                "status": {"phase": phase, "reason": reason}}))
+            .unwrap()
+        };
+        // 2026-12-05T10:00:00Z
+        let now = 1_796_464_800_000;
+        let pods = [
+            pod("Failed", "UnexpectedAdmissionError", "2026-12-05T09:59:00Z"),
+            pod("Failed", "UnexpectedAdmissionError", "2026-12-05T09:00:00Z"),
+            // Older than the hour.
+            pod("Failed", "UnexpectedAdmissionError", "2026-12-05T08:59:59Z"),
+            // Failed otherwise, or not failed.
+            pod("Failed", "Evicted", "2026-12-05T09:59:00Z"),
+            pod(
+                "Pending",
+                "UnexpectedAdmissionError",
+                "2026-12-05T09:59:00Z",
+            ),
+        ];
+        assert_eq!(rejections(&pods, now, REJECTION_WINDOW_MS), 2);
+        assert_eq!(rejections(&pods, now, 0), 0);
+        assert_eq!(rejections(&[], now, REJECTION_WINDOW_MS), 0);
     }
 
     #[test]

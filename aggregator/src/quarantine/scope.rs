@@ -45,6 +45,8 @@ pub enum NodeWhy {
     /// Another owner's DeviceTaintRule holds `rule`, the name faultline's would have:
     /// left alone.
     ForeignRule { device: String, rule: String },
+    /// The kubelet refused `pods` pods within the hour for lack of devices.
+    RejectsAllocations { pods: usize },
 }
 
 impl NodeWhy {
@@ -64,6 +66,9 @@ impl NodeWhy {
             NodeWhy::NotTakenOut { taken_out, failed } => format!(
                 "the device plugin took {} of {failed} failed devices out of the node's allocatable",
                 taken_out.map_or("none (not reported)".to_string(), |n| n.to_string())
+            ),
+            NodeWhy::RejectsAllocations { pods } => format!(
+                "the kubelet refused {pods} pods within the hour for lack of devices (UnexpectedAdmissionError)"
             ),
             NodeWhy::ForeignRule { device, rule } => format!(
                 "DeviceTaintRule {rule} for {device} belongs to another owner (no app.kubernetes.io/managed-by=faultline): left alone"
@@ -98,6 +103,14 @@ pub fn node_fault(rules: &Rules, failed: &[Failed<'_>]) -> Option<NodeWhy> {
     })
 }
 
+/// The node's fault when its kubelet keeps refusing pods for lack of devices: `rejected`
+/// refusals within the hour, at least the rules file's `node_after_rejections` (0:
+/// never).
+pub fn rejecting(rules: &Rules, rejected: usize) -> Option<NodeWhy> {
+    let at = rules.node_after_rejections as usize;
+    (at > 0 && rejected >= at).then_some(NodeWhy::RejectsAllocations { pods: rejected })
+}
+
 /// Decide for one node's failed devices. `device_api`: the cluster serves
 /// DeviceTaintRule; `published(id)`: a complete pool publishes the device.
 pub fn scope(
@@ -129,6 +142,30 @@ mod tests {
 
     fn reasons(r: &[&str]) -> Vec<String> {
         r.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_node_that_keeps_refusing_pods_is_the_nodes_fault() {
+        let rules = Rules::default();
+        assert_eq!(rules.node_after_rejections, 3);
+        assert_eq!(rejecting(&rules, 2), None);
+        assert_eq!(
+            rejecting(&rules, 3),
+            Some(NodeWhy::RejectsAllocations { pods: 3 })
+        );
+        assert_eq!(
+            rejecting(&rules, 4),
+            Some(NodeWhy::RejectsAllocations { pods: 4 })
+        );
+        let off = Rules {
+            node_after_rejections: 0,
+            ..Rules::default()
+        };
+        assert_eq!(rejecting(&off, 0), None);
+        assert_eq!(rejecting(&off, 100), None);
+        assert!(NodeWhy::RejectsAllocations { pods: 3 }
+            .describe()
+            .contains("refused 3 pods"));
     }
 
     #[test]

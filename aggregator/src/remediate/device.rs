@@ -30,8 +30,9 @@ use super::remediator::Remediator;
 use crate::metrics::{Action, ActionResult};
 use crate::model::RecordDevice;
 use crate::quarantine::{
-    holders, is_ours, judge, node_fault, plugin_scope, rule_name, scope, taken_out, would_evict,
-    Dra, Effect, Failed, NodeWhy, PluginScope, Prediction, QuarantineError, Scope,
+    holders, is_ours, judge, node_fault, plugin_scope, rejecting, rejections, rule_name, scope,
+    taken_out, would_evict, Dra, Effect, Failed, NodeWhy, PluginScope, Prediction, QuarantineError,
+    Scope, REJECTION_WINDOW_MS,
 };
 use crate::shard::Fence;
 
@@ -82,6 +83,12 @@ impl Remediator {
             return Ok(DevicePath::Node(None));
         }
         let rules = q.rules.borrow().clone();
+        // A node whose kubelet keeps refusing pods for lack of devices: the node's.
+        let pods = self.pods_on(&live.name).await?;
+        let refused = rejections(&pods, self.clock.now_ms(), REJECTION_WINDOW_MS);
+        if let Some(why) = rejecting(&rules, refused) {
+            return Ok(DevicePath::Node(Some(why)));
+        }
         let codes: Vec<Vec<String>> = devices.iter().map(codes).collect();
         let failed: Vec<Failed<'_>> = devices
             .iter()
@@ -126,7 +133,7 @@ impl Remediator {
                         return Ok(DevicePath::Node(Some(why)));
                     }
                 }
-                self.isolate_rules(live, existing, devices, picked, &dra, fence)
+                self.isolate_rules(live, existing, devices, picked, (&dra, &pods), fence)
                     .await
                     .map(DevicePath::Done)
             }
@@ -174,7 +181,7 @@ impl Remediator {
         existing: Option<&QuarantineRecord>,
         devices: &[RecordDevice],
         mut picked: Vec<DeviceRule>,
-        dra: &Dra,
+        (dra, pods): (&Dra, &[Pod]),
         fence: &Fence,
     ) -> Result<Outcome, RemediateError> {
         let q = self.devices.as_ref().expect("the device path is on");
@@ -235,8 +242,7 @@ impl Remediator {
                 .await;
             return Ok(Outcome::Announced);
         }
-        let pods = self.pods_on(node).await?;
-        let claims = dra.claims_of(&pods).await.map_err(quarantine_error)?;
+        let claims = dra.claims_of(pods).await.map_err(quarantine_error)?;
         let (sequence, shard) = (self.sequence_hint(), fence.shard_id().unwrap_or(0));
         let mut waiting = Vec::new();
         for r in &mut picked {
@@ -265,7 +271,7 @@ impl Remediator {
                 if p != Prediction::Pending || tokio::time::Instant::now() >= deadline {
                     break p;
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 match dra.rule(&dev).await.map_err(quarantine_error)? {
                     Some(again) => rule = again,
                     None => break Prediction::Pending,

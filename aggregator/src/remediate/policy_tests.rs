@@ -158,6 +158,16 @@ fn a_device_quarantine_evicts_only_the_known_holders() {
         json!({"metadata": {"name": "p", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u"}]},
         "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}}),
     );
+    let dra_with = |extra: serde_json::Value| {
+        let mut p = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}});
+        json_patch::merge(&mut p, &extra);
+        pod(p)
+    };
+    let terminating = dra_with(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}));
+    let finished = dra_with(json!({"status": {"phase": "Succeeded"}}));
+    let mirror =
+        dra_with(json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}}));
+    let canary = dra_with(json!({"metadata": {"labels": {CANARY_LABEL: "true"}}}));
     let failed = failed_gpu3();
     let cases = [
         // (what, pod, its claim holds a failed device, device-scoped, evicted)
@@ -194,6 +204,10 @@ fn a_device_quarantine_evicts_only_the_known_holders() {
             false,
         ),
         ("a DaemonSet's, holding it", &daemon, true, true, false),
+        ("terminating, holding it", &terminating, true, true, false),
+        ("finished, holding it", &finished, true, true, false),
+        ("a mirror pod, holding it", &mirror, true, true, false),
+        ("faultline's canary, holding it", &canary, true, true, false),
     ];
     for (what, p, claim, scoped, want) in cases {
         assert_eq!(
