@@ -363,6 +363,16 @@ mod passes {
         allocatable: u32,
         tolerant: bool,
     ) -> (ApiServer, Remediator) {
+        cluster_in(Mode::Enforce, release, allocatable, tolerant).await
+    }
+
+    /// [`cluster`] with the remediator in `mode`.
+    async fn cluster_in(
+        mode: Mode,
+        release: Release,
+        allocatable: u32,
+        tolerant: bool,
+    ) -> (ApiServer, Remediator) {
         let mut node = fixtures::realistic_node("n1", "10.0.0.1");
         node["status"]["allocatable"]["nvidia.com/gpu"] = json!(allocatable.to_string());
         // Under the aggregator's RBAC of deploy/base/aggregator.yaml, enforced.
@@ -401,8 +411,7 @@ mod passes {
         let rules = tokio::sync::watch::channel(Arc::new(Rules::default())).1;
         let q = DeviceQuarantine::new(rules);
         *q.api.lock().unwrap() = discover(&client).await.unwrap();
-        let r = Remediator::new(client, Mode::Enforce, TAINT, "default", "replica-0")
-            .with_devices(Some(q));
+        let r = Remediator::new(client, mode, TAINT, "default", "replica-0").with_devices(Some(q));
         (server, r)
     }
 
@@ -506,6 +515,37 @@ mod passes {
             assert!(node["metadata"]["labels"][DEVICES_LABEL].is_null());
             super::support::assert_no_forbidden(&server);
         }
+    }
+
+    /// Dry run: nothing is written (no rule, no taint, no record); what would be done
+    /// is announced: the device's rule, and the eviction of the one pod holding it.
+    #[tokio::test]
+    async fn a_dry_run_announces_the_device_and_its_holder_and_writes_nothing() {
+        let (server, r) = cluster_in(Mode::DryRun, Release::parse("1.37").unwrap(), 8, false).await;
+        let f = Fence::unfenced();
+        let bad = vec![gpu(2, "row-remap-failure")];
+        assert_eq!(
+            r.isolate("n1", bad.clone(), &f).await.unwrap(),
+            Outcome::Announced
+        );
+        assert_eq!(r.would_evict("n1", &bad).await.unwrap(), 1);
+        assert!(server.list("devicetaintrules", "").is_empty());
+        assert!(node_taints(&server).is_empty());
+        let node = server.get("nodes", "", "n1").unwrap();
+        assert!(node["metadata"]["annotations"]["faultline.io/quarantine"].is_null());
+        assert_eq!(
+            super::support::events(&server, "FaultlineWouldQuarantineDevice"),
+            1
+        );
+        let would: Vec<String> = server
+            .list("events", "default")
+            .iter()
+            .filter(|e| e["reason"] == "FaultlineWouldEvict")
+            .map(|e| e["message"].as_str().unwrap_or("").to_string())
+            .collect();
+        assert_eq!(would.len(), 1, "{would:?}");
+        assert!(would[0].contains("train/p2"), "{would:?}");
+        assert_eq!(alive(&server).len(), 8);
     }
 
     /// The node's own fault (the GPU fell off the bus: Xid 79), or two failed GPUs,

@@ -30,8 +30,7 @@ use super::error::RemediateError;
 use super::grace::NamespaceGraces;
 use super::patch::NodePatch;
 use super::policy::{
-    blocked, breaker_stops, record_evicts, wants_device_eviction, wants_eviction, Blocked, Mode,
-    Step,
+    blocked, breaker_stops, record_evicts, wants_device_eviction, Blocked, Mode, Step,
 };
 use super::record::{describe, LiveNode, QuarantineRecord};
 use super::remediator::Remediator;
@@ -400,12 +399,16 @@ impl Remediator {
             return Ok(0);
         }
         let pods = self.pods_on(node).await?;
+        // DRA pods hold the failed devices through their claims (issue 28): a record of
+        // these devices, never written, tells which.
+        let probe = QuarantineRecord::new(node, devices.to_vec(), "", &self.actor, String::new());
+        let claimed = self.dra_holders(node, &pods, &probe).await?;
         let mut n = 0;
         let mut namespaces = NamespaceGraces::default();
-        for pod in pods
-            .iter()
-            .filter(|p| wants_eviction(&PodView::of(p, &self.resources), devices))
-        {
+        for pod in pods.iter().filter(|p| {
+            let holds = p.metadata.uid.as_ref().is_some_and(|u| claimed.contains(u));
+            wants_device_eviction(&PodView::of(p, &self.resources), devices, holds, false)
+        }) {
             let Some((ns, name, key)) = pod_key(pod) else {
                 continue;
             };

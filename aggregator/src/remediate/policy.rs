@@ -390,12 +390,18 @@ pub fn blocked(waited: Duration, deadline: Duration, force_delete: bool) -> Bloc
     }
 }
 
+/// DaemonSet, mirror, finished and terminating pods, and faultline's own canary: never
+/// evicted, whatever they hold.
+fn never_evicted(pod: &PodView) -> bool {
+    pod.terminating || pod.finished || pod.mirror || pod.daemon || pod.canary
+}
+
 /// Whether a pod is evicted for a fault on `failed` devices: running pods that use an
 /// accelerator and, where the kubelet says which devices they hold (KEP-4680), hold a
 /// failed one. Never DaemonSet, mirror, finished or terminating pods, nor faultline's own
 /// canary.
 pub fn wants_eviction(pod: &PodView, failed: &[RecordDevice]) -> bool {
-    if pod.terminating || pod.finished || pod.mirror || pod.daemon || pod.canary {
+    if never_evicted(pod) {
         return false;
     }
     if !pod.accelerator {
@@ -420,7 +426,7 @@ pub fn wants_device_eviction(
     claim_holds: bool,
     device_scoped: bool,
 ) -> bool {
-    if pod.terminating || pod.finished || pod.mirror || pod.daemon || pod.canary {
+    if never_evicted(pod) {
         return false;
     }
     if claim_holds {
