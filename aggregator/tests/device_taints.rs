@@ -373,13 +373,27 @@ mod passes {
         allocatable: u32,
         tolerant: bool,
     ) -> (ApiServer, Remediator) {
+        cluster_as(mode, release, allocatable, tolerant, |m| m).await
+    }
+
+    /// [`cluster_in`], the RBAC manifest passed through `rbac` first.
+    async fn cluster_as(
+        mode: Mode,
+        release: Release,
+        allocatable: u32,
+        tolerant: bool,
+        rbac: impl Fn(String) -> String,
+    ) -> (ApiServer, Remediator) {
         let mut node = fixtures::realistic_node("n1", "10.0.0.1");
         node["status"]["allocatable"]["nvidia.com/gpu"] = json!(allocatable.to_string());
         // Under the aggregator's RBAC of deploy/base/aggregator.yaml, enforced.
-        let manifest = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/aggregator.yaml"),
-        )
-        .unwrap();
+        let manifest = rbac(
+            std::fs::read_to_string(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../deploy/base/aggregator.yaml"),
+            )
+            .unwrap(),
+        );
         let (server, url) = Bootstrap::new()
             .release(release)
             .namespace("train")
@@ -546,6 +560,45 @@ mod passes {
         assert_eq!(would.len(), 1, "{would:?}");
         assert!(would[0].contains("train/p2"), "{would:?}");
         assert_eq!(alive(&server).len(), 8);
+    }
+
+    /// An install whose RBAC predates the device path (no `resource.k8s.io` rules):
+    /// every DRA read is refused, and the node is quarantined as before, saying why.
+    #[tokio::test]
+    async fn without_the_dra_rbac_the_node_path_still_works() {
+        let strip = |m: String| {
+            let from = m.find("  # One failed device alone (issue 28").unwrap();
+            let to = m[from..]
+                .find("verbs: [get, list, create, patch, delete]")
+                .unwrap()
+                + from;
+            let end = m[to..].find('\n').unwrap() + to + 1;
+            format!("{}{}", &m[..from], &m[end..])
+        };
+        let (server, r) = cluster_as(
+            Mode::Enforce,
+            Release::parse("1.37").unwrap(),
+            8,
+            false,
+            strip,
+        )
+        .await;
+        let out = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated);
+        assert_eq!(node_taints(&server).len(), 1);
+        let n: k8s_openapi::api::core::v1::Node =
+            serde_json::from_value(server.get("nodes", "", "n1").unwrap()).unwrap();
+        let why = record_of(&n).unwrap().unwrap().node_why.unwrap();
+        assert!(why.contains("could not be read"), "{why}");
+        // The eviction pass goes on (no DRA holder can be found without the claims).
+        r.evict("n1", &[], &Fence::unfenced()).await.unwrap();
+        assert!(
+            !super::support::refused(&server).is_empty(),
+            "the DRA reads were refused"
+        );
     }
 
     /// The node's own fault (the GPU fell off the bus: Xid 79), or two failed GPUs,

@@ -47,6 +47,9 @@ pub enum NodeWhy {
     ForeignRule { device: String, rule: String },
     /// The kubelet refused `pods` pods within the hour for lack of devices.
     RejectsAllocations { pods: usize },
+    /// The DRA objects could not be read (`why`: an RBAC without them, an API error):
+    /// the node, as before the device path.
+    Unreadable { why: String },
 }
 
 impl NodeWhy {
@@ -67,6 +70,9 @@ impl NodeWhy {
                 "the device plugin took {} of {failed} failed devices out of the node's allocatable",
                 taken_out.map_or("none (not reported)".to_string(), |n| n.to_string())
             ),
+            NodeWhy::Unreadable { why } => {
+                format!("the DRA objects could not be read ({why})")
+            }
             NodeWhy::RejectsAllocations { pods } => format!(
                 "the kubelet refused {pods} pods within the hour for lack of devices (UnexpectedAdmissionError)"
             ),

@@ -99,7 +99,10 @@ impl Remediator {
             })
             .collect();
         let index = if dra.has_rules() && node_fault(&rules, &failed).is_none() {
-            dra.index_node(&live.name).await.map_err(quarantine_error)?
+            match dra.index_node(&live.name).await {
+                Ok(ix) => ix,
+                Err(e) => return Ok(self.unreadable(&live.name, e)),
+            }
         } else {
             Default::default()
         };
@@ -124,7 +127,10 @@ impl Remediator {
                 }
                 // A rule of another owner under faultline's name is never touched.
                 for r in &picked {
-                    let rule = dra.rule(&r.device_ref()).await.map_err(quarantine_error)?;
+                    let rule = match dra.rule(&r.device_ref()).await {
+                        Ok(rule) => rule,
+                        Err(e) => return Ok(self.unreadable(&live.name, e)),
+                    };
                     if rule.as_ref().is_some_and(|o| !is_ours(o)) {
                         let why = NodeWhy::ForeignRule {
                             device: r.id.clone(),
@@ -162,6 +168,37 @@ impl Remediator {
                 }
             }
             Scope::Node(why) => Ok(DevicePath::Node(Some(why))),
+        }
+    }
+
+    /// A DRA read failed before anything was written: the node path, as before the
+    /// device path (a cluster whose RBAC lacks `resource.k8s.io` keeps working), logged
+    /// and counted (`remediation_errors_total{kind="dra"}`).
+    fn unreadable(&self, node: &str, e: QuarantineError) -> DevicePath {
+        tracing::warn!(node, error = %e, "cannot read the node's DRA devices or rules: the node path");
+        if let Some(m) = self.announce.metrics() {
+            m.remediation_error("dra");
+        }
+        DevicePath::Node(Some(NodeWhy::Unreadable { why: e.to_string() }))
+    }
+
+    /// [`Remediator::dra_holders`], an error logged and counted and taken as none: an
+    /// eviction pass goes on with the pods the kubelet says hold the devices.
+    pub(super) async fn dra_holders_or_none(
+        &self,
+        node: &str,
+        pods: &[Pod],
+        record: &QuarantineRecord,
+    ) -> BTreeSet<String> {
+        match self.dra_holders(node, pods, record).await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(node, error = %e, "cannot read the claims of the node's pods: DRA holders not evicted this pass");
+                if let Some(m) = self.announce.metrics() {
+                    m.remediation_error("dra");
+                }
+                BTreeSet::new()
+            }
         }
     }
 

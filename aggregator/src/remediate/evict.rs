@@ -150,7 +150,7 @@ impl Remediator {
         let mut record = before.clone();
         let pods = self.pods_on(node).await?;
         // DRA pods hold their devices through claims (issue 28).
-        let claimed = self.dra_holders(node, &pods, &record).await?;
+        let claimed = self.dra_holders_or_none(node, &pods, &record).await;
         let device_scoped = !record.node_scoped();
         let targets: Vec<&Pod> = pods
             .iter()
@@ -402,7 +402,7 @@ impl Remediator {
         // DRA pods hold the failed devices through their claims (issue 28): a record of
         // these devices, never written, tells which.
         let probe = QuarantineRecord::new(node, devices.to_vec(), "", &self.actor, String::new());
-        let claimed = self.dra_holders(node, &pods, &probe).await?;
+        let claimed = self.dra_holders_or_none(node, &pods, &probe).await;
         let mut n = 0;
         let mut namespaces = NamespaceGraces::default();
         for pod in pods.iter().filter(|p| {
