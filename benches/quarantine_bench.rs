@@ -25,7 +25,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use faultline_aggregator::model::RecordDevice;
@@ -159,8 +159,6 @@ async fn main() -> Result<()> {
         }));
     }
     let calls = server.calls().len() - server_calls_before;
-    // Let the simulated kubelet finish what it does with evicted pods.
-    tokio::time::sleep(Duration::from_millis(200)).await;
 
     let expected: BTreeSet<String> = targets
         .iter()

@@ -246,7 +246,9 @@ impl Remediator {
                     "device budget: {now} devices quarantined alone, at most {}",
                     q.max_devices
                 );
-                return self.hold_back_device(node, why, devices).await;
+                return self
+                    .hold_back(node, why, devices, Action::QuarantineDevice)
+                    .await;
             }
             Some(turn)
         } else {
@@ -261,23 +263,12 @@ impl Remediator {
             return Err(RemediateError::NotHolder);
         }
         if self.mode == Mode::DryRun {
-            self.announce
-                .metric(Action::QuarantineDevice, ActionResult::DryRun);
-            self.announce
-                .event(
-                    node,
-                    "FaultlineWouldQuarantineDevice",
-                    &fingerprint(node, devices),
-                    format!(
-                        "dry-run: would taint {names} with effect {} ({}); the node's other devices stay schedulable",
-                        q.effect.as_str(),
-                        describe(devices)
-                    ),
-                    true,
-                    devices,
-                )
-                .await;
-            return Ok(Outcome::Announced);
+            let what = format!(
+                "taint {names} with effect {} ({}); the node's other devices stay schedulable",
+                q.effect.as_str(),
+                describe(devices)
+            );
+            return Ok(self.would_quarantine_device(node, devices, what).await);
         }
         let claims = dra.claims_of(pods).await.map_err(quarantine_error)?;
         let (sequence, shard) = (self.sequence_hint(), fence.shard_id().unwrap_or(0));
@@ -378,22 +369,11 @@ impl Remediator {
     ) -> Result<Outcome, RemediateError> {
         let node = live.name.as_str();
         if self.mode == Mode::DryRun {
-            self.announce
-                .metric(Action::QuarantineDevice, ActionResult::DryRun);
-            self.announce
-                .event(
-                    node,
-                    "FaultlineWouldQuarantineDevice",
-                    &fingerprint(node, devices),
-                    format!(
-                        "dry-run: would record {} without tainting the node: {message}",
-                        describe(devices)
-                    ),
-                    true,
-                    devices,
-                )
-                .await;
-            return Ok(Outcome::Announced);
+            let what = format!(
+                "record {} without tainting the node: {message}",
+                describe(devices)
+            );
+            return Ok(self.would_quarantine_device(node, devices, what).await);
         }
         let fp = fingerprint(node, devices);
         if existing.is_some_and(|r| r.fingerprint == fp && r.isolation.as_ref() == Some(&isolation))
@@ -439,34 +419,26 @@ impl Remediator {
         Ok(Outcome::Isolated)
     }
 
-    /// A device quarantine the device budget holds back: announced once per node and
-    /// hour, as the node budget's.
-    async fn hold_back_device(
+    /// Dry run: announce what a device quarantine would do (`what`), once per fault.
+    async fn would_quarantine_device(
         &self,
         node: &str,
-        why: String,
         devices: &[RecordDevice],
-    ) -> Result<Outcome, RemediateError> {
+        what: String,
+    ) -> Outcome {
         self.announce
-            .metric(Action::QuarantineDevice, ActionResult::HeldBack);
-        let hour = self
-            .clock
-            .rfc3339()
-            .get(..13)
-            .unwrap_or_default()
-            .to_string();
-        tracing::warn!(node, %why, "device quarantine held back by the budget");
+            .metric(Action::QuarantineDevice, ActionResult::DryRun);
         self.announce
             .event(
                 node,
-                "FaultlineHeldBack",
-                &format!("{}/{hour}", fingerprint(node, devices)),
-                format!("not quarantined: {why}"),
+                "FaultlineWouldQuarantineDevice",
+                &fingerprint(node, devices),
+                format!("dry-run: would {what}"),
                 true,
                 devices,
             )
             .await;
-        Ok(Outcome::HeldBack(why))
+        Outcome::Announced
     }
 
     /// The UIDs of `pods` whose claims hold one of `devices` (DRA): the pods to evict

@@ -128,7 +128,9 @@ impl Remediator {
         let _budget_turn = if unquarantined && self.mode == Mode::Enforce {
             let turn = self.budget.turn().await;
             if let Some(why) = self.budget.refusal(&self.nodes, &live.node).await? {
-                return self.hold_back(node, why, &devices).await;
+                return self
+                    .hold_back(node, why, &devices, Action::Quarantine)
+                    .await;
             }
             Some(turn)
         } else {
@@ -260,20 +262,21 @@ impl Remediator {
             .await;
     }
 
-    /// Record and announce a node held back by the budget: once per node, and one
-    /// alert for the first node held back while others pass.
-    async fn hold_back(
+    /// Record and announce a node held back by a budget (the nodes', or the devices'
+    /// for `Action::QuarantineDevice`): once per node, and one alert for the first
+    /// node held back while others pass.
+    pub(super) async fn hold_back(
         &self,
         node: &str,
         why: String,
         devices: &[RecordDevice],
+        action: Action,
     ) -> Result<Outcome, RemediateError> {
         let hold = self.held_back.hold(node);
         if let Some(m) = self.announce.metrics() {
             m.set_held_back(hold.count);
         }
-        self.announce
-            .metric(Action::Quarantine, ActionResult::HeldBack);
+        self.announce.metric(action, ActionResult::HeldBack);
         // One Event per node and hour at most, across replicas and restarts: the
         // Event's name says so. It is asked for on every pass that holds the node back,
         // not only the first: an announcement the API refused (a 500) is made by the
@@ -330,7 +333,9 @@ impl Remediator {
         }
         let _turn = self.budget.turn().await;
         if let Some(why) = self.budget.unknown_refusal(&self.nodes).await? {
-            return self.hold_back(node, why, &devices).await;
+            return self
+                .hold_back(node, why, &devices, Action::Quarantine)
+                .await;
         }
         let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
         if !fence.holds() {

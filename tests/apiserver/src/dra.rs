@@ -299,9 +299,11 @@ fn attribute(path: &str, v: &Value) -> Result<(), String> {
 /// request, a driver, a pool and a device validly; at most 256 consumers reserved,
 /// each with a resource, a name and a uid, none twice.
 pub fn resource_claim(obj: &Value) -> Result<(), String> {
-    // The spec's requests (validateDeviceRequest): a DNS-label name each, once; an
-    // exact request names its DeviceClass; a CEL selector has an expression; a
-    // toleration's operator is Exists or Equal.
+    // The spec's requests (pkg/apis/resource/validation/validation.go
+    // validateDeviceRequest, validateSelector, validateDeviceToleration): a name
+    // each, once; an exact request names its DeviceClass; a CEL selector has an
+    // expression; a toleration's operator is Exists or Equal. (Stricter upstream, not
+    // modelled: the name's DNS-label form, CEL compilation.)
     let requests = obj
         .pointer("/spec/devices/requests")
         .and_then(Value::as_array)
