@@ -26,7 +26,9 @@ What the flags need (aggregator/src/config.rs; the names: common/src/fault.rs pa
 - in --namespace: get, create and update on ConfigMaps (every shard page and <name>-breaker);
 - ConfigMaps nowhere else and never cluster-wide (on EKS that includes kube-system/aws-auth);
 - watch on pods cluster-wide exactly when --watch-pod-health=true (deploy/components/pod-health),
-  delete on pods exactly when --force-delete-after-deadline=true (deploy/components/force-delete).
+  delete on pods exactly when --force-delete-after-deadline=true (deploy/components/force-delete);
+- get (only) on ConfigMaps in kube-system exactly when --ascend-device-info=true
+  (deploy/components/ascend-device-plugin: Huawei's device plugin's per-node ConfigMaps).
 
 Flags are read from the container's args (`--flag=value` or `--flag value`, the last one
 wins), then its env (FAULTLINE_*, plain values), then the aggregator's defaults.
@@ -67,11 +69,19 @@ FLAGS = {
     "pages": ("FAULTLINE_PAGES", "1"),
     "watch-pod-health": ("FAULTLINE_WATCH_POD_HEALTH", "false"),
     "force-delete-after-deadline": ("FAULTLINE_FORCE_DELETE_AFTER_DEADLINE", "false"),
+    "ascend-device-info": ("FAULTLINE_ASCEND_DEVICE_INFO", "false"),
 }
 COMPONENT = {
     "watch-pod-health": ("watch", "deploy/components/pod-health"),
     "force-delete-after-deadline": ("delete", "deploy/components/force-delete"),
 }
+# A feature reading ConfigMaps of another namespace: (namespace, its only verb, component).
+# Huawei's device plugin's per-node ConfigMaps carry the node's name, so they cannot be
+# named in advance: get on every ConfigMap there, and nothing else.
+FOREIGN = {
+    "ascend-device-info": ("kube-system", "get", "deploy/components/ascend-device-plugin"),
+}
+CONFIGMAP_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 
 
 class Failure(Exception):
@@ -165,7 +175,7 @@ class Need:
                 if ns and ns != self.namespace and ns not in self.publish:
                     self.publish.append(ns)
         self.feature = {}
-        for flag in COMPONENT:
+        for flag in list(COMPONENT) + list(FOREIGN):
             v = values[flag]
             if v not in ("true", "false"):
                 raise Failure(f"--{flag}={v}: the aggregator takes true or false")
@@ -301,7 +311,20 @@ def problems(objs):
         if granted(rules, "patch", "pods") is not None:
             by_name.append(f"patch on pods in {ns} (nudges) is not granted")
     others = {meta(b, "namespace") for b in find(objs, "RoleBinding") if binds(b, sa)}
-    for ns in sorted(others - set(need.publish) - {need.namespace}):
+    foreign = {ns: flag for flag, (ns, _, _) in FOREIGN.items()}
+    for flag, (ns, verb, component) in FOREIGN.items():
+        if ns in set(need.publish) | {need.namespace}:
+            continue
+        rules = rules_for(objs, sa, ns, cluster=False) if ns in others else []
+        extra = [v for v in CONFIGMAP_VERBS if v != verb and granted(rules, v, "configmaps") != set()]
+        if need.feature[flag]:
+            if granted(rules, verb, "configmaps") is not None:
+                by_feature.append(f"--{flag}=true without {verb} on ConfigMaps in {ns}: use {component} (the flag and its rule), not the flag alone")
+            if extra:
+                by_feature.append(f"{', '.join(extra)} on ConfigMaps in {ns}: --{flag} needs {verb} only ({component})")
+        elif granted(rules, verb, "configmaps") != set() or extra:
+            by_feature.append(f"ConfigMaps in {ns} are granted but --{flag} is not true: drop that rule, or add {component} (flag and rule together)")
+    for ns in sorted(others - set(need.publish) - {need.namespace} - set(foreign)):
         rules = rules_for(objs, sa, ns, cluster=False)
         if any(granted(rules, v, "configmaps") != set() for v in ("get", "update", "create")):
             by_name.append(f"ConfigMaps in {ns}, which --publish-namespaces does not name ({need.describe()})")
@@ -719,18 +742,22 @@ def self_test():
         expect("moved back, --write removes what it wrote", ok and unmarked(k.read_text()) == k.read_text() and not (d / PATCH_FILE).exists() and not (d / ROLES_FILE).exists(), why)
 
         # 4. A feature's flag without its component, and a component's rule without its flag.
-        for flag, component in (("--watch-pod-health=true", "pod-health"), ("--force-delete-after-deadline=true", "force-delete")):
+        for flag, component in (("--watch-pod-health=true", "pod-health"), ("--force-delete-after-deadline=true", "force-delete"), ("--ascend-device-info=true", "ascend-device-plugin")):
             d = overlay(f"flag-{component}", args_patch=add(flag))
             expect(f"{flag} alone fails, naming deploy/components/{component}", *fails_with(d, f"use deploy/components/{component}"))
             d = overlay(f"rule-{component}", resources=["../base", "rbac.yaml"], copy_files=[f"deploy/components/{component}/rbac.yaml"])
             expect(f"deploy/components/{component}'s rule without its flag fails", *fails_with(d, "is not true: drop that rule"))
 
-        # 5. Both components: flags and rules together pass and validate.
-        d = overlay("features", components=["deploy/components/pod-health", "deploy/components/force-delete"])
+        # 5. Every component: flags and rules together pass and validate.
+        d = overlay("features", components=["deploy/components/pod-health", "deploy/components/force-delete", "deploy/components/ascend-device-plugin"])
         ok, why = passes(d)
         need = need_of(render(d))
-        expect("both components pass --check, each flag on", ok and all(need.feature.values()), why)
-        expect("both components validate against 1.30", *validate(d))
+        expect("every component passes --check, each flag on", ok and all(need.feature.values()), why)
+        expect("every component validates against 1.30", *validate(d))
+        # ... and a wider grant than a foreign namespace's feature needs fails.
+        d = overlay("wide", resources=["../base", "wide.yaml"], args_patch=add("--ascend-device-info=true"))
+        (d / "wide.yaml").write_text((ROOT / "deploy/components/ascend-device-plugin/rbac.yaml").read_text().replace("verbs: [get]", "verbs: [get, list, update]"))
+        expect("list and update on kube-system's ConfigMaps fail though the flag is on", *fails_with(d, "list, update on ConfigMaps in kube-system"))
 
         # 6. Resized in the base file itself: --write --base rewrites only its block.
         f = base / "aggregator.yaml"

@@ -38,12 +38,25 @@ async fn cluster(
     agent: &faultline_agent::Agent,
     extra: &[&str],
 ) -> (World, faultline_aggregator::Aggregator) {
-    let w = Scenario::new()
-        .node(NodeFixture::shared("asc").ready(true))
+    cluster_of(agent, extra, NodeFixture::shared("asc"), None).await
+}
+
+/// [`cluster`] with this node, and where `component` names one, that component's RBAC
+/// (`deploy/components/<c>`).
+async fn cluster_of(
+    agent: &faultline_agent::Agent,
+    extra: &[&str],
+    node: NodeFixture,
+    component: Option<&'static str>,
+) -> (World, faultline_aggregator::Aggregator) {
+    let mut scenario = Scenario::new()
+        .node(node.ready(true))
         .pod(PodFixture::new("cpu-only", "asc"))
-        .unlisted()
-        .start()
-        .await;
+        .unlisted();
+    if let Some(c) = component {
+        scenario = scenario.component(c);
+    }
+    let w = scenario.start().await;
     for chip in 0..CHIPS {
         w.server.create("pods", "default", npu_pod(chip)).unwrap();
     }
@@ -162,6 +175,202 @@ async fn dcmi_a_separated_chip_is_tainted_and_only_its_pods_evicted() {
         std::fs::write(&state, s.as_str()).unwrap();
     })
     .await;
+}
+
+/// Huawei's device plugin's ConfigMap for node `asc` as the plugin writes it
+/// (component/ascend-device-plugin/pkg/kubeclient/client_server.go
+/// `WriteDeviceInfoDataIntoCM`, the default card type): its device list, the chips it
+/// separated for good (`separated`), the upgrade reasons and the sunset notice, labelled
+/// for its consumers.
+fn device_info(separated: &str) -> serde_json::Value {
+    let info = serde_json::json!({
+        "DeviceInfo": {
+            "DeviceList": {
+                "huawei.com/Ascend910": "Ascend910-0,Ascend910-2,Ascend910-3",
+                "huawei.com/Ascend910-Unhealthy": separated,
+                "huawei.com/Ascend910-NetworkUnhealthy": "",
+                "huawei.com/Ascend910-Fault": "[]"
+            },
+            "UpdateTime": 1_764_900_000
+        },
+        "SuperPodID": -1,
+        "ServerIndex": -1,
+        "CheckCode": "6b2a2bd1c5a0d1e1e0b5f6a3c4d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4"
+    });
+    serde_json::json!({
+        "metadata": {
+            "name": "mindx-dl-deviceinfo-asc",
+            "namespace": "kube-system",
+            "labels": {"mx-consumer-cim": "true"}
+        },
+        "data": {
+            "DeviceInfoCfg": info.to_string(),
+            "ManuallySeparateNPU": separated,
+            "UpgradeFaultReason": "{}",
+            "Description": "The field[xxx.com/xxx] is sunset."
+        }
+    })
+}
+
+/// Issue 28, point 6: on a node whose chips are Huawei's device plugin's
+/// (`huawei.com/Ascend910`, 4 in capacity and all still in allocatable, so only the
+/// plugin's list tells), a chip the plugin lists in `ManuallySeparateNPU` is its
+/// isolation: no taint, the record says so, only the chip's pod is evicted, and
+/// `fault.json` marks the chip. The aggregator runs under the deploy RBAC plus
+/// deploy/components/ascend-device-plugin (get on ConfigMaps in kube-system), enforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chip_the_plugin_separated_by_hand_gets_no_second_isolation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lib, state) = fake_dcmi_in(dir.path());
+    let base = format!("card_count={CHIPS}\n");
+    std::fs::write(&state, &base).unwrap();
+    let agent = dcmi_agent(&lib).await;
+    let node =
+        NodeFixture::shared("asc").devices("huawei.com/Ascend910", CHIPS as u32, CHIPS as u32);
+    let (w, agg) = cluster_of(
+        &agent,
+        &["--ascend-device-info=true"],
+        node,
+        Some("ascend-device-plugin"),
+    )
+    .await;
+    w.server
+        .create("configmaps", "kube-system", device_info("Ascend910-1"))
+        .unwrap();
+    std::fs::write(
+        &state,
+        format!("{base}card.1.chip.0.errorcodes={SEPARATE}\n"),
+    )
+    .unwrap();
+    let rec = until(
+        Duration::from_secs(10),
+        "npu1 recorded as the plugin's isolation, asc-1 evicted",
+        || {
+            record(&w.server, "asc").filter(|r| {
+                r["isolation"]["by"] == "manually-separate-npu"
+                    && evicted(&w).contains(&"default/asc-1".to_string())
+            })
+        },
+    )
+    .await
+    .0;
+    assert_eq!(
+        rec["isolation"]["resource"], "huawei.com/Ascend910",
+        "{rec}"
+    );
+    assert_eq!(our_taints(&w.server, "asc"), 0, "no taint of faultline's");
+    assert_eq!(evicted(&w), ["default/asc-1"]);
+    assert!(evicted_once(&w.server, "asc-1"));
+    for other in ["asc-0", "asc-2", "asc-3", "cpu-only"] {
+        assert_eq!(evictions(&w.server, other), 0, "{other}");
+    }
+    let labels = &w.server.get("nodes", "", "asc").unwrap()["metadata"]["labels"];
+    assert_eq!(
+        labels["faultline.io/quarantine-scope"], "device",
+        "{labels}"
+    );
+    let (entry, _) = until(Duration::from_secs(20), "npu1 marked in fault.json", || {
+        node_entry(&w.server, 1, "asc").filter(|e| e.npus.iter().any(|d| d.quarantine.is_some()))
+    })
+    .await;
+    let marked: Vec<(&str, &str, Option<&str>)> = entry
+        .npus
+        .iter()
+        .filter_map(|d| {
+            let m = d.quarantine.as_ref()?;
+            Some((d.id.as_str(), m.by.as_str(), m.detail.as_deref()))
+        })
+        .collect();
+    assert_eq!(
+        marked,
+        [(
+            "npu1",
+            "manually-separate-npu",
+            Some("huawei.com/Ascend910")
+        )]
+    );
+    metric_until(
+        agg.addr,
+        "faultline_aggregator_devices_isolated{node=\"asc\",driver=\"huawei.com/Ascend910\",by=\"manually-separate-npu\"} 1",
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(events(&w.server, "FaultlineDeviceQuarantined"), 1);
+    assert_no_forbidden(&w.server);
+}
+
+/// The plugin's list names another chip (`Ascend910-3`) and the allocatable is whole:
+/// nothing keeps npu1 from new pods but faultline, so the node is tainted as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chip_the_plugin_did_not_separate_takes_the_node_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lib, state) = fake_dcmi_in(dir.path());
+    let base = format!("card_count={CHIPS}\n");
+    std::fs::write(&state, &base).unwrap();
+    let agent = dcmi_agent(&lib).await;
+    let node =
+        NodeFixture::shared("asc").devices("huawei.com/Ascend910", CHIPS as u32, CHIPS as u32);
+    let (w, _agg) = cluster_of(
+        &agent,
+        &["--ascend-device-info=true"],
+        node,
+        Some("ascend-device-plugin"),
+    )
+    .await;
+    w.server
+        .create("configmaps", "kube-system", device_info("Ascend910-3"))
+        .unwrap();
+    std::fs::write(
+        &state,
+        format!("{base}card.1.chip.0.errorcodes={SEPARATE}\n"),
+    )
+    .unwrap();
+    until(
+        Duration::from_secs(10),
+        "asc tainted, asc-1 evicted",
+        || (our_taints(&w.server, "asc") == 1 && evicted(&w) == ["default/asc-1"]).then_some(()),
+    )
+    .await;
+    let rec = record(&w.server, "asc").unwrap();
+    assert!(rec["isolation"].is_null(), "{rec}");
+    assert_no_forbidden(&w.server);
+}
+
+/// The flag without its component's RBAC: the read of the plugin's ConfigMap is refused
+/// (403), logged and counted, and the chip takes the node path as if no list were there:
+/// a refused read never leaves a failed chip without isolation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_read_of_the_plugins_list_takes_the_node_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lib, state) = fake_dcmi_in(dir.path());
+    let base = format!("card_count={CHIPS}\n");
+    std::fs::write(&state, &base).unwrap();
+    let agent = dcmi_agent(&lib).await;
+    let node =
+        NodeFixture::shared("asc").devices("huawei.com/Ascend910", CHIPS as u32, CHIPS as u32);
+    let (w, agg) = cluster_of(&agent, &["--ascend-device-info=true"], node, None).await;
+    w.server
+        .create("configmaps", "kube-system", device_info("Ascend910-1"))
+        .unwrap();
+    std::fs::write(
+        &state,
+        format!("{base}card.1.chip.0.errorcodes={SEPARATE}\n"),
+    )
+    .unwrap();
+    until(
+        Duration::from_secs(10),
+        "asc tainted, asc-1 evicted",
+        || (our_taints(&w.server, "asc") == 1 && evicted(&w) == ["default/asc-1"]).then_some(()),
+    )
+    .await;
+    metric_until(
+        agg.addr,
+        "faultline_aggregator_remediation_errors_total{kind=\"ascend\"}",
+        Duration::from_secs(5),
+    )
+    .await;
+    let rec = record(&w.server, "asc").unwrap();
+    assert!(rec["isolation"].is_null(), "{rec}");
 }
 
 /// The fake npu-smi in `t` serving the first CHIPS rows of a real 910B table

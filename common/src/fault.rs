@@ -275,7 +275,8 @@ pub struct QuarantineMark {
     /// The DeviceTaintRule's name, for `device-taint-rule`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
-    /// The rule's effect (`NoSchedule`, `NoExecute`), or the node taint's key.
+    /// The rule's effect (`NoSchedule`, `NoExecute`), the node taint's key, or the
+    /// extended resource (`device-plugin`, `manually-separate-npu`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }

@@ -352,8 +352,8 @@ fn isolation(o: &mut String, r: &crate::remediate::QuarantineRecord) {
         }) => {
             let _ = writeln!(o, "  Isolation: the device plugin took {taken_out} {resource} out of allocatable; the node is not tainted");
         }
-        Some(DeviceIsolation::ManuallySeparateNpu) => {
-            let _ = writeln!(o, "  Isolation: ManuallySeparateNPU (Huawei's device plugin); the node is not tainted");
+        Some(DeviceIsolation::ManuallySeparateNpu { resource }) => {
+            let _ = writeln!(o, "  Isolation: Huawei's device plugin separated the chips for good (ManuallySeparateNPU, {resource}); the node is not tainted");
         }
         None => {}
     }

@@ -8,11 +8,19 @@
 //! lists the chips a fault-frequency rule separated for good, as device names joined by
 //! commas without spaces, the number the **physical** id: `Ascend910-0,Ascend910-3`
 //! (pkg/device/ascendcommon.go `convertLogicIDsToDeviceNames`, `"%s-%d"` of the run
-//! mode and the physical id; `Ascend910`, `Ascend310`, `Ascend310P`, or a custom public
-//! name such as `npu` on Atlas 950). The plugin reports such a chip Unhealthy to the
-//! kubelet (ascendcommon.go `isHealthy`), so it already leaves the node's allocatable;
-//! only an operator deleting its name releases it. The plugin reads names back with
-//! `strings.Split(…, ",")` and skips those `CheckDeviceName` refuses; so does this.
+//! mode and the physical id). The plugin reports such a chip Unhealthy to the kubelet
+//! (ascendcommon.go `isHealthy`), so it already leaves the node's allocatable; only an
+//! operator deleting its name releases it.
+//!
+//! The plugin reads the list back in pkg/kubeclient/client_server.go
+//! `GetManuallySeparateNPUFromDeviceInfo`, and so does this, step by step: the value
+//! split at `,` (empty: none); a name kept only when `CheckDeviceName`
+//! (pkg/common/common.go) accepts it for the node's run mode, i.e. it matches
+//! `^<run mode>-\d+` (run mode `Ascend910`, `Ascend310` or `Ascend310P`; on Atlas 950,
+//! whose resource is `huawei.com/npu`, `^npu-\d+` as well); the id its second
+//! `-`-separated field, and the first one that is no integer ends the reading (the
+//! plugin returns what it has). The run mode is the node's extended resource without
+//! `huawei.com/` (pkg/common/device.go); a resource of another name separates nothing.
 //!
 //! faultline names a chip `npu<physical id>` (docs/ascend.md), the same number.
 
@@ -26,20 +34,51 @@ pub const DEVICE_INFO_PREFIX: &str = "mindx-dl-deviceinfo-";
 pub const DEVICE_INFO_NAMESPACE: &str = "kube-system";
 /// The key listing the chips separated by hand.
 pub const MANUALLY_SEPARATE_KEY: &str = "ManuallySeparateNPU";
+/// The extended resources of Huawei's device plugin start so
+/// (ascend-common/api/default_name.go `ResourceNamePrefix`).
+pub const RESOURCE_PREFIX: &str = "huawei.com/";
 
-/// The physical ids in a `ManuallySeparateNPU` value; a name that is not
-/// `<letters and digits>-<digits>` is skipped, as the plugin skips it.
-pub fn manually_separated(value: &str) -> BTreeSet<u32> {
-    value
-        .split(',')
-        .filter_map(|name| {
-            let (prefix, id) = name.rsplit_once('-')?;
-            let prefix_ok = prefix.starts_with(|c: char| c.is_ascii_alphabetic())
-                && prefix.chars().all(|c| c.is_ascii_alphanumeric());
-            let id_ok = !id.is_empty() && id.chars().all(|c| c.is_ascii_digit());
-            (prefix_ok && id_ok).then(|| id.parse().ok()).flatten()
-        })
-        .collect()
+/// The device-name prefixes `CheckDeviceName` accepts on a node whose accelerator is
+/// `resource`; none for a resource that is not the plugin's.
+pub fn name_prefixes(resource: &str) -> &'static [&'static str] {
+    match resource.strip_prefix(RESOURCE_PREFIX) {
+        Some("Ascend910") => &["Ascend910"],
+        Some("Ascend310") => &["Ascend310"],
+        Some("Ascend310P") => &["Ascend310P"],
+        // Atlas 950 (Ascend910A5): run mode Ascend910, and `npu-<id>` accepted too.
+        Some("npu") => &["Ascend910", "npu"],
+        _ => &[],
+    }
+}
+
+/// The physical ids in a `ManuallySeparateNPU` value on a node whose accelerator is
+/// `resource`, as the plugin reads them (module doc).
+pub fn manually_separated(value: &str, resource: &str) -> BTreeSet<u32> {
+    let prefixes = name_prefixes(resource);
+    let mut ids = BTreeSet::new();
+    if value.is_empty() {
+        return ids;
+    }
+    for name in value.split(',') {
+        // `^<prefix>-\d+`: the prefix, a dash and at least one digit; anything after.
+        let accepted = prefixes.iter().any(|p| {
+            name.strip_prefix(p)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+        });
+        if !accepted {
+            continue;
+        }
+        // `strings.Split(name, "-")[1]` through `strconv.Atoi`: a failure ends it.
+        let Some(Ok(id)) = name.split('-').nth(1).map(str::parse::<i64>) else {
+            break;
+        };
+        // A physical id past u32 names no chip faultline knows.
+        if let Ok(id) = u32::try_from(id) {
+            ids.insert(id);
+        }
+    }
+    ids
 }
 
 /// The physical id of faultline's chip id `npu<physical id>`.
@@ -67,23 +106,50 @@ mod tests {
 
     #[test]
     fn the_plugins_list_is_read_as_the_plugin_reads_it() {
+        const A910: &str = "huawei.com/Ascend910";
+        let read = |v: &str| manually_separated(v, A910);
+        assert_eq!(read("Ascend910-0,Ascend910-3"), BTreeSet::from([0, 3]));
+        assert!(read("").is_empty());
+        // The run mode's name only: another chip's name is refused.
+        assert!(read("Ascend310P-12,Ascend310-1,npu-7").is_empty());
         assert_eq!(
-            manually_separated("Ascend910-0,Ascend910-3"),
-            BTreeSet::from([0, 3])
+            manually_separated("Ascend310P-12,Ascend310-1", "huawei.com/Ascend310P"),
+            BTreeSet::from([12])
         );
-        assert_eq!(manually_separated("Ascend310P-12"), BTreeSet::from([12]));
-        assert_eq!(manually_separated("npu-7"), BTreeSet::from([7]));
-        assert!(manually_separated("").is_empty());
-        // A prefix of letters and digits only.
-        assert!(manually_separated("Ascend_910-8,Asc.end910-9").is_empty());
-        // An id of digits only: no sign.
-        assert!(manually_separated("Ascend910-+5").is_empty());
-        // What the plugin's own check refuses is skipped, the rest kept.
         assert_eq!(
-            manually_separated(
-                "Ascend910-1, Ascend910-2,Ascend910-x,-4,910-5,Ascend910-,Ascend910-6"
+            manually_separated("Ascend310-1,Ascend310P-2", "huawei.com/Ascend310"),
+            BTreeSet::from([1])
+        );
+        // Atlas 950: both names.
+        assert_eq!(
+            manually_separated("npu-7,Ascend910-2", "huawei.com/npu"),
+            BTreeSet::from([2, 7])
+        );
+        // A resource that is not the plugin's separates nothing.
+        assert!(manually_separated("Ascend910-1", "nvidia.com/gpu").is_empty());
+        assert!(manually_separated("Ascend910-1", "huawei.com/Ascend910B").is_empty());
+        // Names the check refuses are skipped (no dash, no digit after it, a space).
+        assert_eq!(
+            read(
+                "Ascend910-1, Ascend910-2,Ascend910-x,-4,910-5,Ascend910-,Ascend910+6,Ascend910-7"
             ),
-            BTreeSet::from([1, 6])
+            BTreeSet::from([1, 7])
+        );
+        // The regexp is not anchored at its end: the second field is the id.
+        assert_eq!(read("Ascend910-3-extra"), BTreeSet::from([3]));
+        // A name the check accepts whose id is no integer ends the reading.
+        assert_eq!(
+            read("Ascend910-1,Ascend910-2c-100-3,Ascend910-4"),
+            BTreeSet::from([1])
+        );
+        assert_eq!(
+            read("Ascend910-99999999999999999999,Ascend910-4"),
+            BTreeSet::new()
+        );
+        // An integer that fits Go's int but no chip: skipped, the reading goes on.
+        assert_eq!(
+            read("Ascend910-4294967296,Ascend910-4"),
+            BTreeSet::from([4])
         );
     }
 
@@ -95,7 +161,7 @@ mod tests {
         // Digits only: a sign the integer parser would take is no id.
         assert_eq!(chip_physical_id("npu+3"), None);
         assert_eq!(chip_physical_id("GPU-3"), None);
-        let sep = manually_separated("Ascend910-3,Ascend910-5");
+        let sep = manually_separated("Ascend910-3,Ascend910-5", "huawei.com/Ascend910");
         let r = vec!["ascend-separate-npu".to_string()];
         let three = Failed {
             id: "npu3",

@@ -29,6 +29,10 @@ pub struct DeviceQuarantine {
     pub prediction_wait: Duration,
     /// The DeviceClass a canary's claim asks for (`gpu.nvidia.com`).
     pub device_class: String,
+    /// Whether Huawei's device plugin's ConfigMaps are read
+    /// (`kube-system/mindx-dl-deviceinfo-<node>`): chips it lists in
+    /// `ManuallySeparateNPU` are isolated already, and faultline adds nothing.
+    pub ascend_device_info: bool,
 }
 
 impl DeviceQuarantine {
@@ -43,6 +47,7 @@ impl DeviceQuarantine {
             max_devices: 64,
             prediction_wait: Duration::from_secs(2),
             device_class: "gpu.nvidia.com".into(),
+            ascend_device_info: false,
         }
     }
 }
@@ -79,6 +84,12 @@ pub struct DeviceArgs {
         default_value = "gpu.nvidia.com"
     )]
     pub canary_device_class: String,
+    /// Read Huawei's Ascend device plugin's per-node ConfigMap
+    /// (kube-system/mindx-dl-deviceinfo-<node>): chips it lists in ManuallySeparateNPU
+    /// are isolated by the plugin already, and faultline adds no taint of its own. Needs
+    /// get on ConfigMaps in kube-system (deploy/components/ascend-device-plugin).
+    #[arg(long, env = "FAULTLINE_ASCEND_DEVICE_INFO", default_value = "false", action = clap::ArgAction::Set)]
+    pub ascend_device_info: bool,
 }
 
 impl DeviceQuarantine {
@@ -103,6 +114,7 @@ impl DeviceQuarantine {
             },
             max_devices: flags.max_quarantined_devices,
             device_class: flags.canary_device_class.clone(),
+            ascend_device_info: flags.ascend_device_info,
             ..DeviceQuarantine::new(rules)
         })
     }

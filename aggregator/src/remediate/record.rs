@@ -198,8 +198,12 @@ pub enum DeviceIsolation {
         /// Devices the plugin took out when the record was made.
         taken_out: u64,
     },
-    /// Huawei's device plugin lists the chips in `ManuallySeparateNPU` already.
-    ManuallySeparateNpu,
+    /// Huawei's device plugin lists the chips in `ManuallySeparateNPU` already (its
+    /// ConfigMap `kube-system/mindx-dl-deviceinfo-<node>`): that stands, nothing is added.
+    ManuallySeparateNpu {
+        /// The extended resource (`huawei.com/Ascend910`).
+        resource: String,
+    },
 }
 
 /// A device's DeviceTaintRule, as a record keeps it.
@@ -276,8 +280,8 @@ impl QuarantineRecord {
                     Some(DeviceIsolation::DevicePlugin { resource, .. }) => {
                         mark("device-plugin", None, Some(resource.clone()))
                     }
-                    Some(DeviceIsolation::ManuallySeparateNpu) => {
-                        mark("manually-separate-npu", None, None)
+                    Some(DeviceIsolation::ManuallySeparateNpu { resource }) => {
+                        mark("manually-separate-npu", None, Some(resource.clone()))
                     }
                     None => return None,
                 };
@@ -293,7 +297,10 @@ impl QuarantineRecord {
         let rules = self.rules();
         for (id, mark) in self.marks() {
             let driver = match &self.isolation {
-                Some(DeviceIsolation::DevicePlugin { resource, .. }) => resource.clone(),
+                Some(
+                    DeviceIsolation::DevicePlugin { resource, .. }
+                    | DeviceIsolation::ManuallySeparateNpu { resource },
+                ) => resource.clone(),
                 _ => rules
                     .iter()
                     .find(|r| r.id == id)

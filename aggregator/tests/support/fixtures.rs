@@ -58,6 +58,15 @@ impl NodeFixture {
         self
     }
 
+    /// `capacity` devices of the extended resource `resource`, `allocatable` of them
+    /// healthy (the kubelet's device manager counts only those the device plugin
+    /// reports healthy in allocatable).
+    pub fn devices(mut self, resource: &str, capacity: u32, allocatable: u32) -> Self {
+        self.0["status"]["capacity"][resource] = json!(capacity.to_string());
+        self.0["status"]["allocatable"][resource] = json!(allocatable.to_string());
+        self
+    }
+
     /// The Node's InternalIP (where discovery finds its agent).
     pub fn address(mut self, ip: &str) -> Self {
         self.0["status"]["addresses"] = json!([{"type": "InternalIP", "address": ip}]);
