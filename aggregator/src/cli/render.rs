@@ -389,4 +389,32 @@ mod tests {
         assert!(structured(&v, Some(Output::Wide)).unwrap().is_none());
         assert!(structured(&v, None).unwrap().is_none());
     }
+
+    #[test]
+    fn describe_says_how_the_devices_are_isolated() {
+        use crate::remediate::{DeviceIsolation, QuarantineRecord};
+        let mut r = QuarantineRecord::new("asc", vec![], "t", "me", "e".into());
+        let shown = |r: &QuarantineRecord| {
+            let mut o = String::new();
+            isolation(&mut o, r);
+            o
+        };
+        assert_eq!(shown(&r), "");
+        r.isolation = Some(DeviceIsolation::ManuallySeparateNpu {
+            resource: "huawei.com/Ascend910".into(),
+        });
+        assert_eq!(
+            shown(&r),
+            "  Isolation: Huawei's device plugin separated the chips for good (ManuallySeparateNPU, huawei.com/Ascend910); the node is not tainted\n"
+        );
+        r.isolation = Some(DeviceIsolation::DevicePlugin {
+            resource: "nvidia.com/gpu".into(),
+            taken_out: 1,
+        });
+        r.node_why = Some("two devices failed".into());
+        assert_eq!(
+            shown(&r),
+            "  Isolation: the device plugin took 1 nvidia.com/gpu out of allocatable; the node is not tainted\n  Node:      tainted, not the device: two devices failed\n"
+        );
+    }
 }

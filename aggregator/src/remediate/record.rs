@@ -690,6 +690,24 @@ mod tests {
         });
         assert_eq!(r.marks()[0].1.by, "device-plugin");
         assert_eq!(r.isolated_counts()[0].1, "nvidia.com/gpu");
+        // Huawei's device plugin's ManuallySeparateNPU: marked with its resource.
+        r.isolation = Some(DeviceIsolation::ManuallySeparateNpu {
+            resource: "huawei.com/Ascend910".into(),
+        });
+        let m = &r.marks()[0].1;
+        assert_eq!(
+            (m.by.as_str(), m.detail.as_deref()),
+            ("manually-separate-npu", Some("huawei.com/Ascend910"))
+        );
+        assert_eq!(r.isolated_counts()[0].1, "huawei.com/Ascend910");
+        assert!(!r.node_scoped());
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(
+            text.contains(
+                r#""isolation":{"by":"manually-separate-npu","resource":"huawei.com/Ascend910"}"#
+            ),
+            "{text}"
+        );
         // An unknown-only record marks nothing: nothing failed.
         r.unknown_only = true;
         assert!(r.marks().is_empty());
