@@ -31,7 +31,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use faultline_aggregator::model::RecordDevice;
 use faultline_aggregator::remediate::policy::{self, Budget, Noted, Step};

@@ -1031,7 +1031,7 @@ async fn a_replica_without_its_lease_changes_nothing() {
         "no write"
     );
     // Held, isolated; then the renewals stop and the Lease runs out on our own clock.
-    held.grant(0, Instant::now() + Duration::from_millis(300));
+    held.grant(0, tokio::time::Instant::now() + Duration::from_millis(300));
     assert_eq!(
         r.isolate("gpu-1", failed("gpu3"), &fence).await.unwrap(),
         Outcome::Isolated

@@ -5,8 +5,12 @@
 //! (`Dispatch::reconcile`, `Dispatch::verdict` for intake alerts) deciding what to act
 //! on, the real `Remediator`, and the real shard Lease loop (`ShardLeases::run`) deciding
 //! who holds the shard. Time in the domain is virtual: every replica judges windows,
-//! cool-downs and the unknown tolerance on its own injected `Clock` (skewed by up to
-//! ±5 s), which the schedule moves; the Lease loop and the API server run on real time.
+//! cool-downs and the unknown tolerance on its own injected `Clock` (a manual one, ahead
+//! of the schedule's time by 0-10 s), which the schedule moves; the Lease loop, the API
+//! server (`ApiServer::new_virtual`: its timestamps and its controllers' ticks), the
+//! kube clients' timeouts and every wait of the harness run on tokio's clock, paused:
+//! each seed runs on a current-thread runtime of its own, where time moves only when
+//! every task waits, by exactly as much as the next timer needs.
 //!
 //! A schedule is a seeded list of events: device failures (some reported first by an
 //! alert, the agent's document a step behind) and recoveries, agents going dark, the
@@ -38,16 +42,19 @@
 //!
 //! A failure prints the seed and the schedule. `FAULTLINE_SCHEDULES` (default 200) sets
 //! how many run, from seed `FAULTLINE_SCHEDULE_FIRST` (default 1);
-//! `FAULTLINE_SCHEDULE_SEED` runs one seed alone: the same events, faults, virtual
-//! times and slow-downs. Not replayed: the interleaving of HTTP calls and the Lease
-//! loop's real timing (docs/testing.md says what that leaves out).
-//! `benches/run-schedules.sh` runs 1,000.
+//! `FAULTLINE_SCHEDULE_SEED` runs one seed alone and replays it exactly: the same
+//! events, faults and times, and the same interleaving of every replica's passes, Lease
+//! loop and HTTP call, since one thread runs them all in an order that only the seed
+//! decides (`a_seed_replays_call_for_call` runs seeds twice and compares every call the
+//! server answered). Order, not time, judges invariants 1, 2 and 4: the server's calls
+//! in the order it carried them out. `benches/run-schedules.sh` runs 1,000.
 
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use faultline_aggregator::app::dispatch::{Dispatch, Settled, UnknownGuard};
 use faultline_aggregator::ingest::collect::admit_raw;
@@ -100,11 +107,9 @@ fn lease_config() -> LeaseConfig {
     }
 }
 
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+/// Where the schedules' virtual time starts (2026-01-01T00:00:00Z): the server's clock,
+/// and every replica's a little ahead of it.
+const EPOCH_MS: u64 = 1_767_225_600_000;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Dev {
@@ -117,8 +122,9 @@ struct NodeTruth {
     /// What the node's agent reports: a step behind the truth while an alert is ahead.
     reported: [Dev; DEVICES],
     agent_down: bool,
-    /// When (wall ms) a device of the node first failed.
-    first_failed_ms: Option<u64>,
+    /// When a device of the node first failed: the number of calls the server had
+    /// carried out by then.
+    first_failed: Option<usize>,
     /// Pods made for the node so far (new ones replace those evicted once it is back).
     pods_made: usize,
 }
@@ -292,8 +298,9 @@ struct Sim {
     watch: tokio::task::JoinHandle<()>,
     /// The most replicas whose passes ran within one step.
     overlap: usize,
-    /// Replicas that handed the Lease back (SIGTERM): (replica, wall ms when done).
-    handed_back: Vec<(usize, u64)>,
+    /// Replicas that handed the Lease back (SIGTERM): (replica, the number of calls the
+    /// server had carried out when it was done).
+    handed_back: Vec<(usize, usize)>,
     floors: Floors,
     /// Records made through an alert, counted: (node, first seen).
     alerted: BTreeSet<(String, String)>,
@@ -323,7 +330,7 @@ impl Sim {
             .map(|t| (t.as_str(), AGGREGATOR_USER))
             .collect();
         users.push((ADMIN_TOKEN, faultline_test_apiserver::rbac::ADMIN));
-        let (server, url) = support::api_server_for(&users).await;
+        let (server, url) = support::api_server_virtual(&users, EPOCH_MS).await;
         let mut pods = BTreeMap::new();
         for i in 0..NODES {
             NodeFixture::new(&node(i)).ready(true).create(&server);
@@ -366,7 +373,7 @@ impl Sim {
                     devices: [Dev::Healthy; DEVICES],
                     reported: [Dev::Healthy; DEVICES],
                     agent_down: false,
-                    first_failed_ms: None,
+                    first_failed: None,
                     pods_made: 0,
                 })
                 .collect(),
@@ -385,9 +392,8 @@ impl Sim {
         for i in 0..REPLICAS {
             let file = sim.dir.path().join(format!("token-{i}"));
             std::fs::write(&file, token(i)).unwrap();
-            // Skewed clocks: each replica is 0-10 s ahead of a common virtual time.
-            let clock = Clock::default();
-            clock.advance(Duration::from_millis(rng.random_range(0..=10_000)));
+            // Skewed clocks: each replica is 0-10 s ahead of the schedule's time.
+            let clock = Clock::manual(EPOCH_MS + rng.random_range(0..=10_000));
             let r = Replica::new(&sim.url, &file, &format!("replica-{i}"), clock);
             sim.replicas.push(r);
         }
@@ -554,7 +560,8 @@ impl Sim {
         if graceful {
             cancel.cancel();
             let _ = task.await;
-            self.handed_back.push((old, wall_ms()));
+            let done = self.server.calls().len();
+            self.handed_back.push((old, done));
         } else {
             task.abort();
             let _ = task.await;
@@ -632,7 +639,8 @@ impl Sim {
             0..=27 => {
                 let t = &mut self.truth[n];
                 t.devices[d] = Dev::Failed;
-                t.first_failed_ms.get_or_insert_with(wall_ms);
+                let done = self.server.calls().len();
+                t.first_failed.get_or_insert(done);
                 // Some failures reach the intake as an alert before the agent's
                 // document says so (that comes a step later).
                 alert = self.rng.random_bool(0.35);
@@ -829,30 +837,29 @@ impl Sim {
                 c.method, c.uri, c.token
             ));
         }
-        // 1 and 2: every eviction attempt, in the order the server carried them out.
-        let mut evictions: Vec<_> = calls
+        // 1 and 2: every eviction attempt, in the order the server carried them out
+        // (`calls` is that order: a call is noted when its answer is made).
+        let evictions = calls
             .iter()
-            .filter(|c| c.method == "POST" && path(c).ends_with("/eviction"))
-            .collect();
-        evictions.sort_by_key(|c| c.at_ms);
-        let mut evicted: BTreeMap<&str, u64> = BTreeMap::new();
-        for c in evictions {
+            .enumerate()
+            .filter(|(_, c)| c.method == "POST" && path(c).ends_with("/eviction"));
+        let mut evicted: BTreeMap<&str, usize> = BTreeMap::new();
+        for (seq, c) in evictions {
             let pod = path(c).rsplit('/').nth(1).unwrap_or("");
             if let Some(at) = evicted.get(pod) {
                 out.push(format!(
-                    "1: {pod} asked to be evicted again at {} (answered {}) after its eviction at {at}",
-                    c.at_ms, c.status
+                    "1: {pod} asked to be evicted again, call {seq} (answered {}), after its eviction, call {at}",
+                    c.status
                 ));
             }
             if c.status == 201 {
-                evicted.insert(pod, c.at_ms);
+                evicted.insert(pod, seq);
                 self.floors.evictions += 1;
                 let i = self.pods.get(pod).copied();
-                let failed = i.and_then(|i| self.truth[i].first_failed_ms);
-                if failed.is_none_or(|f| f > c.at_ms) {
+                let failed = i.and_then(|i| self.truth[i].first_failed);
+                if failed.is_none_or(|f| f > seq) {
                     out.push(format!(
-                        "2: {pod} (node {i:?}) evicted at {} before any device of its node failed ({failed:?})",
-                        c.at_ms
+                        "2: {pod} (node {i:?}) evicted by call {seq}, before any device of its node failed ({failed:?})"
                     ));
                 }
             }
@@ -869,23 +876,24 @@ impl Sim {
         // 4: writes while the Lease was another's (holders from the Lease writes the
         // server carried out; a hand-back ends a replica's hold when it is done).
         let lease_path = format!("/namespaces/{}/leases", support::NS);
-        let mut holds: Vec<(u64, usize)> = calls
+        let mut holds: Vec<(usize, usize)> = calls
             .iter()
-            .filter(|c| {
+            .enumerate()
+            .filter(|(_, c)| {
                 c.uri.contains(&lease_path)
                     && matches!(c.method.as_str(), "POST" | "PUT" | "PATCH")
                     && (200..300).contains(&c.status)
             })
-            .filter_map(|c| {
+            .filter_map(|(seq, c)| {
                 let t = c.token.as_deref()?;
-                (0..REPLICAS).find(|r| token(*r) == t).map(|r| (c.at_ms, r))
+                (0..REPLICAS).find(|r| token(*r) == t).map(|r| (seq, r))
             })
             .collect();
         holds.sort();
         for (r, from) in (0..REPLICAS).flat_map(|r| {
-            let mut w: Vec<(usize, (u64, u64))> = Vec::new();
+            let mut w: Vec<(usize, (usize, usize))> = Vec::new();
             // Windows in which r did not hold: from another's write until r's next.
-            let mut open: Option<u64> = None;
+            let mut open: Option<usize> = None;
             for (at, who) in &holds {
                 if *who == r {
                     if let Some(f) = open.take() {
@@ -896,21 +904,21 @@ impl Sim {
                 }
             }
             if let Some(f) = open {
-                w.push((r, (f, u64::MAX)));
+                w.push((r, (f, usize::MAX)));
             }
             for (who, at) in &self.handed_back {
                 if *who == r {
                     let next = holds
                         .iter()
                         .find(|(t, w)| *w == r && t > at)
-                        .map_or(u64::MAX, |(t, _)| *t);
+                        .map_or(usize::MAX, |(t, _)| *t);
                     w.push((r, (*at, next)));
                 }
             }
             w
         }) {
             let t = token(r);
-            for c in &calls {
+            for (seq, c) in calls.iter().enumerate() {
                 let p = path(c);
                 let acts = (c.method == "PATCH" || c.method == "PUT") && p.contains("/nodes/")
                     || p.ends_with("/eviction")
@@ -918,9 +926,9 @@ impl Sim {
                 if !acts || c.token.as_deref() != Some(t.as_str()) || c.status >= 400 {
                     continue;
                 }
-                if c.at_ms >= from.0 && c.at_ms < from.1 {
+                if seq >= from.0 && seq < from.1 {
                     out.push(format!(
-                        "4: replica-{r} wrote {} {} at {} while another replica held the Lease ({}..{})",
+                        "4: replica-{r} wrote {} {} (call {seq}, at {} ms) while another replica held the Lease (calls {}..{})",
                         c.method, c.uri, c.at_ms, from.0, from.1
                     ));
                 }
@@ -1073,7 +1081,15 @@ async fn watch_nodes(admin: kube::Client, peak: Arc<Mutex<Peak>>) {
     }
 }
 
-async fn run(seed: u64) -> Result<Floors, String> {
+/// What one schedule left: its outcome, and every call the server answered, in order
+/// (method, path, status, caller, when it came and when it was answered), with the
+/// schedule's log: what a replay must give again.
+struct Run {
+    outcome: Result<Floors, String>,
+    trace: Vec<String>,
+}
+
+async fn run(seed: u64) -> Run {
     let mut sim = Sim::new(seed).await;
     for _ in 0..STEPS {
         sim.step().await;
@@ -1087,7 +1103,19 @@ async fn run(seed: u64) -> Result<Floors, String> {
         }
     }
     sim.watch.abort();
-    if failures.is_empty() {
+    let mut trace: Vec<String> = sim
+        .server
+        .calls()
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {} {} {:?} {} {}",
+                c.method, c.uri, c.status, c.token, c.received_ms, c.at_ms
+            )
+        })
+        .collect();
+    trace.extend(sim.log.iter().cloned());
+    let outcome = if failures.is_empty() {
         Ok(sim.floors)
     } else {
         Err(format!(
@@ -1097,11 +1125,44 @@ async fn run(seed: u64) -> Result<Floors, String> {
             failures.join("\n  "),
             sim.log.join("\n  ")
         ))
-    }
+    };
+    Run { outcome, trace }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn randomized_fault_schedules_keep_the_invariants() {
+/// A current-thread runtime with tokio's clock paused: one thread runs every task in
+/// an order only their inputs decide, and time moves only when they all wait.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+}
+
+/// Run `seeds`, each on a paused runtime of its own, as many at once as there are
+/// cores; the runs in the order of `seeds`.
+fn run_all(seeds: &[u64]) -> Vec<Run> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<Run>>> = seeds.iter().map(|_| Mutex::new(None)).collect();
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers.min(seeds.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&seed) = seeds.get(i) else { return };
+                let r = paused_runtime().block_on(run(seed));
+                *slots[i].lock().unwrap() = Some(r);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|s| s.into_inner().unwrap().expect("every seed ran"))
+        .collect()
+}
+
+#[test]
+fn randomized_fault_schedules_keep_the_invariants() {
     let one = std::env::var("FAULTLINE_SCHEDULE_SEED").ok();
     let seeds: Vec<u64> = match &one {
         Some(s) => vec![s.parse().expect("FAULTLINE_SCHEDULE_SEED: a number")],
@@ -1120,12 +1181,9 @@ async fn randomized_fault_schedules_keep_the_invariants() {
         }
     };
     let total = seeds.len();
-    let t = Instant::now();
-    let results: Vec<Result<Floors, String>> = futures_util::stream::iter(seeds)
-        .map(run)
-        .buffer_unordered(16)
-        .collect()
-        .await;
+    let t = std::time::Instant::now();
+    let results: Vec<Result<Floors, String>> =
+        run_all(&seeds).into_iter().map(|r| r.outcome).collect();
     let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     let mut floors = Floors::default();
     for f in results.iter().filter_map(|r| r.as_ref().ok()) {
@@ -1170,12 +1228,40 @@ async fn randomized_fault_schedules_keep_the_invariants() {
     }
 }
 
+/// A seed replays exactly: run twice (at once, on two threads, so the machine's pace
+/// differs between them), each of these seeds gives the same calls in the same order,
+/// with the same answers and virtual times, and the same outcome.
+#[test]
+fn a_seed_replays_call_for_call() {
+    let seeds: Vec<u64> = [3, 7, 11, 19].iter().flat_map(|s| [*s, *s]).collect();
+    let runs = run_all(&seeds);
+    for pair in runs.chunks(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(a.trace.len() > 100, "a schedule of {} calls", a.trace.len());
+        if let Some(i) =
+            (0..a.trace.len().max(b.trace.len())).find(|i| a.trace.get(*i) != b.trace.get(*i))
+        {
+            panic!(
+                "a replay differs at call {i} of {}:\n  first:  {:?}\n  replay: {:?}",
+                a.trace.len(),
+                a.trace.get(i),
+                b.trace.get(i)
+            );
+        }
+        assert_eq!(a.outcome.is_ok(), b.outcome.is_ok());
+    }
+}
+
 /// A replica stopped (SIGTERM) just after a write passed its fence hands the shard
 /// back only a margin later: a crash's Lease runs out that long after the last write
 /// could go, and a release must not hand over sooner, or the next holder's pass meets
 /// the old holder's eviction landing late (seeds 197 and 527 of the schedules did).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_waits_out_the_margin_after_a_write_went() {
+#[test]
+fn a_release_waits_out_the_margin_after_a_write_went() {
+    paused_runtime().block_on(release_waits_out_the_margin());
+}
+
+async fn release_waits_out_the_margin() {
     let mut sim = Sim::new(1).await;
     let h = sim.holder().expect("a holder");
     let fence = Shards {
@@ -1184,7 +1270,7 @@ async fn a_release_waits_out_the_margin_after_a_write_went() {
     }
     .fence("n0");
     assert!(fence.holds(), "the holder's fence lets a write go");
-    let went = wall_ms();
+    let went = faultline_test_apiserver::clock_ms();
     let (task, cancel) = sim.replicas[h].lease.take().unwrap();
     cancel.cancel();
     task.await.unwrap();

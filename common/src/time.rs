@@ -126,18 +126,41 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 #[derive(Debug, Clone, Default)]
 pub struct Clock {
     offset_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// A clock that moves only by hand: (its time at the start, ms since the epoch; an
+    /// instant to count its `Instant`s from). `None`: the system's time.
+    manual: Option<(u64, std::time::Instant)>,
 }
 
 impl Clock {
+    /// A clock that stands at `epoch_ms` until moved by [`Clock::advance`]: the
+    /// randomized schedules' virtual time (issue 27), which the same seed replays
+    /// exactly, whatever the machine's pace.
+    pub fn manual(epoch_ms: u64) -> Clock {
+        Clock {
+            offset_ms: std::sync::Arc::default(),
+            manual: Some((epoch_ms, std::time::Instant::now())),
+        }
+    }
+
+    fn offset(&self) -> u64 {
+        self.offset_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Milliseconds since the epoch, on this clock.
     pub fn now_ms(&self) -> u64 {
-        now_ms() + self.offset_ms.load(std::sync::atomic::Ordering::Relaxed)
+        match self.manual {
+            Some((at, _)) => at + self.offset(),
+            None => now_ms() + self.offset(),
+        }
     }
 
     /// A monotonic now on this clock, for windows kept as `Instant`s.
     pub fn instant(&self) -> std::time::Instant {
-        std::time::Instant::now()
-            + Duration::from_millis(self.offset_ms.load(std::sync::atomic::Ordering::Relaxed))
+        let base = match self.manual {
+            Some((_, anchor)) => anchor,
+            None => std::time::Instant::now(),
+        };
+        base + Duration::from_millis(self.offset())
     }
 
     /// Now as RFC 3339, on this clock.
@@ -166,6 +189,23 @@ impl Clock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_manual_clock_moves_only_by_hand() {
+        let c = Clock::manual(1_700_000_000_000);
+        let (t0, i0) = (c.now_ms(), c.instant());
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!((c.now_ms(), c.instant()), (t0, i0));
+        c.clone().advance(Duration::from_millis(1_500));
+        assert_eq!(c.now_ms(), 1_700_000_001_500);
+        assert_eq!(c.instant() - i0, Duration::from_millis(1_500));
+        assert_eq!(c.rfc3339(), "2023-11-14T22:13:21.500Z");
+        // The system's clock runs on by itself.
+        let s = Clock::default();
+        let t = s.now_ms();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(s.now_ms() > t);
+    }
 
     #[test]
     fn formats_and_parses_back() {

@@ -625,7 +625,7 @@ mod tests {
     use faultline_common::testing::{self, Device};
     use faultline_common::NodeHealth;
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     /// Node `node`'s document: `devices` GPUs as NVML reads them, gpu3 failed (Xid 79).
     fn node_doc(node: &str, devices: u32) -> NodeHealth {
@@ -680,7 +680,7 @@ mod tests {
         let held = Held::default();
         let mut largest = 0;
         for s in 0..SHARDS {
-            held.grant(s, Instant::now() + Duration::from_secs(60));
+            held.grant(s, tokio::time::Instant::now() + Duration::from_secs(60));
             let doc = document(&p, 0, "r1", s, SHARDS);
             let bytes = sink
                 .write(&doc, &held)
@@ -836,7 +836,7 @@ mod tests {
         const PAGES: u32 = 2;
         let (p, names, server, api) = fleet_and_server(NODES).await;
         let held = Held::default();
-        held.grant(0, Instant::now() + Duration::from_secs(60));
+        held.grant(0, tokio::time::Instant::now() + Duration::from_secs(60));
         // One page: over the limit, so its largest entries are trimmed (every device
         // healthy: left out) until it fits, and it is written (issue 26), each trimmed
         // entry saying how many devices it left out and counting them all.
@@ -862,7 +862,7 @@ mod tests {
         }
         let sink = ConfigMapSink::new(api, "faultline".into()).with_pages(PAGES);
         for s in 0..SHARDS {
-            held.grant(s, Instant::now() + Duration::from_secs(60));
+            held.grant(s, tokio::time::Instant::now() + Duration::from_secs(60));
             sink.write(&document(&p, 0, "r1", s, SHARDS), &held)
                 .await
                 .unwrap_or_else(|e| panic!("shard {s}: {e}"));
@@ -917,7 +917,7 @@ mod tests {
         const PAGES: u32 = 4;
         let (mut p, names, server, api) = fleet_and_server(200).await;
         let held = Held::default();
-        held.grant(0, Instant::now() + Duration::from_secs(60));
+        held.grant(0, tokio::time::Instant::now() + Duration::from_secs(60));
         let puts = || {
             server
                 .calls()
@@ -1009,7 +1009,7 @@ mod tests {
         use std::sync::atomic::AtomicBool;
         let (mut p, names, server, api) = fleet_and_server(3).await;
         let held = Held::default();
-        held.grant(0, Instant::now() + Duration::from_secs(600));
+        held.grant(0, tokio::time::Instant::now() + Duration::from_secs(600));
         let metrics = Arc::new(Metrics::new());
         let publisher = Publisher::ConfigMap {
             sinks: vec![Arc::new(ConfigMapSink::new(api, "faultline".into()))],

@@ -8,7 +8,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use faultline_common::sync::Locked;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};

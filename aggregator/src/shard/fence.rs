@@ -76,7 +76,8 @@ impl Shards {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
+    use tokio::time::Instant;
 
     #[test]
     fn a_fence_follows_the_lease() {

@@ -15,7 +15,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use faultline_common::fault::NodeFaults;
 use futures_util::future::BoxFuture;
@@ -634,7 +635,7 @@ impl ShardLeases {
                 ?until,
                 "writes may be in flight; releasing once they have landed"
             );
-            tokio::time::sleep_until(until.into()).await;
+            tokio::time::sleep_until(until).await;
         }
     }
 
@@ -657,9 +658,12 @@ impl ShardLeases {
                 let wake = expiry
                     .map_or(observe_at, |t| t.min(observe_at))
                     .min(next_pass);
+                // In this order: a cancel due with the wake-up wins, and the same inputs
+                // take the same branch on every run (issue 27's replayed schedules).
                 tokio::select! {
+                    biased;
                     _ = cancel.cancelled() => break 'passes,
-                    _ = tokio::time::sleep_until(wake.into()) => {}
+                    _ = tokio::time::sleep_until(wake) => {}
                 }
                 if wake >= next_pass || expiry.is_some_and(|t| wake >= t) || self.observe().await {
                     break;

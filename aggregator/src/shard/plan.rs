@@ -20,7 +20,8 @@
 //! the replica short of its share gets the first look.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The parts of a Lease's record that change when its holder renews: any change of them
 /// is the holder alive. Plain values, so the plan needs no Kubernetes types.

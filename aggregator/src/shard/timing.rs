@@ -30,7 +30,7 @@ impl LeaseConfig {
     /// replica write, on its own clock: the Lease's duration less the margin, counted
     /// from before the server could have written it. Pure: the Lease loop and the model
     /// checker (`aggregator/tests/model.rs`) both ask this.
-    pub fn hold_until(&self, started: std::time::Instant) -> std::time::Instant {
+    pub fn hold_until(&self, started: tokio::time::Instant) -> tokio::time::Instant {
         started + self.duration.saturating_sub(self.margin)
     }
 
@@ -72,7 +72,7 @@ pub(super) async fn bounded<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
+    use tokio::time::Instant;
 
     #[test]
     fn a_hold_ends_the_margin_before_the_lease() {

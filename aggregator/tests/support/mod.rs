@@ -250,10 +250,27 @@ pub async fn api_server_for(tokens: &[(&str, &str)]) -> (ApiServer, String) {
 /// (`deploy/components/<c>/rbac.yaml`: a feature's flag and its permission come
 /// together, so only a test that turns the feature on loads them).
 pub async fn api_server_with(tokens: &[(&str, &str)], components: &[&str]) -> (ApiServer, String) {
+    api_server_on(tokens, components, None).await
+}
+
+/// [`api_server_for`] on a virtual clock from `epoch_ms` ([`Bootstrap::virtual_time`]):
+/// call it on a current-thread runtime with a paused clock.
+pub async fn api_server_virtual(tokens: &[(&str, &str)], epoch_ms: u64) -> (ApiServer, String) {
+    api_server_on(tokens, &[], Some(epoch_ms)).await
+}
+
+async fn api_server_on(
+    tokens: &[(&str, &str)],
+    components: &[&str],
+    epoch_ms: Option<u64>,
+) -> (ApiServer, String) {
     let manifest = repo_root().join("deploy/base/aggregator.yaml");
     let mut boot = Bootstrap::new()
         .namespace(NS)
         .manifests(std::fs::read_to_string(manifest).unwrap());
+    if let Some(at) = epoch_ms {
+        boot = boot.virtual_time(at);
+    }
     for c in components {
         let rbac = repo_root().join(format!("deploy/components/{c}/rbac.yaml"));
         boot = boot.manifests(std::fs::read_to_string(rbac).unwrap());

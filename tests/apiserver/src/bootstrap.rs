@@ -33,6 +33,7 @@ pub struct Bootstrap {
     tokens: Option<Vec<(String, String)>>,
     faults: Option<Faults>,
     release: Option<crate::Release>,
+    virtual_epoch_ms: Option<u64>,
 }
 
 impl Bootstrap {
@@ -84,6 +85,13 @@ impl Bootstrap {
         self
     }
 
+    /// A virtual clock starting at `epoch_ms` ([`ApiServer::new_virtual`]): start it on
+    /// a current-thread runtime with a paused clock.
+    pub fn virtual_time(mut self, epoch_ms: u64) -> Self {
+        self.virtual_epoch_ms = Some(epoch_ms);
+        self
+    }
+
     /// The Kubernetes release played (`release.rs`; 1.34 by default): set before the
     /// objects are seeded, so a kind the release does not serve cannot be seeded.
     pub fn release(mut self, release: crate::Release) -> Self {
@@ -93,7 +101,10 @@ impl Bootstrap {
 
     /// Seed the server, bind and serve in a task.
     pub async fn start(self) -> anyhow::Result<Running> {
-        let server = ApiServer::new();
+        let server = match self.virtual_epoch_ms {
+            Some(at) => ApiServer::new_virtual(at),
+            None => ApiServer::new(),
+        };
         if let Some(r) = self.release {
             server.set_release(r);
         }

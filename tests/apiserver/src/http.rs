@@ -4,7 +4,7 @@
 //! (`/_faults`, `/_calls`, `/_test/costs`) and the byte accounting of every response
 //! (`costs.rs`).
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::body::{Bytes, HttpBody};
 use axum::extract::{Path, Query, Request, State};
@@ -254,9 +254,7 @@ pub(crate) fn parse_path(path: &str) -> Option<ResourcePath> {
 /// carry them (staging/src/k8s.io/apiserver/pkg/apis/audit/types.go; tested by
 /// `path_matched_latency_and_calls_in_flight`, tests/clients.rs).
 fn epoch_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    crate::clock::now_ms()
 }
 
 async fn dispatch(

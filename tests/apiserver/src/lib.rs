@@ -31,6 +31,7 @@
 
 mod b64;
 mod bootstrap;
+mod clock;
 pub mod costs;
 pub mod disruption;
 pub mod dra;
@@ -348,8 +349,15 @@ impl IntoResponse for ApiError {
 
 pub(crate) type ApiResult = Result<Response, ApiError>;
 
+/// Now on this thread's server clock, in milliseconds since the epoch: the system's, or
+/// the virtual clock of a server made with [`ApiServer::new_virtual`] on this thread
+/// (what its calls' `at_ms` are measured on).
+pub fn clock_ms() -> u64 {
+    clock::now_ms()
+}
+
 pub(crate) fn now_rfc3339() -> String {
-    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+    humantime::format_rfc3339_seconds(clock::now()).to_string()
 }
 
 /// Whether `labels` (an object's `metadata.labels`) match a label selector, parsed as
@@ -372,6 +380,15 @@ pub fn fields_match(selector: &str, obj: &Value) -> bool {
 }
 
 impl ApiServer {
+    /// [`ApiServer::new`] on a virtual clock that starts at `epoch_ms` and moves with
+    /// tokio's (`clock`): for a current-thread runtime with a paused clock, where the
+    /// same inputs give the same timestamps and controller ticks on every run. Call it
+    /// on that runtime.
+    pub fn new_virtual(epoch_ms: u64) -> Self {
+        clock::set_virtual(epoch_ms);
+        Self::new()
+    }
+
     /// An empty cluster with the `default` namespace.
     pub fn new() -> Self {
         let (events, _) = broadcast::channel(65_536);

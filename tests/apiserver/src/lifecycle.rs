@@ -14,7 +14,7 @@
 //!   cluster with a dead node.
 
 use std::sync::{Mutex, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
@@ -86,7 +86,7 @@ impl ApiServer {
             drop(g);
             return self.delete(plural, ns, name);
         }
-        let now = SystemTime::now();
+        let now = crate::clock::now();
         let mut obj = pod;
         obj["metadata"]["deletionTimestamp"] = json!(humantime::format_rfc3339_seconds(
             now + Duration::from_secs(period as u64)
@@ -137,7 +137,7 @@ fn kubelet_up(g: &Inner, node: &str) -> bool {
 
 /// One look by the kubelets and the disruption controller.
 fn tick(g: &mut Inner, tx: &broadcast::Sender<WatchEvent>) {
-    let now = SystemTime::now();
+    let now = crate::clock::now();
     let due: Vec<Key> = g
         .terminating
         .iter()
@@ -182,16 +182,14 @@ fn tick(g: &mut Inner, tx: &broadcast::Sender<WatchEvent>) {
 
 /// Start the simulated kubelets; they stop when the server is dropped.
 pub(crate) fn start(inner: Weak<Mutex<Inner>>, tx: broadcast::Sender<WatchEvent>) {
-    let _ = std::thread::Builder::new()
-        .name("apiserver-kubelet".into())
-        .spawn(move || loop {
-            std::thread::sleep(TICK);
-            let Some(inner) = inner.upgrade() else {
-                return;
-            };
-            let mut g = inner.lock().unwrap_or_else(|p| p.into_inner());
-            tick(&mut g, &tx);
-        });
+    crate::clock::every("apiserver-kubelet", TICK, move || {
+        let Some(inner) = inner.upgrade() else {
+            return false;
+        };
+        let mut g = inner.lock().unwrap_or_else(|p| p.into_inner());
+        tick(&mut g, &tx);
+        true
+    });
 }
 
 /// The disruption controller's pass over the budgets of `ns`: write each one's
@@ -221,7 +219,7 @@ pub(crate) fn sync_budgets(g: &mut Inner, tx: &broadcast::Sender<WatchEvent>, ns
         .take_while(|((p, n, _), _)| p == "pods" && n == ns)
         .map(|(_, v)| v.clone())
         .collect();
-    let now = SystemTime::now();
+    let now = crate::clock::now();
     for (key, pdb) in budgets {
         let status = disruption::budget_status(&pdb, &pods, now);
         if pdb.get("status") == Some(&status) {

@@ -4,8 +4,6 @@
 //! event. Every event also passes the kubelets' watches (`kubelet.rs`) and the meter
 //! (`costs.rs`: the stored object's size, what etcd keeps).
 
-use std::time::SystemTime;
-
 use axum::http::StatusCode;
 use rand::Rng;
 use serde_json::{json, Value};
@@ -424,7 +422,7 @@ impl ApiServer {
             }
             if let Some(pdb) = matching.first() {
                 if let disruption::Judgement::Decrement(status) =
-                    disruption::judge(pdb, &pod, SystemTime::now())?
+                    disruption::judge(pdb, &pod, crate::clock::now())?
                 {
                     let pdb_name = pdb
                         .pointer("/metadata/name")

@@ -397,38 +397,36 @@ impl ApiServer {
     }
 }
 
-/// Run the controller in a thread while the server lives: a pass after each change.
+/// Run the controller while the server lives (a thread, or a task on a virtual clock:
+/// `clock::every`): a pass after each change.
 pub(crate) fn start(
     inner: Weak<Mutex<Inner>>,
     tx: broadcast::Sender<WatchEvent>,
     meter: Arc<costs::Meter>,
 ) {
-    let _ = std::thread::Builder::new()
-        .name("apiserver-device-taints".into())
-        .spawn(move || {
-            let mut seen = 0;
-            loop {
-                std::thread::sleep(TICK);
-                let Some(inner) = inner.upgrade() else { return };
-                let rv = inner.lock().unwrap_or_else(|p| p.into_inner()).rv;
-                if rv == seen {
-                    continue;
-                }
-                let s = ApiServer {
-                    inner,
-                    events: tx.clone(),
-                    meter: meter.clone(),
-                };
-                // What this pass saw is the state at `rv`: a change made while it ran
-                // (a rule created after its list) makes the next tick pass again, as
-                // an informer delivers every change to the controller's queue
-                // (device_taint_eviction.go's rule and claim event handlers).
-                // (Reading rv after the pass lost that change, found by
-                // quarantine-bench: a rule never got its prediction.)
-                sync(&s);
-                seen = rv;
-            }
-        });
+    let mut seen = 0;
+    crate::clock::every("apiserver-device-taints", TICK, move || {
+        let Some(inner) = inner.upgrade() else {
+            return false;
+        };
+        let rv = inner.lock().unwrap_or_else(|p| p.into_inner()).rv;
+        if rv == seen {
+            return true;
+        }
+        let s = ApiServer {
+            inner,
+            events: tx.clone(),
+            meter: meter.clone(),
+        };
+        // What this pass saw is the state at `rv`: a change made while it ran (a rule
+        // created after its list) makes the next tick pass again, as an informer
+        // delivers every change to the controller's queue (device_taint_eviction.go's
+        // rule and claim event handlers). (Reading rv after the pass lost that change,
+        // found by quarantine-bench: a rule never got its prediction.)
+        sync(&s);
+        seen = rv;
+        true
+    });
 }
 
 #[cfg(test)]
