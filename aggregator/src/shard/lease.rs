@@ -658,8 +658,7 @@ impl ShardLeases {
                 let wake = expiry
                     .map_or(observe_at, |t| t.min(observe_at))
                     .min(next_pass);
-                // In this order: a cancel due with the wake-up wins, and the same inputs
-                // take the same branch on every run (issue 27's replayed schedules).
+                // Cancel first: the same inputs take the same branch (issue 27's replays).
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => break 'passes,
