@@ -314,9 +314,21 @@ def problems(objs):
     foreign = {ns: flag for flag, (ns, _, _) in FOREIGN.items()}
     for flag, (ns, verb, component) in FOREIGN.items():
         if ns in set(need.publish) | {need.namespace}:
+            if need.feature[flag]:
+                by_feature.append(f"--{flag}=true with {ns} as --namespace or a publish namespace: its ConfigMaps there are named ones; keep {ns} for {component} alone")
             continue
         rules = rules_for(objs, sa, ns, cluster=False) if ns in others else []
         extra = [v for v in CONFIGMAP_VERBS if v != verb and granted(rules, v, "configmaps") != set()]
+        # Nothing but that verb on ConfigMaps of the core group: no other resource (a
+        # Secret of kube-system), no wildcard, no other group.
+        wider = sorted({
+            f"{'/'.join(r.get('apiGroups') or [])}:{x}"
+            for r in rules
+            for x in r.get("resources") or []
+            if x != "configmaps" or (r.get("apiGroups") or []) != [""]
+        })
+        if wider:
+            by_feature.append(f"rules in {ns} grant more than ConfigMaps ({', '.join(wider)}): {component} grants {verb} on ConfigMaps only")
         if need.feature[flag]:
             if granted(rules, verb, "configmaps") is not None:
                 by_feature.append(f"--{flag}=true without {verb} on ConfigMaps in {ns}: use {component} (the flag and its rule), not the flag alone")
@@ -758,6 +770,12 @@ def self_test():
         d = overlay("wide", resources=["../base", "wide.yaml"], args_patch=add("--ascend-device-info=true"))
         (d / "wide.yaml").write_text((ROOT / "deploy/components/ascend-device-plugin/rbac.yaml").read_text().replace("verbs: [get]", "verbs: [get, list, update]"))
         expect("list and update on kube-system's ConfigMaps fail though the flag is on", *fails_with(d, "list, update on ConfigMaps in kube-system"))
+        d = overlay("secrets", resources=["../base", "wide.yaml"], args_patch=add("--ascend-device-info=true"))
+        (d / "wide.yaml").write_text((ROOT / "deploy/components/ascend-device-plugin/rbac.yaml").read_text().replace("resources: [configmaps]", "resources: [configmaps, secrets]"))
+        expect("get on kube-system's Secrets beside its ConfigMaps fails", *fails_with(d, "grant more than ConfigMaps (:secrets)"))
+        d = overlay("star", resources=["../base", "wide.yaml"], args_patch=add("--ascend-device-info=true"))
+        (d / "wide.yaml").write_text((ROOT / "deploy/components/ascend-device-plugin/rbac.yaml").read_text().replace("resources: [configmaps]", 'resources: ["*"]'))
+        expect("get on every resource of kube-system fails", *fails_with(d, "grant more than ConfigMaps (:*)"))
 
         # 6. Resized in the base file itself: --write --base rewrites only its block.
         f = base / "aggregator.yaml"

@@ -68,6 +68,10 @@ pub struct RecordDevice {
     /// a GPU reset, a reboot, ...), where the agent reported one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_action: Option<faultline_common::RecoveryAction>,
+    /// An Ascend chip's physical id, where its agent learned it (Huawei's device plugin
+    /// names chips by it: `ManuallySeparateNPU` is matched on it alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phy_id: Option<u32>,
 }
 
 impl RecordDevice {
@@ -78,6 +82,7 @@ impl RecordDevice {
             uuid: None,
             pci_bus_id: None,
             recovery_action: None,
+            phy_id: None,
             reason: reason.into(),
             source: None,
             metric: None,

@@ -297,6 +297,25 @@ async fn a_chip_the_plugin_separated_by_hand_gets_no_second_isolation() {
     .await;
     assert_eq!(events(&w.server, "FaultlineDeviceQuarantined"), 1);
     assert_no_forbidden(&w.server);
+    // The plugin's ConfigMap cannot be read for a while (API Priority and Fairness
+    // answers 429): passes go on counting the failed reads, and the record stays the
+    // plugin's isolation, untainted, with no second action.
+    w.server.set_faults(faultline_test_apiserver::Faults {
+        throttle_rate: 1.0,
+        throttle_match: "mindx-dl-deviceinfo".into(),
+        ..Default::default()
+    });
+    let text = metric_until(
+        agg.addr,
+        "faultline_aggregator_remediation_errors_total{kind=\"ascend\"} 2",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(text.contains("by=\"manually-separate-npu\"} 1"), "{text}");
+    let kept = record(&w.server, "asc").unwrap();
+    assert_eq!(kept["isolation"], rec["isolation"], "{kept}");
+    assert_eq!(our_taints(&w.server, "asc"), 0);
+    assert_eq!(events(&w.server, "FaultlineDeviceQuarantined"), 1);
 }
 
 /// The plugin's list names another chip (`Ascend910-3`) and the allocatable is whole:

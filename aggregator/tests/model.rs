@@ -215,6 +215,7 @@ fn device() -> RecordDevice {
         metric: None,
         value: None,
         recovery_action: None,
+        phy_id: None,
     }
 }
 

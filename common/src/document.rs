@@ -220,6 +220,23 @@ pub struct DeviceView<'a> {
     /// agent's: the document is not refused for it).
     #[serde(default, deserialize_with = "known_action")]
     pub recovery_action: Option<crate::reading::RecoveryAction>,
+    /// An Ascend chip's physical id (`ascend.phy_id`), where the agent learned it: only
+    /// then is the number in its id (`npu<physical id>`) known to be that id (npu-smi
+    /// names a chip by its card until then). Anything else reads as none.
+    #[serde(default, rename = "ascend", deserialize_with = "ascend_phy_id")]
+    pub ascend_phy_id: Option<u32>,
+}
+
+/// `ascend.phy_id` of a device entry, `None` when absent or not a chip number.
+fn ascend_phy_id<'de, D>(d: D) -> Result<Option<u32>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let v: Option<serde_json::Value> = serde::Deserialize::deserialize(d)?;
+    Ok(v.as_ref()
+        .and_then(|v| v.get("phy_id"))
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|p| u32::try_from(p).ok()))
 }
 
 /// A recovery action by its name; `None` for null or a name this build does not know.
@@ -656,6 +673,19 @@ mod tests {
         let bytes = serde_json::to_vec(&j).unwrap();
         let nulls = DocView::parse(&bytes).unwrap();
         assert!(nulls.npus[0].uuid.is_none() && nulls.npus[0].pcie_link_status.is_none());
+        // An Ascend chip's physical id, where the agent learned it; anything else none.
+        assert!(v.npus.iter().all(|d| d.ascend_phy_id.is_none()));
+        j["npus"][0]["ascend"] = serde_json::json!({"phy_id": 5, "card": 1, "chip": 0});
+        j["npus"][1]["ascend"] = serde_json::json!({"card": 3, "chip": 0});
+        j["npus"][2]["ascend"] = serde_json::json!({"phy_id": -1});
+        let bytes = serde_json::to_vec(&j).unwrap();
+        let ids: Vec<Option<u32>> = DocView::parse(&bytes)
+            .unwrap()
+            .npus
+            .iter()
+            .map(|d| d.ascend_phy_id)
+            .collect();
+        assert_eq!(ids, [Some(5), None, None]);
         assert_eq!(
             rules.measure(Some(&v.npus[1])).hard.as_deref(),
             Some("npu-offline")

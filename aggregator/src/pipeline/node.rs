@@ -35,6 +35,8 @@ pub(super) struct Last {
     pub(super) ecc_errors: Option<u64>,
     pub(super) pcie_link_status: Option<Box<str>>,
     pub(super) recovery_action: Option<faultline_common::RecoveryAction>,
+    /// An Ascend chip's physical id, where its agent learned it.
+    pub(super) phy_id: Option<u32>,
 }
 
 pub(super) struct Node {
@@ -113,6 +115,7 @@ pub(super) fn record_device(n: &Node, id: &str, reason: String) -> RecordDevice 
         uuid: last.and_then(|l| l.uuid.as_deref().map(String::from)),
         pci_bus_id: last.and_then(|l| l.pci_bus_id.as_deref().map(String::from)),
         recovery_action: last.and_then(|l| l.recovery_action),
+        phy_id: last.and_then(|l| l.phy_id),
         source: Some(Provenance::Agent),
         ..RecordDevice::new(id, reason)
     }
@@ -245,6 +248,7 @@ impl Node {
                 l.power_w = d.power_w;
                 l.ecc_errors = d.ecc_errors;
                 l.recovery_action = d.recovery_action;
+                l.phy_id = d.ascend_phy_id;
             }
         } else {
             let text = |v: &Option<std::borrow::Cow<'_, str>>| v.as_deref().map(Box::from);
@@ -262,6 +266,7 @@ impl Node {
                     ecc_errors: d.ecc_errors,
                     pcie_link_status: text(&d.pcie_link_status),
                     recovery_action: d.recovery_action,
+                    phy_id: d.ascend_phy_id,
                 })
                 .collect();
         }

@@ -19,14 +19,13 @@
 //! `^<run mode>-\d+` (run mode `Ascend910`, `Ascend310` or `Ascend310P`; on Atlas 950,
 //! whose resource is `huawei.com/npu`, `^npu-\d+` as well); the id its second
 //! `-`-separated field, and the first one that is no integer ends the reading (the
-//! plugin returns what it has). The run mode is the node's extended resource without
+//! plugin returns what it has); the integer is taken as Go converts it to the plugin's
+//! `PhyId` (int32). The run mode is the node's extended resource without
 //! `huawei.com/` (pkg/common/device.go); a resource of another name separates nothing.
 //!
 //! faultline names a chip `npu<physical id>` (docs/ascend.md), the same number.
 
 use std::collections::BTreeSet;
-
-use super::scope::Failed;
 
 /// The device plugin's per-node ConfigMap: this prefix and the node's name.
 pub const DEVICE_INFO_PREFIX: &str = "mindx-dl-deviceinfo-";
@@ -73,8 +72,9 @@ pub fn manually_separated(value: &str, resource: &str) -> BTreeSet<u32> {
         let Some(Ok(id)) = name.split('-').nth(1).map(str::parse::<i64>) else {
             break;
         };
-        // A physical id past u32 names no chip faultline knows.
-        if let Ok(id) = u32::try_from(id) {
+        // `common.PhyId(phyID)`: Go's int to int32 (pkg/common/upgradefault.go `type
+        // PhyId int32`), which keeps the low 32 bits; a negative one is no chip.
+        if let Ok(id) = u32::try_from(id as i32) {
             ids.insert(id);
         }
     }
@@ -91,13 +91,16 @@ pub fn chip_physical_id(id: &str) -> Option<u32> {
 }
 
 /// Whether every failed chip is already separated by the plugin: then faultline adds
-/// no isolation of its own (no taint, no rule), and says so. A failed device that is no
-/// Ascend chip, or one not listed, is not covered.
-pub fn separated_already(failed: &[Failed<'_>], separated: &BTreeSet<u32>) -> bool {
-    !failed.is_empty()
-        && failed
-            .iter()
-            .all(|f| chip_physical_id(f.id).is_some_and(|p| separated.contains(&p)))
+/// no isolation of its own (no taint, no rule), and says so. Each chip is (its id, the
+/// physical id its agent learned): only a chip named `npu<p>` whose agent learned that
+/// `p` is its physical id is matched (npu-smi names a chip by its card until it learns
+/// the id, and a card's number is not the plugin's); a device that is no such chip, or
+/// one not listed, is not covered.
+pub fn separated_already(chips: &[(&str, Option<u32>)], separated: &BTreeSet<u32>) -> bool {
+    !chips.is_empty()
+        && chips.iter().all(|(id, phy)| {
+            chip_physical_id(id).is_some_and(|p| *phy == Some(p) && separated.contains(&p))
+        })
 }
 
 #[cfg(test)]
@@ -146,10 +149,11 @@ mod tests {
             read("Ascend910-99999999999999999999,Ascend910-4"),
             BTreeSet::new()
         );
-        // An integer that fits Go's int but no chip: skipped, the reading goes on.
+        // An integer that fits Go's int goes through its int32 as Go converts it: the
+        // low 32 bits (2^32 + 3 is chip 3), a negative one no chip; the reading goes on.
         assert_eq!(
-            read("Ascend910-4294967296,Ascend910-4"),
-            BTreeSet::from([4])
+            read("Ascend910-4294967299,Ascend910-2147483648,Ascend910-4"),
+            BTreeSet::from([3, 4])
         );
     }
 
@@ -162,29 +166,15 @@ mod tests {
         assert_eq!(chip_physical_id("npu+3"), None);
         assert_eq!(chip_physical_id("GPU-3"), None);
         let sep = manually_separated("Ascend910-3,Ascend910-5", "huawei.com/Ascend910");
-        let r = vec!["ascend-separate-npu".to_string()];
-        let three = Failed {
-            id: "npu3",
-            reasons: &r,
-        };
-        let five = Failed {
-            id: "npu5",
-            reasons: &r,
-        };
-        let four = Failed {
-            id: "npu4",
-            reasons: &r,
-        };
+        let (three, five, four) = (("npu3", Some(3)), ("npu5", Some(5)), ("npu4", Some(4)));
         assert!(separated_already(&[three], &sep));
         assert!(separated_already(&[three, five], &sep));
         assert!(!separated_already(&[three, four], &sep));
         assert!(!separated_already(&[], &sep));
-        assert!(!separated_already(
-            &[Failed {
-                id: "GPU-a",
-                reasons: &r
-            }],
-            &sep
-        ));
+        assert!(!separated_already(&[("GPU-a", None)], &sep));
+        // The physical id must be known, and be the number the id carries: npu-smi's
+        // `npu3` named by card 3 (its physical id not learned) is not chip 3.
+        assert!(!separated_already(&[("npu3", None)], &sep));
+        assert!(!separated_already(&[("npu3", Some(5))], &sep));
     }
 }

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use faultline_common::sync::Locked;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
 use super::announce::audit;
 use super::error::{Outcome, RemediateError};
@@ -30,9 +30,9 @@ use super::remediator::Remediator;
 use crate::metrics::{Action, ActionResult};
 use crate::model::RecordDevice;
 use crate::quarantine::{
-    ascend, holders, is_ours, judge, node_fault, plugin_scope, rejecting, rejections, rule_name,
-    scope, taken_out, would_evict, Dra, Effect, Failed, NodeWhy, PluginScope, Prediction,
-    QuarantineError, Scope, REJECTION_WINDOW_MS,
+    holders, is_ours, judge, node_fault, plugin_scope, rejecting, rejections, rule_name, scope,
+    taken_out, would_evict, Dra, Effect, Failed, NodeWhy, PluginScope, Prediction, QuarantineError,
+    Scope, REJECTION_WINDOW_MS,
 };
 use crate::shard::Fence;
 
@@ -151,7 +151,9 @@ impl Remediator {
                 };
                 // Huawei's device plugin separated every failed chip for good already.
                 if q.ascend_device_info && node_fault(&rules, &failed).is_none() {
-                    if let Some(message) = self.separated_by_plugin(live, &resource, &failed).await
+                    if let Some(message) = self
+                        .separated_by_plugin(live, existing, &resource, devices)
+                        .await
                     {
                         let isolation = DeviceIsolation::ManuallySeparateNpu { resource };
                         return self
@@ -182,45 +184,6 @@ impl Remediator {
             }
             Scope::Node(why) => Ok(DevicePath::Node(Some(why))),
         }
-    }
-
-    /// Whether Huawei's device plugin lists every one of `failed` (chips of `resource`)
-    /// in `ManuallySeparateNPU` of the node's ConfigMap: what to record, if so. A read
-    /// that fails is logged and counted (`remediation_errors_total{kind="ascend"}`) and
-    /// taken as "not separated": the paths below go on as without the plugin's list.
-    async fn separated_by_plugin(
-        &self,
-        live: &LiveNode,
-        resource: &str,
-        failed: &[Failed<'_>],
-    ) -> Option<String> {
-        if ascend::name_prefixes(resource).is_empty() {
-            return None;
-        }
-        let name = format!("{}{}", ascend::DEVICE_INFO_PREFIX, live.name);
-        let cms: kube::Api<ConfigMap> =
-            kube::Api::namespaced(self.client.clone(), ascend::DEVICE_INFO_NAMESPACE);
-        let value = match cms.get_opt(&name).await {
-            Ok(cm) => cm
-                .and_then(|cm| cm.data)
-                .and_then(|mut d| d.remove(ascend::MANUALLY_SEPARATE_KEY))?,
-            Err(e) => {
-                tracing::warn!(node = %live.name, error = %e, "cannot read {}/{name}: ManuallySeparateNPU not honoured this pass", ascend::DEVICE_INFO_NAMESPACE);
-                if let Some(m) = self.announce.metrics() {
-                    m.remediation_error("ascend");
-                }
-                return None;
-            }
-        };
-        let separated = ascend::manually_separated(&value, resource);
-        ascend::separated_already(failed, &separated).then(|| {
-            let ids: Vec<&str> = failed.iter().map(|f| f.id).collect();
-            format!(
-                "Huawei's device plugin separated {} for good (ManuallySeparateNPU in {}/{name}); that stands, the node is not tainted",
-                ids.join(", "),
-                ascend::DEVICE_INFO_NAMESPACE
-            )
-        })
     }
 
     /// A DRA read failed before anything was written: the node path, as before the

@@ -12,8 +12,11 @@
 //!   `canary.rs`: the passes;
 //! - `drain.rs`: warning a pod before its eviction (issue 29); `grace.rs`: the grace a
 //!   pod or its namespace asks for.
+//! - `device.rs`: one device quarantined alone (issue 28); `ascend.rs`: chips Huawei's
+//!   device plugin separated already.
 
 pub mod announce;
+mod ascend;
 pub mod canary;
 pub mod device;
 pub mod drain;
