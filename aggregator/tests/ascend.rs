@@ -212,6 +212,38 @@ fn device_info(separated: &str) -> serde_json::Value {
     })
 }
 
+/// A node of CHIPS `huawei.com/Ascend910` chips, all in allocatable (only the plugin's
+/// list can tell a chip is out), its agent reading the C double of libdcmi, the
+/// aggregator with `--ascend-device-info=true` (and the component's RBAC where
+/// `component`), the plugin's ConfigMap listing `separated`; then chip 1 gets a
+/// SeparateNPU code. The directory holding the double must outlive the test.
+async fn chip_1_fails_with_the_plugins_list(
+    dir: &Path,
+    separated: &str,
+    component: Option<&'static str>,
+) -> (
+    World,
+    faultline_aggregator::Aggregator,
+    faultline_agent::Agent,
+) {
+    let (lib, state) = fake_dcmi_in(dir);
+    let base = format!("card_count={CHIPS}\n");
+    std::fs::write(&state, &base).unwrap();
+    let agent = dcmi_agent(&lib).await;
+    let node =
+        NodeFixture::shared("asc").devices("huawei.com/Ascend910", CHIPS as u32, CHIPS as u32);
+    let (w, agg) = cluster_of(&agent, &["--ascend-device-info=true"], node, component).await;
+    w.server
+        .create("configmaps", "kube-system", device_info(separated))
+        .unwrap();
+    std::fs::write(
+        &state,
+        format!("{base}card.1.chip.0.errorcodes={SEPARATE}\n"),
+    )
+    .unwrap();
+    (w, agg, agent)
+}
+
 /// Issue 28, point 6: on a node whose chips are Huawei's device plugin's
 /// (`huawei.com/Ascend910`, 4 in capacity and all still in allocatable, so only the
 /// plugin's list tells), a chip the plugin lists in `ManuallySeparateNPU` is its
@@ -221,27 +253,9 @@ fn device_info(separated: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chip_the_plugin_separated_by_hand_gets_no_second_isolation() {
     let dir = tempfile::tempdir().unwrap();
-    let (lib, state) = fake_dcmi_in(dir.path());
-    let base = format!("card_count={CHIPS}\n");
-    std::fs::write(&state, &base).unwrap();
-    let agent = dcmi_agent(&lib).await;
-    let node =
-        NodeFixture::shared("asc").devices("huawei.com/Ascend910", CHIPS as u32, CHIPS as u32);
-    let (w, agg) = cluster_of(
-        &agent,
-        &["--ascend-device-info=true"],
-        node,
-        Some("ascend-device-plugin"),
-    )
-    .await;
-    w.server
-        .create("configmaps", "kube-system", device_info("Ascend910-1"))
-        .unwrap();
-    std::fs::write(
-        &state,
-        format!("{base}card.1.chip.0.errorcodes={SEPARATE}\n"),
-    )
-    .unwrap();
+    let (w, agg, _agent) =
+        chip_1_fails_with_the_plugins_list(dir.path(), "Ascend910-1", Some("ascend-device-plugin"))
+            .await;
     let rec = until(
         Duration::from_secs(10),
         "npu1 recorded as the plugin's isolation, asc-1 evicted",
@@ -323,27 +337,9 @@ async fn a_chip_the_plugin_separated_by_hand_gets_no_second_isolation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chip_the_plugin_did_not_separate_takes_the_node_path() {
     let dir = tempfile::tempdir().unwrap();
-    let (lib, state) = fake_dcmi_in(dir.path());
-    let base = format!("card_count={CHIPS}\n");
-    std::fs::write(&state, &base).unwrap();
-    let agent = dcmi_agent(&lib).await;
-    let node =
-        NodeFixture::shared("asc").devices("huawei.com/Ascend910", CHIPS as u32, CHIPS as u32);
-    let (w, _agg) = cluster_of(
-        &agent,
-        &["--ascend-device-info=true"],
-        node,
-        Some("ascend-device-plugin"),
-    )
-    .await;
-    w.server
-        .create("configmaps", "kube-system", device_info("Ascend910-3"))
-        .unwrap();
-    std::fs::write(
-        &state,
-        format!("{base}card.1.chip.0.errorcodes={SEPARATE}\n"),
-    )
-    .unwrap();
+    let (w, _agg, _agent) =
+        chip_1_fails_with_the_plugins_list(dir.path(), "Ascend910-3", Some("ascend-device-plugin"))
+            .await;
     until(
         Duration::from_secs(10),
         "asc tainted, asc-1 evicted",
@@ -361,21 +357,8 @@ async fn a_chip_the_plugin_did_not_separate_takes_the_node_path() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_read_of_the_plugins_list_takes_the_node_path() {
     let dir = tempfile::tempdir().unwrap();
-    let (lib, state) = fake_dcmi_in(dir.path());
-    let base = format!("card_count={CHIPS}\n");
-    std::fs::write(&state, &base).unwrap();
-    let agent = dcmi_agent(&lib).await;
-    let node =
-        NodeFixture::shared("asc").devices("huawei.com/Ascend910", CHIPS as u32, CHIPS as u32);
-    let (w, agg) = cluster_of(&agent, &["--ascend-device-info=true"], node, None).await;
-    w.server
-        .create("configmaps", "kube-system", device_info("Ascend910-1"))
-        .unwrap();
-    std::fs::write(
-        &state,
-        format!("{base}card.1.chip.0.errorcodes={SEPARATE}\n"),
-    )
-    .unwrap();
+    let (w, agg, _agent) =
+        chip_1_fails_with_the_plugins_list(dir.path(), "Ascend910-1", None).await;
     until(
         Duration::from_secs(10),
         "asc tainted, asc-1 evicted",
