@@ -73,8 +73,8 @@ async fn every_hostile_input_at_once_moves_nothing_but_the_real_fault() {
         "--intake-max-bytes",
         "1048576",
     ]);
-    let (child, base) = aggregator_process(launch);
-    let pid = child.0.id();
+    let (child, base) = aggregator_process(launch).await;
+    let pid = child.id();
     until(Duration::from_secs(30), "good published healthy", || {
         node_entry(server, 1, "good").filter(|e| e.summary.healthy == 4)
     })

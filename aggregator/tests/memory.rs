@@ -54,8 +54,8 @@ async fn following_5000_realistic_nodes_stays_within_128_mib() {
             )
             .unwrap();
     }
-    let (child, base) = aggregator_process(Launch::configmap(&url, "r1", 8));
-    let pid = child.0.id();
+    let (mut child, base) = aggregator_process(Launch::configmap(&url, "r1", 8)).await;
+    let pid = child.id();
     let metrics = format!("{base}/metrics");
     // Asked twice a second: reading the 8 pages every 5 ms took a core from the replica,
     // and on a loaded machine (2 busy loops beside it) it missed 120 s.
@@ -64,6 +64,7 @@ async fn following_5000_realistic_nodes_stays_within_128_mib() {
         Duration::from_millis(500),
         "5,000 agents followed and published",
         || {
+            child.assert_running();
             let total: usize = (0..8)
                 .filter_map(|s| shard_doc(&server, s))
                 .map(|d| d.nodes.len())

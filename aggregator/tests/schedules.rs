@@ -520,19 +520,19 @@ impl Sim {
         r.dispatch.reconcile(&r.pipeline);
     }
 
-    /// Wait until no replica has a pass running, and at least 500 ms (virtual): what a
-    /// reconcile spawned besides its passes (the list of quarantined nodes the next one
-    /// starts from) runs only while the harness waits, as it does in the product while
-    /// the core loop waits for its next reconcile. Without the wait, a replica that took
-    /// the shard over never learnt of a quarantined node whose devices were healthy
-    /// again, and never released it (seed 566 of 1,000).
+    /// Let 500 ms (virtual) pass, as between two reconciles of the product's core loop,
+    /// then wait until no replica has a pass or a refresh of its list of
+    /// quarantined nodes (which the next reconcile starts from) still going. Without
+    /// waiting for the list, a replica that took the shard over never learnt of a
+    /// quarantined node whose devices were healthy again, and never released it (seed
+    /// 566 of 1,000).
     async fn await_passes(&mut self) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let t = Instant::now();
         while self
             .replicas
             .iter()
-            .any(|r| !r.dispatch.in_flight().is_empty())
+            .any(|r| !r.dispatch.in_flight().is_empty() || r.dispatch.listing())
         {
             if t.elapsed() > Duration::from_secs(60) {
                 self.stuck.push("a pass still ran after 60 s".to_string());

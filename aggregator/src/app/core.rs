@@ -424,10 +424,12 @@ impl Core {
     }
 
     /// The shards held changed (at a grant or a release, and as holds run out, seen at
-    /// the tick): a shard just taken is written at once.
+    /// the tick): a shard just taken is written at once, and so is one whose hold ran
+    /// out and was renewed between two looks (a write meanwhile skipped it).
     fn on_grants(&mut self) {
         self.schedule
             .held(self.publisher.held(), self.publisher.granted());
+        self.schedule.held_again(self.publisher.take_lapsed());
     }
 
     /// Whether another urgent write may start: fewer than the publisher's bound are in

@@ -101,6 +101,9 @@ pub struct Dispatch {
     /// When each node's pass must run again for a drain intent's deadline (ms on the
     /// remediator's clock), issue 29: a pod is evicted at its deadline, never later.
     wakes: BTreeMap<String, u64>,
+    /// Refreshes of the list of quarantined nodes that reconciles started and that
+    /// have not ended yet.
+    listing: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// When the unknown guard acts.
@@ -151,6 +154,7 @@ impl Dispatch {
                 unknown,
                 standing_down: false,
                 wakes: BTreeMap::new(),
+                listing: Arc::default(),
             },
             rx,
         )
@@ -159,6 +163,12 @@ impl Dispatch {
     /// The passes running now.
     pub fn in_flight(&self) -> &InFlight {
         &self.in_flight
+    }
+
+    /// Whether a refresh of the list of quarantined nodes (which the next reconcile
+    /// starts from) is still to end: what a test waits on, with [`Dispatch::in_flight`].
+    pub fn listing(&self) -> bool {
+        self.listing.load(std::sync::atomic::Ordering::Acquire) > 0
     }
 
     /// A verdict from the intake or the kubelet: pending until a pass records it.
@@ -273,10 +283,13 @@ impl Dispatch {
             self.guard_unknown(pipeline);
         }
         let r = self.remediator.clone();
+        let listing = self.listing.clone();
+        listing.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         tokio::spawn(async move {
             if let Err(e) = r.list_quarantined().await {
                 tracing::warn!(error = %e, "cannot list quarantined nodes");
             }
+            listing.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         });
     }
 

@@ -230,6 +230,19 @@ impl WriteSchedule {
         }
     }
 
+    /// Shards whose hold ran out and was renewed (`lapsed`, [`Held::take_lapsed`]): a
+    /// write may have skipped them meanwhile, so each still held is written again at
+    /// once, like a shard just taken (but not seeded again: the Lease still named us).
+    ///
+    /// [`Held::take_lapsed`]: crate::shard::Held::take_lapsed
+    pub fn held_again(&mut self, lapsed: BTreeSet<u32>) {
+        for s in lapsed.into_iter().filter(|s| self.held.contains(s)) {
+            self.urgent_shards.insert(s);
+            self.changed.insert(s);
+            self.dirty = true;
+        }
+    }
+
     /// When the next write is due (`None`: at once).
     pub fn due(&self) -> Option<Instant> {
         let oldest = self

@@ -185,3 +185,23 @@ fn a_shard_taken_is_written_at_once_once_seeded() {
     s.held(vec![0, 1], Some(set(&[0, 1])));
     assert_eq!(s.seeded(), Some(&set(&[1])));
 }
+
+/// A shard whose hold ran out for a moment between two looks (never seen missing) and
+/// was renewed is written again at once: a write meanwhile skipped it. One not held now
+/// waits for its return, which `held` sees as a take.
+#[test]
+fn a_shard_held_again_after_a_lapse_is_written_at_once() {
+    let t0 = Instant::now();
+    let mut s = WriteSchedule::new(timing(), vec![0, 1], SPACING);
+    s.take_write(&[0, 1], t0, SPACING);
+    assert_eq!(s.urgent_due(t0 + ms(100)), None);
+    s.held(vec![0, 1], None);
+    s.held_again(set(&[1, 2]));
+    // Due the urgent spacing after the shard's last write (passed already).
+    assert_eq!(s.urgent_due(t0 + ms(100)), Some(t0 + ms(50)));
+    assert_eq!(
+        s.take_urgent(t0 + ms(100)),
+        Some(set(&[1])),
+        "2 is not held"
+    );
+}

@@ -111,6 +111,15 @@ impl Publisher {
         }
     }
 
+    /// The shards whose hold ran out and was renewed since the last call (the file
+    /// sink: none).
+    pub fn take_lapsed(&self) -> BTreeSet<u32> {
+        match self {
+            Publisher::File { .. } => BTreeSet::new(),
+            Publisher::ConfigMap { shards, .. } => shards.held.take_lapsed(),
+        }
+    }
+
     /// The shards this replica writes now (the file sink writes its one).
     pub fn held(&self) -> Vec<u32> {
         match self {

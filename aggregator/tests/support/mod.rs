@@ -9,12 +9,14 @@
 pub mod cluster;
 mod fixtures;
 pub mod hostile_agents;
+mod process;
 mod scenario;
 
 pub use cluster::*;
 pub use faultline_common::testing::{repo_root, ChildGuard};
 pub use fixtures::{NodeFixture, PodFixture};
 pub use hostile_agents::churning_agent;
+pub use process::{aggregator_process, AggregatorProcess};
 pub use scenario::{Scenario, World, NO_AGENT};
 
 use std::net::SocketAddr;
@@ -156,26 +158,6 @@ impl Launch {
             .await
             .unwrap()
     }
-}
-
-/// The aggregator binary in its own process, launched as `launch` says on a free
-/// loopback port (output discarded): the process, and its API's base URL.
-pub fn aggregator_process(launch: Launch) -> (ChildGuard, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let args = launch
-        .set("--listen", &format!("127.0.0.1:{port}"))
-        .into_args();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_faultline-aggregator"))
-        .args(&args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    (ChildGuard(child), format!("http://127.0.0.1:{port}"))
 }
 
 /// A process's peak resident memory (`VmHWM`, KiB; 0 if it cannot be read).
