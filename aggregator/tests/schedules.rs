@@ -520,14 +520,11 @@ impl Sim {
         r.dispatch.reconcile(&r.pipeline);
     }
 
-    /// Let 500 ms (virtual) pass, as between two reconciles of the product's core loop,
-    /// then wait until no replica has a pass or a refresh of its list of
-    /// quarantined nodes (which the next reconcile starts from) still going. Without
-    /// waiting for the list, a replica that took the shard over never learnt of a
-    /// quarantined node whose devices were healthy again, and never released it (seed
-    /// 566 of 1,000).
+    /// Wait until no replica has a pass or a refresh of its list of quarantined nodes
+    /// (which the next reconcile starts from) still going. Without waiting for the
+    /// list, a replica that took the shard over never learnt of a quarantined node whose
+    /// devices were healthy again, and never released it (seed 566 of 1,000).
     async fn await_passes(&mut self) {
-        tokio::time::sleep(Duration::from_millis(500)).await;
         let t = Instant::now();
         while self
             .replicas

@@ -96,24 +96,10 @@ pub async fn aggregator_process(launch: Launch) -> (AggregatorProcess, String) {
     }
 }
 
-/// The `addr=` of a log line, colours or not.
+/// The `addr=` of a log line (`NO_COLOR` set: no ANSI sequences).
 fn listen_addr(line: &str) -> Option<String> {
-    let mut plain = String::new();
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // An ANSI sequence: ESC [ ... m.
-            for d in chars.by_ref() {
-                if d == 'm' {
-                    break;
-                }
-            }
-        } else {
-            plain.push(c);
-        }
-    }
-    let at = plain.find("addr=")? + "addr=".len();
-    let addr = plain[at..].split_whitespace().next()?;
+    let at = line.find("addr=")? + "addr=".len();
+    let addr = line[at..].split_whitespace().next()?;
     addr.parse::<std::net::SocketAddr>()
         .ok()
         .map(|a| a.to_string())
