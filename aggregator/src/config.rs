@@ -176,6 +176,12 @@ pub struct AgentArgs {
         default_value = "faultline-agent"
     )]
     pub agent_service: String,
+    /// With --discovery endpoints: how long after a node's agent left the agents'
+    /// Service (a rollout, a node that stopped answering) its Node is first looked up.
+    /// The node stays published, unreachable, meanwhile; it is forgotten once its Node
+    /// is gone or no longer matches --node-selector (looked up again every minute).
+    #[arg(long, env = "FAULTLINE_AGENT_GONE_CHECK", default_value = "30s", value_parser = positive_duration)]
+    pub agent_gone_check: Duration,
     /// Port of the agents on the nodes.
     #[arg(long, env = "FAULTLINE_AGENT_PORT", default_value_t = 8081)]
     pub agent_port: u16,
@@ -424,6 +430,7 @@ pub struct Config {
     pub node_selector: String,
     pub discovery: Discovery,
     pub agent_service: String,
+    pub agent_gone_check: Duration,
     pub agent_port: u16,
     pub nudge_rate: f64,
     pub nudge_selector: String,
@@ -597,6 +604,7 @@ impl Config {
             lease_retry: s.lease_retry,
             discovery: a.agents.discovery,
             agent_service: a.agents.agent_service.clone(),
+            agent_gone_check: a.agents.agent_gone_check,
             node_selector: a.agents.node_selector.clone(),
             agent_port: a.agents.agent_port,
             nudge_rate: p.nudge_rate,

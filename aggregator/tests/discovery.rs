@@ -1,9 +1,10 @@
 //! Issue 25: discovery without full Nodes. The agents are found from the EndpointSlices
 //! of their headless Service (seeded here as the endpointslice controller writes them,
 //! pkg/controller/endpointslice: the label `kubernetes.io/service-name`, one endpoint per
-//! agent pod with its `nodeName` and `ready` condition): a ready endpoint is followed, an
-//! unready one is not until it turns ready, a node whose endpoint goes is forgotten, and
-//! no Node is listed or watched at all.
+//! agent pod with its `nodeName` and `ready` condition): every endpoint of the Service is
+//! followed, ready or not (issue 46: an agent pod starting or stopping is still its
+//! node's); a node whose endpoint goes is kept until its Node is found gone
+//! (`--agent-gone-check` after), and no Node is read until then.
 
 mod support;
 
@@ -36,7 +37,7 @@ fn slice(name: &str, node: &str, port: u16, ready: bool) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_are_found_from_endpointslices_and_no_node_is_listed() {
+async fn agents_are_found_from_endpointslices_and_a_node_is_read_only_once_its_agent_left() {
     let w = Scenario::new()
         .agent("gpu-7")
         .agent("gpu-8")
@@ -63,7 +64,11 @@ async fn agents_are_found_from_endpointslices_and_no_node_is_listed() {
     let mut other = slice("web-x", "gpu-9", p8, true);
     other["metadata"]["labels"]["kubernetes.io/service-name"] = json!("web");
     server.create("endpointslices", NS, other).unwrap();
-    let agg = w.configmap("r1", 1).start().await;
+    let agg = w
+        .configmap("r1", 1)
+        .args(&["--agent-gone-check", "1s"])
+        .start()
+        .await;
     until(Duration::from_secs(20), "gpu-7 published", || {
         node_entry(server, 1, "gpu-7").filter(|e| e.summary.healthy == 4)
     })
@@ -72,10 +77,21 @@ async fn agents_are_found_from_endpointslices_and_no_node_is_listed() {
     grows(agg.addr, &[("faultline_aggregator_agent_polls_total", 2)]).await;
     let nodes =
         |s: &faultline_common::fault::ShardIndex| s.nodes.keys().cloned().collect::<Vec<_>>();
+    until(Duration::from_secs(20), "gpu-8 published", || {
+        node_entry(server, 1, "gpu-8").filter(|e| e.summary.healthy == 4)
+    })
+    .await;
     assert_eq!(
         nodes(&shard_doc(server, 0).unwrap()),
-        ["gpu-7"],
-        "gpu-8 unready, gpu-9 not an agent"
+        ["gpu-7", "gpu-8"],
+        "gpu-8 unready is followed all the same, gpu-9 is not an agent"
+    );
+    assert!(
+        !server
+            .calls()
+            .iter()
+            .any(|c| c.uri.starts_with("/api/v1/nodes")),
+        "a Node was read while every agent had its endpoint"
     );
 
     // gpu-8's agent turns ready; gpu-7's slice goes.
@@ -95,20 +111,24 @@ async fn agents_are_found_from_endpointslices_and_no_node_is_listed() {
     server
         .delete("endpointslices", NS, "faultline-agent-a")
         .unwrap();
+    // No Node gpu-7 in this cluster: forgotten once looked up.
     until(Duration::from_secs(20), "gpu-7 forgotten", || {
         shard_doc(server, 0).filter(|d| !d.nodes.contains_key("gpu-7"))
     })
     .await;
 
     let calls = server.calls();
+    let node_reads: Vec<&str> = calls
+        .iter()
+        .filter(|c| c.uri.starts_with("/api/v1/nodes"))
+        .map(|c| c.uri.as_str())
+        .collect();
     assert!(
-        !calls.iter().any(|c| c.uri.starts_with("/api/v1/nodes")),
-        "a Node was read: {:?}",
-        calls
-            .iter()
-            .filter(|c| c.uri.starts_with("/api/v1/nodes"))
-            .map(|c| &c.uri)
-            .collect::<Vec<_>>()
+        !node_reads.is_empty()
+            && node_reads
+                .iter()
+                .all(|u| u.contains("fieldSelector=metadata.name%3Dgpu-7")),
+        "only gpu-7's Node is looked up, by name: {node_reads:?}"
     );
     let lists: Vec<&str> = calls
         .iter()

@@ -150,11 +150,17 @@ fn follow_agents(
             .context("discovery needs the Kubernetes API")?;
         match cfg.discovery {
             Discovery::Endpoints => {
-                let api: Api<EndpointSlice> = Api::namespaced(client, &cfg.namespace);
+                let api: Api<EndpointSlice> = Api::namespaced(client.clone(), &cfg.namespace);
+                let check = endpoints::NodeCheck {
+                    api: Api::all(client),
+                    selector: cfg.node_selector.clone(),
+                    first: cfg.agent_gone_check,
+                };
                 tokio::spawn(endpoints::run(
                     api,
                     cfg.agent_service.clone(),
                     cfg.agent_port,
+                    check,
                     followers,
                 ));
             }

@@ -192,12 +192,23 @@ impl Followers {
     }
 
     /// Follow exactly these nodes' agents (node -> URL): the others known are forgotten,
-    /// a changed URL followed anew (EndpointSlice discovery).
+    /// a changed URL followed anew.
     pub async fn follow_exactly(&mut self, wanted: BTreeMap<String, String>) {
+        self.follow_keeping(wanted, &BTreeSet::new()).await;
+    }
+
+    /// [`Followers::follow_exactly`], but the nodes of `keep` that `wanted` lacks stay
+    /// followed at their last URL (EndpointSlice discovery: an agent away is its node
+    /// unreachable, not gone).
+    pub async fn follow_keeping(
+        &mut self,
+        wanted: BTreeMap<String, String>,
+        keep: &BTreeSet<String>,
+    ) {
         let gone: Vec<String> = self
             .known
             .keys()
-            .filter(|n| !wanted.contains_key(*n))
+            .filter(|n| !wanted.contains_key(*n) && !keep.contains(*n))
             .cloned()
             .collect();
         for name in gone {
@@ -209,6 +220,16 @@ impl Followers {
                 self.follow(name, url);
             }
         }
+    }
+
+    /// The nodes known, followed or not.
+    pub fn known_nodes(&self) -> impl Iterator<Item = &String> {
+        self.known.keys()
+    }
+
+    /// Stop following `name` and tell the pipeline it left.
+    pub async fn forget(&mut self, name: &str) {
+        self.remove(name).await;
     }
 
     /// The metrics the followers count in.

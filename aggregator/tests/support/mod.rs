@@ -10,6 +10,7 @@ pub mod cluster;
 mod fixtures;
 pub mod hostile_agents;
 mod process;
+pub mod real;
 mod scenario;
 
 pub use cluster::*;

@@ -57,6 +57,14 @@ impl Drop for AggregatorProcess {
 /// The aggregator binary, launched as `launch` says on a loopback port it picks: the
 /// process, and its API's base URL (read from its "running" log line).
 pub async fn aggregator_process(launch: Launch) -> (AggregatorProcess, String) {
+    aggregator_process_env(launch, &[]).await
+}
+
+/// [`aggregator_process`], with these environment variables too.
+pub async fn aggregator_process_env(
+    launch: Launch,
+    env: &[(&str, String)],
+) -> (AggregatorProcess, String) {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("aggregator-logs");
     std::fs::create_dir_all(&dir).unwrap();
@@ -69,6 +77,7 @@ pub async fn aggregator_process(launch: Launch) -> (AggregatorProcess, String) {
     let child = Command::new(env!("CARGO_BIN_EXE_faultline-aggregator"))
         .args(&args)
         .env("NO_COLOR", "1")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

@@ -1,0 +1,265 @@
+//! faultline on a real control plane (issue 46): `deploy/overlays/nvidia` applied with
+//! `kubectl apply -k --server-side` to a real kube-apiserver
+//! ([`faultline_controlplane`]), the agent DaemonSet's pods made by the real DaemonSet
+//! controller, bound by the real scheduler and run by the test's kubelet as in-process
+//! agents on their pod addresses (so the real endpointslice controller lists them), and
+//! the aggregator binary run as the Deployment's container would be: its arguments read
+//! from the applied Deployment, under a token of its ServiceAccount, with exactly the
+//! RBAC deploy/ grants (the apiserver's audit log shows any refusal).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use faultline_common::fault::{page_name, shard_of, NodeFaults};
+use faultline_controlplane::{
+    ControlPlane, Delays, FakeNode, Kubelet, Options, PodHook, PodPhase, Release,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams};
+
+use super::process::aggregator_process_env;
+use super::{repo_root, AggregatorProcess, Launch};
+
+/// The namespace deploy/ installs into.
+pub const NS: &str = "faultline";
+/// The label of the agents' pods.
+const AGENT: &str = "app.kubernetes.io/name=faultline-agent";
+
+/// The in-process agents of the agent pods now running, by pod uid: (node, agent).
+type Agents = Arc<Mutex<HashMap<String, (String, faultline_agent::Agent)>>>;
+
+/// A real control plane with faultline installed from deploy/.
+pub struct RealCluster {
+    pub cp: ControlPlane,
+    pub kubelet: Kubelet,
+    pub agents: Agents,
+    pub client: kube::Client,
+    dir: tempfile::TempDir,
+}
+
+impl RealCluster {
+    /// `release` with its device-taint gates on, `nodes` GPU nodes (n1, n2, ...), the
+    /// agents' pods living as `delays` say; `None` where the control plane cannot be
+    /// built (skipped, the reason printed; never under CI).
+    pub async fn start(test: &str, release: Release, nodes: usize, delays: Delays) -> Option<Self> {
+        let cp = ControlPlane::start(test, Options::new(release)).await?;
+        let client = cp.admin().await;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("delivery-token"), "faultline-test-delivery").unwrap();
+        std::fs::write(dir.path().join("intake-token"), "faultline-test-intake").unwrap();
+
+        let deploy = repo_root().join("deploy/overlays/nvidia");
+        cp.kubectl(&["apply", "--server-side", "-k", deploy.to_str().unwrap()]);
+        for (secret, file) in [
+            ("faultline-delivery", "delivery-token"),
+            ("faultline-intake-token", "intake-token"),
+        ] {
+            let from = format!("--from-file=token={}", dir.path().join(file).display());
+            cp.kubectl(&["-n", NS, "create", "secret", "generic", secret, &from]);
+        }
+        // The test runs the aggregator itself (below), as the Deployment's container.
+        cp.kubectl(&[
+            "-n",
+            NS,
+            "scale",
+            "deployment/faultline-aggregator",
+            "--replicas=0",
+        ]);
+
+        let agents: Agents = Arc::default();
+        let hook = agent_hook(agents.clone(), dir.path().join("delivery-token"));
+        let fake: Vec<FakeNode> = (0..nodes)
+            .map(|i| FakeNode::gpu(&format!("n{}", i + 1), i as u8))
+            .collect();
+        let kubelet = Kubelet::start(client.clone(), fake, delays, Some(hook))
+            .await
+            .unwrap();
+        let c = RealCluster {
+            cp,
+            kubelet,
+            agents,
+            client,
+            dir,
+        };
+        c.until_agents_ready(nodes, Duration::from_secs(120)).await;
+        Some(c)
+    }
+
+    /// Wait until `n` agent endpoints are ready in the agents' EndpointSlices.
+    pub async fn until_agents_ready(&self, n: usize, within: Duration) {
+        let start = std::time::Instant::now();
+        loop {
+            let ready = self.ready_agent_endpoints().await;
+            if ready.len() == n {
+                return;
+            }
+            assert!(
+                start.elapsed() < within,
+                "{n} agent endpoints not ready within {within:?}: {ready:?}; pods {:?}",
+                self.agent_pods().await
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The nodes of the agents' ready endpoints.
+    pub async fn ready_agent_endpoints(&self) -> Vec<String> {
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), NS);
+        let lp = ListParams::default().labels("kubernetes.io/service-name=faultline-agent");
+        let mut out = Vec::new();
+        for s in api.list(&lp).await.map(|l| l.items).unwrap_or_default() {
+            for e in s.endpoints {
+                if e.conditions.and_then(|c| c.ready).unwrap_or(true) {
+                    out.extend(e.node_name);
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The agent pods (name, uid, node, terminating).
+    pub async fn agent_pods(&self) -> Vec<(String, String, String, bool)> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), NS);
+        api.list(&ListParams::default().labels(AGENT))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|p| {
+                (
+                    p.metadata.name.clone().unwrap_or_default(),
+                    p.metadata.uid.clone().unwrap_or_default(),
+                    p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+                    p.metadata.deletion_timestamp.is_some(),
+                )
+            })
+            .collect()
+    }
+
+    /// The aggregator binary as replica `replica`, with the Deployment's arguments (its
+    /// secrets' files here), then `extra`, under a token of its ServiceAccount.
+    pub async fn aggregator(&self, replica: &str, extra: &[&str]) -> (AggregatorProcess, String) {
+        let args = self.cp.kubectl(&[
+            "-n",
+            NS,
+            "get",
+            "deployment/faultline-aggregator",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].args}",
+        ]);
+        let args: Vec<String> = serde_json::from_str(&args).unwrap();
+        let mut argv = vec!["faultline-aggregator".to_string()];
+        for a in args {
+            let a = match a.split_once('=') {
+                Some(("--delivery-token-file", _)) => format!(
+                    "--delivery-token-file={}",
+                    self.dir.path().join("delivery-token").display()
+                ),
+                Some(("--intake-token-file", _)) => format!(
+                    "--intake-token-file={}",
+                    self.dir.path().join("intake-token").display()
+                ),
+                _ => a,
+            };
+            argv.push(a);
+        }
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let kubeconfig = self
+            .cp
+            .service_account_kubeconfig(NS, "faultline-aggregator");
+        aggregator_process_env(
+            Launch(argv),
+            &[
+                ("KUBECONFIG", kubeconfig.display().to_string()),
+                ("POD_NAME", replica.to_string()),
+                ("POD_IP", "127.0.0.1".to_string()),
+            ],
+        )
+        .await
+    }
+
+    /// Node `node`'s published entry in the shards of `faultline` (`shards` of them), if
+    /// any, read as its pods' kubelet would.
+    pub async fn node_entry(&self, shards: u32, node: &str) -> Option<NodeFaults> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), NS);
+        let name = page_name("faultline", shard_of(node, shards), 0);
+        let cm = api.get_opt(&name).await.ok()??;
+        let text = cm.data?.get(&format!("{node}.json"))?.clone();
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Nothing faultline's ServiceAccounts asked was refused (the audit log).
+    pub fn assert_no_forbidden(&self) {
+        let refused = self.cp.refused();
+        assert!(refused.is_empty(), "refused by RBAC: {refused:#?}");
+    }
+
+    /// The control plane's resident memory, one line.
+    pub fn memory(&self) -> String {
+        self.cp
+            .memory_kib()
+            .iter()
+            .map(|(n, k)| format!("{n} {} MiB", k / 1024))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Each agent pod runs an agent in this process on the pod's address, port 8081, with
+/// four simulated GPUs; other pods just run.
+fn agent_hook(agents: Agents, token: PathBuf) -> PodHook {
+    Arc::new(move |pod: Pod, ip: Option<String>| {
+        let (agents, token) = (agents.clone(), token.clone());
+        Box::pin(async move {
+            let is_agent = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app.kubernetes.io/name"))
+                .is_some_and(|v| v == "faultline-agent");
+            if !is_agent {
+                return PodPhase::Running;
+            }
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            match ip {
+                Some(ip) => {
+                    let listen = format!("{ip}:8081");
+                    let args = [
+                        "faultline-agent",
+                        "--listen",
+                        &listen,
+                        "--node-name",
+                        &node,
+                        "--source",
+                        "sim",
+                        "--sim-devices",
+                        "4",
+                        "--interval",
+                        "100ms",
+                        "--delivery-token-file",
+                        token.to_str().unwrap(),
+                    ];
+                    let cfg = faultline_agent::config::Config::parse_from(args).unwrap();
+                    let agent = faultline_agent::start(cfg).await.unwrap();
+                    agents.lock().unwrap().insert(uid, (node, agent));
+                }
+                None => {
+                    let gone = agents.lock().unwrap().remove(&uid);
+                    if let Some((_, a)) = gone {
+                        a.shutdown().await;
+                    }
+                }
+            }
+            PodPhase::Running
+        })
+    })
+}
