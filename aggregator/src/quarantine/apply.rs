@@ -329,6 +329,49 @@ impl Dra {
         as_json(&done)
     }
 
+    /// Ask the controller for a fresh prediction: the rule's `spec.taint.timeAdded`
+    /// moves on (to `now_secs`, or a second past its own), a spec change, after which
+    /// the device-taint eviction controller simulates `NoExecute` again and writes the
+    /// condition for the new generation (1.36 and later; 1.35's controller writes it
+    /// once per rule). Same guards as [`Dra::enforce`]: ours, same uid.
+    pub async fn resimulate(
+        &self,
+        device: &DeviceRef,
+        now_secs: u64,
+    ) -> Result<Value, QuarantineError> {
+        let name = rule_name(device);
+        let Some(r) = self.rule(device).await? else {
+            return Err(QuarantineError::Decode {
+                what: format!("rule {name}"),
+                why: "not found".into(),
+            });
+        };
+        if !is_ours(&r) {
+            return Err(QuarantineError::NotOurs(name));
+        }
+        let was = r
+            .pointer("/spec/taint/timeAdded")
+            .and_then(Value::as_str)
+            .and_then(faultline_common::time::parse_rfc3339_ms)
+            .map_or(0, |ms| ms / 1000);
+        let at = faultline_common::time::rfc3339_ms(now_secs.max(was + 1) * 1000);
+        let patch = json!([
+            {"op": "test", "path": "/metadata/uid", "value": r["metadata"]["uid"]},
+            {"op": "test", "path": "/metadata/labels/app.kubernetes.io~1managed-by", "value": "faultline"},
+            {"op": "add", "path": "/spec/taint/timeAdded", "value": at},
+        ]);
+        let p: json_patch::Patch =
+            serde_json::from_value(patch).map_err(|e| QuarantineError::Decode {
+                what: "patch".into(),
+                why: e.to_string(),
+            })?;
+        let done = self
+            .rules()?
+            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(p))
+            .await?;
+        as_json(&done)
+    }
+
     /// Release: delete the device's rule, only if it is ours, preconditioned on the uid
     /// and resourceVersion it was judged ours at. A 409 (the controller wrote its
     /// status meanwhile) reads and judges again, three times at most. `Ok(false)`:

@@ -265,6 +265,75 @@ pub fn holders(claims: &[Value], device: &DeviceRef) -> Vec<Holder> {
     out
 }
 
+/// Whether `claim`'s allocation of `device` tolerates a `NoExecute` taint `key=value`
+/// for ever: a toleration of that result whose effect is `NoExecute` (an empty effect
+/// does not count here), with no `tolerationSeconds`, that matches the taint as
+/// `resourceclaim.ToleratesTaint` does (an empty key matches any key; `Exists` any
+/// value, `Equal` or empty the same value). device_taint_eviction.go
+/// `claimEvictionTime` ignores such a taint for the claim.
+pub fn tolerates_forever(claim: &Value, device: &DeviceRef, key: &str, value: &str) -> bool {
+    claim
+        .pointer("/status/allocation/devices/results")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            text(r, "/driver").as_deref() == Some(device.driver.as_str())
+                && text(r, "/pool").as_deref() == Some(device.pool.as_str())
+                && text(r, "/device").as_deref() == Some(device.device.as_str())
+        })
+        .flat_map(|r| {
+            r.get("tolerations")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+        })
+        .any(|t| {
+            let field = |f: &str| t.get(f).and_then(Value::as_str).unwrap_or("");
+            field("effect") == "NoExecute"
+                && t.get("tolerationSeconds").is_none_or(Value::is_null)
+                && (field("key").is_empty() || field("key") == key)
+                && match field("operator") {
+                    "" | "Equal" => field("value") == value,
+                    "Exists" => true,
+                    _ => false,
+                }
+        })
+}
+
+/// The holders of `device` that the device-taint eviction controller would count for a
+/// `NoExecute` taint `key=value`, as it counts "pods would be evicted" for a rule at
+/// effect `None`: [`holders`], less pods that are not scheduled or are terminating
+/// (`running(uid)` is false: device_taint_eviction.go `countPendingPods` skips a
+/// `deletionTimestamp`, `podEvictionTime` an empty `nodeName`) and claims that
+/// tolerate the taint for ever ([`tolerates_forever`]).
+pub fn would_be_evicted(
+    claims: &[Value],
+    device: &DeviceRef,
+    (key, value): (&str, &str),
+    running: impl Fn(&str) -> bool,
+) -> Vec<Holder> {
+    let tolerating: Vec<(String, String)> = claims
+        .iter()
+        .filter(|c| tolerates_forever(c, device, key, value))
+        .map(|c| {
+            (
+                text(c, "/metadata/namespace").unwrap_or_default(),
+                text(c, "/metadata/name").unwrap_or_default(),
+            )
+        })
+        .collect();
+    holders(claims, device)
+        .into_iter()
+        .filter(|h| running(&h.uid))
+        .filter(|h| {
+            !tolerating
+                .iter()
+                .any(|(ns, c)| *ns == h.namespace && *c == h.claim)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,6 +487,111 @@ mod tests {
                 uid: "u1".into(),
                 claim: "c1".into()
             }]
+        );
+    }
+
+    fn claim_on(name: &str, pods: &[(&str, &str)], tolerations: Value) -> Value {
+        json!({"metadata": {"namespace": "ml", "name": name},
+        "status": {
+            "allocation": {"devices": {"results": [
+                {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-1", "request": "gpu",
+                 "tolerations": tolerations},
+                {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-2", "request": "gpu"},
+            ]}},
+            "reservedFor": pods.iter().map(|(p, u)| json!({"resource": "pods", "name": p, "uid": u})).collect::<Vec<_>>(),
+        }})
+    }
+
+    fn gpu(device: &str) -> DeviceRef {
+        DeviceRef {
+            driver: "gpu.nvidia.com".into(),
+            pool: "n1".into(),
+            device: device.into(),
+        }
+    }
+
+    /// Each toleration that the controller honours, and each it does not.
+    #[test]
+    fn a_toleration_counts_only_as_the_controller_honours_it() {
+        let key = "faultline.io/unhealthy";
+        let t = |v: Value| {
+            tolerates_forever(
+                &claim_on("c", &[], json!([v])),
+                &gpu("gpu-1"),
+                key,
+                "xid-79",
+            )
+        };
+        assert!(t(
+            json!({"key": key, "operator": "Exists", "effect": "NoExecute"})
+        ));
+        assert!(
+            t(json!({"operator": "Exists", "effect": "NoExecute"})),
+            "an empty key matches any"
+        );
+        assert!(
+            t(json!({"key": key, "value": "xid-79", "effect": "NoExecute"})),
+            "Equal by default"
+        );
+        assert!(t(
+            json!({"key": key, "operator": "Equal", "value": "xid-79", "effect": "NoExecute"})
+        ));
+        assert!(!t(
+            json!({"key": key, "operator": "Equal", "value": "other", "effect": "NoExecute"})
+        ));
+        assert!(
+            !t(json!({"key": key, "operator": "Exists"})),
+            "no effect: not honoured"
+        );
+        assert!(!t(
+            json!({"key": key, "operator": "Exists", "effect": "NoSchedule"})
+        ));
+        assert!(!t(
+            json!({"key": "other", "operator": "Exists", "effect": "NoExecute"})
+        ));
+        assert!(
+            !t(
+                json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60})
+            ),
+            "only for a while"
+        );
+        assert!(!t(
+            json!({"key": key, "operator": "Later", "effect": "NoExecute"})
+        ));
+        // Another device's toleration is not this one's.
+        let c = claim_on(
+            "c",
+            &[],
+            json!([{"operator": "Exists", "effect": "NoExecute"}]),
+        );
+        assert!(!tolerates_forever(&c, &gpu("gpu-2"), key, "xid-79"));
+    }
+
+    #[test]
+    fn only_running_pods_of_claims_that_do_not_tolerate_would_be_evicted() {
+        let key = ("faultline.io/unhealthy", "xid-79");
+        let claims = vec![
+            claim_on("a", &[("pa", "ua"), ("pt", "ut")], json!([])),
+            claim_on(
+                "b",
+                &[("pb", "ub")],
+                json!([{"operator": "Exists", "effect": "NoExecute"}]),
+            ),
+        ];
+        let all = would_be_evicted(&claims, &gpu("gpu-1"), key, |_| true);
+        assert_eq!(
+            all.iter().map(|h| h.pod.as_str()).collect::<Vec<_>>(),
+            ["pa", "pt"]
+        );
+        let running = would_be_evicted(&claims, &gpu("gpu-1"), key, |u| u != "ut");
+        assert_eq!(
+            running.iter().map(|h| h.pod.as_str()).collect::<Vec<_>>(),
+            ["pa"]
+        );
+        // On gpu-2 the toleration of gpu-1's result does not apply.
+        assert_eq!(
+            would_be_evicted(&claims, &gpu("gpu-2"), key, |_| true).len(),
+            3
         );
     }
 }

@@ -27,8 +27,10 @@ pub mod settings;
 
 pub use api::{discover, newest_with_rules, TaintApi};
 pub use apply::{judge, Dra, Prediction, QuarantineError};
-pub use index::{holders, DeviceIndex, DeviceRef, Holder, Slice};
+pub use index::{
+    holders, tolerates_forever, would_be_evicted, DeviceIndex, DeviceRef, Holder, Slice,
+};
 pub use plugin::{plugin_scope, rejections, taken_out, PluginScope, REJECTION_WINDOW_MS};
-pub use rule::{is_ours, rule_name, rule_object, would_evict, Effect};
+pub use rule::{is_ours, rule_name, rule_object, taint_value, would_evict, Effect, TAINT_KEY};
 pub use scope::{node_fault, rejecting, scope, Failed, NodeWhy, Scope};
 pub use settings::DeviceQuarantine;

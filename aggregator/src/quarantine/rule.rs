@@ -76,6 +76,12 @@ pub fn rule_name(d: &DeviceRef) -> String {
     format!("{}-{hash:016x}", head.trim_end_matches('-'))
 }
 
+/// The taint's value for a fault `reason`: the reason cut to a label value.
+pub fn taint_value(reason: &str) -> String {
+    let value: String = label_part(reason).chars().take(63).collect();
+    value.trim_end_matches('-').to_string()
+}
+
 /// The rule for `d`: selector on driver, pool and device; the taint
 /// `faultline.io/unhealthy=<reason>` with `effect`; faultline's label; the sequence,
 /// shard and UUID it was decided under. `reason` is cut to a label value.
@@ -88,7 +94,7 @@ pub fn rule_object(
     sequence: u64,
     shard: u32,
 ) -> Value {
-    let value: String = label_part(reason).chars().take(63).collect();
+    let value = taint_value(reason);
     json!({
         "apiVersion": api.api_version(),
         "kind": "DeviceTaintRule",
@@ -103,7 +109,7 @@ pub fn rule_object(
         },
         "spec": {
             "deviceSelector": {"driver": d.driver, "pool": d.pool, "device": d.device},
-            "taint": {"key": TAINT_KEY, "value": value.trim_end_matches('-'), "effect": effect.as_str()},
+            "taint": {"key": TAINT_KEY, "value": value, "effect": effect.as_str()},
         },
     })
 }

@@ -6,8 +6,11 @@
 //!
 //! A rule is proposed with effect `None` first; the device-taint eviction controller
 //! reports what `NoExecute` would evict, and only when that equals faultline's own count
-//! of the pods holding the device (their claims) is the effect switched to
-//! `NoSchedule`. A disagreement is announced and acted on neither way. The record on
+//! of the pods holding the device (their claims, counted as the controller counts:
+//! `quarantine::would_be_evicted`) is the effect switched to `NoSchedule`. The
+//! prediction is written once per generation of the rule: on a disagreement the pass
+//! asks once for a fresh one (`Dra::resimulate`). A disagreement that stands is
+//! announced and acted on neither way. The record on
 //! the Node (no taint) lists the rules, so evictions, releases and `describe` work as
 //! on the node path. Budgets: new device quarantines ask the device budget (faultline's
 //! rules, counted cluster-wide), the breaker and dry-run apply as for nodes.
@@ -31,10 +34,25 @@ use crate::metrics::{Action, ActionResult};
 use crate::model::RecordDevice;
 use crate::quarantine::{
     holders, is_ours, judge, node_fault, plugin_scope, rejecting, rejections, rule_name, scope,
-    taken_out, would_evict, Dra, Effect, Failed, NodeWhy, PluginScope, Prediction, QuarantineError,
-    Scope, REJECTION_WINDOW_MS,
+    taint_value, taken_out, tolerates_forever, would_be_evicted, would_evict, Dra, Effect, Failed,
+    NodeWhy, PluginScope, Prediction, QuarantineError, Scope, REJECTION_WINDOW_MS, TAINT_KEY,
 };
 use crate::shard::Fence;
+
+/// Which pod uids are scheduled and not terminating among `pods`: those the
+/// device-taint eviction controller counts (it skips the others).
+fn running(pods: &[Pod]) -> impl Fn(&str) -> bool + '_ {
+    move |uid| {
+        pods.iter().any(|p| {
+            p.metadata.uid.as_deref() == Some(uid)
+                && p.metadata.deletion_timestamp.is_none()
+                && p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .is_some_and(|n| !n.is_empty())
+        })
+    }
+}
 
 /// Where isolation goes on from the device path.
 pub(super) enum DevicePath {
@@ -307,12 +325,38 @@ impl Remediator {
                 r.effect = effect;
                 continue;
             }
-            let ours = holders(&claims, &dev);
-            let deadline = tokio::time::Instant::now() + q.prediction_wait;
+            let value = rule["spec"]["taint"]["value"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            let taint = (TAINT_KEY, value.as_str());
+            let mut ours = would_be_evicted(&claims, &dev, taint, running(pods));
+            let mut deadline = tokio::time::Instant::now() + q.prediction_wait;
+            let mut asked_again = false;
             let verdict = loop {
                 let p = judge(would_evict(&rule), &ours);
-                if p != Prediction::Pending || tokio::time::Instant::now() >= deadline {
-                    break p;
+                let late = tokio::time::Instant::now() >= deadline;
+                match p {
+                    Prediction::Pending if !late => {}
+                    // The prediction is of the pods when the rule's generation was
+                    // written, and is never updated; pods came and went since (issue
+                    // 46). Once per pass, ask for a fresh one and count again.
+                    Prediction::Disagrees { .. } if !asked_again => {
+                        asked_again = true;
+                        if !fence.holds() {
+                            return Err(RemediateError::NotHolder);
+                        }
+                        let now_secs = self.clock.now_ms() / 1000;
+                        rule = dra
+                            .resimulate(&dev, now_secs)
+                            .await
+                            .map_err(quarantine_error)?;
+                        let claims = dra.claims_of(pods).await.map_err(quarantine_error)?;
+                        ours = would_be_evicted(&claims, &dev, taint, running(pods));
+                        deadline = tokio::time::Instant::now() + q.prediction_wait;
+                        continue;
+                    }
+                    p => break p,
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 match dra.rule(&dev).await.map_err(quarantine_error)? {
@@ -467,8 +511,16 @@ impl Remediator {
         let Some(dra) = self.dra() else {
             return Ok(BTreeSet::new());
         };
-        let mut refs: Vec<crate::quarantine::DeviceRef> =
-            record.rules().iter().map(DeviceRule::device_ref).collect();
+        // Each device with the value of its rule's taint (none on the node path).
+        let mut refs: Vec<(crate::quarantine::DeviceRef, Option<String>)> = record
+            .rules()
+            .iter()
+            .map(|r| {
+                let reason = record.devices.iter().find(|d| d.id == r.id);
+                let value = taint_value(reason.map_or("failed", |d| d.reason.as_str()));
+                (r.device_ref(), Some(value))
+            })
+            .collect();
         if refs.is_empty() {
             // The node path on a DRA cluster: the failed devices by their UUIDs.
             let index = dra.index_node(node).await.map_err(quarantine_error)?;
@@ -476,18 +528,33 @@ impl Remediator {
                 .devices
                 .iter()
                 .filter_map(|d| index.by_uuid(d.uuid.as_deref()?))
-                .map(|ix| ix.device.clone())
+                .map(|ix| (ix.device.clone(), None))
                 .collect();
         }
         if refs.is_empty() {
             return Ok(BTreeSet::new());
         }
         let claims = dra.claims_of(pods).await.map_err(quarantine_error)?;
-        Ok(refs
-            .iter()
-            .flat_map(|r| holders(&claims, r))
-            .map(|h| h.uid)
-            .collect())
+        // A claim that tolerates its device's taint for ever (NoExecute, no seconds) is
+        // left, as the device-taint eviction controller leaves it.
+        let mut out = BTreeSet::new();
+        for (r, value) in &refs {
+            for h in holders(&claims, r) {
+                let tolerates = value.as_deref().is_some_and(|v| {
+                    claims.iter().any(|c| {
+                        c.pointer("/metadata/namespace").and_then(|n| n.as_str())
+                            == Some(h.namespace.as_str())
+                            && c.pointer("/metadata/name").and_then(|n| n.as_str())
+                                == Some(h.claim.as_str())
+                            && tolerates_forever(c, r, TAINT_KEY, v)
+                    })
+                });
+                if !tolerates {
+                    out.insert(h.uid);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Delete the rules of `released` (records' devices by id), only faultline's. A

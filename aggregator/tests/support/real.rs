@@ -45,13 +45,24 @@ impl RealCluster {
     /// agents' pods living as `delays` say; `None` where the control plane cannot be
     /// built (skipped, the reason printed; never under CI).
     pub async fn start(test: &str, release: Release, nodes: usize, delays: Delays) -> Option<Self> {
+        Self::start_with(test, release, nodes, delays, "deploy/overlays/nvidia").await
+    }
+
+    /// [`RealCluster::start`] with `overlay` applied (a path from the repository root).
+    pub async fn start_with(
+        test: &str,
+        release: Release,
+        nodes: usize,
+        delays: Delays,
+        overlay: &str,
+    ) -> Option<Self> {
         let cp = ControlPlane::start(test, Options::new(release)).await?;
         let client = cp.admin().await;
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("delivery-token"), "faultline-test-delivery").unwrap();
         std::fs::write(dir.path().join("intake-token"), "faultline-test-intake").unwrap();
 
-        let deploy = repo_root().join("deploy/overlays/nvidia");
+        let deploy = repo_root().join(overlay);
         cp.kubectl(&["apply", "--server-side", "-k", deploy.to_str().unwrap()]);
         for (secret, file) in [
             ("faultline-delivery", "delivery-token"),
@@ -190,6 +201,150 @@ impl RealCluster {
         let cm = api.get_opt(&name).await.ok()??;
         let text = cm.data?.get(&format!("{node}.json"))?.clone();
         serde_json::from_str(&text).ok()
+    }
+
+    /// The in-process agent of `node`'s running agent pod.
+    pub fn agent_addr(&self, node: &str) -> std::net::SocketAddr {
+        self.agents
+            .lock()
+            .unwrap()
+            .values()
+            .find(|(n, _)| n == node)
+            .map(|(_, a)| a.addr)
+            .unwrap_or_else(|| panic!("no agent runs on {node}"))
+    }
+
+    /// `kubectl apply --server-side` of one object.
+    pub fn apply(&self, obj: &serde_json::Value) {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), obj.to_string()).unwrap();
+        self.cp
+            .kubectl(&["apply", "--server-side", "-f", f.path().to_str().unwrap()]);
+    }
+
+    /// `kubectl get` of a kind as JSON: its items.
+    pub fn items(&self, args: &[&str]) -> Vec<serde_json::Value> {
+        let mut a = vec!["get"];
+        a.extend_from_slice(args);
+        a.extend(["-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&self.cp.kubectl(&a)).unwrap();
+        v["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Publish `node`'s agent's GPUs as NVIDIA's DRA driver does: the DeviceClass
+    /// `gpu.nvidia.com` (its chart's) and one ResourceSlice, device `gpu-<i>` for the
+    /// agent's i-th GPU under its UUID. The agent's device ids, by slice device.
+    pub async fn publish_gpus(&self, node: &str) -> Vec<(String, String)> {
+        let url = format!("http://{}/v1/health", self.agent_addr(node));
+        let mut gpus: Vec<(String, String)> = Vec::new();
+        for _ in 0..500 {
+            let (_, health) = super::call("GET", &url, None, String::new()).await;
+            gpus = health["npus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| {
+                    Some((
+                        d["id"].as_str()?.to_string(),
+                        d["uuid"].as_str()?.to_string(),
+                    ))
+                })
+                .collect();
+            if !gpus.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!gpus.is_empty(), "{node}'s agent reports no GPU");
+        self.apply(&serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
+        }));
+        let devices: Vec<serde_json::Value> = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, (_, uuid))| {
+                serde_json::json!({"name": format!("gpu-{i}"),
+                    "attributes": {"uuid": {"string": uuid}, "productName": {"string": "NVIDIA H200"},
+                                   "type": {"string": "gpu"}, "index": {"int": i}},
+                    "capacity": {"memory": {"value": "143771Mi"}}})
+            })
+            .collect();
+        self.apply(&serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("{node}-gpu.nvidia.com")},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices},
+        }));
+        gpus.iter()
+            .enumerate()
+            .map(|(i, (id, _))| (format!("gpu-{i}"), id.clone()))
+            .collect()
+    }
+
+    /// A pod `name` in `default` on `node` holding one GPU through its own claim
+    /// (`<name>-gpu`, with these device `tolerations`), allocated and bound by the real
+    /// scheduler, run by the test's kubelet; the device it got, once it runs.
+    pub async fn gpu_pod(&self, name: &str, node: &str, tolerations: serde_json::Value) -> String {
+        let claim = format!("{name}-gpu");
+        self.apply(&serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": claim, "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "tolerations": tolerations}}]}},
+        }));
+        self.apply(&serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": "train"}},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [{"name": "train", "image": "train:1",
+                                "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            },
+        }));
+        let start = std::time::Instant::now();
+        loop {
+            let running = self
+                .items(&[
+                    "-n",
+                    "default",
+                    "pods",
+                    "--field-selector",
+                    &format!("metadata.name={name}"),
+                ])
+                .first()
+                .is_some_and(|p| p["status"]["phase"] == "Running");
+            let device = self
+                .items(&[
+                    "-n",
+                    "default",
+                    "resourceclaims",
+                    "--field-selector",
+                    &format!("metadata.name={claim}"),
+                ])
+                .first()
+                .and_then(|c| {
+                    c.pointer("/status/allocation/devices/results/0/device")?
+                        .as_str()
+                        .map(String::from)
+                });
+            if let (true, Some(d)) = (running, device) {
+                return d;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{name} not running with an allocated GPU within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The DeviceTaintRules, as JSON.
+    pub fn rules(&self) -> Vec<serde_json::Value> {
+        self.items(&["devicetaintrules"])
     }
 
     /// Nothing faultline's ServiceAccounts asked was refused (the audit log).

@@ -19,8 +19,8 @@
 //! staging/src/k8s.io/dynamic-resource-allocation/structured/pools.go). A rule with no
 //! selector selects nothing; each selector field set must match.
 //!
-//! Simplifications, stated where made: `tolerationSeconds` is not modelled (a
-//! tolerated taint is tolerated for good); the controller runs on a 10 ms tick after any
+//! Simplifications, stated where made: a toleration with `tolerationSeconds` never
+//! spares a pod (upstream evicts it once they have passed); the controller runs on a 10 ms tick after any
 //! change, not on informer events.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -128,6 +128,21 @@ fn tolerates(tol: &Value, taint: &Value) -> bool {
     let effect_ok = effect.is_empty() || effect == text(taint, "/effect");
     let value_ok = op == "Exists" || text(tol, "/value") == text(taint, "/value");
     key_ok && effect_ok && value_ok
+}
+
+/// Whether the eviction controller leaves a claim for `taint` because of toleration
+/// `tol` (device_taint_eviction.go `claimEvictionTime`): only a toleration whose effect
+/// is `NoExecute`, written out (an empty effect, which matches every effect elsewhere,
+/// does not count here), that `ToleratesTaint` the taint as `NoExecute` (a `None` rule
+/// is simulated as `NoExecute`), with no `tolerationSeconds` (with them, the pod is
+/// evicted later: still pending). Found by the real controller (issue 46): this server
+/// had honoured a toleration without an effect.
+fn evicts_not(tol: &Value, taint: &Value) -> bool {
+    let mut as_no_execute = taint.clone();
+    as_no_execute["effect"] = json!("NoExecute");
+    text(tol, "/effect") == "NoExecute"
+        && tol.get("tolerationSeconds").is_none_or(Value::is_null)
+        && tolerates(tol, &as_no_execute)
 }
 
 /// One allocated device of a claim: the device, the claim's tolerations for it, and
@@ -285,7 +300,7 @@ pub(crate) fn sync(s: &ApiServer) {
         let hit: Vec<&Allocated> = allocated
             .iter()
             .filter(|a| selects(&rule, &a.device))
-            .filter(|a| !a.tolerations.iter().any(|t| tolerates(t, &taint)))
+            .filter(|a| !a.tolerations.iter().any(|t| evicts_not(t, &taint)))
             .collect();
         let pods: BTreeSet<&(String, String, String)> =
             hit.iter().flat_map(|a| a.pods.iter()).collect();
@@ -465,6 +480,32 @@ mod tests {
         ));
         assert!(!tolerates(
             &json!({"key": "other", "operator": "Exists"}),
+            &taint
+        ));
+    }
+
+    #[test]
+    fn only_a_no_execute_toleration_for_good_spares_a_pod() {
+        let taint = json!({"key": "faultline.io/unhealthy", "value": "xid-79", "effect": "None"});
+        let key = "faultline.io/unhealthy";
+        assert!(evicts_not(
+            &json!({"key": key, "operator": "Exists", "effect": "NoExecute"}),
+            &taint
+        ));
+        assert!(evicts_not(
+            &json!({"operator": "Exists", "effect": "NoExecute"}),
+            &taint
+        ));
+        assert!(!evicts_not(
+            &json!({"key": key, "operator": "Exists"}),
+            &taint
+        ));
+        assert!(!evicts_not(
+            &json!({"key": key, "operator": "Exists", "effect": "NoSchedule"}),
+            &taint
+        ));
+        assert!(!evicts_not(
+            &json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}),
             &taint
         ));
     }

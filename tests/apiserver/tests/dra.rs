@@ -341,7 +341,8 @@ async fn slices_are_bounded_and_selected_by_node() {
 }
 
 /// Seed node `n1`: its 8-GPU slice, and pods p3, p4, p5 holding gpu-3, gpu-4 and gpu-3
-/// again (p5's claim tolerates every taint), as the scheduler and the kubelet leave them.
+/// again (p5's claim tolerates every taint's NoExecute for good: the eviction
+/// controller honours no other), as the scheduler and the kubelet leave them.
 fn seed_node(server: &ApiServer) {
     let mut slice = fixtures::nvidia_slice("n1", 8);
     slice["metadata"]["name"] = json!("n1-gpu.nvidia.com");
@@ -349,7 +350,7 @@ fn seed_node(server: &ApiServer) {
     for (pod, device, tolerations) in [
         ("p3", "gpu-3", json!([])),
         ("p4", "gpu-4", json!([])),
-        ("p5", "gpu-3", json!([{"operator": "Exists"}])),
+        ("p5", "gpu-3", json!([{"operator": "Exists", "effect": "NoExecute"}])),
     ] {
         let p = server
             .create("pods", "train", fixtures::dra_pod(pod, "n1"))
