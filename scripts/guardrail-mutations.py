@@ -218,6 +218,21 @@ MUTATIONS = [
      '        self.drain(&held).await;',
      '',
      ['-p', 'faultline-aggregator', '--test', 'schedules', 'a_release_waits_out_the_margin_after_a_write_went']),
+    ('11 discovery: an agent away takes its node out of the published shard (issue 46)',
+     'aggregator/src/ingest/endpoints.rs',
+     '        f.follow_keeping(wanted, &away.keep()).await;',
+     '        f.follow_keeping(wanted, &BTreeSet::new()).await;',
+     ['-p', 'faultline-aggregator', '--test', 'real_cluster', 'an_agent_rollout_keeps_every_node_published_1_37']),
+    ('12 device path: a holder that tolerates the taint for good is counted (issue 46)',
+     'aggregator/src/quarantine/index.rs',
+     '        .filter(|c| tolerates_forever(c, device, key, value))',
+     '        .filter(|c| tolerates_forever(c, device, key, value) && c.is_null())',
+     ['-p', 'faultline-aggregator', '--test', 'device_taints', 'a_holder_that_tolerates_the_taint_is_left_and_the_gpu_taken_out']),
+    ('12 device path: a stale prediction is never asked again (issue 46)',
+     'aggregator/src/remediate/prediction.rs',
+     '                Prediction::Disagrees { .. } if !asked_again => {',
+     '                Prediction::Disagrees { .. } if asked_again && !asked_again => {',
+     ['-p', 'faultline-aggregator', '--test', 'real_cluster', 'a_stale_prediction_is_asked_again_1_37']),
 ]
 
 

@@ -16,7 +16,6 @@
 //! rules, counted cluster-wide), the breaker and dry-run apply as for nodes.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use faultline_common::sync::Locked;
 use k8s_openapi::api::core::v1::Pod;
@@ -33,26 +32,11 @@ use super::remediator::Remediator;
 use crate::metrics::{Action, ActionResult};
 use crate::model::RecordDevice;
 use crate::quarantine::{
-    holders, is_ours, judge, node_fault, plugin_scope, rejecting, rejections, rule_name, scope,
-    taint_value, taken_out, tolerates_forever, would_be_evicted, would_evict, Dra, Effect, Failed,
-    NodeWhy, PluginScope, Prediction, QuarantineError, Scope, REJECTION_WINDOW_MS, TAINT_KEY,
+    holders, is_ours, node_fault, plugin_scope, rejecting, rejections, rule_name, scope,
+    taint_value, taken_out, tolerates_forever, Dra, Effect, Failed, NodeWhy, PluginScope,
+    Prediction, QuarantineError, Scope, REJECTION_WINDOW_MS, TAINT_KEY,
 };
 use crate::shard::Fence;
-
-/// Which pod uids are scheduled and not terminating among `pods`: those the
-/// device-taint eviction controller counts (it skips the others).
-fn running(pods: &[Pod]) -> impl Fn(&str) -> bool + '_ {
-    move |uid| {
-        pods.iter().any(|p| {
-            p.metadata.uid.as_deref() == Some(uid)
-                && p.metadata.deletion_timestamp.is_none()
-                && p.spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_deref())
-                    .is_some_and(|n| !n.is_empty())
-        })
-    }
-}
 
 /// Where isolation goes on from the device path.
 pub(super) enum DevicePath {
@@ -313,7 +297,7 @@ impl Remediator {
                 return Err(RemediateError::NotHolder);
             }
             let dev = r.device_ref();
-            let mut rule = dra
+            let rule = dra
                 .propose(&dev, &r.uuid, reason, sequence, shard)
                 .await
                 .map_err(quarantine_error)?;
@@ -325,45 +309,9 @@ impl Remediator {
                 r.effect = effect;
                 continue;
             }
-            let value = rule["spec"]["taint"]["value"]
-                .as_str()
-                .unwrap_or("")
-                .to_string();
-            let taint = (TAINT_KEY, value.as_str());
-            let mut ours = would_be_evicted(&claims, &dev, taint, running(pods));
-            let mut deadline = tokio::time::Instant::now() + q.prediction_wait;
-            let mut asked_again = false;
-            let verdict = loop {
-                let p = judge(would_evict(&rule), &ours);
-                let late = tokio::time::Instant::now() >= deadline;
-                match p {
-                    Prediction::Pending if !late => {}
-                    // The prediction is of the pods when the rule's generation was
-                    // written, and is never updated; pods came and went since (issue
-                    // 46). Once per pass, ask for a fresh one and count again.
-                    Prediction::Disagrees { .. } if !asked_again => {
-                        asked_again = true;
-                        if !fence.holds() {
-                            return Err(RemediateError::NotHolder);
-                        }
-                        let now_secs = self.clock.now_ms() / 1000;
-                        rule = dra
-                            .resimulate(&dev, now_secs)
-                            .await
-                            .map_err(quarantine_error)?;
-                        let claims = dra.claims_of(pods).await.map_err(quarantine_error)?;
-                        ours = would_be_evicted(&claims, &dev, taint, running(pods));
-                        deadline = tokio::time::Instant::now() + q.prediction_wait;
-                        continue;
-                    }
-                    p => break p,
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                match dra.rule(&dev).await.map_err(quarantine_error)? {
-                    Some(again) => rule = again,
-                    None => break Prediction::Pending,
-                }
-            };
+            let verdict = self
+                .prediction(dra, rule, &dev, (&claims, pods), q.prediction_wait, fence)
+                .await?;
             match verdict {
                 Prediction::Agrees(n) => {
                     if !fence.holds() {
@@ -715,7 +663,7 @@ impl Remediator {
 }
 
 /// A DRA error as the pass's: API errors stay API errors.
-fn quarantine_error(e: QuarantineError) -> RemediateError {
+pub(super) fn quarantine_error(e: QuarantineError) -> RemediateError {
     match e {
         QuarantineError::Api(e) => RemediateError::Api(e),
         other => RemediateError::Device(other.to_string()),

@@ -27,6 +27,7 @@ pub mod guards;
 pub mod isolate;
 pub mod patch;
 pub mod policy;
+mod prediction;
 pub mod record;
 pub mod release;
 pub mod remediator;

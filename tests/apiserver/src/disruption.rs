@@ -5,7 +5,8 @@
 //!
 //! One simplification, stated where it is made: this server serves no workload
 //! controllers, so a controller's scale (`getExpectedScale`) is the number of pods
-//! that name it as their controller.
+//! that name it as their controller; a Job, CronJob or DaemonSet has no scale
+//! subresource, and a budget that needs one fails (no disruption), as upstream.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -101,8 +102,12 @@ fn scaled(v: &Value, total: i64) -> Result<i64, String> {
 }
 
 /// `getExpectedScale`: the sum of the scales of the pods' controllers; pods without a
-/// controller are not counted (newer disruption.go collects them as unmanaged).
-fn expected_scale(pods: &[&Value]) -> i64 {
+/// controller are not counted (newer disruption.go collects them as unmanaged). A
+/// controller whose kind has no scale subresource (a Job, a DaemonSet) is an error
+/// (`getScaleController`: "jobs.batch does not implement the scale subresource"), so
+/// the budget allows no disruption at all (found by the differential check against the
+/// real disruption controller, issue 46: this server had counted a Job's pods).
+fn expected_scale(pods: &[&Value]) -> Result<i64, String> {
     let mut scale: BTreeMap<String, i64> = BTreeMap::new();
     for p in pods {
         let controller = p
@@ -111,28 +116,44 @@ fn expected_scale(pods: &[&Value]) -> i64 {
             .and_then(|refs| {
                 refs.iter()
                     .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
-            })
-            .and_then(|r| r.get("uid"))
-            .and_then(Value::as_str);
-        if let Some(uid) = controller {
+            });
+        let Some(c) = controller else { continue };
+        let kind = c.get("kind").and_then(Value::as_str).unwrap_or("");
+        let group = c
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .and_then(|v| v.split_once('/').map(|(g, _)| g))
+            .unwrap_or("");
+        let unscalable = match (group, kind) {
+            ("batch", "Job") => Some("jobs.batch"),
+            ("batch", "CronJob") => Some("cronjobs.batch"),
+            ("apps", "DaemonSet") => Some("daemonsets.apps"),
+            _ => None,
+        };
+        if let Some(resource) = unscalable {
+            return Err(format!(
+                "{resource} does not implement the scale subresource"
+            ));
+        }
+        if let Some(uid) = c.get("uid").and_then(Value::as_str) {
             // This server's stand-in for the controller's scale: its pods.
             *scale.entry(uid.to_string()).or_default() += 1;
         }
     }
-    scale.values().sum()
+    Ok(scale.values().sum())
 }
 
 /// `getExpectedPodCount`: (expectedCount, desiredHealthy).
 fn expected_and_desired(pdb: &Value, pods: &[&Value]) -> Result<(i64, i64), String> {
     if let Some(max) = pdb.pointer("/spec/maxUnavailable") {
-        let expected = expected_scale(pods);
+        let expected = expected_scale(pods)?;
         let max = scaled(max, expected)?;
         Ok((expected, (expected - max).max(0)))
     } else if let Some(min) = pdb.pointer("/spec/minAvailable") {
         match min {
             Value::Number(_) => Ok((pods.len() as i64, scaled(min, 0)?)),
             _ => {
-                let expected = expected_scale(pods);
+                let expected = expected_scale(pods)?;
                 Ok((expected, scaled(min, expected)?))
             }
         }
@@ -373,6 +394,32 @@ mod tests {
         assert_eq!(s["expectedPods"], 3);
         assert_eq!(s["disruptionsAllowed"], 1);
         assert_eq!(s["observedGeneration"], 1);
+    }
+
+    /// disruption.go `getScaleController`: a Job has no scale subresource, so a
+    /// `maxUnavailable` or percentage budget over a Job's pods fails its sync and
+    /// allows nothing; `minAvailable` as a number needs no scale and allows as usual.
+    #[test]
+    fn a_jobs_pods_get_no_disruption_under_max_unavailable() {
+        let mut pods = [pod("a", true, None), pod("b", true, None)];
+        for p in &mut pods {
+            p["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "j1", "controller": true}]);
+        }
+        let s = budget_status(&pdb(json!({"maxUnavailable": 1})), &pods, SystemTime::now());
+        assert_eq!(s["disruptionsAllowed"], 0);
+        assert_eq!(s["conditions"][0]["reason"], "SyncFailed");
+        assert_eq!(
+            s["conditions"][0]["message"],
+            "jobs.batch does not implement the scale subresource"
+        );
+        let s = budget_status(
+            &pdb(json!({"minAvailable": "50%"})),
+            &pods,
+            SystemTime::now(),
+        );
+        assert_eq!(s["disruptionsAllowed"], 0);
+        let s = budget_status(&pdb(json!({"minAvailable": 1})), &pods, SystemTime::now());
+        assert_eq!(s["disruptionsAllowed"], 1);
     }
 
     /// disruption.go `getExpectedScale`: `maxUnavailable` needs controllers; pods

@@ -350,7 +350,11 @@ fn seed_node(server: &ApiServer) {
     for (pod, device, tolerations) in [
         ("p3", "gpu-3", json!([])),
         ("p4", "gpu-4", json!([])),
-        ("p5", "gpu-3", json!([{"operator": "Exists", "effect": "NoExecute"}])),
+        (
+            "p5",
+            "gpu-3",
+            json!([{"operator": "Exists", "effect": "NoExecute"}]),
+        ),
     ] {
         let p = server
             .create("pods", "train", fixtures::dra_pod(pod, "n1"))

@@ -426,9 +426,11 @@ impl ControlPlane {
     /// A client from `kubeconfig`.
     pub async fn client(&self, kubeconfig: &Path) -> kube::Client {
         let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
             .await
             .unwrap();
+        // Answers as they come: no retries of 429 and 503 behind the caller's back.
+        cfg.default_retry = false;
         kube::Client::try_from(cfg).unwrap()
     }
 

@@ -1,0 +1,93 @@
+//! The device-taint eviction controller's prediction for a rule at effect `None`, judged
+//! against faultline's own count of the device's holders (issue 28), on a real
+//! controller's terms (issue 46):
+//!
+//! - faultline counts as the controller counts ([`would_be_evicted`]): scheduled pods
+//!   that are not terminating, whose claims do not tolerate the taint for good;
+//! - the controller writes its prediction once per generation of the rule, when that
+//!   generation is written, and never again; pods come and go after. On a
+//!   disagreement the pass asks once for a fresh one ([`Dra::resimulate`]: a spec
+//!   change), counts again, and waits once more.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::Value;
+
+use super::device::quarantine_error;
+use super::error::RemediateError;
+use super::remediator::Remediator;
+use crate::quarantine::{
+    judge, would_be_evicted, would_evict, DeviceRef, Dra, Prediction, TAINT_KEY,
+};
+use crate::shard::Fence;
+
+/// Which pod uids are scheduled and not terminating among `pods`: those the
+/// device-taint eviction controller counts (it skips the others).
+fn running(pods: &[Pod]) -> impl Fn(&str) -> bool + '_ {
+    move |uid| {
+        pods.iter().any(|p| {
+            p.metadata.uid.as_deref() == Some(uid)
+                && p.metadata.deletion_timestamp.is_none()
+                && p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .is_some_and(|n| !n.is_empty())
+        })
+    }
+}
+
+impl Remediator {
+    /// The controller's prediction for `dev`'s rule (as proposed: `rule`) against
+    /// faultline's count from `claims` of `pods`: waits up to `wait` for it, asks once
+    /// more on a disagreement. `Pending` when none came in time.
+    pub(super) async fn prediction(
+        &self,
+        dra: &Dra,
+        mut rule: Value,
+        dev: &DeviceRef,
+        (claims, pods): (&[Value], &[Pod]),
+        wait: Duration,
+        fence: &Fence,
+    ) -> Result<Prediction, RemediateError> {
+        let value = rule["spec"]["taint"]["value"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let taint = (TAINT_KEY, value.as_str());
+        let mut ours = would_be_evicted(claims, dev, taint, running(pods));
+        let mut deadline = tokio::time::Instant::now() + wait;
+        let mut asked_again = false;
+        loop {
+            let p = judge(would_evict(&rule), &ours);
+            let late = tokio::time::Instant::now() >= deadline;
+            match p {
+                Prediction::Pending if !late => {}
+                // The prediction is of the pods when the rule's generation was
+                // written, and is never updated; pods came and went since. Once per
+                // pass, ask for a fresh one and count again.
+                Prediction::Disagrees { .. } if !asked_again => {
+                    asked_again = true;
+                    if !fence.holds() {
+                        return Err(RemediateError::NotHolder);
+                    }
+                    let now_secs = self.clock.now_ms() / 1000;
+                    rule = dra
+                        .resimulate(dev, now_secs)
+                        .await
+                        .map_err(quarantine_error)?;
+                    let claims = dra.claims_of(pods).await.map_err(quarantine_error)?;
+                    ours = would_be_evicted(&claims, dev, taint, running(pods));
+                    deadline = tokio::time::Instant::now() + wait;
+                    continue;
+                }
+                p => return Ok(p),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            match dra.rule(dev).await.map_err(quarantine_error)? {
+                Some(again) => rule = again,
+                None => return Ok(Prediction::Pending),
+            }
+        }
+    }
+}
