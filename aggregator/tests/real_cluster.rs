@@ -349,3 +349,242 @@ fn a_stale_prediction_is_asked_again_1_36() {
         run(a_stale_prediction_is_asked_again(Release::V1_36));
     }
 }
+
+/// Healing on a real cluster, the node path (GPUs of the device plugin, which took none
+/// out of allocatable): a GPU of n1 fails. faultline taints n1 once; evicts through the
+/// Eviction API the Deployment's pod there, whose replacement the real scheduler then
+/// keeps off n1 (Pending: the taint works); never forces the pod whose real
+/// PodDisruptionBudget allows no disruption (the real answer, 429, every time); and
+/// `kubectl describe node n1` shows why.
+async fn healing_respects_a_real_budget(release: Release) {
+    let test = format!("healing_respects_a_real_budget ({release:?})");
+    let Some(c) = RealCluster::start_with(
+        &test,
+        release,
+        2,
+        Delays::default(),
+        "deploy/overlays/nvidia-enforce",
+    )
+    .await
+    else {
+        return;
+    };
+    let gpu_pod = |labels: serde_json::Value| {
+        serde_json::json!({
+            "metadata": {"labels": labels},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": "n1"},
+                "containers": [{"name": "train", "image": "train:1",
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            },
+        })
+    };
+    let mut solo = gpu_pod(serde_json::json!({"app": "solo"}));
+    solo["apiVersion"] = "v1".into();
+    solo["kind"] = "Pod".into();
+    solo["metadata"]["name"] = "solo".into();
+    solo["metadata"]["namespace"] = "default".into();
+    c.apply(&solo);
+    c.apply(&serde_json::json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "solo", "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "solo"}}},
+    }));
+    c.apply(&serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                 "template": gpu_pod(serde_json::json!({"app": "web"}))},
+    }));
+    let running = |c: &RealCluster| -> Vec<(String, String, bool)> {
+        c.items(&["-n", "default", "pods"])
+            .iter()
+            .map(|p| {
+                (
+                    p["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                    p["status"]["phase"].as_str().unwrap_or("").to_string(),
+                    !p["metadata"]["deletionTimestamp"].is_null(),
+                )
+            })
+            .collect()
+    };
+    let start = Instant::now();
+    let web = loop {
+        let pods = running(&c);
+        let web = pods
+            .iter()
+            .find(|p| p.0.starts_with("web-") && p.1 == "Running")
+            .map(|p| p.0.clone());
+        let budget_ready = c
+            .items(&["-n", "default", "poddisruptionbudgets"])
+            .first()
+            .is_some_and(|b| b["status"]["observedGeneration"] == b["metadata"]["generation"]);
+        if let (Some(w), true, true) = (
+            web,
+            pods.iter().any(|p| p.0 == "solo" && p.1 == "Running"),
+            budget_ready,
+        ) {
+            break w;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "workloads not running: {pods:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (_agg, url) = c.aggregator("faultline-aggregator-0", &HEALING).await;
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let fault = r#"{"device":"gpu1","fault":"row-remap-failure"}"#;
+    assert_eq!(
+        support::post(c.agent_addr("n1"), "/v1/sim/faults", fault).await,
+        201
+    );
+
+    // The taint, once; the Deployment's pod evicted and its replacement kept off n1.
+    let start = Instant::now();
+    loop {
+        let taints: Vec<serde_json::Value> = c
+            .items(&["nodes", "--field-selector", "metadata.name=n1"])
+            .first()
+            .and_then(|n| n["spec"]["taints"].as_array().cloned())
+            .unwrap_or_default();
+        let ours = taints.iter().filter(|t| t["key"] == support::TAINT).count();
+        let pods = running(&c);
+        let web_gone = !pods.iter().any(|p| p.0 == web);
+        let replacement_pending = pods
+            .iter()
+            .any(|p| p.0.starts_with("web-") && p.0 != web && p.1 == "Pending");
+        if ours == 1 && web_gone && replacement_pending {
+            break;
+        }
+        assert!(ours <= 1, "n1 tainted {ours} times: {taints:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "not healed within 60 s: taints {taints:?}, pods {pods:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Two more passes: solo is still asked, and still refused.
+    support::grows(
+        addr,
+        &[("faultline_aggregator_remediation_passes_total", 2)],
+    )
+    .await;
+    assert!(
+        running(&c)
+            .iter()
+            .any(|p| p.0 == "solo" && p.1 == "Running" && !p.2),
+        "solo was forced out despite its budget"
+    );
+    let evictions: Vec<(String, u16)> =
+        c.cp.audit()
+            .into_iter()
+            .filter(|e| e.verb == "create" && e.uri.contains("/eviction"))
+            .map(|e| (e.uri, e.code))
+            .collect();
+    let solo_answers: Vec<u16> = evictions
+        .iter()
+        .filter(|(u, _)| u.contains("/pods/solo/"))
+        .map(|(_, code)| *code)
+        .collect();
+    assert!(
+        !solo_answers.is_empty() && solo_answers.iter().all(|c| *c == 429),
+        "solo's evictions: {evictions:?}"
+    );
+    assert_eq!(
+        evictions
+            .iter()
+            .filter(|(u, code)| u.contains(&format!("/pods/{web}/")) && *code == 201)
+            .count(),
+        1,
+        "{evictions:?}"
+    );
+    let describe = c.cp.kubectl(&["describe", "node", "n1"]);
+    assert!(
+        describe.contains("FaultlineQuarantined"),
+        "kubectl describe node n1 shows no FaultlineQuarantined Event:\n{describe}"
+    );
+    eprintln!(
+        "{test}: n1 tainted once, {web} evicted once, solo refused {} times (429)",
+        solo_answers.len()
+    );
+    c.assert_no_forbidden();
+}
+
+#[test]
+fn healing_respects_a_real_budget_1_37() {
+    if isolated("healing_respects_a_real_budget_1_37") {
+        run(healing_respects_a_real_budget(Release::V1_37));
+    }
+}
+
+#[test]
+fn healing_respects_a_real_budget_1_36() {
+    if isolated("healing_respects_a_real_budget_1_36") {
+        run(healing_respects_a_real_budget(Release::V1_36));
+    }
+}
+
+/// 1.36 as it comes: DeviceTaintRules off (the `DRADeviceTaintRules` gate and the
+/// `v1beta2` API), DRA on. faultline finds no DeviceTaintRule API and takes the node
+/// path: n1 tainted once, the holder of the failed GPU (by its claim) evicted, the
+/// other GPU's pod left.
+#[test]
+fn without_device_taint_rules_1_36_takes_the_node_path() {
+    let test = "without_device_taint_rules_1_36_takes_the_node_path";
+    if !isolated(test) {
+        return;
+    }
+    run(async {
+        let opts = faultline_controlplane::Options::defaults(Release::V1_36);
+        let Some(c) = RealCluster::start_as(
+            test,
+            opts,
+            1,
+            Delays::default(),
+            "deploy/overlays/nvidia-enforce",
+        )
+        .await
+        else {
+            return;
+        };
+        let gpus = c.publish_gpus("n1").await;
+        let failed = c.gpu_pod("holder", "n1", serde_json::json!([])).await;
+        let other = c.gpu_pod("bystander", "n1", serde_json::json!([])).await;
+        assert_ne!(failed, other);
+        let id = &gpus.iter().find(|(d, _)| *d == failed).unwrap().1;
+        let (_agg, _url) = c.aggregator("faultline-aggregator-0", &HEALING).await;
+        let fault = format!(r#"{{"device":"{id}","fault":"row-remap-failure"}}"#);
+        assert_eq!(
+            support::post(c.agent_addr("n1"), "/v1/sim/faults", &fault).await,
+            201
+        );
+        let start = Instant::now();
+        loop {
+            let taints: Vec<serde_json::Value> = c
+                .items(&["nodes", "--field-selector", "metadata.name=n1"])
+                .first()
+                .and_then(|n| n["spec"]["taints"].as_array().cloned())
+                .unwrap_or_default();
+            let ours = taints.iter().filter(|t| t["key"] == support::TAINT).count();
+            let pods = c.items(&["-n", "default", "pods"]);
+            let holder_gone = !pods.iter().any(|p| p["metadata"]["name"] == "holder");
+            if ours == 1 && holder_gone {
+                break;
+            }
+            assert!(ours <= 1, "n1 tainted {ours} times");
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "node path not taken within 60 s: taints {taints:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let pods = c.items(&["-n", "default", "pods"]);
+        assert!(
+            pods.iter().any(|p| p["metadata"]["name"] == "bystander"
+                && p["metadata"]["deletionTimestamp"].is_null()),
+            "the other GPU's pod was evicted too"
+        );
+        c.assert_no_forbidden();
+    });
+}

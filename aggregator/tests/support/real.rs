@@ -13,9 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use faultline_common::fault::{page_name, shard_of, NodeFaults};
-use faultline_controlplane::{
-    ControlPlane, Delays, FakeNode, Kubelet, Options, PodHook, PodPhase, Release,
-};
+use faultline_controlplane::{ControlPlane, Delays, FakeNode, Kubelet, Options, PodHook, PodPhase};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
@@ -44,19 +42,35 @@ impl RealCluster {
     /// `release` with its device-taint gates on, `nodes` GPU nodes (n1, n2, ...), the
     /// agents' pods living as `delays` say; `None` where the control plane cannot be
     /// built (skipped, the reason printed; never under CI).
-    pub async fn start(test: &str, release: Release, nodes: usize, delays: Delays) -> Option<Self> {
+    pub async fn start(
+        test: &str,
+        release: faultline_controlplane::Release,
+        nodes: usize,
+        delays: Delays,
+    ) -> Option<Self> {
         Self::start_with(test, release, nodes, delays, "deploy/overlays/nvidia").await
     }
 
     /// [`RealCluster::start`] with `overlay` applied (a path from the repository root).
     pub async fn start_with(
         test: &str,
-        release: Release,
+        release: faultline_controlplane::Release,
         nodes: usize,
         delays: Delays,
         overlay: &str,
     ) -> Option<Self> {
-        let cp = ControlPlane::start(test, Options::new(release)).await?;
+        Self::start_as(test, Options::new(release), nodes, delays, overlay).await
+    }
+
+    /// [`RealCluster::start_with`], the control plane started as `opts` says.
+    pub async fn start_as(
+        test: &str,
+        opts: Options,
+        nodes: usize,
+        delays: Delays,
+        overlay: &str,
+    ) -> Option<Self> {
+        let cp = ControlPlane::start(test, opts).await?;
         let client = cp.admin().await;
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("delivery-token"), "faultline-test-delivery").unwrap();
