@@ -86,7 +86,7 @@ async fn an_agent_rollout_keeps_every_node_published(release: Release) {
             start.elapsed() < Duration::from_secs(60),
             "both nodes not published reachable within 60 s"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let before: BTreeSet<String> = c.agent_pods().await.into_iter().map(|p| p.1).collect();
     c.cp.kubectl(&[
@@ -180,7 +180,7 @@ async fn until_effect(c: &RealCluster, device: &str, effect: &str) -> serde_json
             start.elapsed() < Duration::from_secs(60),
             "{device}'s DeviceTaintRule not at {effect} within 60 s: {rule:#?}"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -430,7 +430,7 @@ async fn healing_respects_a_real_budget(release: Release) {
             start.elapsed() < Duration::from_secs(60),
             "workloads not running: {pods:?}"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let (_agg, url) = c.aggregator("faultline-aggregator-0", &HEALING).await;
     let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
@@ -462,7 +462,7 @@ async fn healing_respects_a_real_budget(release: Release) {
             start.elapsed() < Duration::from_secs(60),
             "not healed within 60 s: taints {taints:?}, pods {pods:?}"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Two more passes: solo is still asked, and still refused.
     support::grows(
@@ -577,7 +577,7 @@ fn without_device_taint_rules_1_36_takes_the_node_path() {
                 start.elapsed() < Duration::from_secs(60),
                 "node path not taken within 60 s: taints {taints:?}"
             );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let pods = c.items(&["-n", "default", "pods"]);
         assert!(

@@ -292,52 +292,50 @@ impl Dra {
     }
 
     /// Enforce: the rule's effect becomes `NoSchedule` (`NoExecute` only where the
-    /// operator opted in: it deletes pods, bypassing their PodDisruptionBudgets). The
-    /// JSON patch tests the rule's uid and faultline's label, which the API server
-    /// checks against the object it writes: a rule replaced meanwhile, or relabelled to
-    /// another owner, is not written (422). Not its resourceVersion: the eviction
-    /// controller writes the rule's status at any time.
+    /// operator opted in: it deletes pods, bypassing their PodDisruptionBudgets).
     pub async fn enforce(
         &self,
         device: &DeviceRef,
         effect: Effect,
     ) -> Result<Value, QuarantineError> {
-        let name = rule_name(device);
-        let Some(r) = self.rule(device).await? else {
-            return Err(QuarantineError::Decode {
-                what: format!("rule {name}"),
-                why: "not found".into(),
-            });
-        };
-        if !is_ours(&r) {
-            return Err(QuarantineError::NotOurs(name));
-        }
-        let patch = json!([
-            {"op": "test", "path": "/metadata/uid", "value": r["metadata"]["uid"]},
-            {"op": "test", "path": "/metadata/labels/app.kubernetes.io~1managed-by", "value": "faultline"},
-            {"op": "replace", "path": "/spec/taint/effect", "value": effect.as_str()},
-        ]);
-        let p: json_patch::Patch =
-            serde_json::from_value(patch).map_err(|e| QuarantineError::Decode {
-                what: "patch".into(),
-                why: e.to_string(),
-            })?;
-        let done = self
-            .rules()?
-            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(p))
-            .await?;
-        as_json(&done)
+        self.patch_ours(
+            device,
+            |_| json!({"op": "replace", "path": "/spec/taint/effect", "value": effect.as_str()}),
+        )
+        .await
     }
 
     /// Ask the controller for a fresh prediction: the rule's `spec.taint.timeAdded`
     /// moves on (to `now_secs`, or a second past its own), a spec change, after which
     /// the device-taint eviction controller simulates `NoExecute` again and writes the
     /// condition for the new generation (1.36 and later; 1.35's controller writes it
-    /// once per rule). Same guards as [`Dra::enforce`]: ours, same uid.
+    /// once per rule).
     pub async fn resimulate(
         &self,
         device: &DeviceRef,
         now_secs: u64,
+    ) -> Result<Value, QuarantineError> {
+        self.patch_ours(device, |r| {
+            let was = r
+                .pointer("/spec/taint/timeAdded")
+                .and_then(Value::as_str)
+                .and_then(faultline_common::time::parse_rfc3339_ms)
+                .map_or(0, |ms| ms / 1000);
+            let at = faultline_common::time::rfc3339_ms(now_secs.max(was + 1) * 1000);
+            json!({"op": "add", "path": "/spec/taint/timeAdded", "value": at})
+        })
+        .await
+    }
+
+    /// One JSON-patch operation (`op`, from the rule as read) on the device's rule,
+    /// only if it is ours. The patch tests the rule's uid and faultline's label, which
+    /// the API server checks against the object it writes: a rule replaced meanwhile,
+    /// or relabelled to another owner, is not written (422). Not its resourceVersion:
+    /// the eviction controller writes the rule's status at any time.
+    async fn patch_ours(
+        &self,
+        device: &DeviceRef,
+        op: impl FnOnce(&Value) -> Value,
     ) -> Result<Value, QuarantineError> {
         let name = rule_name(device);
         let Some(r) = self.rule(device).await? else {
@@ -349,16 +347,10 @@ impl Dra {
         if !is_ours(&r) {
             return Err(QuarantineError::NotOurs(name));
         }
-        let was = r
-            .pointer("/spec/taint/timeAdded")
-            .and_then(Value::as_str)
-            .and_then(faultline_common::time::parse_rfc3339_ms)
-            .map_or(0, |ms| ms / 1000);
-        let at = faultline_common::time::rfc3339_ms(now_secs.max(was + 1) * 1000);
         let patch = json!([
             {"op": "test", "path": "/metadata/uid", "value": r["metadata"]["uid"]},
             {"op": "test", "path": "/metadata/labels/app.kubernetes.io~1managed-by", "value": "faultline"},
-            {"op": "add", "path": "/spec/taint/timeAdded", "value": at},
+            op(&r),
         ]);
         let p: json_patch::Patch =
             serde_json::from_value(patch).map_err(|e| QuarantineError::Decode {
