@@ -95,7 +95,11 @@ impl RealCluster {
         ]);
 
         let agents: Agents = Arc::default();
-        let hook = agent_hook(agents.clone(), dir.path().join("delivery-token"));
+        let hook = agent_hook(
+            agents.clone(),
+            dir.path().join("delivery-token"),
+            dir.path().join("nodes"),
+        );
         let fake: Vec<FakeNode> = (0..nodes)
             .map(|i| FakeNode::gpu(&format!("n{}", i + 1), i as u8))
             .collect();
@@ -166,7 +170,8 @@ impl RealCluster {
     }
 
     /// The aggregator binary as replica `replica`, with the Deployment's arguments (its
-    /// secrets' files here), then `extra`, under a token of its ServiceAccount.
+    /// secrets' files here), each `--flag=value` of `extra` in place of the Deployment's
+    /// own, under a token of its ServiceAccount.
     pub async fn aggregator(&self, replica: &str, extra: &[&str]) -> (AggregatorProcess, String) {
         let args = self.cp.kubectl(&[
             "-n",
@@ -192,7 +197,12 @@ impl RealCluster {
             };
             argv.push(a);
         }
-        argv.extend(extra.iter().map(|s| s.to_string()));
+        // `--flag=value` in `extra` replaces the Deployment's `--flag`.
+        for e in extra {
+            let flag = e.split_once('=').map_or(*e, |(f, _)| f);
+            argv.retain(|a| a.split_once('=').map_or(a.as_str(), |(f, _)| f) != flag);
+            argv.push(e.to_string());
+        }
         let kubeconfig = self
             .cp
             .service_account_kubeconfig(NS, "faultline-aggregator");
@@ -217,6 +227,22 @@ impl RealCluster {
         serde_json::from_str(&text).ok()
     }
 
+    /// `node`'s own fault.json, as its agent keeps it (the DaemonSet's `--fault-dir`).
+    pub fn node_file(&self, node: &str) -> Option<NodeFaults> {
+        let path = self.dir.path().join("nodes").join(node).join("fault.json");
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    }
+
+    /// [`RealCluster::node_entry`], read with kubectl (for a synchronous look).
+    pub fn published(&self, shards: u32, node: &str) -> Option<NodeFaults> {
+        let name = page_name("faultline", shard_of(node, shards), 0);
+        let field = format!("metadata.name={name}");
+        let cm = self
+            .items(&["-n", NS, "configmaps", "--field-selector", &field])
+            .pop()?;
+        serde_json::from_str(cm["data"][format!("{node}.json")].as_str()?).ok()
+    }
+
     /// The in-process agent of `node`'s running agent pod.
     pub fn agent_addr(&self, node: &str) -> std::net::SocketAddr {
         self.agents
@@ -226,6 +252,18 @@ impl RealCluster {
             .find(|(n, _)| n == node)
             .map(|(_, a)| a.addr)
             .unwrap_or_else(|| panic!("no agent runs on {node}"))
+    }
+
+    /// Where `node`'s running agent serves the node's pods (the DaemonSet's
+    /// `--fault-listen`: `GET /v1/fault`, `POST /v1/drain/ack`).
+    pub fn fault_addr(&self, node: &str) -> std::net::SocketAddr {
+        self.agents
+            .lock()
+            .unwrap()
+            .values()
+            .find(|(n, _)| n == node)
+            .and_then(|(_, a)| a.fault_addr)
+            .unwrap_or_else(|| panic!("no agent serves {node}'s pods"))
     }
 
     /// `kubectl apply --server-side` of one object.
@@ -379,10 +417,12 @@ impl RealCluster {
 }
 
 /// Each agent pod runs an agent in this process on the pod's address, port 8081, with
-/// four simulated GPUs; other pods just run.
-fn agent_hook(agents: Agents, token: PathBuf) -> PodHook {
+/// four simulated GPUs, as the DaemonSet's container does: its node's own fault.json in
+/// `nodes/<node>` (the hostPath), served to pods on port 8082, deliveries taken with the
+/// token. A Job's pod (a canary) succeeds; other pods just run.
+fn agent_hook(agents: Agents, token: PathBuf, nodes: PathBuf) -> PodHook {
     Arc::new(move |pod: Pod, ip: Option<String>| {
-        let (agents, token) = (agents.clone(), token.clone());
+        let (agents, token, nodes) = (agents.clone(), token.clone(), nodes.clone());
         Box::pin(async move {
             let is_agent = pod
                 .metadata
@@ -390,6 +430,14 @@ fn agent_hook(agents: Agents, token: PathBuf) -> PodHook {
                 .as_ref()
                 .and_then(|l| l.get("app.kubernetes.io/name"))
                 .is_some_and(|v| v == "faultline-agent");
+            let is_job = pod
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key("batch.kubernetes.io/job-name"));
+            if is_job {
+                return PodPhase::Succeeded;
+            }
             if !is_agent {
                 return PodPhase::Running;
             }
@@ -402,6 +450,9 @@ fn agent_hook(agents: Agents, token: PathBuf) -> PodHook {
             match ip {
                 Some(ip) => {
                     let listen = format!("{ip}:8081");
+                    let fault_listen = format!("{ip}:8082");
+                    let fault_dir = nodes.join(&node);
+                    std::fs::create_dir_all(&fault_dir).unwrap();
                     let args = [
                         "faultline-agent",
                         "--listen",
@@ -416,6 +467,10 @@ fn agent_hook(agents: Agents, token: PathBuf) -> PodHook {
                         "100ms",
                         "--delivery-token-file",
                         token.to_str().unwrap(),
+                        "--fault-dir",
+                        fault_dir.to_str().unwrap(),
+                        "--fault-listen",
+                        &fault_listen,
                     ];
                     let cfg = faultline_agent::config::Config::parse_from(args).unwrap();
                     let agent = faultline_agent::start(cfg).await.unwrap();
@@ -431,4 +486,29 @@ fn agent_hook(agents: Agents, token: PathBuf) -> PodHook {
             PodPhase::Running
         })
     })
+}
+
+/// `POST path` with a JSON `body` to `addr` from the address `from` (a pod's own: the
+/// pod range is local in the test's network namespace), as that pod would send it; the
+/// status code.
+pub async fn post_from(from: &str, addr: std::net::SocketAddr, path: &str, body: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(format!("{from}:0").parse().unwrap())
+        .unwrap_or_else(|e| panic!("bind {from}: {e}"));
+    let mut stream = socket.connect(addr).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line from {addr}{path}: {answer:?}"))
 }

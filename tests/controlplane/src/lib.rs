@@ -39,17 +39,21 @@ pub enum Release {
     /// Kubernetes 1.36: DeviceTaintRule `v1beta2`, off by default (the
     /// `DRADeviceTaintRules` gate plus runtime-config).
     V1_36,
+    /// Kubernetes 1.35: DeviceTaintRule `v1alpha3`, alpha (the `DRADeviceTaints` and
+    /// `DRADeviceTaintRules` gates plus runtime-config); effect `None` is new.
+    V1_35,
 }
 
 impl Release {
     /// Every pinned release, newest first.
-    pub const ALL: [Release; 2] = [Release::V1_37, Release::V1_36];
+    pub const ALL: [Release; 3] = [Release::V1_37, Release::V1_36, Release::V1_35];
 
     /// `1.37`.
     pub fn minor(self) -> &'static str {
         match self {
             Release::V1_37 => "1.37",
             Release::V1_36 => "1.36",
+            Release::V1_35 => "1.35",
         }
     }
 
@@ -62,6 +66,10 @@ impl Release {
             Release::V1_36 => (
                 vec!["DRADeviceTaintRules=true"],
                 vec!["resource.k8s.io/v1beta2=true"],
+            ),
+            Release::V1_35 => (
+                vec!["DRADeviceTaints=true", "DRADeviceTaintRules=true"],
+                vec!["resource.k8s.io/v1alpha3=true"],
             ),
         }
     }
@@ -156,6 +164,8 @@ pub struct AuditEvent {
     pub verb: String,
     pub uri: String,
     pub code: u16,
+    /// When the apiserver received it (`requestReceivedTimestamp`), Unix ms.
+    pub received_ms: u64,
 }
 
 /// A running control plane.
@@ -440,6 +450,10 @@ impl ControlPlane {
                 verb: e["verb"].as_str().unwrap_or("").into(),
                 uri: e["requestURI"].as_str().unwrap_or("").into(),
                 code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
+                received_ms: e["requestReceivedTimestamp"]
+                    .as_str()
+                    .and_then(faultline_common::time::parse_rfc3339_ms)
+                    .unwrap_or(0),
             })
             .collect()
     }

@@ -24,6 +24,9 @@ struct Step {
     body: Option<Value>,
     /// The fields of the answer compared besides the status code (JSON pointers).
     fields: &'static [&'static str],
+    /// A controller's effect: the request is repeated (10 s at most) until this field
+    /// of the answer is set, then compared.
+    wait_for: Option<&'static str>,
 }
 
 fn step(
@@ -38,6 +41,7 @@ fn step(
         path: path.into(),
         body,
         fields: &[],
+        wait_for: None,
     }
 }
 
@@ -69,6 +73,15 @@ async fn send(
     let resp = resp.unwrap();
     let status = resp.status().as_u16();
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    if path.contains("watch=true") {
+        // A watch stream: one event per line, as (type, name).
+        let events: Vec<Value> = String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .map(|e| json!([e["type"], e["object"]["metadata"]["name"]]))
+            .collect();
+        return (status, json!({"events": events}));
+    }
     (
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
@@ -92,6 +105,25 @@ fn field(v: &Value, pointer: &str) -> Value {
 fn script() -> Vec<Step> {
     let ns = "/api/v1/namespaces/diff";
     let mut s = Vec::new();
+    // The disruption controller's status of each budget, as eviction reads it.
+    let budgets = "/apis/policy/v1/namespaces/diff/poddisruptionbudgets";
+    for (case, name) in [
+        ("budget status: minAvailable over a bare pod", "guarded"),
+        ("budget status: maxUnavailable over a Job's pod", "job"),
+    ] {
+        s.push(Step {
+            fields: &[
+                "/status/disruptionsAllowed",
+                "/status/currentHealthy",
+                "/status/desiredHealthy",
+                "/status/expectedPods",
+                "/status/conditions/0/type",
+                "/status/conditions/0/status",
+                "/status/conditions/0/reason",
+            ],
+            ..step(case, "GET", format!("{budgets}/{name}"), None)
+        });
+    }
     // Paging (limit and continue, remainingItemCount) and label selectors.
     for i in 0..5 {
         let app = if i < 3 { "a" } else { "b" };
@@ -203,6 +235,15 @@ fn script() -> Vec<Step> {
         p,
         b,
     ));
+    s.extend(device_taints_and_a_watch());
+    s
+}
+
+/// The script's end: DeviceTaintRule validation and the device-taint eviction
+/// controller's answers; a watch from a list's resourceVersion.
+fn device_taints_and_a_watch() -> Vec<Step> {
+    let ns = "/api/v1/namespaces/diff";
+    let mut s = Vec::new();
     // DeviceTaintRule validation (1.37: v1).
     let rules = "/apis/resource.k8s.io/v1/devicetaintrules";
     let rule = |name: &str, key: &str, effect: &str| {
@@ -231,6 +272,71 @@ fn script() -> Vec<Step> {
         rules,
         rule("r-key", "not a key!", "NoSchedule"),
     ));
+    s.push(step(
+        "device taint rule at NoSchedule",
+        "POST",
+        rules,
+        rule("r-noschedule", "faultline.io/unhealthy", "NoSchedule"),
+    ));
+    // The device-taint eviction controller's answer to each rule: what NoExecute would
+    // evict (None), or why it evicts nothing (NoSchedule).
+    for (case, name) in [
+        (
+            "device taint controller: a None rule's prediction",
+            "r-none",
+        ),
+        ("device taint controller: a NoSchedule rule", "r-noschedule"),
+    ] {
+        s.push(Step {
+            fields: &[
+                "/status/conditions/0/type",
+                "/status/conditions/0/status",
+                "/status/conditions/0/reason",
+                "/status/conditions/0/message",
+                "/status/conditions/0/observedGeneration",
+            ],
+            wait_for: Some("/status/conditions/0/type"),
+            ..step(case, "GET", format!("{rules}/{name}"), None)
+        });
+    }
+    // A watch from a list's resourceVersion ({rv}: the last list's) sees what changed
+    // after it, in order, and ends at its timeout.
+    s.push(Step {
+        fields: &["/items"],
+        ..step(
+            "list before a watch",
+            "GET",
+            format!("{ns}/configmaps?labelSelector=app%3Da"),
+            None,
+        )
+    });
+    s.push(step(
+        "configmap create after the list",
+        "POST",
+        format!("{ns}/configmaps"),
+        Some(json!({"metadata": {"name": "cm-w", "labels": {"app": "a"}}, "data": {"k": "v"}})),
+    ));
+    s.push(step(
+        "configmap delete after the list",
+        "DELETE",
+        format!("{ns}/configmaps/cm-0"),
+        None,
+    ));
+    s.push(step(
+        "configmap of another label after the list",
+        "POST",
+        format!("{ns}/configmaps"),
+        Some(json!({"metadata": {"name": "cm-x", "labels": {"app": "b"}}, "data": {"k": "v"}})),
+    ));
+    s.push(Step {
+        fields: &["/events"],
+        ..step(
+            "watch from the list's resourceVersion",
+            "GET",
+            format!("{ns}/configmaps?watch=true&labelSelector=app%3Da&resourceVersion={{rv}}&timeoutSeconds=1"),
+            None,
+        )
+    });
     s
 }
 
@@ -320,16 +426,6 @@ async fn budgets_observed(client: &kube::Client, within: Duration) {
         assert!(start.elapsed() < within, "budgets not observed: {l}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn run_script(client: &kube::Client) -> Vec<(String, u16, Vec<Value>)> {
-    let mut out = Vec::new();
-    for s in script() {
-        let (status, body) = send(client, s.method, &s.path, s.body.as_ref()).await;
-        let fields = s.fields.iter().map(|f| field(&body, f)).collect();
-        out.push((s.case.to_string(), status, fields));
-    }
-    out
 }
 
 #[test]
@@ -467,10 +563,11 @@ async fn differential(test: &str) {
 
     // The real Job's pod has another name: the script names `job-pod`; the real one
     // is asked under its own name, then recorded under the script's.
-    let theirs = run_script_named(&real, &job_pod).await;
-    let mine = run_script(&ours).await;
+    let theirs = run_script(&real, &job_pod).await;
+    let mine = run_script(&ours, "job-pod").await;
     let mut diverged = Vec::new();
     for ((case, a_code, a_fields), (_, b_code, b_fields)) in theirs.iter().zip(&mine) {
+        eprintln!("  {case}: kube-apiserver {a_code} {a_fields:?}");
         if a_code != b_code || a_fields != b_fields {
             diverged.push(format!(
                 "{case}: kube-apiserver {a_code} {a_fields:?}, test server {b_code} {b_fields:?}"
@@ -505,9 +602,11 @@ async fn differential(test: &str) {
     }
 }
 
-/// [`run_script`] with the Job's pod under its real name.
-async fn run_script_named(client: &kube::Client, job_pod: &str) -> Vec<(String, u16, Vec<Value>)> {
+/// The script's answers from `client`, the Job's pod under the name `job_pod`.
+async fn run_script(client: &kube::Client, job_pod: &str) -> Vec<(String, u16, Vec<Value>)> {
     let mut out = Vec::new();
+    // The resourceVersion of the last list answered (`{rv}` in a path).
+    let mut rv = String::new();
     for s in script() {
         let path = s
             .path
@@ -519,7 +618,24 @@ async fn run_script_named(client: &kube::Client, job_pod: &str) -> Vec<(String, 
             }
             b
         });
-        let (status, answer) = send(client, s.method, &path, body.as_ref()).await;
+        let path = path.replace("{rv}", &rv);
+        let start = Instant::now();
+        let (status, answer) = loop {
+            let (status, answer) = send(client, s.method, &path, body.as_ref()).await;
+            let waiting = s.wait_for.is_some_and(|f| answer.pointer(f).is_none());
+            if !waiting || start.elapsed() > Duration::from_secs(10) {
+                break (status, answer);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        if let Some(v) = answer
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+        {
+            if answer["items"].is_array() {
+                rv = v.to_string();
+            }
+        }
         let fields = s.fields.iter().map(|f| field(&answer, f)).collect();
         out.push((s.case.to_string(), status, fields));
     }
