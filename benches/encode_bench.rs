@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use faultline_aggregator::ingest::collect::admit_raw;
+use faultline_aggregator::agents::collect::admit_raw;
 use faultline_aggregator::metrics::Metrics;
 use faultline_aggregator::pipeline::Pipeline;
 use faultline_aggregator::publish::configmap::{page_body, ObjectMeta};

@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use faultline_aggregator::device_taint::{discover, DeviceQuarantine};
 use faultline_aggregator::model::RecordDevice;
-use faultline_aggregator::quarantine::{discover, DeviceQuarantine};
 use faultline_aggregator::remediate::{record_of, Mode, Outcome, Remediator};
 use faultline_aggregator::shard::Fence;
 use faultline_common::rules::Rules;

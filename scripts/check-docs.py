@@ -28,6 +28,9 @@ Checks, each failure one line, exit status 1 if any:
    default right after it ("`--flag` (5m").
 4. Every relative link in README.md, docs/*.md and tests/apiserver/README.md points at a
    file that exists, and a `#anchor` into a markdown file at one of its headings.
+5. docs/architecture.md's layout (its "## Layout" code block) names every module folder
+   of agent/src, aggregator/src and common/src (`name/`), and every file it names as
+   `name.rs` at the start of an entry exists in one of those crates.
 
 On success it prints one line starting with "docs ok:".
 """
@@ -297,6 +300,34 @@ def check_links():
     return n
 
 
+LAYOUT_CRATES = ("agent", "aggregator", "common")
+
+
+def check_layout_doc():
+    """Every module folder of the crates is in docs/architecture.md's layout."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    at = doc.find("## Layout")
+    block = re.search(r"```\n(.*?)```", doc[at:], re.S) if at >= 0 else None
+    if block is None:
+        fail("docs/architecture.md: no \"## Layout\" section with a code block")
+        return 0
+    layout = block.group(1)
+    named = set(re.findall(r"(?:^|\s)([a-z_]+)/", layout))
+    folders = []
+    for crate in LAYOUT_CRATES:
+        src = ROOT / crate / "src"
+        for d in sorted(src.iterdir()):
+            if d.is_dir() and d.name != "bin" and any(d.glob("*.rs")):
+                folders.append(f"{crate}/src/{d.name}")
+                if d.name not in named:
+                    fail(f"docs/architecture.md: the layout does not name {crate}/src/{d.name}/")
+    files = {f.name for c in LAYOUT_CRATES for f in (ROOT / c / "src").rglob("*.rs")}
+    for m in re.finditer(r"^ {2}([a-z_]+\.rs)\b", layout, re.M):
+        if m.group(1) not in files:
+            fail(f"docs/architecture.md: the layout names {m.group(1)}, which no crate has")
+    return len(folders)
+
+
 def main():
     if len(sys.argv) not in (2, 3):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
@@ -318,6 +349,7 @@ def main():
     checked, skipped = check_tables(helps)
     check_readme_defaults(helps)
     links = check_links()
+    folders = check_layout_doc()
 
     if errors:
         for e in errors:
@@ -326,7 +358,7 @@ def main():
     summary = ", ".join(f"{n} flags of {b}" for b, n in sorted(checked.items()))
     note = f"; skipped the tables of {', '.join(sorted(skipped))} (no binary)" if skipped else ""
     print(f"docs ok: README.md {readme_lines} lines; {summary} match --help; "
-          f"{links} relative links resolve{note}")
+          f"{links} relative links resolve; the layout names {folders} module folders{note}")
     return 0
 
 

@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""Layout checks of issues 8 and 24, run by CI:
+"""Layout checks, run by CI, over agent/src, aggregator/src, common/src, the test API
+server (tests/apiserver/src) and benches/:
 
-- no source file of agent/src, aggregator/src or common/src has more than 700 lines of
-  non-test code (the lines before its `#[cfg(test)]` module; `*_tests.rs` files are
-  tests);
-- no import cycle among the modules of any of those crates (a module is a file; a root
-  that only declares and re-exports its children does not import them): two modules
+- no source file has more than 700 lines of non-test code (the lines before its
+  `#[cfg(test)]` module; `*_tests.rs` files are tests);
+- no import cycle among the modules of any of them (a module is a file; a root that
+  only declares and re-exports its children does not import them): two modules
   importing each other, or a longer ring;
+- roots declare: a module root (`mod.rs`, `lib.rs`) holds only `mod`, `use` and
+  attribute lines, or at most 60 lines of code (comments and blank lines aside);
+- wiring is a table: no function that starts, builds, spawns or wires the parts
+  (`start*`, `build*`, `spawn*`, `wire*`, `main`) in agent, aggregator or common has
+  more than 80 lines;
 - the README has at most 300 lines.
 
-Function length (at most 200 lines) is clippy's `too_many_lines`, set in clippy.toml.
-Exit status 1 with one line per finding when a check fails.
+Function length otherwise (at most 200 lines) is clippy's `too_many_lines`, set in
+clippy.toml. Exit status 1 with one line per finding when a check fails.
 """
 import pathlib
 import re
@@ -19,7 +24,19 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MAX_LINES = 700
 MAX_README = 300
-CRATES = ("agent", "aggregator", "common")
+MAX_ROOT = 60
+MAX_WIRING = 80
+# (name, source folder): the product crates, then the test API server and benches.
+CRATES = (
+    ("agent", "agent/src"),
+    ("aggregator", "aggregator/src"),
+    ("common", "common/src"),
+    ("tests/apiserver", "tests/apiserver/src"),
+    ("benches", "benches"),
+)
+PRODUCT = ("agent", "aggregator", "common")
+WIRING = re.compile(r"(?:start|build|spawn|wire)\w*|main")
+DECLARATION = re.compile(r"\s*(?:#!?\[.*\]|(?:pub(?:\([^)]*\))?\s+)?(?:mod|use)\b.*|[\w:{}, *]*[}]?;?)\s*$")
 
 
 def non_test_lines(path):
@@ -152,18 +169,73 @@ def name(m):
     return "::".join(m) or "crate"
 
 
+def code_lines(path):
+    """The non-test lines of `path` that are code (no blank line, no comment)."""
+    out = []
+    for line in path.read_text().splitlines():
+        if line.startswith("#[cfg(test)]"):
+            break
+        t = line.strip()
+        if t and not t.startswith("//"):
+            out.append(line)
+    return out
+
+
+def root_finding(path):
+    """A module root that holds more than declarations and more than MAX_ROOT lines."""
+    code = code_lines(path)
+    if len(code) <= MAX_ROOT or all(DECLARATION.fullmatch(l) for l in code):
+        return None
+    return f"{path.relative_to(ROOT)}: a module root with {len(code)} lines of code (declarations only, or at most {MAX_ROOT}): move the code to a named child"
+
+
+def functions(text):
+    """(name, first line, length in lines) of every function with a body in `text`."""
+    out = []
+    for m in re.finditer(r"^[ \t]*(?:pub(?:\([^)]*\))?\s+)?(?:async\s+)?fn\s+(\w+)", text, re.M):
+        i, semi = text.find("{", m.end()), text.find(";", m.end())
+        if i < 0 or 0 <= semi < i:
+            continue
+        depth, j = 0, i
+        while j < len(text):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                break
+            j += 1
+        first = text.count("\n", 0, m.start()) + 1
+        out.append((m.group(1), first, text.count("\n", 0, j) + 2 - first))
+    return out
+
+
+def wiring_findings(path):
+    text = path.read_text()
+    cut = text.find("#[cfg(test)]")
+    text = text if cut < 0 else text[:cut]
+    return [
+        f"{path.relative_to(ROOT)}:{line}: wiring function `{fn}` has {n} lines (at most {MAX_WIRING}): let each part build itself"
+        for fn, line, n in functions(text)
+        if WIRING.fullmatch(fn) and n > MAX_WIRING
+    ]
+
+
 def main():
     sys.setrecursionlimit(10000)
     bad = []
     total = 0
-    for crate in CRATES:
-        src = ROOT / crate / "src"
+    for crate, folder in CRATES:
+        src = ROOT / folder
         for f in sorted(src.rglob("*.rs")):
             if f.name.endswith("_tests.rs"):
                 continue
             n = non_test_lines(f)
             if n > MAX_LINES:
                 bad.append(f"{f.relative_to(ROOT)}: {n} lines of non-test code (at most {MAX_LINES})")
+            if f.name in ("mod.rs", "lib.rs"):
+                finding = root_finding(f)
+                if finding:
+                    bad.append(finding)
+            if crate in PRODUCT:
+                bad.extend(wiring_findings(f))
         files = [
             f
             for f in src.rglob("*.rs")
@@ -190,8 +262,9 @@ def main():
     if bad:
         return 1
     print(
-        f"layout ok: {total} modules in {', '.join(CRATES)}, no import cycle; "
-        f"no file over {MAX_LINES} lines of non-test code; README {readme} lines"
+        f"layout ok: {total} modules in {', '.join(c for c, _ in CRATES)}, no import cycle; "
+        f"no file over {MAX_LINES} lines of non-test code; roots declare (or hold at most "
+        f"{MAX_ROOT} lines); no wiring function over {MAX_WIRING} lines; README {readme} lines"
     )
     return 0
 

@@ -25,11 +25,11 @@ modules=(
   'aggregator/src/remediate/drain.rs|remediate::drain' # warn before evicting (issue 29)
   'aggregator/src/app/schedule.rs|app::schedule'   # write schedule
   'aggregator/src/shard/plan.rs|shard::'           # shard planning (fair share, hand-back)
-  'aggregator/src/quarantine/index.rs|quarantine::index' # DRA devices by UUID, holders (issue 28)
-  'aggregator/src/quarantine/rule.rs|quarantine::rule'   # DeviceTaintRule names, ownership, prediction
-  'aggregator/src/quarantine/scope.rs|quarantine::scope' # device or node
-  'aggregator/src/quarantine/plugin.rs|quarantine::plugin' # what a device plugin already took out
-  'aggregator/src/quarantine/ascend.rs|quarantine::ascend' # Ascend's ManuallySeparateNPU
+  'aggregator/src/device_taint/index.rs|device_taint::index' # DRA devices by UUID, holders (issue 28)
+  'aggregator/src/device_taint/rule.rs|device_taint::rule'   # DeviceTaintRule names, ownership, prediction
+  'aggregator/src/device_taint/scope.rs|device_taint::scope' # device or node
+  'aggregator/src/device_taint/plugin.rs|device_taint::plugin' # what a device plugin already took out
+  'aggregator/src/device_taint/ascend.rs|device_taint::ascend' # Ascend's ManuallySeparateNPU
 )
 shard=()
 if [ "${1:-}" = "--ci" ]; then

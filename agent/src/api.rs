@@ -42,7 +42,7 @@ pub struct ApiState {
 }
 
 /// Long polls held open at once; past this a poll waits at most [`SHORT_WAIT`], so
-/// many pollers cannot pile up (issue 10). The aggregator holds one per agent.
+/// many pollers cannot pile up. The aggregator holds one per agent.
 pub const MAX_WAITERS: usize = 256;
 /// How long a poll past [`MAX_WAITERS`] waits.
 pub const SHORT_WAIT: Duration = Duration::from_secs(1);

@@ -278,9 +278,11 @@ pub struct Args {
     /// Node name (default: $NODE_NAME from the downward API, then the hostname).
     #[arg(long, env = "FAULTLINE_NODE_NAME")]
     pub node_name: Option<String>,
-    /// Also write the node document here, atomically, on every change.
-    #[arg(long, env = "FAULTLINE_NODE_FILE")]
-    pub node_file: Option<PathBuf>,
+    /// Also write the node's health document (what `/v1/health` serves, not the
+    /// aggregator's verdict) here, atomically, on every change. (`--node-file`, its
+    /// old name, still works.)
+    #[arg(long, alias = "node-file", env = "FAULTLINE_HEALTH_FILE")]
+    pub health_file: Option<PathBuf>,
     /// Keep the node's own fault.json (the aggregator's verdict with this agent's
     /// readings) in this directory, atomically, for pods that mount it from the host.
     #[arg(long, env = "FAULTLINE_FAULT_DIR")]
@@ -373,7 +375,7 @@ pub struct Config {
     pub listen: SocketAddr,
     pub http: faultline_common::server::Limits,
     pub node_name: String,
-    pub node_file: Option<PathBuf>,
+    pub health_file: Option<PathBuf>,
     pub fault_dir: Option<PathBuf>,
     pub fault_listen: Option<SocketAddr>,
     pub delivery_token_file: Option<PathBuf>,
@@ -495,7 +497,7 @@ impl Config {
                 ..Default::default()
             },
             node_name,
-            node_file: a.node_file,
+            health_file: a.health_file,
             fault_dir: a.fault_dir,
             fault_listen: a.fault_listen,
             delivery_token_file: a.delivery_token_file,

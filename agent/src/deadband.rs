@@ -1,4 +1,4 @@
-//! When a new reading is worth telling the aggregator (issue 25). A real GPU's power,
+//! When a new reading is worth telling the aggregator. A real GPU's power,
 //! read in milliwatts, changes on nearly every sample, and its temperature drifts by a
 //! degree: announcing each as a new generation made every node stream a document a
 //! second. A reading is announced at once when anything but temperature and power

@@ -4,7 +4,7 @@
 //! node's pods may reach.
 //!
 //! `POST /v1/drain/ack` (both ports) is a pod's word that it has checkpointed, so it
-//! may be evicted before its drain intent's deadline (issue 29). It needs no API
+//! may be evicted before its drain intent's deadline. It needs no API
 //! rights: it must come from one of the addresses the intent lists for that pod (the
 //! pod's own `status.podIPs`), name a pod the entry held has an intent for, and is
 //! then carried to the aggregator in this agent's `/v1/health` (`drain_acks`).

@@ -281,7 +281,7 @@ impl Metrics {
         self.abandoned.get_or_create(&l).set(in_flight as i64);
     }
 
-    /// An Xid was seen. The labels are bucketed (issue 10): an Xid the catalog knows is
+    /// An Xid was seen. The labels are bucketed: an Xid the catalog knows is
     /// its number, any other is `other`; a source outside the agent's own is `other`,
     /// so no input can grow the metric without bound.
     pub fn count_xid(&self, e: &XidEvent, ignored: bool) {
@@ -392,7 +392,7 @@ mod tests {
     use super::*;
     use faultline_common::xid::{class_of, XidEvent};
 
-    /// Issue 10: Xid metric labels are bucketed, whatever a line or a tool says.
+    /// Xid metric labels are bucketed, whatever a line or a tool says.
     #[test]
     fn xid_labels_are_bucketed() {
         let m = Metrics::new();

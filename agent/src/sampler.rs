@@ -333,7 +333,7 @@ mod tests {
         }
     }
 
-    /// Issue 14, guardrail 8: a vendor tool's first reading after start is discarded
+    /// A vendor tool's first reading after start is discarded
     /// when the source says so (incomplete right after the driver loads), and kept
     /// otherwise.
     #[tokio::test]

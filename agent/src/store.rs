@@ -86,7 +86,7 @@ struct Inner {
     announced_at: Instant,
     /// Per device: stale or not, and its Xid verdict, at the last upkeep.
     timed: TimedView,
-    /// Drain intents the node's pods acknowledged (issue 29), oldest first.
+    /// Drain intents the node's pods acknowledged, oldest first.
     drain_acks: Vec<DrainAck>,
 }
 
@@ -105,7 +105,7 @@ pub struct Store {
 }
 
 /// Drop a temperature or power no sensor reads (a driver's "invalid" marker such as
-/// 0xFFFF, or garbage): the aggregator refuses a document carrying one (issue 26), so it
+/// 0xFFFF, or garbage): the aggregator refuses a document carrying one, so it
 /// would cost the node its every reading. Whether anything was dropped.
 fn out_of_range(r: &mut DeviceReading) -> bool {
     use faultline_common::document::limits::{POWER_W, TEMPERATURE_C};
@@ -195,8 +195,8 @@ impl Store {
         self.generation.subscribe()
     }
 
-    /// Take a pod's acknowledgement of its drain intent (the one `requested` then;
-    /// issue 29): it joins the document (a new generation) unless it is there already.
+    /// Take a pod's acknowledgement of its drain intent (the one `requested` then;):
+    /// it joins the document (a new generation) unless it is there already.
     /// Only acknowledgements of intents `listed` still holds are kept,
     /// [`MAX_DRAIN_ACKS`] at most. Whether it is new.
     pub fn ack_drain(
@@ -775,7 +775,7 @@ mod tests {
         assert_eq!(s.render().unattributed_xids.len(), 1);
     }
 
-    /// Issue 26: a reading no sensor reads (a driver's invalid marker) is dropped, not
+    /// A reading no sensor reads (a driver's invalid marker) is dropped, not
     /// served: the aggregator would refuse the whole document for it.
     #[test]
     fn a_reading_out_of_range_is_dropped() {
@@ -789,7 +789,7 @@ mod tests {
         assert_eq!(doc.npus[0].reading.power_w, Some(300.0));
     }
 
-    /// Issue 25: power and temperature noise within the deadband moves no generation
+    /// Power and temperature noise within the deadband moves no generation
     /// (the document shows the latest reading all the same); a step past it does at
     /// once, and the drift goes out at the refresh.
     #[test]

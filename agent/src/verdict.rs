@@ -1,4 +1,4 @@
-//! The node's own `fault.json` (issue 25): the aggregator's verdict on this node,
+//! The node's own `fault.json`: the aggregator's verdict on this node,
 //! handed to this agent (`PUT /v1/fault`, bearer token), served to the node's pods
 //! (`GET /v1/fault`, a watch; the file of `--fault-dir`), so that a change costs one
 //! node, not a write that every kubelet of the fleet receives.
@@ -361,7 +361,7 @@ pub async fn run_file(
                 Ok(bytes) => {
                     let p = path.clone();
                     let r = tokio::task::spawn_blocking(move || {
-                        crate::node_file::write_atomic(&p, &bytes)
+                        crate::health_file::write_atomic(&p, &bytes)
                     })
                     .await;
                     if let Ok(Err(e)) | Err(e) = r.map_err(std::io::Error::other) {

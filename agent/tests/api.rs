@@ -537,10 +537,10 @@ async fn readiness_waits_for_the_first_sample() {
 }
 
 #[tokio::test]
-async fn the_node_file_is_written_atomically_on_change() {
+async fn the_health_file_is_written_atomically_on_change() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("node.json");
-    let agent = sim_agent(&["--node-file", file.to_str().unwrap()]);
+    let agent = sim_agent(&["--health-file", file.to_str().unwrap()]);
     wait_for(&agent, Duration::from_secs(10), "healthy", |d| {
         d.summary.healthy == 8
     })

@@ -12,7 +12,7 @@ use common::*;
 #[tokio::test]
 async fn the_seed_consumer_reacts_to_a_failed_device() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("fault.json");
+    let file = dir.path().join("health.json");
     let agent = spawn_agent(
         &[
             "--source",
@@ -21,7 +21,7 @@ async fn the_seed_consumer_reacts_to_a_failed_device() {
             "8",
             "--interval",
             "200ms",
-            "--node-file",
+            "--health-file",
             file.to_str().unwrap(),
         ],
         &[],

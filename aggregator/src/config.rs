@@ -102,7 +102,7 @@ pub struct Args {
     #[command(flatten)]
     pub remediation: RemediationArgs,
     #[command(flatten)]
-    pub devices: crate::quarantine::settings::DeviceArgs,
+    pub devices: crate::device_taint::settings::DeviceArgs,
     #[command(flatten)]
     pub intake: IntakeArgs,
     /// Kubernetes API server URL (default: in-cluster config, then $KUBECONFIG).
@@ -122,8 +122,8 @@ pub struct Args {
     #[arg(long, env = "FAULTLINE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Threads that run the aggregator's tasks. 1: every task on one thread (tokio's
-    /// current-thread scheduler, without work stealing or wake-ups across threads; issue
-    /// 11: 49-57 µs of CPU per agent document, where two workers took 64-71 µs, run
+    /// current-thread scheduler, without work stealing or wake-ups across threads;
+    /// 49-57 µs of CPU per agent document, where two workers took 64-71 µs, run
     /// for run on one machine). More: a multi-thread runtime with that many workers,
     /// for a replica given more than one core. Blocking work (files) has its own
     /// threads either way.
@@ -242,7 +242,7 @@ pub struct ShardArgs {
     pub shards: u32,
     /// ConfigMaps per shard (`<name>-shard-<i>`, then `<name>-shard-<i>-page-<p>`): a
     /// ConfigMap holds at most 1 MiB, about 450 nodes of 8 devices; give a shard of more
-    /// nodes as many pages as it needs (issue 11).
+    /// nodes as many pages as it needs.
     #[arg(long, env = "FAULTLINE_PAGES", default_value_t = 1)]
     pub pages: u32,
     /// How long a shard Lease lasts without renewal.
@@ -468,8 +468,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub force_delete_after_deadline: bool,
     pub max_checkpoint_grace: Duration,
-    /// The device path (issue 28).
-    pub devices: crate::quarantine::settings::DeviceArgs,
+    /// The device path.
+    pub devices: crate::device_taint::settings::DeviceArgs,
 }
 
 fn comma_list(s: &str) -> impl Iterator<Item = &str> {
@@ -686,7 +686,7 @@ impl Config {
 mod tests {
     use super::*;
 
-    /// Issue 25: `--name` and `--replica` become object names and a label value; one the
+    /// `--name` and `--replica` become object names and a label value; one the
     /// API server would refuse fails at start, naming the flag.
     #[test]
     fn names_are_checked_as_the_api_server_checks_them() {
@@ -741,7 +741,7 @@ mod tests {
         for bad in ["10.0.0.7:8081", "https://x:1", "http://"] {
             assert!(Config::parse_from(["a", "--agents", bad]).is_err(), "{bad}");
         }
-        // Issue 26: an agent that acts is told whom it follows.
+        // An agent that acts is told whom it follows.
         let enforce = |agents: &str| {
             Config::parse_from([
                 "a",
@@ -827,7 +827,7 @@ mod tests {
             "2s"
         ])
         .is_err());
-        // Issue 9, bug 6: a Node's Events are refused (422) in any other namespace.
+        // A Node's Events are refused (422) in any other namespace.
         let e = Config::parse_from(["a", "--event-namespace", "faultline"]).unwrap_err();
         assert!(e.to_string().contains("\"default\""), "{e}");
     }

@@ -3,28 +3,32 @@
 //! failed accelerators.
 //!
 //! The layout follows the data:
-//! - `ingest`: what comes in (agents, discovery, alerts, the kubelet);
+//! - `agents`: everything that talks to the agents: following them, the one gate their
+//!   documents pass, and the delivery of each node's entry;
+//! - `ingest`: what else comes in (which agents to follow, alerts, the kubelet);
 //! - `pipeline`: windows, rules and the state machine per device;
 //! - `publish`: the documents, to files or shard ConfigMaps, and pod nudges;
 //! - `shard`: Leases and the fence every write asks;
 //! - `remediate`: isolation, eviction, release, with their guards and announcements;
-//! - `quarantine`: one device taken out through DRA's DeviceTaintRule (issue 28);
+//! - `device_taint`: one device taken out (DRA's DeviceTaintRule, or the device
+//!   plugin's and Ascend's own isolation) instead of its node;
 //! - `app`: the wiring, the core loop and the per-node dispatcher;
 //! - `api`, `config` (and `targets`, the agents it names), `metrics`, `notify`,
 //!   `rules_file`, `model` (the shared vocabulary).
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod api;
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod device_taint;
 pub mod ingest;
 pub mod metrics;
 pub mod model;
 pub mod notify;
 pub mod pipeline;
 pub mod publish;
-pub mod quarantine;
 pub mod remediate;
 pub mod rules_file;
 pub mod shard;

@@ -6,7 +6,7 @@ use faultline_common::runtime::{init_tracing, shutdown_signal};
 
 /// mimalloc, not glibc's malloc: a replica parses and drops a document per agent change
 /// all the time, and glibc spent about a third of the process's CPU in malloc, free and
-/// consolidation (issue 11, `perf` at 5,000 nodes); see the README's scale-out figures.
+/// consolidation (`perf` at 5,000 nodes); see the README's scale-out figures.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

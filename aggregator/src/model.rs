@@ -134,8 +134,8 @@ pub struct Verdict {
 }
 
 /// A shard this replica just took, with what its last holder published: the core loop
-/// seeds each node's devices from it before anything of the shard is written (issue
-/// 11: a takeover changes no published status).
+/// seeds each node's devices from it before anything of the shard is written
+/// (a takeover changes no published status).
 #[derive(Debug, Clone)]
 pub struct Takeover {
     /// The shard.

@@ -19,7 +19,7 @@ fn comma_list(s: &str) -> impl Iterator<Item = &str> {
 }
 
 /// The agents of `listed` (`--agents`) and of the file `file` (`--agents-file`),
-/// checked. With `enforce` every agent must name its node (issue 26: a bare URL's agent
+/// checked. With `enforce` every agent must name its node (a bare URL's agent
 /// names its own, so a hostile one could speak for any node and get it quarantined).
 pub fn agents(
     listed: &str,

@@ -85,9 +85,9 @@ async fn every_consumer_reacts_to_its_own_nodes_failed_device_while_documents_ch
     need("python3");
     need("jq");
     let host = tempfile::tempdir().unwrap();
-    let node_file = host.path().join("fault.json");
+    let health_file = host.path().join("health.json");
     let (a1, a2) = (agent("n1").await, agent("n2").await);
-    let a3 = agent_with("n3", &["--node-file", node_file.to_str().unwrap()]).await;
+    let a3 = agent_with("n3", &["--health-file", health_file.to_str().unwrap()]).await;
     let out = tempfile::tempdir().unwrap();
     let dir = out.path();
     let _agg = Launch::file(&[&a1, &a2, &a3], dir).start().await;
@@ -97,13 +97,13 @@ async fn every_consumer_reacts_to_its_own_nodes_failed_device_while_documents_ch
         || {
             let t = std::fs::read_to_string(dir.join("n2.json")).ok()?;
             let t: serde_json::Value = serde_json::from_str(&t).ok()?;
-            let f = std::fs::read_to_string(&node_file).ok()?;
+            let f = std::fs::read_to_string(&health_file).ok()?;
             (t["summary"]["healthy"] == 4 && f.contains("\"n3\"")).then_some(())
         },
     )
     .await;
     let d = dir.to_str().unwrap();
-    let f = node_file.to_str().unwrap();
+    let f = health_file.to_str().unwrap();
     let on_n2 = ["--node", "n2", "--exit-on-failed", "--interval", "0.1"];
     let mut py = python(&[&["--dir", d][..], &on_n2].concat());
     let mut sh = shell(&[&["--dir", d][..], &on_n2].concat());

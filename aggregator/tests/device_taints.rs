@@ -2,7 +2,7 @@
 //! serves DeviceTaintRule, at each release the test API server plays, through the real
 //! `kube` client; and finds none where none is served.
 
-use faultline_aggregator::quarantine::discover;
+use faultline_aggregator::device_taint::discover;
 use faultline_test_apiserver::{Bootstrap, Release};
 
 #[tokio::test]
@@ -47,7 +47,7 @@ async fn an_unreachable_api_is_an_error_not_none() {
 }
 
 mod quarantine {
-    use faultline_aggregator::quarantine::{
+    use faultline_aggregator::device_taint::{
         discover, rule_name, Dra, Effect, Prediction, QuarantineError,
     };
     use faultline_test_apiserver::{fixtures, ApiServer, Bootstrap, Release};
@@ -342,8 +342,8 @@ mod wiring {
 mod passes {
     use std::sync::Arc;
 
+    use faultline_aggregator::device_taint::{discover, rule_name, DeviceQuarantine, DeviceRef};
     use faultline_aggregator::model::RecordDevice;
-    use faultline_aggregator::quarantine::{discover, rule_name, DeviceQuarantine, DeviceRef};
     use faultline_aggregator::remediate::{
         record_of, DeviceIsolation, Mode, Outcome, ReleaseRequest, Remediator, DEVICES_LABEL,
     };

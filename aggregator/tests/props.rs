@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use faultline_aggregator::ingest::collect::admit_raw;
+use faultline_aggregator::agents::collect::admit_raw;
 use faultline_aggregator::metrics::Metrics;
 use faultline_aggregator::pipeline::Pipeline;
 use faultline_aggregator::rules_file;

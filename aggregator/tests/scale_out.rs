@@ -241,7 +241,7 @@ async fn replicas_share_the_shards_and_take_over_without_a_status_change() {
     let (fleet, addr) = fleet().await;
     // The fake documents are what an agent serves.
     let bytes = serde_json::to_vec(&fleet.doc("n0").unwrap()).unwrap();
-    faultline_aggregator::ingest::collect::admit_raw("n0", &bytes).expect("a node document");
+    faultline_aggregator::agents::collect::admit_raw("n0", &bytes).expect("a node document");
     fleet.fail("n5", 3);
     fleet.fail("n17", 1);
     let agents: Vec<String> = (0..NODES)

@@ -56,8 +56,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
+use faultline_aggregator::agents::collect::admit_raw;
 use faultline_aggregator::app::dispatch::{Dispatch, Settled, UnknownGuard};
-use faultline_aggregator::ingest::collect::admit_raw;
 use faultline_aggregator::metrics::Metrics;
 use faultline_aggregator::model::{Provenance, RecordDevice, Verdict};
 use faultline_aggregator::pipeline::Pipeline;

@@ -1,4 +1,4 @@
-//! Ascend fault codes graded as MindCluster's device plugin grades them (issue 13).
+//! Ascend fault codes graded as MindCluster's device plugin grades them.
 //!
 //! A chip reports fault codes (DCMI `dcmi_get_device_errorcode_v2`, npu-smi `-t health`)
 //! whatever its health level says; the plugin decides what to do from the codes, each
@@ -449,7 +449,7 @@ mod tests {
         assert_eq!(c.grade_all(["8C03A000", "A4025021", "8C03A000"]).len(), 2);
     }
 
-    /// Issue 30: the table is faultCode.json at mind-cluster@22bb3d98, code for code:
+    /// The table is faultCode.json at mind-cluster@22bb3d98, code for code:
     /// 797 codes, each at the most severe level that names it.
     #[test]
     fn the_table_is_the_plugins_faultcode_json_code_for_code() {
@@ -479,7 +479,7 @@ mod tests {
         }
     }
 
-    /// Issue 30, point 4: a 950's UB port down separates the chip unless every chip of
+    /// A 950's UB port down separates the chip unless every chip of
     /// the node has it (then sub-health, the plane's fault), as the plugin does.
     #[test]
     fn a_ub_port_down_separates_the_chip_unless_every_chip_has_it() {

@@ -1,6 +1,6 @@
 //! MindCluster's escalation rules for Ascend fault codes (`faultCustomization.json`):
 //! a code that comes back too often, or stays too long, is graded above its
-//! `faultCode.json` level (issue 30).
+//! `faultCode.json` level.
 //!
 //! As the device plugin applies them (mind-cluster@22bb3d98,
 //! `component/ascend-device-plugin/pkg/common/fault_code.go`):

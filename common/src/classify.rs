@@ -76,7 +76,7 @@ pub const FAILED_CODES: [&str; 5] = [
 ];
 
 /// Every reason the classifier can fail a device with, given the agent's Xid policy,
-/// Ascend table and escalation rules (issue 30: the aggregator's tests walk this list,
+/// Ascend table and escalation rules (the aggregator's tests walk this list,
 /// so a reason added to the catalogs is tested without anyone listing it). Left out:
 /// what a site tool reports (`--source exec`), whose reasons are the tool's own.
 pub fn failed_reasons(
@@ -515,7 +515,7 @@ mod tests {
                 |r| r.pcie.as_mut().unwrap().width = Some(8),
                 DeviceStatus::Degraded,
             ),
-            // Issue 9: x0 is not a narrow link, it is no link.
+            // X0 is not a narrow link, it is no link.
             (
                 "pcie-link-down",
                 |r| r.pcie.as_mut().unwrap().width = Some(0),

@@ -41,7 +41,7 @@ pub struct NodeHealth {
     /// Recent Xid events whose PCI bus id matched no known device.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unattributed_xids: Vec<XidEvent>,
-    /// Drain intents the node's pods acknowledged through this agent (issue 29), while
+    /// Drain intents the node's pods acknowledged through this agent, while
     /// the aggregator's entry still lists them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drain_acks: Vec<DrainAck>,
@@ -62,7 +62,7 @@ pub struct DrainAck {
 
 /// The devices of a document, read into one allocation: serde's `Vec` grows from
 /// nothing (JSON gives no length), and a device entry is over 600 bytes, so a node of 8
-/// was three allocations and two copies per document (issue 11). For [`NodeHealth`]'s
+/// was three allocations and two copies per document. For [`NodeHealth`]'s
 /// owned devices and [`DocView`]'s borrowed ones alike.
 fn devices<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
 where
@@ -91,7 +91,7 @@ where
 
 /// An optional text, borrowed from the bytes wherever it needs no unescaping. serde's
 /// `borrow` reaches a `Cow<str>` field but not one inside an `Option`: there it always
-/// copies (issue 11: three allocations and frees per device of every document).
+/// copies (three allocations and frees per device of every document).
 fn opt_text<'de, D>(d: D) -> Result<Option<Cow<'de, str>>, D::Error>
 where
     D: serde::Deserializer<'de>,
@@ -134,7 +134,7 @@ where
 }
 
 /// A node document as the aggregator reads it: what it judges and publishes, the texts
-/// borrowed from the bytes received wherever they need no unescaping (issue 11: reading
+/// borrowed from the bytes received wherever they need no unescaping (reading
 /// the whole [`NodeHealth`] into owned values, and freeing them, was the larger part of
 /// a replica's CPU per document). The fields a [`NodeHealth`] must have are required
 /// here too; what the aggregator does not read is skipped unread (the document as a
@@ -341,7 +341,7 @@ fn len(what: &str, v: &str, max: usize) -> Result<(), String> {
     }
 }
 
-/// A reading within `range` (or absent), or what breaks it (issue 26: values were
+/// A reading within `range` (or absent), or what breaks it (values were
 /// published as sent, ±1e300 C included).
 fn within(what: &str, v: Option<f64>, range: (f64, f64)) -> Result<(), String> {
     match v {
@@ -423,7 +423,7 @@ pub struct DeviceHealth {
 /// How a [`DeviceHealth`] is read: the reading's fields beside the health's, as
 /// `flatten` writes them. serde's `flatten` on the read side collects every field into
 /// an intermediate map before reading the inner struct from it; that cost most of the
-/// aggregator's time per agent document (issue 11, measured). Each field here is the
+/// aggregator's time per agent document (measured). Each field here is the
 /// one of the same name in [`DeviceReading`] or [`DeviceHealth`] (a test reads every
 /// field back).
 #[derive(Deserialize)]
@@ -592,7 +592,7 @@ mod tests {
         node("n1").devices(devices).build()
     }
 
-    /// Issue 11: the aggregator's borrowed view reads the same values as the whole
+    /// The aggregator's borrowed view reads the same values as the whole
     /// document, escaped texts included (those are the ones not borrowed), judges the
     /// same by the rules, keeps the same bounds, and refuses what the document refuses
     /// for a missing field.
@@ -714,7 +714,7 @@ mod tests {
         assert!(DocView::parse(b"{\"node\": \"\xff\"}").is_err());
     }
 
-    /// Issue 10, finding 1: an agent's document is bounded in devices and strings.
+    /// An agent's document is bounded in devices and strings.
     #[test]
     fn documents_outside_the_limits_are_refused() {
         // What the aggregator's gate does with the bytes an agent sends.
@@ -742,7 +742,7 @@ mod tests {
         let mut d = node_doc(1);
         d.node = "n".repeat(254);
         assert!(gate(&d).is_err());
-        // Issue 26: readings no sensor reads are refused, not published.
+        // Readings no sensor reads are refused, not published.
         for (temp, power, ok) in [
             (Some(1e300), None, false),
             (Some(-273.0), None, false),

@@ -109,12 +109,12 @@ pub struct NodeFaults {
     pub verdict: Option<VerdictSource>,
     /// Devices left out of `npus` (the healthy ones first) so that the ConfigMap page
     /// holding this entry stays within the API's size limit; `summary` still counts
-    /// them. Absent when every device is listed (issue 26: one node's entry never stops
+    /// them. Absent when every device is listed (one node's entry never stops
     /// its page's other nodes from being published).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trimmed: Option<u32>,
     /// Pods of this node asked to checkpoint before they are evicted from a failed
-    /// device (issue 29). Absent where no pod on the node opted in
+    /// device. Absent where no pod on the node opted in
     /// (`faultline.io/checkpoint-grace`), so documents without it read as before.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drain: Vec<DrainNotice>,
@@ -151,7 +151,7 @@ pub struct DrainNotice {
 }
 
 /// Where a node's own `fault.json` got its statuses, and whether they can still be
-/// trusted (issue 25: once the aggregator falls silent the file says so, with a bounded
+/// trusted (once the aggregator falls silent the file says so, with a bounded
 /// age; it never silently keeps saying "healthy").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -252,13 +252,13 @@ pub struct NpuFault {
     /// PCI bus id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci_bus_id: Option<String>,
-    /// The repair NVIDIA's driver says the GPU needs (NVML's recovery action; issue
-    /// 29): `gpu-reset`, `node-reboot`, `drain-p2p`, `drain-and-reset`,
+    /// The repair NVIDIA's driver says the GPU needs (NVML's recovery action):
+    /// `gpu-reset`, `node-reboot`, `drain-p2p`, `drain-and-reset`,
     /// `recover-imex-domain`, `bus-reset`, `system-reboot`, or `none`. Absent where the
     /// driver does not report it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_action: Option<crate::reading::RecoveryAction>,
-    /// How the device is kept from new work while faultline quarantines it (issue 28);
+    /// How the device is kept from new work while faultline quarantines it;
     /// absent when it is not quarantined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantine: Option<QuarantineMark>,
@@ -334,8 +334,8 @@ pub fn shard_of_hash(hash: u64, shards: u32) -> u32 {
     (hash % u64::from(shards.max(1))) as u32
 }
 
-/// The page of its shard's ConfigMaps a node's entry is written to, of `pages` (issue
-/// 11: a shard of 625 nodes x 8 devices is more than one ConfigMap holds): the same
+/// The page of its shard's ConfigMaps a node's entry is written to, of `pages`
+/// (a shard of 625 nodes x 8 devices is more than one ConfigMap holds): the same
 /// stable hash as [`shard_of`], its quotient by the shards taken modulo the pages.
 pub fn page_of(node: &str, shards: u32, pages: u32) -> u32 {
     if pages <= 1 {

@@ -110,7 +110,7 @@ pub fn read_token(path: &std::path::Path) -> Result<String, String> {
 
 /// The token of an `Authorization` header's value with the `Bearer` scheme: the scheme
 /// matched without regard to case (RFC 9110 section 11.1: "It uses a case-insensitive
-/// token"; issue 26: `bearer` was refused), then one or more spaces, then the token
+/// token"; `bearer` was refused), then one or more spaces, then the token
 /// (RFC 6750 section 2.1), surrounding whitespace trimmed. `None` for another scheme or
 /// no token.
 pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {

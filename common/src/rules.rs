@@ -181,7 +181,7 @@ pub struct Rules {
     pub correlations: Vec<CorrelationRule>,
     /// Agent findings with status failed whose codes fail a device at once; a trailing
     /// `*` matches a prefix (`xid-*`). Default `*`: every finding the agent calls failed
-    /// (issue 30: the severity travels with the finding; a hand-kept list missed every
+    /// (the severity travels with the finding; a hand-kept list missed every
     /// Ascend reason, so a separated chip waited out the soft windows). A failed finding
     /// that matches no pattern counts as soft; degraded findings always do.
     pub hard_faults: Vec<String>,
@@ -191,7 +191,7 @@ pub struct Rules {
     /// Agent finding codes ignored here because a window rule covers them (the agent's
     /// instantaneous `high-temp` is replaced by the 3-of-5 window).
     pub ignore_findings: Vec<String>,
-    /// Findings that are the node's, not one device's (issue 28; same patterns as
+    /// Findings that are the node's, not one device's (same patterns as
     /// `hard_faults`): a device failed for one of these takes the node path (the node
     /// tainted) even where the device alone could be quarantined. Default: the GPU gone
     /// from the bus (`gpu-lost`, `xid-79`), the PCIe link (`pcie-link-down`), NVLink and
@@ -341,7 +341,7 @@ pub struct DeviceWindows {
 /// One window: its rule's reason (as a fingerprint), the samples as a ring of bits
 /// (`of` long) and how many met the condition (kept, so that asking whether a device is
 /// quiet costs nothing per sample: the aggregator asks for every device every second).
-/// Issue 11: a reason string and a deque of booleans per window were a fifth of a
+/// A reason string and a deque of booleans per window were a fifth of a
 /// node's memory, and comparing the cold string for every sample a cache miss each.
 #[derive(Debug, Clone)]
 struct Window {
@@ -468,7 +468,7 @@ impl DeviceWindows {
 /// What one agent entry says by the rules, before the windows: whether it is fresh,
 /// the hard and soft reasons of the correlations and findings, and which window rules'
 /// conditions it meets. It is measured when the document arrives, while its memory is
-/// hot, and applied to the windows when the device is evaluated (issue 11: judging a
+/// hot, and applied to the windows when the device is evaluated (judging a
 /// document kept from its arrival to the next tick cost a cache miss per field; the
 /// measure is all the tick needs).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -533,7 +533,7 @@ mod tests {
     use crate::classify::Finding;
     use crate::reading::Vendor;
 
-    /// Issue 11: the ring of bits keeps what a list of the last `of` samples keeps,
+    /// The ring of bits keeps what a list of the last `of` samples keeps,
     /// across its wrap and across a reload that shortens or lengthens the window (the
     /// newest samples kept), for windows shorter and longer than a word.
     #[test]
@@ -645,7 +645,7 @@ mod tests {
             DeviceWindows::default().observe(Some(&d), &rules),
             Observation::Clean
         );
-        // Whatever the agent calls failed is hard by default (issue 30)...
+        // Whatever the agent calls failed is hard by default...
         d.findings = vec![finding("ascend-separate-npu", DeviceStatus::Failed)];
         assert_eq!(
             DeviceWindows::default().observe(Some(&d), &rules),
@@ -670,7 +670,7 @@ mod tests {
         );
     }
 
-    /// Issue 28: which faults are the node's, by the default list and by a site's own.
+    /// Which faults are the node's, by the default list and by a site's own.
     #[test]
     fn node_faults_are_named_by_pattern() {
         let rules = Rules::default();
@@ -725,7 +725,7 @@ mod tests {
         .is_ok());
     }
 
-    /// Issue 30: every reason the agent can fail a device with, NVIDIA and Ascend alike,
+    /// Every reason the agent can fail a device with, NVIDIA and Ascend alike,
     /// fails it at the aggregator on the first sample under the default rules.
     #[test]
     fn every_reason_the_agent_fails_a_device_with_is_hard_by_default() {
@@ -779,7 +779,7 @@ mod tests {
         assert!(Rules::default().validate().is_ok());
     }
 
-    /// Found by cargo-mutants (issue 27): the edges of validation, the exact window
+    /// Found by cargo-mutants: the edges of validation, the exact window
     /// bounds, a rule's identity across reloads, and window rules past the first.
     #[test]
     fn edges_cargo_mutants_found_untested() {

@@ -1,4 +1,4 @@
-//! The HTTP server both binaries use, bounded against slow and idle clients (issue 10):
+//! The HTTP server both binaries use, bounded against slow and idle clients:
 //! `axum::serve` has no header-read timeout, no request timeout and no connection cap,
 //! so a few hundred half-sent requests could hold a process's memory and sockets.
 //!
@@ -6,20 +6,20 @@
 //!   connections from a fleet does not leave clients in SYN retries.
 //! - At most [`Limits::max_connections`] connections are open; one more is accepted and
 //!   closed at once (counted), so the backlog keeps moving and the client fails fast.
-//! - One peer address holds at most [`Limits::max_per_peer`] of them (issue 26: ~2,100
+//! - One peer address holds at most [`Limits::max_per_peer`] of them (~2,100
 //!   sockets from anyone who could reach an agent's port shut its aggregator out).
 //! - A request's head must arrive within [`Limits::header_timeout`] (hyper's
 //!   `header_read_timeout`), a quarter of it while the server is over half full, and
 //!   its head is at most [`Limits::max_head_bytes`].
-//! - A request's body must arrive within [`Limits::body_timeout`] of its head (issue 26:
-//!   a token holder's slow body held its socket for the whole request timeout); past it
+//! - A request's body must arrive within [`Limits::body_timeout`] of its head
+//!   (a token holder's slow body held its socket for the whole request timeout); past it
 //!   the handler reads an error (a 4xx) and the connection closes.
 //! - A request is answered within [`Limits::request_timeout`] (503 otherwise).
 //! - A connection with no request in flight and no bytes either way for
 //!   [`Limits::idle_timeout`] is closed.
 //! - With a [`Trust`] ([`serve_trusted`]), [`Limits::reserved`] more connections are
 //!   kept for requests it accepts (the agent's: the aggregator's, by the delivery
-//!   token; issue 26: ~2,100 sockets from anyone who could reach an agent's port shut
+//!   token; ~2,100 sockets from anyone who could reach an agent's port shut
 //!   its aggregator out, and the node turned Unknown). A connection that gets one of
 //!   them because the others are taken must send its request head within a second,
 //!   and is answered 503 and closed unless each of its requests is trusted. (A peer
@@ -413,7 +413,7 @@ async fn connection(
             }
             let _busy = InFlight::new(&act);
             // Who is asking (`ConnectInfo`): the agent takes a pod's drain
-            // acknowledgement only from that pod's address (issue 29).
+            // acknowledgement only from that pod's address.
             let mut req = req;
             req.extensions_mut()
                 .insert(axum::extract::ConnectInfo(peer));
@@ -593,7 +593,7 @@ mod tests {
         let _ = stats;
     }
 
-    /// Issue 26: one peer holds at most `max_per_peer` connections; another peer is
+    /// One peer holds at most `max_per_peer` connections; another peer is
     /// still served.
     #[tokio::test]
     async fn one_peer_cannot_take_every_connection() {
@@ -638,7 +638,7 @@ mod tests {
         assert!(get(addr, "/ok").await.ends_with("ok"));
     }
 
-    /// Issue 26, finding 7: with every connection taken, the reserved ones serve only
+    /// With every connection taken, the reserved ones serve only
     /// trusted requests (here, a header `x-trusted: yes`); any other request on one is
     /// answered 503 and its connection closed; without a trust, nothing is reserved.
     #[tokio::test]
@@ -694,7 +694,7 @@ mod tests {
         assert!(stats.refused.load(Ordering::Relaxed) >= 1);
     }
 
-    /// Issue 26: a body sent slowly is given up at the body timeout, not the request
+    /// A body sent slowly is given up at the body timeout, not the request
     /// timeout; a whole one is read as ever.
     #[tokio::test]
     async fn a_slow_body_is_given_up_at_the_body_timeout() {

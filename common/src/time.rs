@@ -122,7 +122,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 }
 
 /// The clock a component judges time by: the system's, moved forward by hand in tests
-/// (issue 14: tests move time instead of sleeping). Clones share one offset.
+/// (tests move time instead of sleeping). Clones share one offset.
 #[derive(Debug, Clone, Default)]
 pub struct Clock {
     offset_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -133,7 +133,7 @@ pub struct Clock {
 
 impl Clock {
     /// A clock that stands at `epoch_ms` until moved by [`Clock::advance`]: the
-    /// randomized schedules' virtual time (issue 27), which the same seed replays
+    /// randomized schedules' virtual time, which the same seed replays
     /// exactly, whatever the machine's pace.
     pub fn manual(epoch_ms: u64) -> Clock {
         Clock {

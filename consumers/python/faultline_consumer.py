@@ -165,7 +165,7 @@ def check_node_document(doc, node=None):
 
 def parse(text, node=None, only=None, now=None):
     """An Entry from a node document (the node's own ``fault.json``, the aggregator's
-    ``<node>.json`` or the agent's ``--node-file``; all list ``npus``). ``node``: refuse
+    ``<node>.json`` or the agent's ``--health-file``; all list ``npus``). ``node``: refuse
     another node's document. ``only``: keep the devices named by id, UUID or PCI bus id.
     ``now`` (seconds since the epoch; default: the clock) judges the verdict's age.
     Raises ValueError."""
@@ -293,7 +293,7 @@ def watch_entry(directory, node, only=None, interval=0.5):
 
 
 def watch_file(path, node=None, only=None, interval=0.5):
-    """``watch`` of the node's own ``fault.json`` (or the agent's ``--node-file``)."""
+    """``watch`` of the node's own ``fault.json`` (or the agent's ``--health-file``)."""
     return watch(path, node, only, interval)
 
 
@@ -455,7 +455,7 @@ class Follower:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--file", help="the node's own fault.json (or the agent's --node-file)")
+    src.add_argument("--file", help="the node's own fault.json (or the agent's --health-file)")
     src.add_argument("--dir", help="the projected shard ConfigMaps (with --node)")
     src.add_argument("--url", help="follow mode: the agent's /v1/fault (with --write)")
     p.add_argument("--write", help="follow mode: keep this file the latest document")

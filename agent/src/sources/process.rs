@@ -275,7 +275,7 @@ mod tests {
         std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
     }
 
-    /// Issue 10, finding 8: a tool whose descendant escapes the process group
+    /// A tool whose descendant escapes the process group
     /// (`setsid`) and keeps stdout open: 100 samples neither hang nor leave threads or
     /// descriptors behind (the pipes are read on the caller's thread, then closed).
     #[test]

@@ -156,7 +156,7 @@ impl SimControl {
             !(o.device == f.device && o.request.fault == f.request.fault)
                 || f.request.fault == FaultKind::Xid
         });
-        // Xid events pile up while nothing samples them: bounded (issue 10).
+        // Xid events pile up while nothing samples them: bounded.
         if faults.len() >= MAX_FAULTS {
             return Err(format!(
                 "{MAX_FAULTS} faults in force already; clear some (DELETE /v1/sim/faults)"
@@ -456,7 +456,7 @@ impl Source for SimSource {
 mod tests {
     use super::*;
 
-    /// Issue 10, finding 8: no two simulated nodes share a GPU UUID; a node keeps its
+    /// No two simulated nodes share a GPU UUID; a node keeps its
     /// own across restarts (the UUIDs follow the name and seed, not the clock); and
     /// injected faults are bounded.
     #[test]

@@ -26,10 +26,10 @@ use tokio_util::sync::CancellationToken;
 use super::dispatch::{Dispatch, Settled};
 use super::schedule::WriteSchedule;
 pub use super::schedule::WriteTiming;
+use crate::agents::collect::admit_raw;
+use crate::agents::deliver::Deliveries;
+use crate::agents::AgentEvent;
 use crate::api::DocumentAsk;
-use crate::ingest::collect::admit_raw;
-use crate::ingest::deliver::Deliveries;
-use crate::ingest::AgentEvent;
 use crate::metrics::Metrics;
 use crate::model::{FinalWrite, Takeover, Verdict};
 use crate::pipeline::{Change, Pipeline, TICK_MS};
@@ -70,7 +70,7 @@ pub struct Core {
     urgent_writing: Vec<tokio::task::JoinHandle<()>>,
     sequence: u64,
     /// The whole document built for `GET /v1/faults`, shared by every asker until the
-    /// next sequence (issue 10: a burst of requests builds it once).
+    /// next sequence (a burst of requests builds it once).
     asked: Option<(u64, Arc<FaultDocument>)>,
     writing: Option<tokio::task::JoinHandle<()>>,
     /// The last write failed (set by the write task, read here).
@@ -80,7 +80,7 @@ pub struct Core {
     last_reconcile: Instant,
     /// Final writes waiting for the next write to finish.
     final_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
-    /// Node-local delivery of each changed entry (issue 25), when on.
+    /// Node-local delivery of each changed entry, when on.
     deliveries: Option<Arc<Deliveries>>,
     /// Per node: when a refused document was last logged, and how many since were not.
     refused_logged: std::collections::HashMap<String, (u64, u32)>,
@@ -200,12 +200,12 @@ impl Core {
         // With every rules sender gone, `changed()` returns at once, forever: stop
         // listening then, or the loop spins.
         let mut rules_open = true;
-        // The stop and the write timer live across iterations (issue 11: made anew for
+        // The stop and the write timer live across iterations (made anew for
         // each document, they were a waiter registered on the token and a timer wheel
         // insertion and removal each).
         let cancelled = cancel.cancelled();
         tokio::pin!(cancelled);
-        // A shard taken is written at once, not at the next tick (issue 11: up to a
+        // A shard taken is written at once, not at the next tick (up to a
         // second of a takeover).
         let mut grants = self.publisher.subscribe();
         let mut armed = self.due();
@@ -304,7 +304,7 @@ impl Core {
     }
 
     /// Log a refused document, at most once a minute per node with the count of those
-    /// not logged (issue 26: a line per refused document was 394 KB/s of logs from one
+    /// not logged (a line per refused document was 394 KB/s of logs from one
     /// hostile agent); the metric counts every one.
     fn log_refused(&mut self, node: &str, error: &str, now: u64) {
         if let Some(suppressed) = once_per(&mut self.refused_logged, node, now, REFUSED_LOG_MS) {
@@ -354,7 +354,7 @@ impl Core {
         }
     }
 
-    /// A pass's report: verdicts settled, and the node's drain intents (issue 29),
+    /// A pass's report: verdicts settled, and the node's drain intents,
     /// published at once (an urgent write, and the node's agent) with a wake at the
     /// next deadline.
     fn on_settled(&mut self, mut s: Settled) {
@@ -433,7 +433,7 @@ impl Core {
     }
 
     /// Whether another urgent write may start: fewer than the publisher's bound are in
-    /// flight (issue 25: a fault of another shard waited for the one before it, up to a
+    /// flight (a fault of another shard waited for the one before it, up to a
     /// page write of 80 ms).
     fn urgent_room(&mut self) -> bool {
         self.urgent_writing.retain(|w| !w.is_finished());
@@ -599,7 +599,7 @@ async fn recv_settled(rx: &mut Option<mpsc::UnboundedReceiver<Settled>>) -> Opti
 mod tests {
     use super::*;
 
-    /// Issue 26: a node's refused documents are logged once a minute, with the count
+    /// A node's refused documents are logged once a minute, with the count
     /// of those that were not.
     #[test]
     fn refused_documents_are_logged_once_a_minute_per_node() {

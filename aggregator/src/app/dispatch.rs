@@ -74,10 +74,10 @@ pub struct Settled {
     /// The verdicts settled.
     pub devices: Vec<RecordDevice>,
     /// The node's drain intents to publish, and when the next falls due (ms on the
-    /// remediator's clock); `None`: the pass did not look (issue 29).
+    /// remediator's clock); `None`: the pass did not look.
     pub drains: Option<(Vec<DrainNotice>, Option<u64>)>,
     /// How the node's quarantined devices are kept from new work, by device id, for
-    /// `fault.json` (issue 28); `None`: the pass did not look.
+    /// `fault.json`; `None`: the pass did not look.
     pub marks: Option<Vec<(String, QuarantineMark)>>,
 }
 
@@ -99,7 +99,7 @@ pub struct Dispatch {
     /// The unknown guard stood down at its last look.
     standing_down: bool,
     /// When each node's pass must run again for a drain intent's deadline (ms on the
-    /// remediator's clock), issue 29: a pod is evicted at its deadline, never later.
+    /// remediator's clock), A pod is evicted at its deadline, never later.
     wakes: BTreeMap<String, u64>,
     /// Refreshes of the list of quarantined nodes that reconciles started and that
     /// have not ended yet.
@@ -131,7 +131,7 @@ const MAX_UNFOLLOWED: usize = 64;
 
 /// Devices of one node with verdicts waiting, at most (as many as a node may report,
 /// `pipeline::MAX_DEVICES_PER_NODE`): alerts naming ever new devices of one node are
-/// dropped and counted past that, not kept (issue 26).
+/// dropped and counted past that, not kept.
 const MAX_PENDING_DEVICES: usize = crate::pipeline::MAX_DEVICES_PER_NODE;
 
 impl Dispatch {
@@ -173,7 +173,7 @@ impl Dispatch {
 
     /// A verdict from the intake or the kubelet: pending until a pass records it.
     pub fn verdict(&mut self, pipeline: &Pipeline, mut v: Verdict) {
-        // Checked against what we know (issue 26: 40,000 alerts for nodes that do not
+        // Checked against what we know (40,000 alerts for nodes that do not
         // exist made a pass, an Event and a failed remediation each): verdicts for nodes
         // this replica does not follow (an agent down, or no such Node) wait at most
         // MAX_UNFOLLOWED nodes at a time; past that they are dropped and counted.
@@ -269,7 +269,7 @@ impl Dispatch {
             self.standing_down = down;
         }
         self.metrics.set_unknown_standing_down(down);
-        // A set (issue 26: a list searched once per pending node was quadratic).
+        // A set (a list searched once per pending node was quadratic).
         let mut nodes: std::collections::BTreeSet<String> =
             pipeline.node_names().cloned().collect();
         let window = self.remediator.dedup_window();
@@ -320,7 +320,7 @@ impl Dispatch {
                 .unwrap_or_default();
             // An alert acts only on a device the node's agent reports; one the agent
             // does not know must be one the kubelet reports for a pod of the node (the
-            // pass checks), or it is only announced (issue 10).
+            // pass checks), or it is only announced.
             let views = pipeline.device_views(&node);
             let (known, unverified): (Vec<RecordDevice>, Vec<RecordDevice>) =
                 extra.iter().cloned().partition(|d| {
@@ -462,7 +462,7 @@ impl NodePass {
     }
 
     /// Verdicts for a node this replica does not follow name a Node that exists, or they
-    /// are dropped, counted, and nothing else is done (issue 26: 40,000 alerts for nodes
+    /// are dropped, counted, and nothing else is done (40,000 alerts for nodes
     /// that do not exist made an Event and a failed pass each). Whether to go on; a
     /// node the API could not be asked about waits for the next pass.
     async fn exists(&self) -> bool {

@@ -1,10 +1,10 @@
-//! When the core loop writes, and what (issue 24: one owner for the write timing, apart
+//! When the core loop writes, and what (one owner for the write timing, apart
 //! from the loop that carries the writes out). Pure: every method takes `now`, and the
 //! caller passes the jittered spacing, so the tests move time themselves.
 //!
 //! A document is written at most every `--write-interval` (jittered), and a shard
 //! whose nodes did not change every `--refresh` (the sink then writes only the pages
-//! whose content moved: readings, an agent's last contact; issue 25), one write at a
+//! whose content moved: readings, an agent's last contact;), one write at a
 //! time; each shard has its own refresh, spread over the period. A shard where a device turned failed gets an urgent write of its
 //! own, `--urgent-spacing` after that shard's last write, beside the other write if one
 //! is in flight (the file sink, which has no shards: its one document, after the previous
@@ -62,7 +62,7 @@ pub struct WriteSchedule {
     /// failed write): the next write covers every shard held.
     whole: bool,
     /// When each shard was last written (its refresh counts from it), spread over the
-    /// refresh period, so that no write carries every shard at once (issue 11).
+    /// refresh period, so that no write carries every shard at once.
     written: HashMap<u32, Instant>,
     /// When the last (non-urgent) write started; `None`: due at once.
     last_write: Option<Instant>,
@@ -208,7 +208,7 @@ impl WriteSchedule {
 
     /// The shards held now (`held`) and granted (`granted`, fair sharing): a shard just
     /// taken is written at once by an urgent write of its own, beside any write in
-    /// flight, and the others are not rewritten with it (issue 11: a takeover of three
+    /// flight, and the others are not rewritten with it (a takeover of three
     /// shards was three rewrites of all eleven). A shard released is seeded afresh when
     /// taken again; judged on the grants, not the holds: a hold that ran out on our clock
     /// and was renewed is not a new take (no new seed comes).

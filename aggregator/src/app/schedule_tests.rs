@@ -22,7 +22,7 @@ fn set(s: &[u32]) -> BTreeSet<u32> {
     s.iter().copied().collect()
 }
 
-/// Issue 14, guardrail 9: a failed device is written `--urgent-spacing` after the
+/// A failed device is written `--urgent-spacing` after the
 /// last write, whatever the interval; other changes wait for the jittered interval;
 /// nothing changed waits for the refresh; the first write is at once.
 #[test]
@@ -59,7 +59,7 @@ fn write_scheduling() {
     );
 }
 
-/// Issue 11: after a write of every shard, the shards' refreshs are spread over
+/// After a write of every shard, the shards' refreshs are spread over
 /// the period, so each later write carries one or two shards, never all; a shard
 /// never written is due at once.
 #[test]
@@ -124,7 +124,7 @@ fn the_first_write_is_whole_then_only_changed_shards() {
     assert_eq!(s.urgent_due(t1), Some(t1 + ms(50)));
 }
 
-/// Issue 11: a shard where a device turned failed is written by an urgent write of its
+/// A shard where a device turned failed is written by an urgent write of its
 /// own, `--urgent-spacing` after that shard's last write, and only it.
 #[test]
 fn a_failed_device_gets_a_write_of_its_own_after_the_spacing() {

@@ -1,7 +1,7 @@
 //! `faultline`: what an SRE runs against the cluster (see `faultline_aggregator::cli`).
 //! Installed (copied or linked) as `kubectl-faultline` it is the kubectl plugin, `kubectl
 //! faultline ...` (kubectl runs `kubectl-faultline` from $PATH): one binary, so a release
-//! build links and optimizes the CLI once, not twice (issue 24).
+//! build links and optimizes the CLI once, not twice.
 
 use std::path::Path;
 

@@ -319,7 +319,7 @@ pub fn describe(v: &DescribeView) -> String {
     o
 }
 
-/// How a record keeps its devices from new work (issue 28): the node's taint (and why
+/// How a record keeps its devices from new work: the node's taint (and why
 /// the node, where a device alone could have been), or each device's DeviceTaintRule,
 /// or the device plugin's own isolation.
 fn isolation(o: &mut String, r: &crate::remediate::QuarantineRecord) {

@@ -2,7 +2,7 @@
 //! InternalIP and the agent port, from a `kube::runtime::watcher` (never a hand-rolled
 //! watch loop). A node that leaves is forgotten; a changed address is followed anew.
 //!
-//! With shard ownership (issue 11) a replica follows only the nodes of the shards it
+//! With shard ownership a replica follows only the nodes of the shards it
 //! holds: every node is known, only those are followed, and the set moves with the
 //! Leases (a node whose shard is handed back is forgotten here, seeded by its next
 //! holder).
@@ -21,8 +21,8 @@ use kube::runtime::WatchStreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::collect::{self, AgentClient, AgentEvent};
-use super::deliver::Deliveries;
+use crate::agents::collect::{self, AgentClient, AgentEvent};
+use crate::agents::deliver::Deliveries;
 use crate::metrics::Metrics;
 
 /// The agent URL of a node: its InternalIP at `port`.

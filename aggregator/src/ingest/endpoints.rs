@@ -1,5 +1,5 @@
 //! Discovery from the EndpointSlices of the agents' headless Service (`--discovery
-//! endpoints`, issue 25), as Prometheus' endpoints discovery finds its targets: a slice
+//! endpoints`), as Prometheus' endpoints discovery finds its targets: a slice
 //! lists up to 100 endpoints, each a node name and an address, about 200 bytes, where a
 //! real GPU Node is 15-40 KB (labels, images, managedFields) and changes with every
 //! status update. A slice changes only when an agent pod does, so following them costs
@@ -13,7 +13,7 @@
 //! replaced) is followed at its best one: ready, else serving (terminating, still
 //! answering), else any; then the lowest address, so every replica picks the same.
 //!
-//! An agent that goes away does not take its node with it (issue 46): during every
+//! An agent that goes away does not take its node with it: during every
 //! DaemonSet rollout, and on a node that stops answering, the endpoint turns not ready
 //! and then leaves the slice, while the node and its GPUs are still there. Such a node
 //! stays followed at its last address, so it is published unreachable (its devices
@@ -391,7 +391,7 @@ mod tests {
             vec![
                 ("gpu-1".into(), "http://10.0.0.1:9000".into()),
                 ("gpu-2".into(), "http://10.0.0.2:9000".into()),
-                // Not ready, and no other: still its node's agent (issue 46).
+                // Not ready, and no other: still its node's agent.
                 ("gpu-3".into(), "http://10.0.0.3:9000".into()),
                 ("gpu-4".into(), "http://10.0.0.10:9000".into()),
             ]
@@ -425,7 +425,7 @@ mod tests {
         }
     }
 
-    /// An agent pod being replaced (issue 46): the old one terminating but serving, the
+    /// An agent pod being replaced: the old one terminating but serving, the
     /// new one starting (not ready), one already gone. A ready endpoint wins over a
     /// serving one, a serving one over one that is neither, whatever the addresses.
     #[test]

@@ -1,14 +1,11 @@
-//! What comes in: agents' documents (followed by long-poll, found by Node discovery),
-//! alerts (`POST /v1/alerts`) and the kubelet's word on devices (KEP-4680).
+//! What comes in besides the agents' documents (`agents`): which agents to follow (Node
+//! discovery in `discover`, the agents' EndpointSlices in `endpoints`), alerts
+//! (`POST /v1/alerts`, `intake`) and the kubelet's word on devices (KEP-4680,
+//! `podhealth`).
 
-pub mod collect;
-pub mod deliver;
 pub mod discover;
 pub mod endpoints;
-pub mod http;
 pub mod intake;
 pub mod podhealth;
-pub mod stream;
 
-pub use collect::{AgentEvent, FetchError};
 pub use intake::{AlertOutcome, Intake, IntakeConfig, IntakeError, IntakeSummary, Route};

@@ -115,7 +115,7 @@ pub async fn run(
         }
         out
     };
-    // A consistent list in pages of 500 (issue 25): at `resourceVersion=0` the watch
+    // A consistent list in pages of 500: at `resourceVersion=0` the watch
     // cache ignores the limit and sends every Pod of the cluster in one answer
     // (staging/src/k8s.io/apiserver/pkg/storage/cacher/delegator.go), which a replica
     // would hold whole; pages from storage are bounded, and only a (re)list pays for them.

@@ -37,7 +37,7 @@ pub(super) struct SinkLabels {
 pub enum Action {
     /// Taint, label and condition for a failed device.
     Quarantine,
-    /// A device quarantined alone (issue 28): its DeviceTaintRule, or the device
+    /// A device quarantined alone: its DeviceTaintRule, or the device
     /// plugin's isolation recorded.
     QuarantineDevice,
     /// The unknown guard's taint (no eviction).
@@ -56,7 +56,7 @@ pub enum Action {
     Alert,
     /// The quarantine record on the Node.
     Record,
-    /// A drain intent before an eviction (issue 29): `ok` published, then
+    /// A drain intent before an eviction: `ok` published, then
     /// `acknowledged`, `timed-out` (evicted at the deadline) or `left` (the pod went).
     Drain,
 }

@@ -25,7 +25,7 @@ pub(super) struct Device {
 pub(super) struct Last {
     /// [`texts`] of the entry these readings came from: a document listing the same
     /// device with the same texts (the usual case) is told by it, without a look at the
-    /// cold strings below (issue 11).
+    /// cold strings below.
     pub(super) texts: u64,
     pub(super) id: Box<str>,
     pub(super) uuid: Option<Box<str>>,
@@ -43,7 +43,7 @@ pub(super) struct Node {
     pub(super) devices: BTreeMap<String, Device>,
     /// The last document, measured when it arrived (one [`Measure`] per entry of
     /// `last`), while it is still to be judged or while some device is not quiet (each
-    /// tick observes it again). A quiet node's is dropped once judged (issue 11: the
+    /// tick observes it again). A quiet node's is dropped once judged (the
     /// parsed document kept for the tick was most of a node's memory, and judging it a
     /// second later a cache miss per field); its next ticks are clean samples without
     /// it, as [`Node::record_quiet`] records them.
@@ -63,12 +63,12 @@ pub(super) struct Node {
     pub(super) reachable_since_ms: Option<u64>,
     pub(super) last_eval_ms: Option<u64>,
     pub(super) changed_ms: u64,
-    /// Quiet and not looked at by the ticks since the tick of this number (issue 11:
-    /// walking every quiet device every second was a tenth of a replica's CPU). Every
+    /// Quiet and not looked at by the ticks since the tick of this number
+    /// (walking every quiet device every second was a tenth of a replica's CPU). Every
     /// tick after it would have recorded a clean sample for each device, and does so
     /// when the node is next touched ([`Node::settle`]).
     pub(super) lazy_since_tick: Option<u64>,
-    /// [`fnv1a64`] of the name, which decides its shard (issue 11: a shard's document
+    /// [`fnv1a64`] of the name, which decides its shard (a shard's document
     /// hashed every node's name to find its own, 5,000 names for each shard written).
     pub(super) name_hash: u64,
     /// New device ids taken in the current window: when it began, and how many
@@ -78,7 +78,7 @@ pub(super) struct Node {
     pub(super) refused_logged_ms: Option<u64>,
     /// When UUIDs another node reported first were last logged for this node.
     pub(super) uuid_logged_ms: Option<u64>,
-    /// Drain intents published and acknowledgements carried (issue 29); boxed, as
+    /// Drain intents published and acknowledgements carried; boxed, as
     /// nearly every node has none.
     pub(super) drain: Option<Box<NodeDrain>>,
 }
@@ -89,7 +89,7 @@ pub(super) struct Node {
 pub(super) struct NodeDrain {
     pub(super) notices: Vec<faultline_common::fault::DrainNotice>,
     pub(super) acks: Vec<(String, String)>,
-    /// How each quarantined device is kept from new work (issue 28), by device id, as
+    /// How each quarantined device is kept from new work, by device id, as
     /// the node's last remediation pass found its record.
     pub(super) marks: Marks,
 }
@@ -97,7 +97,7 @@ pub(super) struct NodeDrain {
 /// Quarantine marks by device id.
 pub type Marks = Vec<(String, faultline_common::fault::QuarantineMark)>;
 
-/// Most devices kept for one node, remembered ones included (issue 26: an agent that
+/// Most devices kept for one node, remembered ones included (an agent that
 /// named 512 new device ids in every document grew a replica by 150 MB a minute and
 /// its shard's ConfigMap past the API's limit, so no node of the shard was published).
 /// A real node has at most 16 GPUs or 32 NPU chips.
@@ -293,7 +293,7 @@ impl Node {
             && self.devices.values().all(|d| {
                 // A device its agent reports unknown (a hung source) is not quiet: the
                 // ticks must see it go without fresh data until it turns unknown
-                // (issue 30: skipped as quiet, it stayed healthy for as long as the
+                // (skipped as quiet, it stayed healthy for as long as the
                 // agent stayed silent, and its skipped ticks counted as clean samples).
                 d.clean
                     && d.state.status == DeviceStatus::Healthy

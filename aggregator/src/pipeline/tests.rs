@@ -93,7 +93,7 @@ fn an_unreachable_agent_turns_devices_unknown_after_the_grace_never_failed() {
     assert_eq!(p.summary().failed, 0);
 }
 
-/// Issue 30: a reachable agent whose every device is unknown (its source hung) leaves
+/// A reachable agent whose every device is unknown (its source hung) leaves
 /// them healthy for the grace, then unknown, never failed; the ticks do not skip the
 /// node as quiet meanwhile (they did: it stayed healthy as long as the agent said
 /// unknown, and every skipped tick counted as a clean sample).
@@ -157,7 +157,7 @@ fn a_new_reason_for_an_unreachable_agent_is_a_change_the_same_one_is_not() {
     );
 }
 
-/// Issue 11: a quiet node's document is dropped once judged; its ticks are still
+/// A quiet node's document is dropped once judged; its ticks are still
 /// clean samples (never missing ones), and what is published keeps its readings.
 /// A node with a device not healthy keeps its document for the next ticks.
 #[test]
@@ -236,7 +236,7 @@ fn a_shards_entries_are_its_nodes() {
     }
 }
 
-/// Issue 10, finding 1: the nodes followed are capped; past the cap a new node's
+/// The nodes followed are capped; past the cap a new node's
 /// documents change nothing, and known nodes go on.
 #[test]
 fn nodes_past_the_cap_are_refused() {
@@ -255,7 +255,7 @@ fn nodes_past_the_cap_are_refused() {
         .is_empty());
 }
 
-/// Issue 10, finding 7: a device its reachable agent stops reporting is forgotten
+/// A device its reachable agent stops reporting is forgotten
 /// after the forget time (never unknown for ever); while the agent is unreachable
 /// nothing is forgotten.
 #[test]
@@ -284,7 +284,7 @@ fn devices_no_longer_reported_are_forgotten() {
     assert!(p.device_state("n1", "gpu0").is_some());
 }
 
-/// Issue 26, finding 2: ids an agent churned through before it went away are forgotten
+/// Ids an agent churned through before it went away are forgotten
 /// after the forget time while it stays unreachable; the devices of its last document
 /// stay (unknown, for the unknown guard), however long.
 #[test]
@@ -384,7 +384,7 @@ fn skipping_quiet_nodes_changes_no_outcome() {
     );
 }
 
-/// Issue 11: a quiet node is skipped by the ticks and its samples recorded when it
+/// A quiet node is skipped by the ticks and its samples recorded when it
 /// is next read or touched; the streak and freshness are what recording every due
 /// tick gives, also when ticks come closer together than the spacing (a tick within
 /// 900 ms of a node's last sample is no sample for it).
@@ -457,7 +457,7 @@ fn skipped_ticks_count_as_recorded_ones() {
     );
 }
 
-/// Issue 11: a quiet node judged at its document is skipped at once when the next
+/// A quiet node judged at its document is skipped at once when the next
 /// tick is within the spacing of the document; a document just after a tick is
 /// left to the next tick, which is a sample for it.
 #[test]
@@ -516,7 +516,7 @@ fn sustained_heat_degrades_after_the_window_and_the_hold() {
     );
 }
 
-/// Issue 26: an agent that names new device ids in every document is refused once past
+/// An agent that names new device ids in every document is refused once past
 /// the per-window budget (and past the per-node cap at once); the node keeps what it
 /// had, another node is judged as ever, and memory does not grow with the churn.
 #[test]
@@ -563,7 +563,7 @@ fn device_id_churn_is_refused_and_other_nodes_go_on() {
     );
 }
 
-/// Issue 26, finding 12: a GPU UUID is one physical device. A second node reporting a
+/// A GPU UUID is one physical device. A second node reporting a
 /// UUID another node reported first is flagged (counted) and the UUID is withheld from
 /// its entry and its quarantine records, so nothing acts on it through that node; the
 /// first node keeps it. Once the first node is gone, the UUID is free again.
@@ -610,7 +610,7 @@ fn a_uuid_another_node_reported_first_is_flagged_and_withheld() {
     assert_eq!(uuid_of(&p, "moved").as_deref(), Some(victim));
 }
 
-/// Issue 29: NVML's recovery action, as the agent reports it per device, is in the
+/// NVML's recovery action, as the agent reports it per device, is in the
 /// node's published entry and names the repair in a quarantine record; a name this
 /// build does not know reads as none, and the document is not refused for it.
 #[test]
@@ -642,7 +642,7 @@ fn the_recovery_action_of_each_nvml_value_is_published_and_recorded() {
     assert!(v["npus"][0].get("recovery_action").is_none(), "{v}");
 }
 
-/// Issue 29: only a new acknowledgement of an intent published for the node, not yet
+/// Only a new acknowledgement of an intent published for the node, not yet
 /// acknowledged, makes its pass run (an agent naming ever new UIDs makes none); a shard
 /// taken over keeps its intents published.
 #[test]

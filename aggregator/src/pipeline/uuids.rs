@@ -1,4 +1,4 @@
-//! Which node reports each GPU UUID (issue 26, finding 12: a UUID is one physical
+//! Which node reports each GPU UUID (a UUID is one physical
 //! device, so two nodes reporting the same one means one of them lies or is
 //! misconfigured; a quarantine or a device taint by UUID must not follow the liar).
 //!

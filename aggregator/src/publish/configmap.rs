@@ -5,7 +5,7 @@
 //! `<node>.json` (one node each), so a pod that mounts every shard in one projected
 //! volume reads `/config/$NODE_NAME.json`.
 //!
-//! Pages (`--pages`, issue 11): a ConfigMap holds at most 1 MiB (the API's limit,
+//! Pages (`--pages`): a ConfigMap holds at most 1 MiB (the API's limit,
 //! `validation.go` `ValidateConfigMap`), about 450 nodes of 8 devices; a shard larger
 //! than that spreads its node entries over `pages` ConfigMaps: page 0 is
 //! `<name>-shard-<i>` with `fault.json` (the index of the whole shard) and the nodes of
@@ -146,7 +146,7 @@ pub struct PageBody {
     pub bytes: usize,
     /// The nodes left out (their key is not a valid ConfigMap key).
     pub skipped: Vec<String>,
-    /// What the page says, without when it was written or its sequence (issue 25: a
+    /// What the page says, without when it was written or its sequence (a
     /// page whose content did not change is not written again): FNV-1a over each key
     /// and value, the index taken without its `timestamp` and `sequence`, each node's
     /// entry without what moves on nearly every document ([`stable_entry`]).
@@ -160,7 +160,7 @@ pub struct PageBody {
 /// What a node's entry says, for [`PageBody::content`]: its statuses, reasons,
 /// counters, links, identities and reachability, not the readings (temperature, power)
 /// or when its agent was last heard from. Those move on nearly every document of a
-/// real fleet (issue 25: at 20,000 nodes a status change on one node rewrote every
+/// real fleet (at 20,000 nodes a status change on one node rewrote every
 /// page of its shard, 1.6 MB, for readings nobody asked to see refreshed).
 fn stable_entry(n: &NodeFaults, w: &mut Fnv) -> Result<(), serde_json::Error> {
     serde_json::to_writer(
@@ -222,7 +222,7 @@ impl std::io::Write for Fnv {
 
 /// The JSON of a `ConfigMap` with `meta` and the keys of page `page` of `pages` of a
 /// shard, encoded in one pass: each value is serialized straight into its escaped form
-/// in the body (issue 11: a value serialized to a string, kept in a map and escaped
+/// in the body (a value serialized to a string, kept in a map and escaped
 /// again by the ConfigMap's encoding was two passes over, and a copy of, every byte of
 /// a write), with the page's content fingerprint.
 pub fn page_body(
@@ -402,7 +402,7 @@ impl ConfigMapSink {
 
     /// Write `doc` as shard `doc.shard`, fenced by `held`: its pages other than 0, then
     /// page 0 with the index and the new sequence. Returns the bytes written.
-    /// The document is borrowed (issue 11: a clone for each sink was a tenth of a
+    /// The document is borrowed (a clone for each sink was a tenth of a
     /// write); its sequence is the one this write continues, not `doc.sequence`.
     pub async fn write(&self, doc: &FaultDocument, held: &Held) -> Result<usize, WriteError> {
         let mut total = 0;
@@ -415,7 +415,7 @@ impl ConfigMapSink {
     /// One page of a shard, with optimistic concurrency: the first write since taking
     /// the shard continues the sequence already published (page 0 carries it; the
     /// others have none, and their sequence is never read). A page whose content is what
-    /// this replica last wrote is not written again (issue 25: every write of a page
+    /// this replica last wrote is not written again (every write of a page
     /// reaches every watcher of it; a rewrite that says nothing new is pure cost).
     async fn write_page(
         &self,
@@ -534,7 +534,7 @@ impl ConfigMapSink {
         let mut body = page_body(meta, doc, page, self.pages, sequence)?;
         if body.bytes > MAX_BYTES {
             // Trim the page's largest entries rather than leave every node of it
-            // unpublished (issue 26).
+            // unpublished.
             if let Some((trimmed, nodes)) =
                 super::trim::trim_page(doc, page, self.pages, body.bytes, MAX_BYTES)
             {
@@ -583,8 +583,8 @@ impl ConfigMapSink {
     /// Create (`replace` false) or replace a ConfigMap, `body` its JSON
     /// ([`page_body`]); the answer is read only for its metadata. The API answers with
     /// the whole object, up to a MiB of node entries a replica has just encoded:
-    /// reading it back into a `ConfigMap` was as costly as the write (issue 11,
-    /// profiled).
+    /// reading it back into a `ConfigMap` was as costly as the write
+    /// (profiled).
     async fn put(
         &self,
         name: &str,
@@ -824,7 +824,7 @@ mod tests {
         }
     }
 
-    /// Issue 11: a shard of 625 nodes x 8 devices (20,000 nodes in 32 shards) is more
+    /// A shard of 625 nodes x 8 devices (20,000 nodes in 32 shards) is more
     /// than one ConfigMap holds (the test API server refuses over 1 MiB, as
     /// kube-apiserver does: `ValidateConfigMap`, pkg/apis/core/validation/validation.go);
     /// spread over two pages it is written whole: page 0 with the index of every node
@@ -838,7 +838,7 @@ mod tests {
         let held = Held::default();
         held.grant(0, tokio::time::Instant::now() + Duration::from_secs(60));
         // One page: over the limit, so its largest entries are trimmed (every device
-        // healthy: left out) until it fits, and it is written (issue 26), each trimmed
+        // healthy: left out) until it fits, and it is written, each trimmed
         // entry saying how many devices it left out and counting them all.
         let one = ConfigMapSink::new(api.clone(), "single".into());
         one.write(&document(&p, 0, "r1", 0, SHARDS), &held)
@@ -908,7 +908,7 @@ mod tests {
         assert_eq!(seen, NODES, "every node on exactly one page");
     }
 
-    /// Issue 25: a status change rewrites its node's page and page 0 (the index), not
+    /// A status change rewrites its node's page and page 0 (the index), not
     /// the other pages of the shard, whose nodes' readings and last contact moved
     /// meanwhile (at 20,000 nodes that was 1.6 MB of responses for one change); those
     /// are rewritten once `--refresh` has passed since their last write.
@@ -997,7 +997,7 @@ mod tests {
         assert_eq!(puts() - before, PAGES as usize, "every page at its refresh");
     }
 
-    /// Issue 11: a shard's writes take turns in the order their documents were built,
+    /// A shard's writes take turns in the order their documents were built,
     /// and a document older than the one the shard last had out is not written (the
     /// heartbeat built before a fault, done after the fault's urgent write, would undo
     /// it); it is counted. A newer one is written.

@@ -16,7 +16,7 @@
 //!
 //! Nudges run beside the writes ([`Nudger::detach`]), at most [`IN_FLIGHT`] batches at a
 //! time: a shard's next write, and the replica's next urgent write, never wait for the
-//! pod list and patches of the last one (issue 25: at 2 s of API latency each nudge held
+//! pod list and patches of the last one (at 2 s of API latency each nudge held
 //! the next fault's write back by 4 s). A batch past that bound is counted (`busy`) and
 //! its pods wait for kubelet, as those past the budget do.
 

@@ -40,7 +40,7 @@ pub struct Stamp<'a> {
     pub include: &'a BTreeSet<u32>,
     /// Write every shard held; else only those of `include`. A replica holding 16
     /// shards of 300 nodes rewrote all 16 for one device's fault, one after the other:
-    /// the fault's shard waited for up to 15 others (issue 11, measured at 20,000
+    /// the fault's shard waited for up to 15 others (measured at 20,000
     /// nodes).
     pub whole: bool,
 }
@@ -72,7 +72,7 @@ pub enum Publisher {
 
 /// Writes of one shard in the order their documents were built. An urgent write (a
 /// device turned failed) may run beside a write of other shards already in flight
-/// (issue 11: a fault waited behind a heartbeat of another shard); a shard's writes
+/// (a fault waited behind a heartbeat of another shard); a shard's writes
 /// take turns, and a document older than the one a shard last had out is not written
 /// at all (else the heartbeat built before a fault would overwrite it).
 #[derive(Default)]

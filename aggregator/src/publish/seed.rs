@@ -1,6 +1,6 @@
 //! Reading a shard's last published document back, to seed a takeover: the replica that
 //! takes a shard continues from what the last holder published, so a change of holder
-//! changes no published status (issue 11). Publishing owns the pages' names and format,
+//! changes no published status. Publishing owns the pages' names and format,
 //! so it owns reading them too; the Lease loop asks through [`SeedSource`].
 
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! A page over the ConfigMap limit is trimmed, never left unwritten (issue 26: one
+//! A page over the ConfigMap limit is trimmed, never left unwritten (one
 //! node's agent that named hundreds of devices grew its shard's ConfigMap past the
 //! API's limit, and no node of the shard was published any more).
 //!

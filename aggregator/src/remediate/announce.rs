@@ -7,7 +7,7 @@
 //! nothing twice. Announcing is best effort: a failing Events API is logged and
 //! counted, never stops a pass.
 //!
-//! What can repeat without bound (alerts naming devices nobody reports, issue 26) is
+//! What can repeat without bound (alerts naming devices nobody reports) is
 //! one Event per node and reason whose `count` and `lastTimestamp` are patched, at most
 //! once a minute, as client-go aggregates similar Events
 //! (staging/src/k8s.io/client-go/tools/record/events_cache.go, `eventObserve`: a repeat

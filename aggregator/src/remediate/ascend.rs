@@ -1,14 +1,14 @@
-//! Huawei's Ascend device plugin (issue 28, point 6): a failed chip the plugin has
+//! Huawei's Ascend device plugin: a failed chip the plugin has
 //! separated for good already (`ManuallySeparateNPU` in its per-node ConfigMap) keeps
-//! the plugin's isolation, and faultline adds none (`quarantine::ascend` reads the list
+//! the plugin's isolation, and faultline adds none (`device_taint::ascend` reads the list
 //! as the plugin does).
 
 use k8s_openapi::api::core::v1::ConfigMap;
 
 use super::record::{fingerprint, DeviceIsolation, LiveNode, QuarantineRecord};
 use super::remediator::Remediator;
+use crate::device_taint::ascend;
 use crate::model::RecordDevice;
-use crate::quarantine::ascend;
 
 impl Remediator {
     /// Whether Huawei's device plugin lists every one of `devices` (chips of

@@ -1,13 +1,13 @@
-//! The device path of isolation (issue 28): a failed GPU is kept from new work by its
+//! The device path of isolation: a failed GPU is kept from new work by its
 //! own DeviceTaintRule (DRA), or by the device plugin that already took it out of the
 //! node's allocatable, and the node's other devices stay schedulable. The node path
 //! (`isolate.rs`) takes over for the node's own faults, for `node_after_devices` failed
-//! devices, and wherever no device can be isolated alone (`quarantine::scope`).
+//! devices, and wherever no device can be isolated alone (`device_taint::scope`).
 //!
 //! A rule is proposed with effect `None` first; the device-taint eviction controller
 //! reports what `NoExecute` would evict, and only when that equals faultline's own count
 //! of the pods holding the device (their claims, counted as the controller counts:
-//! `quarantine::would_be_evicted`) is the effect switched to `NoSchedule`. The
+//! `device_taint::would_be_evicted`) is the effect switched to `NoSchedule`. The
 //! prediction is written once per generation of the rule: on a disagreement the pass
 //! asks once for a fresh one (`Dra::resimulate`). A disagreement that stands is
 //! announced and acted on neither way. The record on
@@ -29,13 +29,13 @@ use super::record::{
     DEVICES_LABEL, SCOPE_LABEL,
 };
 use super::remediator::Remediator;
-use crate::metrics::{Action, ActionResult};
-use crate::model::RecordDevice;
-use crate::quarantine::{
+use crate::device_taint::{
     holders, is_ours, node_fault, plugin_scope, rejecting, rejections, rule_name, scope,
     taint_value, taken_out, tolerates_forever, Dra, Effect, Failed, NodeWhy, PluginScope,
     Prediction, QuarantineError, Scope, REJECTION_WINDOW_MS, TAINT_KEY,
 };
+use crate::metrics::{Action, ActionResult};
+use crate::model::RecordDevice;
 use crate::shard::Fence;
 
 /// Where isolation goes on from the device path.
@@ -460,7 +460,7 @@ impl Remediator {
             return Ok(BTreeSet::new());
         };
         // Each device with the value of its rule's taint (none on the node path).
-        let mut refs: Vec<(crate::quarantine::DeviceRef, Option<String>)> = record
+        let mut refs: Vec<(crate::device_taint::DeviceRef, Option<String>)> = record
             .rules()
             .iter()
             .map(|r| {
@@ -584,7 +584,7 @@ pub fn canary_claim(
             serde_json::json!({"name": format!("device-{i}"), "exactly": {
                 "deviceClassName": class,
                 "selectors": [{"cel": {"expression": cel}}],
-                "tolerations": [{"key": crate::quarantine::rule::TAINT_KEY, "operator": "Exists"}],
+                "tolerations": [{"key": crate::device_taint::rule::TAINT_KEY, "operator": "Exists"}],
             }})
         })
         .collect();
@@ -598,7 +598,7 @@ pub fn canary_claim(
 }
 
 impl Remediator {
-    /// A device canary's Job (issue 28): the pod asks, through a claim of its own, for
+    /// A device canary's Job: the pod asks, through a claim of its own, for
     /// the very devices the record quarantines, tolerating their taint. The claim is
     /// made after the Job, owned by it (the garbage collector removes it with the Job);
     /// the pod waits for it. Nothing is done for a record of the node path.

@@ -1,4 +1,4 @@
-//! Warn before evicting (issue 29): a pod on a failed device that asks for time to
+//! Warn before evicting: a pod on a failed device that asks for time to
 //! checkpoint (`faultline.io/checkpoint-grace: 300s` on the pod, or on its namespace;
 //! at most `--max-checkpoint-grace`) gets a drain intent first: published in its node's
 //! `fault.json` entry (`drain[]`, with `evict_after`), recorded on the Node, and sent as

@@ -53,7 +53,7 @@ pub struct Evictions {
     pub given_up: Vec<String>,
     /// Failed otherwise (recorded with the reason): to retry.
     pub failed: Vec<String>,
-    /// Warned and not evicted yet (issue 29): waiting for their acknowledgement or
+    /// Warned and not evicted yet: waiting for their acknowledgement or
     /// deadline.
     pub draining: Vec<String>,
     /// The node's drain intents as they stand after the pass, to publish (`None`: the
@@ -149,7 +149,7 @@ impl Remediator {
         }
         let mut record = before.clone();
         let pods = self.pods_on(node).await?;
-        // DRA pods hold their devices through claims (issue 28).
+        // DRA pods hold their devices through claims.
         let claimed = self.dra_holders_or_none(node, &pods, &record).await;
         let device_scoped = !record.node_scoped();
         let targets: Vec<&Pod> = pods
@@ -399,7 +399,7 @@ impl Remediator {
             return Ok(0);
         }
         let pods = self.pods_on(node).await?;
-        // DRA pods hold the failed devices through their claims (issue 28): a record of
+        // DRA pods hold the failed devices through their claims: a record of
         // these devices, never written, tells which.
         let probe = QuarantineRecord::new(node, devices.to_vec(), "", &self.actor, String::new());
         let claimed = self.dra_holders_or_none(node, &pods, &probe).await;
@@ -412,7 +412,7 @@ impl Remediator {
             let Some((ns, name, key)) = pod_key(pod) else {
                 continue;
             };
-            // What enforce would do first for a pod that asked for time (issue 29).
+            // What enforce would do first for a pod that asked for time.
             let warn = match self.grace_of(pod, &mut namespaces).await {
                 Ok(g) if !g.is_zero() => format!(
                     " after warning it to checkpoint (grace {}s, or its acknowledgement)",
@@ -467,7 +467,7 @@ impl Remediator {
         self.announce
             .metric(Action::Alert, ActionResult::Unattributed);
         tracing::warn!(node, device = %device.id, reason = %device.reason, "alert names a device no agent or pod of the node reports: announced, not acted on");
-        // One Event per node, counting the repeats (issue 26: every alert naming a new
+        // One Event per node, counting the repeats (every alert naming a new
         // device made an Event of its own).
         self.announce
             .repeated_event(

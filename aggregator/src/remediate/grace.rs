@@ -1,4 +1,4 @@
-//! A pod's checkpoint grace as the cluster says it (issue 29): its own
+//! A pod's checkpoint grace as the cluster says it: its own
 //! `faultline.io/checkpoint-grace` annotation, else its namespace's (read once per
 //! namespace and pass), judged by [`super::drain::grace`].
 

@@ -47,7 +47,7 @@ impl BudgetGuard {
     /// Why quarantining `node` now would exceed the budget, if it would. Nodes the
     /// unknown guard tainted do not count: they have their own budget
     /// ([`BudgetGuard::unknown_refusal`]). Every read is of metadata only, in pages
-    /// (issue 25: a real GPU Node is 15-40 KB; a list of every Node in one answer was
+    /// (a real GPU Node is 15-40 KB; a list of every Node in one answer was
     /// 0.3-0.8 GB at 20,000 nodes).
     pub async fn refusal(
         &self,
@@ -126,7 +126,7 @@ async fn each_page(
     }
 }
 
-/// Whether only devices of the node are quarantined, not the node (issue 28).
+/// Whether only devices of the node are quarantined, not the node.
 fn device_scoped(node: &ObjectMeta) -> bool {
     node.labels
         .as_ref()
@@ -149,7 +149,7 @@ fn unknown_only(node: &ObjectMeta) -> bool {
 ///
 /// The failures counted live in the same ConfigMap (`failures`: node → when), updated
 /// by compare-and-swap on its resourceVersion, so the threshold is cluster-wide (not
-/// per replica) and survives restarts (issue 10, finding 5).
+/// per replica) and survives restarts.
 pub struct Breaker {
     api: Api<ConfigMap>,
     name: String,

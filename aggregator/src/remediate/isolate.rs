@@ -86,7 +86,7 @@ impl Remediator {
                 devices.push(d);
             }
         }
-        // One device alone where the cluster can (issue 28); else the node, and why.
+        // One device alone where the cluster can; else the node, and why.
         let node_why = match self
             .isolate_devices(&live, existing.as_ref(), &devices, fence)
             .await?
@@ -119,7 +119,7 @@ impl Remediator {
         // across replicas the count can exceed the budget by at most replicas - 1.)
         // A node the unknown guard tainted (an unknown-only record, the same taint key)
         // is not quarantined yet: its first failure asks the budget like any other
-        // (the randomized schedules found it skipped the budget, issue 27).
+        // (the randomized schedules found it skipped the budget).
         let unquarantined = match &existing {
             // Unknown-only, or only devices quarantined alone: the node is not yet.
             Some(r) => r.unknown_only || !r.node_scoped(),
@@ -280,7 +280,7 @@ impl Remediator {
         // One Event per node and hour at most, across replicas and restarts: the
         // Event's name says so. It is asked for on every pass that holds the node back,
         // not only the first: an announcement the API refused (a 500) is made by the
-        // next pass, never lost (found by the randomized schedules, issue 10).
+        // next pass, never lost (found by the randomized schedules).
         let hour = self
             .clock
             .rfc3339()

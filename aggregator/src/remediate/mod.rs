@@ -10,9 +10,9 @@
 //! - `announce.rs`: Events, audit lines, notifications;
 //! - `remediator.rs`: what every pass needs; `isolate.rs`, `evict.rs`, `release.rs`,
 //!   `canary.rs`: the passes;
-//! - `drain.rs`: warning a pod before its eviction (issue 29); `grace.rs`: the grace a
+//! - `drain.rs`: warning a pod before its eviction; `grace.rs`: the grace a
 //!   pod or its namespace asks for.
-//! - `device.rs`: one device quarantined alone (issue 28); `ascend.rs`: chips Huawei's
+//! - `device.rs`: one device quarantined alone; `ascend.rs`: chips Huawei's
 //!   device plugin separated already.
 
 pub mod announce;
@@ -33,7 +33,7 @@ pub mod release;
 pub mod remediator;
 pub mod view;
 
-pub use crate::quarantine::DeviceQuarantine;
+pub use crate::device_taint::DeviceQuarantine;
 pub use error::{Outcome, RemediateError};
 pub use evict::Evictions;
 pub use guards::Breaker;

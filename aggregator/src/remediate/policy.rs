@@ -415,7 +415,7 @@ pub fn wants_eviction(pod: &PodView, failed: &[RecordDevice]) -> bool {
     pod.held.iter().any(|id| failed.iter().any(|d| d.is(id)))
 }
 
-/// [`wants_eviction`] with what DRA and a device quarantine add (issue 28): a pod whose
+/// [`wants_eviction`] with what DRA and a device quarantine add: a pod whose
 /// claim holds a failed device (`claim_holds`) is evicted, whatever it asks for; where
 /// only devices are quarantined (`device_scoped`), a pod is evicted only when it is
 /// known to hold a failed device (its claim, or the kubelet's KEP-4680 status), so the

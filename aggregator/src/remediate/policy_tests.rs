@@ -139,7 +139,7 @@ fn which_pods_are_evicted() {
     );
 }
 
-/// Issue 28: a pod whose claim holds a failed device goes (unless it is one never
+/// A pod whose claim holds a failed device goes (unless it is one never
 /// evicted); on a device quarantine only a pod known to hold a failed device goes.
 #[test]
 fn a_device_quarantine_evicts_only_the_known_holders() {
@@ -218,7 +218,7 @@ fn a_device_quarantine_evicts_only_the_known_holders() {
     }
 }
 
-/// Issue 30: an Ascend pod holds its chips by the device plugin's names (`Ascend910-3`,
+/// An Ascend pod holds its chips by the device plugin's names (`Ascend910-3`,
 /// a virtual NPU `Ascend910-2c-100-3`), the agent names them by physical id (`npu3`).
 #[test]
 fn an_ascend_pod_is_evicted_only_for_the_chip_it_holds() {

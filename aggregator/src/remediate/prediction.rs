@@ -1,6 +1,6 @@
 //! The device-taint eviction controller's prediction for a rule at effect `None`, judged
-//! against faultline's own count of the device's holders (issue 28), on a real
-//! controller's terms (issue 46):
+//! against faultline's own count of the device's holders, on a real
+//! controller's terms:
 //!
 //! - faultline counts as the controller counts ([`would_be_evicted`]): scheduled pods
 //!   that are not terminating, whose claims do not tolerate the taint for good;
@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::device::quarantine_error;
 use super::error::RemediateError;
 use super::remediator::Remediator;
-use crate::quarantine::{
+use crate::device_taint::{
     judge, would_be_evicted, would_evict, DeviceRef, Dra, Prediction, TAINT_KEY,
 };
 use crate::shard::Fence;

@@ -21,7 +21,7 @@ pub const RECORD_ANNOTATION: &str = "faultline.io/quarantine";
 /// The label listing the unhealthy devices (dot separated ids).
 pub const DEVICES_LABEL: &str = "faultline.io/unhealthy-devices";
 /// On a node whose failed devices are quarantined alone (value `device`): the node is
-/// not, and the node budget does not count it (issue 28).
+/// not, and the node budget does not count it.
 pub const SCOPE_LABEL: &str = "faultline.io/quarantine-scope";
 /// The effect of faultline's taint: new pods stay off the node; the pods running leave
 /// one by one through the Eviction API (PodDisruptionBudgets respected), never all at
@@ -168,10 +168,10 @@ pub struct QuarantineRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<Released>,
     /// Pods warned before their eviction (`namespace/name/uid`), as published in
-    /// `fault.json` (issue 29): each leaves when it is evicted or gone.
+    /// `fault.json`: each leaves when it is evicted or gone.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub drains: BTreeMap<String, DrainNotice>,
-    /// How the devices are kept from new work when the node is not tainted (issue 28):
+    /// How the devices are kept from new work when the node is not tainted:
     /// absent, the node's taint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<DeviceIsolation>,
@@ -181,7 +181,7 @@ pub struct QuarantineRecord {
 }
 
 /// How the failed devices of a record are kept from new work without tainting their
-/// node (issue 28).
+/// node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "by")]
 pub enum DeviceIsolation {
@@ -232,8 +232,8 @@ pub struct DeviceRule {
 
 impl DeviceRule {
     /// The DRA device it selects.
-    pub fn device_ref(&self) -> crate::quarantine::DeviceRef {
-        crate::quarantine::DeviceRef {
+    pub fn device_ref(&self) -> crate::device_taint::DeviceRef {
+        crate::device_taint::DeviceRef {
             driver: self.driver.clone(),
             pool: self.pool.clone(),
             device: self.device.clone(),
@@ -624,7 +624,7 @@ pub fn named_or_all(named: &[RecordDevice], all: &[RecordDevice]) -> Vec<RecordD
 mod tests {
     use super::*;
 
-    /// Issue 28: how each device is kept from new work, as `fault.json` and the
+    /// How each device is kept from new work, as `fault.json` and the
     /// metric show it, and the record's isolation written as text.
     #[test]
     fn marks_say_how_each_device_is_isolated() {

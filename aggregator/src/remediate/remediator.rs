@@ -66,8 +66,8 @@ pub struct Remediator {
     /// The clock decisions are judged by (deadlines, expiry, cool-downs, canaries);
     /// tests move it instead of sleeping.
     pub(super) clock: faultline_common::time::Clock,
-    /// The device path (issue 28); `None`: every fault takes the node path.
-    pub(super) devices: Option<crate::quarantine::DeviceQuarantine>,
+    /// The device path; `None`: every fault takes the node path.
+    pub(super) devices: Option<crate::device_taint::DeviceQuarantine>,
     /// The last `fault.json` sequence this replica wrote (a DeviceTaintRule is
     /// annotated with the one current when it was decided).
     sequence: Arc<std::sync::atomic::AtomicU64>,
@@ -138,7 +138,7 @@ impl Remediator {
         self
     }
 
-    /// Warn before evicting: a pod may ask for up to `max` to checkpoint (issue 29).
+    /// Warn before evicting: a pod may ask for up to `max` to checkpoint.
     pub fn with_checkpoint_grace(mut self, max: Duration) -> Self {
         self.max_grace = max;
         self
@@ -173,8 +173,8 @@ impl Remediator {
         self
     }
 
-    /// Quarantine a failed device alone where the cluster can (issue 28).
-    pub fn with_devices(mut self, devices: Option<crate::quarantine::DeviceQuarantine>) -> Self {
+    /// Quarantine a failed device alone where the cluster can.
+    pub fn with_devices(mut self, devices: Option<crate::device_taint::DeviceQuarantine>) -> Self {
         self.devices = devices;
         self
     }

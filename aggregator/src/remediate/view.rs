@@ -75,7 +75,7 @@ impl PodView {
 
 /// The devices of `resources` a pod holds: what the kubelet reports
 /// (`allocatedResourcesStatus`), where Huawei's device plugin names the real chips
-/// (`huawei.com/AscendReal`, issue 30) those instead of the kubelet's Ascend ids, which
+/// (`huawei.com/AscendReal`) those instead of the kubelet's Ascend ids, which
 /// under Volcano are aliases of other chips.
 fn held(pod: &Pod, resources: &[String]) -> Vec<String> {
     let mut held: Vec<String> = pod

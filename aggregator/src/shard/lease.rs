@@ -92,7 +92,7 @@ pub struct ShardLeases {
     pub url: Option<String>,
     /// Others' Leases as observed; owned by this loop.
     pub observer: Observer,
-    /// Fair share, seeding and graceful hand-back (issue 11); `None`: take every shard
+    /// Fair share, seeding and graceful hand-back; `None`: take every shard
     /// that is free, as one replica alone would.
     pub share: Option<Sharing>,
 }
@@ -136,10 +136,10 @@ impl Sharing {
 pub const URL_ANNOTATION: &str = "faultline.io/url";
 /// The annotation on a shard Lease with the sequence its holder last published; with
 /// the Lease's `renewTime` it says how fresh the shard is without a rewrite of its
-/// pages (issue 25).
+/// pages.
 pub const SEQUENCE_ANNOTATION: &str = "faultline.io/sequence";
 /// The label on every Lease of an aggregator (shards and members): its `--name`. The
-/// Leases are listed by it, from the API server's cache (issue 25).
+/// Leases are listed by it, from the API server's cache.
 pub const AGGREGATOR_LABEL: &str = "faultline.io/aggregator";
 /// The label on member Leases: the aggregator's `--name`.
 pub const MEMBER_LABEL: &str = "faultline.io/member-of";
@@ -153,7 +153,7 @@ impl ShardLeases {
     /// One pass: renew our member Lease; list every Lease once; judge them; plan; renew
     /// what we keep, hand one back, take free shards up to our share.
     pub async fn pass(&mut self) {
-        // Side by side (issue 25: under a slow API server, every call in sequence made
+        // Side by side (under a slow API server, every call in sequence made
         // a pass as long as their sum, and the renewals came later than the holds last).
         // Each call bounded by half a hold: one that hangs holds up no pass past that.
         let deadline = self.cfg.call_deadline();
@@ -234,7 +234,7 @@ impl ShardLeases {
         let renewed = futures_util::future::join_all(renewals).await;
         // Their outcomes side by side too: a shard seeded after a restart reads its pages,
         // and a seed in sequence per shard made the last shards' holds run out before
-        // they were set (issue 25: at 2 s of latency, 4 s a seed, 8 shards).
+        // they were set (at 2 s of latency, 4 s a seed, 8 shards).
         futures_util::future::join_all(
             renewed
                 .into_iter()
@@ -324,7 +324,7 @@ impl ShardLeases {
     }
 
     /// This aggregator's Leases in one list (by [`AGGREGATOR_LABEL`], from the API
-    /// server's watch cache: `resourceVersion=0`, issue 25): what the plan reads (the
+    /// server's watch cache: `resourceVersion=0`): what the plan reads (the
     /// shards' and the members' records), and the shard Leases themselves by shard (a
     /// renewal or take replaces the one read: a compare-and-swap, so a read the cache
     /// served late costs a 409 and a fresh read, never a shard).
@@ -554,7 +554,7 @@ impl ShardLeases {
                 // replica still has granted, even if the hold ran out on its clock
                 // meanwhile: the Lease named us as its holder, and the renewal swapped
                 // exactly that version, so no other replica has written the shard since
-                // our last renewal (issue 25: every renewal after a lapse seeded again,
+                // our last renewal (every renewal after a lapse seeded again,
                 // in sequence, and the holds never caught up).
                 if !(granted && taken == Taken::Renewed) {
                     self.seed(shard).await;
@@ -658,7 +658,7 @@ impl ShardLeases {
                 let wake = expiry
                     .map_or(observe_at, |t| t.min(observe_at))
                     .min(next_pass);
-                // Cancel first: the same inputs take the same branch (issue 27's replays).
+                // Cancel first: the same inputs take the same branch (the replays).
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => break 'passes,

@@ -1,4 +1,4 @@
-//! The shard plan (issue 24): what one replica does with the shard Leases in a pass,
+//! The shard plan: what one replica does with the shard Leases in a pass,
 //! decided from what it observed, before any Lease is written. No I/O and no clock of its
 //! own: the caller passes `now`, so table tests (and a model checker) call exactly what
 //! the Lease loop calls. `lease.rs` lists the Leases, hands them to [`Observer`], asks
@@ -13,7 +13,7 @@
 //! - [`plan`] is one function from what a pass observed (each shard mine, free or another
 //!   live holder's; the live replicas; the hold-off) to what to renew, take and hand back.
 //!
-//! Fair share (issue 11): a replica holds at most `ceil(shards / live)` shards: it takes
+//! Fair share: a replica holds at most `ceil(shards / live)` shards: it takes
 //! free or expired shards up to that, hands one back when it holds more, or holds the
 //! full share while another live replica holds less than `floor(shards / live)` (a
 //! newcomer, starving). One hand-back per pass, then no take for two retry periods, so

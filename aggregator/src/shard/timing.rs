@@ -1,5 +1,5 @@
 //! Lease timing, and the bound on each Lease call that keeps one hung call from
-//! holding up a pass past the holds (issue 25).
+//! holding up a pass past the holds.
 
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ impl LeaseConfig {
     /// The longest one Lease call may take before this loop gives up on it: half of what
     /// a hold lasts (`duration - margin`), whatever the client's own timeout. One call
     /// that hangs past the hold (`--kube-timeout` is 15 s by default, a hold 12 s) held
-    /// up the whole pass, and every shard's hold ran out behind it (issue 25); given up
+    /// up the whole pass, and every shard's hold ran out behind it; given up
     /// at half the hold, the next pass renews the others in time.
     pub fn call_deadline(&self) -> Duration {
         (self.duration.saturating_sub(self.margin) / 2).max(Duration::from_millis(100))

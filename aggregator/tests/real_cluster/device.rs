@@ -110,7 +110,7 @@ async fn a_stale_prediction_is_asked_again(release: Release) {
     let device = c.gpu_pod("gone", "n1", serde_json::json!([])).await;
     let id = &gpus.iter().find(|(d, _)| *d == device).unwrap().1;
     // The rule an earlier replica made, as faultline names and labels it.
-    let dev = faultline_aggregator::quarantine::DeviceRef {
+    let dev = faultline_aggregator::device_taint::DeviceRef {
         driver: "gpu.nvidia.com".into(),
         pool: "n1".into(),
         device: device.clone(),
@@ -122,7 +122,7 @@ async fn a_stale_prediction_is_asked_again(release: Release) {
     };
     c.apply(&serde_json::json!({
         "apiVersion": format!("resource.k8s.io/{version}"), "kind": "DeviceTaintRule",
-        "metadata": {"name": faultline_aggregator::quarantine::rule_name(&dev),
+        "metadata": {"name": faultline_aggregator::device_taint::rule_name(&dev),
                      "labels": {"app.kubernetes.io/managed-by": "faultline"}},
         "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n1", "device": device},
                  "taint": {"key": "faultline.io/unhealthy", "value": "row-remap-failure", "effect": "None"}},

@@ -140,7 +140,7 @@ pub const STALE_REASON: &str = "verdict-stale";
 pub const STALE_GRACE: Duration = Duration::from_secs(5);
 
 /// One node's entry: the node's own `fault.json`, the aggregator's `<node>.json` or the
-/// agent's `--node-file` (all list `npus`; other fields are ignored, so newer documents
+/// agent's `--health-file` (all list `npus`; other fields are ignored, so newer documents
 /// still read).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -464,7 +464,7 @@ impl Watch {
         Self::new(dir.as_ref().join(format!("{node}.json")), Some(node))
     }
 
-    /// The node's own `fault.json` (or the agent's `--node-file`).
+    /// The node's own `fault.json` (or the agent's `--health-file`).
     pub fn file(path: impl AsRef<Path>) -> Result<Self, Error> {
         Self::new(path.as_ref().to_path_buf(), None)
     }

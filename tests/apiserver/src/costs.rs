@@ -311,7 +311,7 @@ pub(crate) fn classify(
     if path.starts_with("/_") {
         return None;
     }
-    let Some(rp) = crate::http::parse_path(path) else {
+    let Some(rp) = crate::request::parse_path(path) else {
         return Some(("get", String::new()));
     };
     let resource = match &rp.subresource {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-use crate::store::Change;
+use crate::changes::Change;
 use crate::{disruption, ApiError, ApiServer, Inner, Key, WatchEvent};
 
 /// How often the simulated kubelet and disruption controller look.

@@ -40,8 +40,8 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::http::ListParams;
 use crate::kinds::api_version;
+use crate::request::ListParams;
 use crate::selectors::Selection;
 use crate::{b64, ApiError, ApiServer, Inner, Kind};
 

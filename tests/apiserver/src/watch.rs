@@ -16,8 +16,8 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
 use crate::costs::Counter;
-use crate::http::ListParams;
 use crate::kinds::api_version;
+use crate::request::ListParams;
 use crate::selectors::Selection;
 use crate::{status_body, ApiResult, ApiServer, Key, Kind, WatchEvent};
 
@@ -161,7 +161,7 @@ where
     let stream = futures_util::stream::poll_fn(move |cx| {
         rx.poll_recv(cx).map(|v| {
             v.map(|v| {
-                let v = crate::http::at_version(k, &version, v);
+                let v = crate::request::at_version(k, &version, v);
                 let mut line = serde_json::to_vec(&v).unwrap_or_default();
                 line.push(b'\n');
                 counter.watch_event(line.len() as u64);

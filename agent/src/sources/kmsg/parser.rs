@@ -773,7 +773,7 @@ mod tests {
         ));
     }
 
-    /// Issue 26: any process could name itself `NVRM: x` and crash in a file named
+    /// Any process could name itself `NVRM: x` and crash in a file named
     /// `0001:1f:00.0 fallen off the bus`; the kernel's segfault record failed that GPU.
     #[test]
     fn a_process_cannot_fail_a_gpu() {
@@ -934,7 +934,7 @@ mod tests {
         ));
     }
 
-    /// Issue 10: only the kernel may report an Xid. A user's `logger` line carries the
+    /// Only the kernel may report an Xid. A user's `logger` line carries the
     /// user's tag, and `NVRM:` inside someone else's message is not a kernel message.
     #[test]
     fn a_forged_xid_is_not_an_xid() {

@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
-/// A map of keys with the order they were last touched in (issue 26: the cap's search
+/// A map of keys with the order they were last touched in (the cap's search
 /// for the oldest key, and a sweep of every key per alert, were O(n) per alert on the
 /// thread that renews the Leases; four senders past 10,000 keys lost the Lease three
 /// times in 45 s). The order is a queue of touches, stale ones skipped when they come

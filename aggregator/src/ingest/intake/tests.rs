@@ -30,7 +30,7 @@ fn bearer(t: &str) -> HeaderMap {
     h
 }
 
-/// Issue 10, finding 4: the token is compared without an early exit (a prefix, a
+/// The token is compared without an early exit (a prefix, a
 /// longer or an empty token all fail), read from its file once, and read again when
 /// the file changes (a rotated Secret): the old token is refused from then on.
 #[test]
@@ -46,7 +46,7 @@ fn the_token_is_compared_in_full_and_follows_its_file() {
     let (mut i, _rx, _m) = intake(1, Duration::from_secs(60), Duration::from_secs(60));
     i.cfg.token_file = file.clone();
     assert!(i.authorize(&bearer("first-token")).is_ok());
-    // Issue 26: the scheme is case-insensitive (RFC 9110).
+    // The scheme is case-insensitive (RFC 9110).
     let mut lower = HeaderMap::new();
     lower.insert(header::AUTHORIZATION, "bearer first-token".parse().unwrap());
     assert!(i.authorize(&lower).is_ok());
@@ -79,7 +79,7 @@ fn alert_on(node: &str) -> Alert {
     }
 }
 
-/// Issue 12: a sender may say one alert is enough (Alertmanager's label
+/// A sender may say one alert is enough (Alertmanager's label
 /// `faultline_threshold`, or `?threshold=` on the URL), never more than configured;
 /// re-sends of that one firing alert still count once.
 #[tokio::test]
@@ -170,7 +170,7 @@ async fn n_within_w_then_duplicates() {
     assert_eq!(intake.one(third).await, AlertOutcome::Duplicate);
 }
 
-/// Issue 14, guardrail 7: the N-within-W window and the dedup window run out.
+/// The N-within-W window and the dedup window run out.
 #[tokio::test]
 async fn the_counting_window_and_the_dedup_window_expire() {
     let (mut intake, mut rx, _) = intake(2, Duration::from_millis(300), Duration::from_millis(600));
@@ -192,7 +192,7 @@ async fn the_counting_window_and_the_dedup_window_expire() {
     assert_eq!(rx.try_recv().unwrap().node, "n1");
 }
 
-/// Issue 10, point 4: a token holder cannot grow the intake's memory without bound:
+/// A token holder cannot grow the intake's memory without bound:
 /// past MAX_KEYS the oldest keys go (counted), and over-long names are not keys.
 #[tokio::test]
 async fn the_intakes_memory_is_bounded() {
@@ -243,7 +243,7 @@ fn body() -> impl proptest::strategy::Strategy<Value = String> {
 }
 
 proptest::proptest! {
-    /// Issue 10: the intake's parser never panics, on any bytes or on either
+    /// The intake's parser never panics, on any bytes or on either
     /// format with odd values; an alert comes out only for a body's own entries.
     #[test]
     fn the_intake_parser_never_panics(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400), b in body()) {
@@ -254,7 +254,7 @@ proptest::proptest! {
     }
 }
 
-/// Issue 26, finding 4: the keys' cap drops the least recently touched key, a touch
+/// The keys' cap drops the least recently touched key, a touch
 /// keeps a key, expiry drops what was last touched long ago; each in O(1) amortized
 /// (the queue of touches stays within twice the keys).
 #[test]
@@ -285,7 +285,7 @@ fn aged_keys_go_oldest_first() {
     assert!(a.contains_key(&key(0)) && a.contains_key(&key(5)));
 }
 
-/// Issue 26, finding 4: at most MAX_ALERTS alerts in one request.
+/// At most MAX_ALERTS alerts in one request.
 #[tokio::test]
 async fn a_request_of_too_many_alerts_is_refused() {
     let dir = tempfile::tempdir().unwrap();

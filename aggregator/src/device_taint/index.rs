@@ -1,4 +1,4 @@
-//! Index the devices (issue 28, point 2), pure: what the DRA drivers publish in
+//! Index the devices, pure: what the DRA drivers publish in
 //! ResourceSlices, as (driver, pool, device) by the GPU's UUID, and which pods hold a
 //! device through their ResourceClaims.
 //!

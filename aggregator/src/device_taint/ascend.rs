@@ -1,4 +1,4 @@
-//! Ascend clusters with Huawei's device plugin (issue 28, point 6), pure: the NPUs the
+//! Ascend clusters with Huawei's device plugin, pure: the NPUs the
 //! plugin has already separated by hand, which faultline never isolates a second time.
 //!
 //! Huawei's Ascend device plugin (Ascend/mind-cluster, component/ascend-device-plugin)

@@ -1,4 +1,4 @@
-//! Find the API (issue 28, point 1): the newest version of `resource.k8s.io` that
+//! Find the API: the newest version of `resource.k8s.io` that
 //! serves DeviceTaintRule, from discovery, as kubectl finds a resource
 //! (staging/src/k8s.io/client-go/discovery/discovery_client.go: the group's versions
 //! from `/apis`, each version's resources from `/apis/<group>/<version>`).

@@ -1,7 +1,7 @@
 //! Following each agent's changes. The agent's watch stream
 //! (`/v1/health?watch=true`) sends each new document as a line of NDJSON the moment it
 //! changes, and the current one again at a heartbeat, on one kept connection: a change
-//! costs the follower one read, no request (issue 11: the request a long-poll sends
+//! costs the follower one read, no request (the request a long-poll sends
 //! for every document was a fifth of a replica's CPU). An agent that does not stream
 //! is long-polled (`/v1/health?wait_generation=G`: answered as soon as the document
 //! changes, at the poll timeout otherwise). Every wait has a deadline; failures back
@@ -40,7 +40,7 @@ pub enum AgentEvent {
     /// A document as the agent followed as `node` sent it (a line of its stream, or the
     /// answer to a poll), to be read, checked ([`admit_raw`], the one gate) and judged by
     /// the core loop: parsed on the thread that judges and drops it, its memory is
-    /// allocated and freed by one thread (issue 11: a document parsed by a follower and
+    /// allocated and freed by one thread (a document parsed by a follower and
     /// freed by the core cost mimalloc's cross-thread free and collect paths a quarter of
     /// the parse).
     Raw {
@@ -62,7 +62,7 @@ pub struct AgentClient {
     /// Bound on connecting.
     pub connect_timeout: Duration,
     /// The delivery token, sent with every request: the agent keeps connections for it
-    /// when the others are taken (issue 26).
+    /// when the others are taken.
     pub bearer: Option<Arc<str>>,
 }
 
@@ -134,8 +134,8 @@ pub enum FetchError {
     },
 }
 
-/// Which address serves which node, for the agents followed by URL alone (issue 26,
-/// finding 5: a bare `--agents URL` whose agent named node-b got node-b quarantined
+/// Which address serves which node, for the agents followed by URL alone
+/// (finding 5: a bare `--agents URL` whose agent named node-b got node-b quarantined
 /// though `node-b=URL` was listed too). The nodes named in `--agents NODE=URL` are
 /// claimed from the start; a bare URL's first document claims its node if nobody has.
 #[derive(Clone, Default)]
@@ -299,9 +299,9 @@ impl Following<'_> {
         }
         // The agent sends a document or its heartbeat (a blank line) within the poll
         // wait: a line ended, either, restarts the deadline; bytes that end no line do
-        // not (issue 26: a byte every 5 s kept a stream, and its node, "reachable" with a
+        // not (a byte every 5 s kept a stream, and its node, "reachable" with a
         // frozen document). One timer for the stream, moved on only when it fires
-        // (issue 11: a timeout armed for each read was a timer wheel insertion and
+        // (a timeout armed for each read was a timer wheel insertion and
         // removal per document).
         let mut last_read = tokio::time::Instant::now();
         let mut ended = conn.lines_ended();
@@ -370,7 +370,7 @@ impl Following<'_> {
     }
 }
 
-/// The one gate for agents' documents (issue 24): the bytes received from the agent
+/// The one gate for agents' documents: the bytes received from the agent
 /// followed as `node`, if they may be accepted: a node document, within the limits, and
 /// for that node. Streamed and polled documents alike pass here, and nothing
 /// downstream checks them again with other rules.
@@ -415,8 +415,8 @@ async fn send(tx: &mpsc::Sender<AgentEvent>, ev: AgentEvent, cancel: &Cancellati
 /// Follow one agent until cancelled. `node` is the node followed at this address (the
 /// discovered Node, or `--agents NODE=URL`); without one, the first document names and
 /// pins it. A document for any other node is refused, counted and logged, and the
-/// followed node's agent counts as unreachable: no agent speaks for another node
-/// (issue 10). An agent without a name that cannot be reached is counted and logged,
+/// followed node's agent counts as unreachable: no agent speaks for another node.
+/// An agent without a name that cannot be reached is counted and logged,
 /// never published (its URL is not a node, and not a valid ConfigMap key).
 pub async fn follow(
     base: String,
@@ -567,7 +567,7 @@ mod tests {
             .expect("the follower is running")
     }
 
-    /// Issue 10, finding 1: the agent at a discovered node's address cannot speak for
+    /// The agent at a discovered node's address cannot speak for
     /// another node; its document is refused and counted, and the followed node's
     /// agent counts as unreachable.
     #[tokio::test]
@@ -597,7 +597,7 @@ mod tests {
         cancel.cancel();
     }
 
-    /// Issue 26, finding 5: an agent followed by URL alone may not name a node that
+    /// An agent followed by URL alone may not name a node that
     /// another address serves; its documents are refused and counted, none reaches the
     /// core. One naming a node nobody serves is followed as before.
     #[tokio::test]
@@ -645,7 +645,7 @@ mod tests {
         cancel.cancel();
     }
 
-    /// Issue 10, finding 1: without a name from discovery or `--agents NODE=URL`, the
+    /// Without a name from discovery or `--agents NODE=URL`, the
     /// first document pins the node; a later document for another node is refused (a
     /// name that changes on every answer cannot grow the pipeline).
     #[tokio::test]
@@ -692,7 +692,7 @@ mod tests {
     /// The requests an agent double saw (path and query), in order.
     type Seen = Arc<Mutex<Vec<String>>>;
 
-    /// Issue 11: the follower reads the agent's watch stream: each line is handed to
+    /// The follower reads the agent's watch stream: each line is handed to
     /// the core raw, for the node followed, and read and checked there ([`admit_raw`]:
     /// a line that is not a document is refused, as is a document for another node);
     /// a blank line (the heartbeat) is none; when the agent ends the stream, it asks
@@ -772,7 +772,7 @@ mod tests {
         assert!(text.contains("agent_watch_fallbacks_total 0"), "{text}");
     }
 
-    /// Issue 26: a stream kept open by a byte every few seconds, which never ends a line,
+    /// A stream kept open by a byte every few seconds, which never ends a line,
     /// does not keep its node reachable with a frozen document: past the request timeout
     /// without a whole line (a document or the heartbeat) it is given up.
     #[tokio::test]

@@ -1,4 +1,4 @@
-//! Node-local delivery (issue 25): each followed node's published entry goes to that
+//! Node-local delivery: each followed node's published entry goes to that
 //! node's agent (`PUT /v1/fault`, the bearer token of `--delivery-token-file`), which
 //! keeps it as the node's own `fault.json` for its pods. A change costs one node, not a
 //! page that every kubelet of the fleet receives; no kubelet volume refresh is involved.

@@ -3,7 +3,7 @@
 //!
 //! A replica holds a connection to every agent it follows (5,000 or more). hyper's
 //! pooled client kept about 25 KiB per connection while idle (a read buffer, the
-//! connection task and its request channel; issue 11, measured with heaptrack), more
+//! connection task and its request channel; measured with heaptrack), more
 //! than the whole budget of a followed node. This client keeps the socket alone; a
 //! response is read into a buffer that lives as long as the answer does.
 //!
@@ -118,7 +118,7 @@ pub struct Conn {
     /// The watch stream being read on the connection, if one is open.
     lines: Option<Box<StreamState>>,
     /// Sent as `Authorization: Bearer` on every GET: the delivery token, which the
-    /// agent keeps connections for when its others are taken (issue 26).
+    /// agent keeps connections for when its others are taken.
     bearer: Option<std::sync::Arc<str>>,
 }
 
@@ -763,7 +763,7 @@ mod tests {
         assert!(seen[1].starts_with("GET /p/v1/health?wait_generation=3 HTTP/1.1\r\n"));
     }
 
-    /// Issue 26, finding 7: with the delivery token, every GET carries it (the agent
+    /// With the delivery token, every GET carries it (the agent
     /// keeps connections for it); without, none does.
     #[tokio::test]
     async fn a_get_carries_the_bearer_it_is_given() {
@@ -806,7 +806,7 @@ mod tests {
         assert!(c.stream.is_none());
     }
 
-    /// Issue 11: a stream's head and first lines in one read (decoded from what came
+    /// A stream's head and first lines in one read (decoded from what came
     /// with the head), then the end; the connection is kept, and the next request on it
     /// is answered whole. An answer that is not a stream comes back whole.
     #[tokio::test]

@@ -1,4 +1,4 @@
-//! The writes of a device quarantine (issue 28, point 3), through the real `kube`
+//! The writes of a device quarantine, through the real `kube`
 //! client: read the slices and claims, propose a rule with effect `None`, read the
 //! device-taint eviction controller's prediction, enforce (`NoSchedule`) only when
 //! it agrees with faultline's own count, and release. A rule without faultline's label

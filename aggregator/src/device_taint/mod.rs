@@ -1,5 +1,6 @@
-//! Quarantine one device, not its node (issue 28): Kubernetes' DeviceTaintRule
-//! (KEP-5055) where the cluster serves it.
+//! Take one device out, not its node: Kubernetes' DeviceTaintRule (KEP-5055) where the
+//! cluster serves it, else the device plugin's or Ascend's own isolation where it
+//! already took the device out. ("Quarantine" is the node's record, in `remediate`.)
 //!
 //! - `api`: which version of `resource.k8s.io` serves DeviceTaintRule, if any;
 //! - `index` (pure): the allowlisted drivers' devices by UUID, complete pools only, and

@@ -1,4 +1,4 @@
-//! What the device path of remediation needs (issue 28), shared by every pass.
+//! What the device path of remediation needs, shared by every pass.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,7 +11,7 @@ use super::{Effect, TaintApi};
 /// What the device path needs, shared by every pass.
 #[derive(Clone)]
 pub struct DeviceQuarantine {
-    /// Where DeviceTaintRule is served, as last discovered (`quarantine::api::follow`
+    /// Where DeviceTaintRule is served, as last discovered (`device_taint::api::follow`
     /// keeps it current); `None`: nowhere.
     pub api: Arc<Mutex<Option<TaintApi>>>,
     /// The DRA drivers whose devices may be quarantined (`gpu.nvidia.com`, ...).
@@ -54,7 +54,7 @@ impl DeviceQuarantine {
 
 /// The device path's flags.
 #[derive(Debug, Clone, clap::Args)]
-#[command(next_help_heading = "Device quarantine (issue 28)")]
+#[command(next_help_heading = "Device quarantine")]
 pub struct DeviceArgs {
     /// Quarantine one failed device alone where the cluster can: its own DRA
     /// DeviceTaintRule, or the device plugin's isolation where it took the device out of

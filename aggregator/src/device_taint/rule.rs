@@ -1,4 +1,4 @@
-//! One DeviceTaintRule per quarantined device (issue 28, point 3), pure: its
+//! One DeviceTaintRule per quarantined device, pure: its
 //! deterministic name, the object faultline writes, whether a rule is faultline's, and
 //! what the device-taint eviction controller says a `None` rule would evict.
 

@@ -1,4 +1,4 @@
-//! Issue 27, point 5: what the agent client reads, under any cut of the bytes into
+//! What the agent client reads, under any cut of the bytes into
 //! reads. An answer (length, chunked or close-delimited, after interim answers) gives
 //! the same status, body and keep-alive whatever the reads; a bad length, a smuggling
 //! pair and an oversized head are refused whatever the reads.

@@ -1,4 +1,4 @@
-//! Clusters without DRA (issue 28, point 6), pure: whether the device plugin has
+//! Clusters without DRA, pure: whether the device plugin has
 //! already taken the failed devices out of the scheduler's hands, so that faultline
 //! lets that stand instead of tainting the node.
 //!

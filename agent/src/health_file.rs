@@ -1,5 +1,5 @@
-//! `--node-file`: write the node document atomically (temp file + rename) on every
-//! change, for pods that mount it from the host and cannot wait for kubelet.
+//! `--health-file`: write the node's health document atomically (temp file + rename)
+//! on every change, for tools on the host that read it without the API.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

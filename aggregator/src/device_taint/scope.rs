@@ -1,4 +1,4 @@
-//! Device or node (issue 28, point 4), pure: whether a node's failed devices can each
+//! Device or node, pure: whether a node's failed devices can each
 //! be quarantined alone, or the fault is the node's and the node is tainted as before.
 //!
 //! The node's, in this order of precedence (the first that holds is the reason given):

@@ -79,7 +79,7 @@ pub enum StreamError {
 
 impl Lines {
     /// How many lines have ended so far, blank ones (the heartbeat) included: what tells
-    /// a live stream from one trickled a byte at a time (issue 26).
+    /// a live stream from one trickled a byte at a time.
     pub fn ended(&self) -> u64 {
         self.ended
     }
@@ -283,7 +283,7 @@ mod tests {
         );
     }
 
-    /// Issue 27, point 5: documents as an agent streams them (NDJSON in chunks of any
+    /// Documents as an agent streams them (NDJSON in chunks of any
     /// size, LF or CRLF line ends, heartbeat blank lines, extensions, trailers).
     mod props {
         use super::*;

@@ -1,0 +1,329 @@
+//! The agent's wiring: [`start`] as a table of parts, each built by its own function.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, SourceKind};
+use crate::metrics::Metrics;
+use crate::sampler::SamplerConfig;
+use crate::sources::sim::SimControl;
+use crate::sources::{EventSink, Source};
+use crate::store::{Store, StoreConfig};
+use crate::{api, fault_api, health_file, reaper, sampler, sources, verdict};
+
+/// Connections of the API port kept for the aggregator beyond `--http-max-connections`
+/// (requests carrying the delivery token), so that a crowd of other peers cannot shut it
+/// out. Its replicas hold one or two each (a stream and a delivery).
+pub const AGGREGATOR_CONNECTIONS: usize = 16;
+
+/// A running agent.
+pub struct Agent {
+    /// Its state.
+    pub store: Arc<Store>,
+    /// Its metrics.
+    pub metrics: Arc<Metrics>,
+    /// The address the API listens on.
+    pub addr: std::net::SocketAddr,
+    /// The address of `--fault-listen`, if given.
+    pub fault_addr: Option<std::net::SocketAddr>,
+    cancel: CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Agent {
+    /// Stop sampling and serving.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+    }
+
+    /// Wait until the server stops (on cancel).
+    pub async fn wait(self) {
+        let _ = self.server.await;
+    }
+
+    /// The cancellation token that stops everything.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+}
+
+/// Start every configured source, the upkeep tick, the health file writer and the API:
+/// each part built by its own function below, in this order.
+pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
+    // As PID 1 (no init in the container), orphaned tool descendants are ours to reap.
+    if reaper::start(false) {
+        tracing::info!("running as PID 1: reaping orphaned children");
+    }
+    let metrics = Arc::new(Metrics::new());
+    let store = Store::new(
+        StoreConfig {
+            node: cfg.node_name.clone(),
+            cache_ttl: cfg.cache_ttl,
+            thresholds: cfg.thresholds,
+            xid_policy: cfg.xid_policy.clone(),
+            deadband: cfg.deadband,
+        },
+        metrics.clone(),
+    );
+    let cancel = CancellationToken::new();
+    let parts = Parts {
+        cfg: &cfg,
+        store: &store,
+        metrics: &metrics,
+        cancel: &cancel,
+    };
+    let (polled, sim_control) = parts.sources()?;
+    if cfg.fail_on_init_error {
+        parts.check_init(&polled).await?;
+    }
+    parts.spawn_samplers(polled);
+    parts.spawn_upkeep();
+    if let Some(path) = cfg.health_file.clone() {
+        tokio::spawn(health_file::run(
+            path,
+            store.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        ));
+    }
+    let verdicts = parts.verdicts()?;
+    let state = api::ApiState::new(store.clone(), metrics.clone(), sim_control)
+        .with_stop(cancel.clone())
+        .with_verdicts(verdicts);
+    let fault_addr = parts.spawn_pod_port(&state)?;
+    let (addr, server) = parts.spawn_api(state)?;
+    tracing::info!(%addr, node = %cfg.node_name, sources = ?cfg.sources, "faultline agent serving");
+    Ok(Agent {
+        store,
+        metrics,
+        addr,
+        fault_addr,
+        cancel,
+        server,
+    })
+}
+
+/// The polled sources, and the simulator's control when `sim` is one of them.
+type Polled = (Vec<Arc<dyn Source>>, Option<Arc<SimControl>>);
+
+/// What every part of a starting agent is built from.
+struct Parts<'a> {
+    cfg: &'a Config,
+    store: &'a Arc<Store>,
+    metrics: &'a Arc<Metrics>,
+    cancel: &'a CancellationToken,
+}
+
+impl Parts<'_> {
+    /// The polled sources of `--source` (kmsg, which streams, is started here), and the
+    /// simulator's control when `sim` is one of them.
+    fn sources(&self) -> anyhow::Result<Polled> {
+        let (cfg, metrics, cancel) = (self.cfg, self.metrics, self.cancel);
+        // Streaming sources see the store only as where their events and status go.
+        let sink: Arc<dyn EventSink> = self.store.clone();
+        let mut sim_control = None;
+        let mut polled: Vec<Arc<dyn Source>> = Vec::new();
+        for kind in &cfg.sources {
+            match kind {
+                SourceKind::Nvml => polled.push(Arc::new(sources::nvml::NvmlSource::new(
+                    cfg.nvml_lib.clone(),
+                    Some(sources::nvml::EventStream {
+                        sink: sink.clone(),
+                        cancel: cancel.clone(),
+                        metrics: metrics.clone(),
+                    }),
+                ))),
+                SourceKind::Dcmi => polled.push(Arc::new(
+                    sources::dcmi::DcmiSource::new(cfg.dcmi_lib.clone())
+                        .with_fault_codes(cfg.fault_codes.clone())
+                        .with_escalation(cfg.escalation.clone())
+                        .with_metrics(metrics.clone()),
+                )),
+                SourceKind::NpuSmi => polled.push(Arc::new(
+                    sources::npu_smi::NpuSmiSource::new(cfg.npu_smi.clone())
+                        .with_fault_codes(cfg.fault_codes.clone())
+                        .with_escalation(cfg.escalation.clone())
+                        .with_davinci_dir(cfg.davinci_dir.clone()),
+                )),
+                SourceKind::Exec => {
+                    let argv = cfg.exec.clone().context("exec source without --exec")?;
+                    polled.push(Arc::new(sources::exec::ExecSource::new(argv)));
+                }
+                SourceKind::Sim => {
+                    let sim = self.sim()?;
+                    sim_control = Some(sim.control());
+                    polled.push(Arc::new(sim));
+                }
+                SourceKind::Kmsg => sources::kmsg::spawn(
+                    cfg.kmsg.clone(),
+                    sources::kmsg::TextTrust::from_flag(cfg.kmsg_trust_text),
+                    sink.clone(),
+                    metrics.clone(),
+                    cancel.clone(),
+                ),
+            }
+        }
+        Ok((polled, sim_control))
+    }
+
+    /// The simulator, its scenario loaded.
+    fn sim(&self) -> anyhow::Result<sources::sim::SimSource> {
+        let cfg = self.cfg;
+        let scenario = match &cfg.sim_scenario {
+            Some(p) => sources::sim::SimSource::load_scenario(p)?,
+            None => Vec::new(),
+        };
+        Ok(sources::sim::SimSource::new(
+            &cfg.node_name,
+            cfg.sim_devices,
+            cfg.sim_vendor,
+            cfg.sim_seed,
+            scenario,
+        ))
+    }
+
+    /// `--fail-on-init-error`: a source that cannot start stops the agent.
+    async fn check_init(&self, polled: &[Arc<dyn Source>]) -> anyhow::Result<()> {
+        for s in polled {
+            let caller = sampler::Caller::new(s.clone(), self.metrics.clone());
+            if let Err(e @ sources::ProbeError::Init(_)) =
+                caller.call(self.cfg.timeout, self.cfg.max_abandoned).await
+            {
+                anyhow::bail!(
+                    "source {} cannot start: {e} (--fail-on-init-error)",
+                    s.name()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// One sampler per polled source.
+    fn spawn_samplers(&self, polled: Vec<Arc<dyn Source>>) {
+        let cfg = self.cfg;
+        let sampler_cfg = SamplerConfig {
+            interval: cfg.interval,
+            timeout: cfg.timeout,
+            retries: cfg.retries,
+            max_abandoned: cfg.max_abandoned,
+        };
+        for s in polled {
+            self.store.register_source(s.name(), true);
+            tokio::spawn(sampler::run(
+                s,
+                self.store.clone(),
+                self.metrics.clone(),
+                sampler_cfg,
+                self.cancel.clone(),
+            ));
+        }
+    }
+
+    /// Upkeep: notice devices going stale and age out old events.
+    fn spawn_upkeep(&self) {
+        let (store, cancel) = (self.store.clone(), self.cancel.clone());
+        let period =
+            (self.cfg.interval / 4).clamp(Duration::from_millis(50), Duration::from_millis(500));
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(period);
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = t.tick() => store.tick(),
+                }
+            }
+        });
+    }
+
+    /// The aggregator's verdicts (the delivery token read), kept in `--fault-dir`.
+    fn verdicts(&self) -> anyhow::Result<Arc<verdict::Verdicts>> {
+        let cfg = self.cfg;
+        let token = match &cfg.delivery_token_file {
+            Some(p) => Some(
+                verdict::Verdicts::read_token(p)
+                    .with_context(|| format!("--delivery-token-file {}", p.display()))?,
+            ),
+            None => None,
+        };
+        let verdicts = verdict::Verdicts::new(&cfg.node_name, token, cfg.verdict_stale_after);
+        if let Some(dir) = cfg.fault_dir.clone() {
+            tokio::spawn(verdict::run_file(
+                dir,
+                verdicts.clone(),
+                self.store.clone(),
+                self.metrics.clone(),
+                self.cancel.clone(),
+            ));
+        }
+        Ok(verdicts)
+    }
+
+    /// `--fault-listen`: the node's pods' port; where it listens.
+    fn spawn_pod_port(
+        &self,
+        state: &api::ApiState,
+    ) -> anyhow::Result<Option<std::net::SocketAddr>> {
+        let Some(at) = self.cfg.fault_listen else {
+            return Ok(None);
+        };
+        let l = faultline_common::server::bind(at, self.cfg.http.backlog)
+            .with_context(|| format!("cannot listen on {at} (--fault-listen)"))?;
+        let bound = l.local_addr()?;
+        let (cancel, stats) = (self.cancel.clone(), self.metrics.server.clone());
+        // The pods' watches have a cap of their own: they never take the aggregator's
+        // place among /v1/health's streams.
+        let mut pods = state.clone();
+        pods.waiters = Arc::new(tokio::sync::Semaphore::new(fault_api::POD_WAITERS));
+        tokio::spawn(faultline_common::server::serve(
+            l,
+            fault_api::pod_router(pods),
+            self.cfg.http,
+            stats,
+            async move { cancel.cancelled().await },
+        ));
+        Ok(Some(bound))
+    }
+
+    /// The API port (`--listen`): where it listens, and its server.
+    fn spawn_api(
+        &self,
+        state: api::ApiState,
+    ) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+        let listen = self.cfg.listen;
+        let listener = faultline_common::server::bind(listen, self.cfg.http.backlog)
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let addr = listener.local_addr()?;
+        // With a delivery token, connections kept for the aggregator (it sends the token
+        // on every request): a crowd on the API port cannot shut it out.
+        let trust: Option<faultline_common::server::Trust> =
+            state.verdicts.has_token().then(|| {
+                let v = state.verdicts.clone();
+                Arc::new(move |h: &axum::http::HeaderMap| {
+                    v.authorize(
+                        h.get(axum::http::header::AUTHORIZATION)
+                            .map(|v| v.as_bytes()),
+                    )
+                    .is_ok()
+                }) as faultline_common::server::Trust
+            });
+        let app = api::router_with(state, fault_api::routes());
+        let cancel = self.cancel.clone();
+        let limits = faultline_common::server::Limits {
+            reserved: AGGREGATOR_CONNECTIONS,
+            ..self.cfg.http
+        };
+        let server = tokio::spawn(faultline_common::server::serve_trusted(
+            listener,
+            app,
+            limits,
+            self.metrics.server.clone(),
+            trust,
+            async move { cancel.cancelled().await },
+        ));
+        Ok((addr, server))
+    }
+}
