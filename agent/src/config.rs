@@ -11,19 +11,16 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
-use faultline_common::time::parse_duration;
+pub use faultline_common::flags::{comma_list, positive_duration};
 use faultline_common::xid::{XidPolicy, XidThreshold};
 use faultline_common::Thresholds;
 
 /// Why a flag's value was refused; clap prints it after the flag's name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FlagError {
-    /// Not a duration at all.
-    #[error("{0:?}: expected a duration such as 500ms, 3s, 1m")]
-    Duration(String),
-    /// Zero, where every duration here is a period, a bound or an age.
-    #[error("{0:?}: must be more than zero")]
-    ZeroDuration(String),
+    /// What both binaries' flags refuse alike (a duration, a name).
+    #[error(transparent)]
+    Common(#[from] faultline_common::flags::FlagError),
     /// A `--source` entry that names no source.
     #[error("unknown source {0:?} (expected nvml, dcmi, npu-smi, exec, kmsg, sim)")]
     UnknownSource(String),
@@ -123,20 +120,6 @@ pub enum RoceLinkDown {
     Degraded,
     /// Takes no work.
     Failed,
-}
-
-fn comma_list(s: &str) -> impl Iterator<Item = &str> {
-    s.split(',').map(str::trim).filter(|s| !s.is_empty())
-}
-
-/// A duration such as `500ms`, `3s`, `1m`; zero is refused (every duration flag here
-/// is a period, a bound or an age, where zero means nothing).
-pub fn positive_duration(v: &str) -> Result<Duration, FlagError> {
-    match parse_duration(v) {
-        Some(d) if !d.is_zero() => Ok(d),
-        Some(_) => Err(FlagError::ZeroDuration(v.into())),
-        None => Err(FlagError::Duration(v.into())),
-    }
 }
 
 /// `--source`: comma separated, blanks and repeats skipped, at least one.

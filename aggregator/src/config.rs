@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, ValueEnum};
+pub use faultline_common::flags::positive_duration;
+use faultline_common::flags::{comma_list, duration_at_most, FlagError};
 use faultline_common::names;
-use faultline_common::time::parse_duration;
 
 use crate::ingest::IntakeConfig;
 use crate::notify::Target;
@@ -18,36 +19,20 @@ use crate::remediate::{Budget, CanarySpec, Mode, ReleasePolicy};
 use crate::targets;
 pub use crate::targets::AgentTarget;
 
-/// A duration such as `200ms`, `15s`, `5m`, `24h`; zero is refused (every duration
-/// flag here is a period, a deadline or a window, where zero means nothing).
-pub fn positive_duration(v: &str) -> Result<Duration, String> {
-    match parse_duration(v) {
-        Some(d) if !d.is_zero() => Ok(d),
-        Some(_) => Err(format!("{v:?}: must be more than zero")),
-        None => Err(format!(
-            "{v:?}: expected a duration such as 200ms, 15s, 5m, 24h"
-        )),
-    }
-}
-
 /// `--max-checkpoint-grace`: a duration such as `0` (none), `300s`, `10m`, at most 7 days.
-fn grace_duration(v: &str) -> Result<Duration, String> {
-    match parse_duration(v) {
-        Some(d) if d <= Duration::from_secs(7 * 86_400) => Ok(d),
-        Some(_) => Err(format!("{v:?}: at most 7d")),
-        None => Err(format!("{v:?}: expected a duration such as 0, 300s, 10m")),
-    }
+fn grace_duration(v: &str) -> Result<Duration, FlagError> {
+    duration_at_most(v, Duration::from_secs(7 * 86_400), "7d")
 }
 
 /// `--name`: a DNS-1123 label, since it is both part of object names and the value of
 /// the member label (`faultline_common::names`).
-fn base_name(v: &str) -> Result<String, String> {
+fn base_name(v: &str) -> Result<String, FlagError> {
     names::dns_label(v)?;
     Ok(v.to_string())
 }
 
 /// `--replica`: a DNS-1123 subdomain (it is part of the member Lease's name).
-fn replica_name(v: &str) -> Result<String, String> {
+fn replica_name(v: &str) -> Result<String, FlagError> {
     names::dns_subdomain(v)?;
     Ok(v.to_string())
 }
@@ -470,10 +455,6 @@ pub struct Config {
     pub max_checkpoint_grace: Duration,
     /// The device path.
     pub devices: crate::device_taint::settings::DeviceArgs,
-}
-
-fn comma_list(s: &str) -> impl Iterator<Item = &str> {
-    s.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 
 /// The mode: the default follows the sink; acting needs the shard Leases.

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context};
+use faultline_common::flags::comma_list;
 use faultline_common::names;
 
 /// An agent of `--agents`.
@@ -12,10 +13,6 @@ pub struct AgentTarget {
     pub node: Option<String>,
     /// Its base URL.
     pub url: String,
-}
-
-fn comma_list(s: &str) -> impl Iterator<Item = &str> {
-    s.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 
 /// The agents of `listed` (`--agents`) and of the file `file` (`--agents-file`),

@@ -15,6 +15,7 @@ pub mod ascend_escalation;
 pub mod classify;
 pub mod document;
 pub mod fault;
+pub mod flags;
 pub mod names;
 pub mod reading;
 pub mod rules;

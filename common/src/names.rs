@@ -22,44 +22,80 @@ fn label_chars(l: &str) -> bool {
         && l.ends_with(alnum_lower)
 }
 
+/// Why a name is not one the API server takes (its own words, from
+/// staging/src/k8s.io/apimachinery/pkg/util/validation).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// Empty, or longer than `max`.
+    #[error("{value:?} must be 1 to {max} characters (a {what})")]
+    Length {
+        /// The name.
+        value: String,
+        /// The most characters it may have.
+        max: usize,
+        /// What it must be (`DNS-1123 label`).
+        what: &'static str,
+    },
+    /// A character the kind of name does not take, or one at either end.
+    #[error("{value:?} must be {rule} (a {what})")]
+    Characters {
+        /// The name.
+        value: String,
+        /// What it may be made of.
+        rule: &'static str,
+        /// What it must be.
+        what: &'static str,
+    },
+}
+
 /// Whether `v` is a DNS-1123 label: 1 to 63 lowercase letters, digits and `-`, starting
 /// and ending with a letter or digit; what is wrong, if not.
-pub fn dns_label(v: &str) -> Result<(), String> {
+pub fn dns_label(v: &str) -> Result<(), NameError> {
+    const WHAT: &str = "DNS-1123 label";
     if v.is_empty() || v.len() > LABEL_MAX {
-        return Err(format!(
-            "{v:?} must be 1 to {LABEL_MAX} characters (a DNS-1123 label)"
-        ));
+        return Err(NameError::Length {
+            value: v.into(),
+            max: LABEL_MAX,
+            what: WHAT,
+        });
     }
     if label_chars(v) {
         Ok(())
     } else {
-        Err(format!(
-            "{v:?} must be lowercase letters, digits and '-', starting and ending with a letter or digit (a DNS-1123 label)"
-        ))
+        Err(NameError::Characters {
+            value: v.into(),
+            rule: "lowercase letters, digits and '-', starting and ending with a letter or digit",
+            what: WHAT,
+        })
     }
 }
 
 /// Whether `v` is a DNS-1123 subdomain: at most 253 characters of DNS-1123 labels joined
 /// by `.` (each label here may be up to 253 long, as upstream's regular expression
 /// allows); what is wrong, if not.
-pub fn dns_subdomain(v: &str) -> Result<(), String> {
+pub fn dns_subdomain(v: &str) -> Result<(), NameError> {
+    const WHAT: &str = "DNS-1123 subdomain";
     if v.is_empty() || v.len() > SUBDOMAIN_MAX {
-        return Err(format!(
-            "{v:?} must be 1 to {SUBDOMAIN_MAX} characters (a DNS-1123 subdomain)"
-        ));
+        return Err(NameError::Length {
+            value: v.into(),
+            max: SUBDOMAIN_MAX,
+            what: WHAT,
+        });
     }
     if v.split('.').all(label_chars) {
         Ok(())
     } else {
-        Err(format!(
-            "{v:?} must be lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit (a DNS-1123 subdomain)"
-        ))
+        Err(NameError::Characters {
+            value: v.into(),
+            rule: "lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit",
+            what: WHAT,
+        })
     }
 }
 
 /// Whether `v` is a valid label value: empty, or at most 63 letters, digits, `-`, `_`
 /// and `.`, starting and ending with a letter or digit; what is wrong, if not.
-pub fn label_value(v: &str) -> Result<(), String> {
+pub fn label_value(v: &str) -> Result<(), NameError> {
     if v.is_empty() {
         return Ok(());
     }
@@ -71,9 +107,11 @@ pub fn label_value(v: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{v:?} must be at most {LABEL_MAX} letters, digits, '-', '_' and '.', starting and ending with a letter or digit (a label value)"
-        ))
+        Err(NameError::Characters {
+            value: v.into(),
+            rule: "at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit",
+            what: "label value",
+        })
     }
 }
 
@@ -97,13 +135,37 @@ pub fn as_subdomain(s: &str) -> String {
         .join(".")
 }
 
+/// Why a token file was refused; the message names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Empty, or more than one word.
+    #[error("{path}: the token must be one word")]
+    NotOneWord {
+        /// The file.
+        path: String,
+    },
+}
+
 /// A bearer token from `path`: its content trimmed, one word (no whitespace or control
 /// characters inside, not empty). The error names the path.
-pub fn read_token(path: &std::path::Path) -> Result<String, String> {
-    let t = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn read_token(path: &std::path::Path) -> Result<String, TokenError> {
+    let t = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
     let t = t.trim();
     if t.is_empty() || t.contains(|c: char| c.is_whitespace() || c.is_control()) {
-        return Err(format!("{}: the token must be one word", path.display()));
+        return Err(TokenError::NotOneWord {
+            path: path.display().to_string(),
+        });
     }
     Ok(t.to_string())
 }
