@@ -13,11 +13,9 @@ use std::sync::Arc;
 use faultline_common::fault::shard_of;
 use tokio::sync::watch;
 
-use futures_util::StreamExt;
+use super::watched::{Seen, Watched};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -272,27 +270,16 @@ impl Followers {
     }
 }
 
-/// Keep one follower per matching node until cancelled, from `kube::runtime::watcher`:
-/// it lists (from the API server's cache: `resourceVersion=0`), watches with bookmarks,
-/// relists after a 410 Gone and backs off after errors. `api` must come from a client
-/// without a read timeout: a quiet watch is silent for minutes, and a read timeout would
-/// cut it and relist every Node each time. A relist forgets the nodes that left.
+/// Keep one follower per matching node until cancelled, from the one watch loop
+/// ([`Watched`]): it lists from the API server's cache, watches with bookmarks, relists
+/// after a 410 Gone and backs off after errors. `api` must come from a client without a
+/// read timeout. A relist forgets the nodes that left.
 pub async fn run(api: Api<Node>, selector: String, mut f: Followers) {
-    let (metrics, cancel) = (f.metrics.clone(), f.cancel.clone());
+    let cancel = f.cancel.clone();
     let mut held = f.ownership.as_ref().map(|o| o.held.clone());
-    let mut cfg = watcher::Config::default().any_semantic();
-    // Unpaginated: kube sends `resourceVersion=0` (the watch cache) only without a
-    // limit, and Nodes are few enough for one answer.
-    cfg.page_size = None;
-    if !selector.is_empty() {
-        cfg = cfg.labels(&selector);
-    }
-    let stream = watcher(api, cfg).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    // The names seen since the last (re)list began.
-    let mut listing: Option<BTreeSet<String>> = None;
+    let mut watch = Watched::new(api, &selector, f.metrics.clone(), "nodes");
     loop {
-        let ev = tokio::select! {
+        let seen = tokio::select! {
             _ = cancel.cancelled() => return,
             r = async {
                 match held.as_mut() {
@@ -307,37 +294,25 @@ pub async fn run(api: Api<Node>, selector: String, mut f: Followers) {
                 }
                 continue;
             }
-            ev = stream.next() => ev,
+            seen = watch.next() => seen,
         };
-        match ev {
-            Some(Ok(Event::Apply(n))) => f.upsert(&n),
-            Some(Ok(Event::Delete(n))) => {
+        match seen {
+            Some(Seen::Applied(n) | Seen::Listing(n)) => f.upsert(&n),
+            Some(Seen::Deleted(n)) => {
                 if let Some(name) = n.metadata.name.as_deref() {
                     f.remove(name).await;
                 }
             }
-            Some(Ok(Event::Init)) => listing = Some(BTreeSet::new()),
-            Some(Ok(Event::InitApply(n))) => {
-                f.upsert(&n);
-                if let (Some(seen), Some(name)) = (listing.as_mut(), n.metadata.name.clone()) {
-                    seen.insert(name);
-                }
-            }
-            Some(Ok(Event::InitDone)) => {
-                let seen = listing.take().unwrap_or_default();
+            Some(Seen::Listed(listed)) => {
                 let gone: Vec<String> = f
                     .known
                     .keys()
-                    .filter(|n| !seen.contains(*n))
+                    .filter(|n| !listed.contains(*n))
                     .cloned()
                     .collect();
                 for name in gone {
                     f.remove(&name).await;
                 }
-            }
-            Some(Err(e)) => {
-                metrics.discovery_error();
-                tracing::warn!(error = %e, "node watch failed; retrying with backoff, keeping the agents we follow");
             }
             None => return,
         }

@@ -25,12 +25,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use super::watched::{Seen, Watched};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
-use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -247,21 +245,15 @@ pub async fn run(
 ) {
     let (metrics, cancel) = (f.metrics(), f.cancel_token());
     let mut held = f.held();
-    let mut cfg = watcher::Config::default()
-        .any_semantic()
-        .labels(&format!("{SERVICE_LABEL}={service}"));
-    cfg.page_size = None;
-    let stream = watcher(api, cfg).default_backoff();
-    let mut stream = std::pin::pin!(stream);
+    let selector = format!("{SERVICE_LABEL}={service}");
+    let mut watch = Watched::new(api, &selector, metrics.clone(), "endpointslices");
     let mut slices: BTreeMap<String, BTreeMap<String, Candidate>> = BTreeMap::new();
-    // The slices seen since the last (re)list began.
-    let mut listing: Option<BTreeSet<String>> = None;
     let mut away = Away::new(check.first);
     let (found_tx, mut found_rx) = mpsc::channel::<(String, Found)>(64);
     let mut tick = tokio::time::interval(check.first.min(Duration::from_secs(5)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let ev = tokio::select! {
+        let seen = tokio::select! {
             _ = cancel.cancelled() => return,
             r = async {
                 match held.as_mut() {
@@ -296,36 +288,23 @@ pub async fn run(
                 }
                 continue;
             }
-            ev = stream.next() => ev,
+            seen = watch.next() => seen,
         };
         let name = |s: &EndpointSlice| s.metadata.name.clone().unwrap_or_default();
-        match ev {
-            Some(Ok(Event::Apply(s))) => {
+        match seen {
+            Some(Seen::Applied(s)) => {
                 slices.insert(name(&s), candidates(&s, port));
             }
-            Some(Ok(Event::Delete(s))) => {
+            Some(Seen::Deleted(s)) => {
                 slices.remove(&name(&s));
             }
-            Some(Ok(Event::Init)) => {
-                listing = Some(BTreeSet::new());
-                continue;
-            }
-            Some(Ok(Event::InitApply(s))) => {
-                if let Some(seen) = listing.as_mut() {
-                    seen.insert(name(&s));
-                }
+            Some(Seen::Listing(s)) => {
                 slices.insert(name(&s), candidates(&s, port));
                 // Applied once the list is whole.
                 continue;
             }
-            Some(Ok(Event::InitDone)) => {
-                let seen = listing.take().unwrap_or_default();
-                slices.retain(|k, _| seen.contains(k));
-            }
-            Some(Err(e)) => {
-                metrics.discovery_error();
-                tracing::warn!(error = %e, "endpointslice watch failed; retrying with backoff, keeping the agents we follow");
-                continue;
+            Some(Seen::Listed(listed)) => {
+                slices.retain(|k, _| listed.contains(k));
             }
             None => return,
         }
