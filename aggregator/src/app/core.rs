@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use faultline_common::fault::FaultDocument;
 use faultline_common::rules::Rules;
 use faultline_common::time::now_ms;
+use futures_util::FutureExt;
 use rand::Rng;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -33,7 +34,7 @@ use crate::api::DocumentAsk;
 use crate::metrics::Metrics;
 use crate::model::{FinalWrite, Takeover, Verdict};
 use crate::pipeline::{Change, Pipeline, TICK_MS};
-use crate::publish::{document, Publisher, Stamp};
+use crate::publish::{document, Publisher, Stamp, Written};
 
 /// What the core loop listens to.
 pub struct Inputs {
@@ -67,14 +68,12 @@ pub struct Core {
     /// When to write, and what.
     schedule: WriteSchedule,
     /// The urgent writes in flight (at most [`Publisher::urgent_in_flight`]).
-    urgent_writing: Vec<tokio::task::JoinHandle<()>>,
+    urgent_writing: Vec<tokio::task::JoinHandle<Written>>,
     sequence: u64,
     /// The whole document built for `GET /v1/faults`, shared by every asker until the
     /// next sequence (a burst of requests builds it once).
     asked: Option<(u64, Arc<FaultDocument>)>,
-    writing: Option<tokio::task::JoinHandle<()>>,
-    /// The last write failed (set by the write task, read here).
-    failed: Arc<AtomicBool>,
+    writing: Option<tokio::task::JoinHandle<Written>>,
     /// Nodes whose pods are nudged once their shard is written.
     alarming: BTreeSet<String>,
     last_reconcile: Instant,
@@ -119,7 +118,6 @@ impl Core {
             sequence: 0,
             asked: None,
             writing: None,
-            failed: Arc::new(AtomicBool::new(false)),
             alarming: BTreeSet::new(),
             last_reconcile: Instant::now(),
             final_waiters: Vec::new(),
@@ -410,9 +408,7 @@ impl Core {
 
     fn on_tick(&mut self) {
         let c = self.pipeline.tick(now_ms());
-        if self.failed.load(Ordering::Acquire) {
-            self.schedule.write_failed();
-        }
+        self.reap_writes();
         self.on_change(c);
         if self.last_reconcile.elapsed() >= self.timing.reconcile {
             self.last_reconcile = Instant::now();
@@ -436,8 +432,35 @@ impl Core {
     /// flight (a fault of another shard waited for the one before it, up to a
     /// page write of 80 ms).
     fn urgent_room(&mut self) -> bool {
-        self.urgent_writing.retain(|w| !w.is_finished());
+        self.reap_writes();
         self.urgent_writing.len() < self.publisher.urgent_in_flight()
+    }
+
+    /// Take the write tasks that ended: a write that failed (or whose task died) makes
+    /// the next one cover every shard. (A finished task's result is read without
+    /// waiting; one that tokio's cooperative budget defers is read at the next look.)
+    fn reap_writes(&mut self) {
+        let mut failed = false;
+        let mut ended = |h: &mut tokio::task::JoinHandle<Written>| -> bool {
+            if !h.is_finished() {
+                return false;
+            }
+            match h.now_or_never() {
+                Some(r) => {
+                    failed |= !matches!(r, Ok(Written::Done));
+                    true
+                }
+                None => false,
+            }
+        };
+        self.urgent_writing.retain_mut(|h| !ended(h));
+        if self.writing.as_mut().is_some_and(&mut ended) {
+            self.writing = None;
+        }
+        if failed {
+            tracing::debug!("a write failed; the next one retries it");
+            self.schedule.write_failed();
+        }
     }
 
     /// The next document's sequence, noted for remediation (a DeviceTaintRule names
@@ -469,14 +492,15 @@ impl Core {
             },
             &mut self.alarming,
             &self.metrics,
-            &self.failed,
         );
         self.urgent_writing.push(task);
     }
 
     fn write(&mut self) {
-        if self.failed.swap(false, Ordering::AcqRel) {
-            tracing::debug!("the last write failed; this one retries it");
+        self.reap_writes();
+        if self.writing.take().is_some() {
+            // Finished (the timer waits for that), its result deferred by tokio's budget:
+            // written again whole, as after a failure, rather than lost.
             self.schedule.write_failed();
         }
         self.next_sequence();
@@ -498,17 +522,17 @@ impl Core {
             },
             &mut self.alarming,
             &self.metrics,
-            &self.failed,
         );
         let waiters = std::mem::take(&mut self.final_waiters);
         self.writing = Some(if waiters.is_empty() {
             task
         } else {
             tokio::spawn(async move {
-                let _ = task.await;
+                let written = task.await.unwrap_or(Written::Failed);
                 for w in waiters {
                     let _ = w.send(());
                 }
+                written
             })
         });
     }

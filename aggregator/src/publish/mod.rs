@@ -12,4 +12,4 @@ pub mod trim;
 pub use configmap::{ConfigMapSink, WriteError, MAX_BYTES};
 pub use document::document;
 pub use nudge::Nudger;
-pub use publisher::{Publisher, Stamp};
+pub use publisher::{Publisher, Stamp, Written};

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -140,16 +139,16 @@ impl Publisher {
 
     /// Start one write of the pipeline's state as `sequence` by `writer`; `alarming`
     /// nodes get their pods nudged after their shard is written (and are taken: nodes of
-    /// shards this replica does not hold are their holder's to nudge). A failed write
-    /// sets `failed`, so the next round writes again.
+    /// shards this replica does not hold are their holder's to nudge). The task says
+    /// whether every write of it was done ([`Written`]), so the caller's next round
+    /// writes again after a failure.
     pub fn write(
         &self,
         pipeline: &Pipeline,
         stamp: Stamp<'_>,
         alarming: &mut BTreeSet<String>,
         metrics: &Arc<Metrics>,
-        failed: &Arc<AtomicBool>,
-    ) -> tokio::task::JoinHandle<()> {
+    ) -> tokio::task::JoinHandle<Written> {
         let Stamp {
             sequence,
             writer,
@@ -165,8 +164,8 @@ impl Publisher {
                 alarming.clear();
                 let whole = Arc::new(document(pipeline, sequence, writer, 0, 1));
                 *latest.locked() = Some(whole.clone());
-                let (out, metrics, failed) = (out.clone(), metrics.clone(), failed.clone());
-                tokio::task::spawn_blocking(move || write_files(&out, &whole, &metrics, &failed))
+                let (out, metrics) = (out.clone(), metrics.clone());
+                tokio::task::spawn_blocking(move || write_files(&out, &whole, &metrics))
             }
             Publisher::ConfigMap {
                 sinks,
@@ -211,15 +210,15 @@ impl Publisher {
                     let s = shard_of(n, shards.count);
                     held.contains(&s) && !mine.contains(&s)
                 });
-                let (sinks, shards, metrics, failed, nudger, order) = (
+                let (sinks, shards, metrics, nudger, order) = (
                     sinks.clone(),
                     shards.clone(),
                     metrics.clone(),
-                    failed.clone(),
                     nudger.clone(),
                     order.clone(),
                 );
                 tokio::spawn(async move {
+                    let mut written = Written::Done;
                     for (doc, nudge) in jobs {
                         // Its turn; skipped when a newer document of the shard is out.
                         let turn = order.of(doc.shard);
@@ -233,29 +232,40 @@ impl Publisher {
                             continue;
                         }
                         *newest = sequence;
-                        write_shard(
-                            doc,
-                            nudge,
-                            &sinks,
-                            &shards,
-                            &metrics,
-                            &failed,
-                            nudger.as_ref(),
-                        )
-                        .await;
+                        let shard =
+                            write_shard(doc, nudge, &sinks, &shards, &metrics, nudger.as_ref())
+                                .await;
+                        written = written.and(shard);
                     }
+                    written
                 })
             }
         }
     }
 }
 
-fn write_files(
-    out: &std::path::Path,
-    whole: &FaultDocument,
-    metrics: &Metrics,
-    failed: &AtomicBool,
-) {
+/// Whether a write task did every write it set out to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Written {
+    /// Every write done (or skipped: a shard no longer held, a newer document out).
+    Done,
+    /// At least one write failed: the next round writes every shard again.
+    Failed,
+}
+
+impl Written {
+    /// Both done, or failed.
+    pub fn and(self, other: Written) -> Written {
+        if self == Written::Done {
+            other
+        } else {
+            Written::Failed
+        }
+    }
+}
+
+fn write_files(out: &std::path::Path, whole: &FaultDocument, metrics: &Metrics) -> Written {
     let t = Instant::now();
     let r = files(whole).map_err(std::io::Error::other).and_then(|f| {
         let bytes = f.values().map(Vec::len).sum::<usize>();
@@ -263,11 +273,14 @@ fn write_files(
         Ok(bytes)
     });
     match r {
-        Ok(bytes) => metrics.write("file", 0, t.elapsed().as_secs_f64(), bytes, true),
+        Ok(bytes) => {
+            metrics.write("file", 0, t.elapsed().as_secs_f64(), bytes, true);
+            Written::Done
+        }
         Err(e) => {
-            failed.store(true, Ordering::Release);
             metrics.write("file", 0, 0.0, 0, false);
             tracing::error!(error = %e, out = %out.display(), "cannot write fault documents");
+            Written::Failed
         }
     }
 }
@@ -280,11 +293,11 @@ async fn write_shard(
     sinks: &[Arc<ConfigMapSink>],
     shards: &Shards,
     metrics: &Metrics,
-    failed: &AtomicBool,
     nudger: Option<&Arc<Nudger>>,
-) {
+) -> Written {
     let shard = doc.shard;
     let mut written = false;
+    let mut outcome = Written::Done;
     for sink in sinks {
         let t = Instant::now();
         match sink.write(&doc, &shards.held).await {
@@ -297,7 +310,7 @@ async fn write_shard(
                 break;
             }
             Err(e) => {
-                failed.store(true, Ordering::Release);
+                outcome = Written::Failed;
                 metrics.write("configmap", shard, 0.0, 0, false);
                 tracing::error!(shard, error = %e, "cannot write the shard ConfigMap");
             }
@@ -306,4 +319,5 @@ async fn write_shard(
     if let (true, Some(n)) = (written, nudger) {
         n.detach(nudge, now_ms().to_string());
     }
+    outcome
 }
