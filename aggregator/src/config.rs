@@ -203,10 +203,10 @@ pub struct PublishArgs {
     /// (beside a write of other shards in flight; the file sink: of its one document).
     #[arg(long, env = "FAULTLINE_URGENT_SPACING", default_value = "200ms", value_parser = positive_duration)]
     pub urgent_spacing: Duration,
-    /// A page whose entries moved without a change of status (readings, an agent's last
-    /// contact) is rewritten at most this often, also when a status change elsewhere in
-    /// its shard is written; a page whose content did not change is never rewritten.
-    /// Liveness is the shard's Lease, not a rewrite.
+    /// Each shard's refresh, spread over the period: its pages whose entries moved
+    /// without a change of status (readings, an agent's last contact) are rewritten then,
+    /// and only then, however often its statuses change; a page whose content did not
+    /// change is never rewritten. Liveness is the shard's Lease, not a rewrite.
     #[arg(long, alias = "heartbeat", env = "FAULTLINE_REFRESH", default_value = "30m", value_parser = positive_duration)]
     pub refresh: Duration,
     /// Pods nudged per second after a device on their node turns degraded or failed, so

@@ -38,6 +38,9 @@ pub struct WritePlan {
     pub changed: BTreeSet<u32>,
     /// Shards written: the changed ones and those due their refresh.
     pub include: BTreeSet<u32>,
+    /// Shards due their refresh (every shard held when `whole`): their pages whose
+    /// readings moved are rewritten too. The one judge of `--refresh`.
+    pub refresh: BTreeSet<u32>,
     /// Every shard held (the first write, a final write, after a failed write).
     pub whole: bool,
 }
@@ -278,8 +281,9 @@ impl WriteSchedule {
             .min()
     }
 
-    /// An urgent write at `now`: the urgent shards whose spacing has passed, now counted
-    /// as written (`None`: none is ready).
+    /// An urgent write at `now`: the urgent shards whose spacing has passed (`None`:
+    /// none is ready). It rewrites their changed pages only, so their refresh stays due
+    /// when it was.
     pub fn take_urgent(&mut self, now: Instant) -> Option<BTreeSet<u32>> {
         let ready: BTreeSet<u32> = self
             .urgent_shards
@@ -292,9 +296,9 @@ impl WriteSchedule {
         }
         self.urgent_shards.retain(|s| !ready.contains(s));
         self.changed.retain(|s| !ready.contains(s));
+        // Not a refresh: the shard's refresh clock runs on (`written`).
         for s in &ready {
             self.shard_written.insert(*s, now);
-            self.written.insert(*s, now);
         }
         Some(ready)
     }
@@ -308,13 +312,17 @@ impl WriteSchedule {
         let changed = std::mem::take(&mut self.changed);
         let due = refresh_due(held, &self.written, self.timing.refresh, now);
         let include: BTreeSet<u32> = changed.union(&due).copied().collect();
-        if whole {
+        // Only a refresh restarts a shard's refresh: a shard whose nodes keep changing
+        // still has the readings of its other pages rewritten every `--refresh`.
+        let refresh: BTreeSet<u32> = if whole {
             spread(held, &mut self.written, self.timing.refresh, now);
+            held.iter().copied().collect()
         } else {
-            for s in &include {
+            for s in &due {
                 self.written.insert(*s, now);
             }
-        }
+            due
+        };
         let urgent: BTreeSet<u32> = if whole {
             std::mem::take(&mut self.urgent_shards)
         } else {
@@ -337,6 +345,7 @@ impl WriteSchedule {
             urgent,
             changed,
             include,
+            refresh,
             whole,
         }
     }

@@ -205,3 +205,55 @@ fn a_shard_held_again_after_a_lapse_is_written_at_once() {
         "2 is not held"
     );
 }
+
+/// `--refresh` has one judge, this schedule: a shard whose nodes keep changing (written
+/// for each change, and urgently) still comes due its refresh every `--refresh`, and
+/// only a refresh is one (the sink rewrites the pages whose readings alone moved then,
+/// and only then). Before, every write of a shard restarted its refresh, and the sink
+/// judged each page on a clock of its own.
+#[test]
+fn a_shard_that_keeps_changing_still_gets_its_refresh() {
+    let t0 = Instant::now();
+    let refresh = timing().refresh;
+    let mut s = WriteSchedule::new(timing(), vec![0, 1], SPACING);
+    let p = s.take_write(&[0, 1], t0, SPACING);
+    assert!(p.whole);
+    assert_eq!(
+        p.refresh,
+        set(&[0, 1]),
+        "a whole write refreshes every shard"
+    );
+    // Shard 1 changes every few seconds for two refresh periods.
+    let mut refreshed = Vec::new();
+    let mut at = t0;
+    let mut n = 0;
+    while at < t0 + refresh * 2 {
+        at += Duration::from_secs(3);
+        n += 1;
+        if n % 4 == 0 {
+            // A device failed: an urgent write carries the change.
+            s.urgent(Some(1));
+            assert_eq!(s.take_urgent(at), Some(set(&[1])));
+        } else {
+            s.changed(Some(1));
+        }
+        let p = s.take_write(&[0, 1], at + ms(10), SPACING);
+        assert!(
+            n % 4 == 0 || p.include.contains(&1),
+            "each change is written"
+        );
+        if p.refresh.contains(&1) {
+            refreshed.push(at);
+        }
+        assert!(
+            p.refresh.is_subset(&p.include),
+            "a refresh is part of the write"
+        );
+    }
+    assert_eq!(
+        refreshed.len(),
+        2,
+        "shard 1 refreshed once per period despite its changes: {refreshed:?}"
+    );
+    assert!(refreshed[1].duration_since(refreshed[0]) >= refresh - Duration::from_secs(3));
+}

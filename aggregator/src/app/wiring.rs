@@ -299,7 +299,6 @@ fn shard_publisher(
             Arc::new(
                 ConfigMapSink::new(Api::namespaced(kube.clone(), ns), cfg.name.clone())
                     .with_pages(cfg.pages)
-                    .with_refresh(cfg.refresh)
                     .with_metrics(metrics.clone()),
             )
         })

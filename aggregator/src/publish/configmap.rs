@@ -61,9 +61,6 @@ pub struct ConfigMapSink {
     name: String,
     /// ConfigMaps per shard (`--pages`).
     pages: u32,
-    /// A page whose statuses did not change is rewritten for its readings at most this
-    /// often (`--refresh`).
-    refresh: std::time::Duration,
     /// Per shard and page: our last write.
     last: Mutex<HashMap<(u32, u32), Known>>,
     metrics: Option<std::sync::Arc<Metrics>>,
@@ -80,8 +77,6 @@ struct Known {
     content: u64,
     /// Its whole fingerprint, readings included ([`PageBody::full`]).
     full: u64,
-    /// When it was written.
-    at: std::time::Instant,
 }
 
 /// The ConfigMap of a shard (its page 0).
@@ -349,7 +344,6 @@ impl ConfigMapSink {
             api,
             name,
             pages: 1,
-            refresh: std::time::Duration::from_secs(1800),
             last: Mutex::new(HashMap::new()),
             metrics: None,
         }
@@ -358,13 +352,6 @@ impl ConfigMapSink {
     /// Spread each shard over `pages` ConfigMaps (`--pages`, at least 1).
     pub fn with_pages(mut self, pages: u32) -> Self {
         self.pages = pages.max(1);
-        self
-    }
-
-    /// Rewrite a page whose statuses did not change, for its readings, at most every
-    /// `refresh` (`--refresh`).
-    pub fn with_refresh(mut self, refresh: std::time::Duration) -> Self {
-        self.refresh = refresh;
         self
     }
 
@@ -401,13 +388,21 @@ impl ConfigMapSink {
     }
 
     /// Write `doc` as shard `doc.shard`, fenced by `held`: its pages other than 0, then
-    /// page 0 with the index and the new sequence. Returns the bytes written.
+    /// page 0 with the index and the new sequence; a page whose content did not change
+    /// is left, and one whose readings alone moved is rewritten only with `refresh` (the
+    /// shard's `--refresh` came due: the write schedule judges it). Returns the bytes
+    /// written.
     /// The document is borrowed (a clone for each sink was a tenth of a
     /// write); its sequence is the one this write continues, not `doc.sequence`.
-    pub async fn write(&self, doc: &FaultDocument, held: &Held) -> Result<usize, WriteError> {
+    pub async fn write(
+        &self,
+        doc: &FaultDocument,
+        held: &Held,
+        refresh: bool,
+    ) -> Result<usize, WriteError> {
         let mut total = 0;
         for page in (1..self.pages).chain([0]) {
-            total += self.write_page(doc, page, held).await?;
+            total += self.write_page(doc, page, held, refresh).await?;
         }
         Ok(total)
     }
@@ -422,6 +417,7 @@ impl ConfigMapSink {
         doc: &FaultDocument,
         page: u32,
         held: &Held,
+        refresh: bool,
     ) -> Result<usize, WriteError> {
         let shard = doc.shard;
         let cm_name = page_name(&self.name, shard, page);
@@ -431,8 +427,7 @@ impl ConfigMapSink {
             let meta = Self::meta(&cm_name, rv.clone(), shard, page);
             let page_body = self.page_body(&meta, doc, page, attempt, sequence)?;
             let unchanged = last.as_ref().is_some_and(|k| {
-                k.content == page_body.content
-                    && (k.full == page_body.full || k.at.elapsed() < self.refresh)
+                k.content == page_body.content && (k.full == page_body.full || !refresh)
             });
             if attempt == 0 && unchanged {
                 if let Some(m) = &self.metrics {
@@ -459,7 +454,6 @@ impl ConfigMapSink {
                             sequence,
                             content: page_body.content,
                             full: page_body.full,
-                            at: std::time::Instant::now(),
                         },
                     );
                     return Ok(page_body.bytes);
@@ -683,7 +677,7 @@ mod tests {
             held.grant(s, tokio::time::Instant::now() + Duration::from_secs(60));
             let doc = document(&p, 0, "r1", s, SHARDS);
             let bytes = sink
-                .write(&doc, &held)
+                .write(&doc, &held, true)
                 .await
                 .unwrap_or_else(|e| panic!("shard {s}: {e}"));
             largest = largest.max(bytes);
@@ -841,7 +835,7 @@ mod tests {
         // healthy: left out) until it fits, and it is written, each trimmed
         // entry saying how many devices it left out and counting them all.
         let one = ConfigMapSink::new(api.clone(), "single".into());
-        one.write(&document(&p, 0, "r1", 0, SHARDS), &held)
+        one.write(&document(&p, 0, "r1", 0, SHARDS), &held, true)
             .await
             .expect("written, trimmed");
         let cm = server
@@ -863,7 +857,7 @@ mod tests {
         let sink = ConfigMapSink::new(api, "faultline".into()).with_pages(PAGES);
         for s in 0..SHARDS {
             held.grant(s, tokio::time::Instant::now() + Duration::from_secs(60));
-            sink.write(&document(&p, 0, "r1", s, SHARDS), &held)
+            sink.write(&document(&p, 0, "r1", s, SHARDS), &held, true)
                 .await
                 .unwrap_or_else(|e| panic!("shard {s}: {e}"));
         }
@@ -911,7 +905,7 @@ mod tests {
     /// A status change rewrites its node's page and page 0 (the index), not
     /// the other pages of the shard, whose nodes' readings and last contact moved
     /// meanwhile (at 20,000 nodes that was 1.6 MB of responses for one change); those
-    /// are rewritten once `--refresh` has passed since their last write.
+    /// are rewritten at the shard's refresh (the write schedule says when).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_status_change_rewrites_its_page_and_the_index_only() {
         const PAGES: u32 = 4;
@@ -951,15 +945,13 @@ mod tests {
             .find(|n| page_of(n, 1, PAGES) != 0)
             .unwrap()
             .clone();
-        let sink = ConfigMapSink::new(api.clone(), "faultline".into())
-            .with_pages(PAGES)
-            .with_refresh(Duration::from_secs(3600));
-        sink.write(&document(&p, 0, "r1", 0, 1), &held)
+        let sink = ConfigMapSink::new(api.clone(), "faultline".into()).with_pages(PAGES);
+        sink.write(&document(&p, 0, "r1", 0, 1), &held, true)
             .await
             .unwrap();
         let before = puts();
         moved(&mut p, Some(&failing), 70.0, 2_000);
-        sink.write(&document(&p, 1, "r1", 0, 1), &held)
+        sink.write(&document(&p, 1, "r1", 0, 1), &held, false)
             .await
             .unwrap();
         assert_eq!(puts() - before, 2, "the failed device's page and the index");
@@ -976,22 +968,12 @@ mod tests {
         // Readings alone: nothing, before the refresh.
         let before = puts();
         moved(&mut p, Some(&failing), 75.0, 3_000);
-        sink.write(&document(&p, 2, "r1", 0, 1), &held)
+        sink.write(&document(&p, 2, "r1", 0, 1), &held, false)
             .await
             .unwrap();
         assert_eq!(puts(), before, "readings wait for the refresh");
-        // With the refresh passed (zero), the pages whose readings moved are rewritten.
-        let eager = ConfigMapSink::new(api, "faultline".into())
-            .with_pages(PAGES)
-            .with_refresh(Duration::ZERO);
-        eager
-            .write(&document(&p, 3, "r1", 0, 1), &held)
-            .await
-            .unwrap();
-        let before = puts();
-        moved(&mut p, Some(&failing), 80.0, 4_000);
-        eager
-            .write(&document(&p, 4, "r1", 0, 1), &held)
+        // At the shard's refresh, the pages whose readings moved are rewritten.
+        sink.write(&document(&p, 3, "r1", 0, 1), &held, true)
             .await
             .unwrap();
         assert_eq!(puts() - before, PAGES as usize, "every page at its refresh");
@@ -1027,6 +1009,7 @@ mod tests {
                     urgent: &none,
                     changed: &none,
                     include: &none,
+                    refresh: &none,
                     whole: true,
                 },
                 &mut BTreeSet::new(),

@@ -37,6 +37,10 @@ pub struct Stamp<'a> {
     /// The shards to write when not `whole`: the changed ones and those due their
     /// heartbeat.
     pub include: &'a BTreeSet<u32>,
+    /// The shards due their refresh (`--refresh`, judged by the write schedule alone):
+    /// their pages whose readings moved are rewritten too; the other shards' pages only
+    /// when what they say changed.
+    pub refresh: &'a BTreeSet<u32>,
     /// Write every shard held; else only those of `include`. A replica holding 16
     /// shards of 300 nodes rewrote all 16 for one device's fault, one after the other:
     /// the fault's shard waited for up to 15 others (measured at 20,000
@@ -156,6 +160,7 @@ impl Publisher {
             urgent,
             changed,
             include,
+            refresh,
             whole,
         } = stamp;
         let only = (!whole).then_some(include);
@@ -190,7 +195,7 @@ impl Publisher {
                 // A fault's shard first, then the changed ones: neither waits behind the
                 // heartbeat of the others.
                 mine.sort_by_key(|s| (!urgent.contains(s), !changed.contains(s)));
-                let jobs: Vec<(FaultDocument, Vec<String>)> = mine
+                let jobs: Vec<(FaultDocument, Vec<String>, bool)> = mine
                     .iter()
                     .map(|s| {
                         let doc = document(pipeline, 0, writer, *s, shards.count);
@@ -199,7 +204,7 @@ impl Publisher {
                             .filter(|n| doc.nodes.contains_key(*n))
                             .cloned()
                             .collect();
-                        (doc, nudge)
+                        (doc, nudge, refresh.contains(s))
                     })
                     .collect();
                 // Nudged with their shard's write; the nodes of shards held and not
@@ -219,7 +224,7 @@ impl Publisher {
                 );
                 tokio::spawn(async move {
                     let mut written = Written::Done;
-                    for (doc, nudge) in jobs {
+                    for (doc, nudge, refresh) in jobs {
                         // Its turn; skipped when a newer document of the shard is out.
                         let turn = order.of(doc.shard);
                         let mut newest = turn.lock().await;
@@ -232,9 +237,13 @@ impl Publisher {
                             continue;
                         }
                         *newest = sequence;
-                        let shard =
-                            write_shard(doc, nudge, &sinks, &shards, &metrics, nudger.as_ref())
-                                .await;
+                        let target = Target {
+                            sinks: &sinks,
+                            shards: &shards,
+                            metrics: &metrics,
+                            nudger: nudger.as_ref(),
+                        };
+                        let shard = write_shard(doc, nudge, refresh, target).await;
                         written = written.and(shard);
                     }
                     written
@@ -285,22 +294,34 @@ fn write_files(out: &std::path::Path, whole: &FaultDocument, metrics: &Metrics) 
     }
 }
 
-/// Write one shard's document into every publish namespace, then nudge the pods of
-/// `nudge` (after the write, so the sync the nudge causes finds the new content).
+/// Where a shard's document goes.
+struct Target<'a> {
+    sinks: &'a [Arc<ConfigMapSink>],
+    shards: &'a Shards,
+    metrics: &'a Metrics,
+    nudger: Option<&'a Arc<Nudger>>,
+}
+
+/// Write one shard's document into every publish namespace (with `refresh`, its pages
+/// whose readings moved too), then nudge the pods of `nudge` (after the write, so the
+/// sync the nudge causes finds the new content).
 async fn write_shard(
     doc: FaultDocument,
     nudge: Vec<String>,
-    sinks: &[Arc<ConfigMapSink>],
-    shards: &Shards,
-    metrics: &Metrics,
-    nudger: Option<&Arc<Nudger>>,
+    refresh: bool,
+    Target {
+        sinks,
+        shards,
+        metrics,
+        nudger,
+    }: Target<'_>,
 ) -> Written {
     let shard = doc.shard;
     let mut written = false;
     let mut outcome = Written::Done;
     for sink in sinks {
         let t = Instant::now();
-        match sink.write(&doc, &shards.held).await {
+        match sink.write(&doc, &shards.held, refresh).await {
             Ok(bytes) => {
                 written = true;
                 metrics.write("configmap", shard, t.elapsed().as_secs_f64(), bytes, true);
