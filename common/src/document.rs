@@ -275,21 +275,77 @@ pub struct SourceView<'a> {
     _abandoned_calls: u32,
 }
 
+/// Why an agent's document was refused, with the label its count carries.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DocError {
+    /// Not UTF-8, or not a node document.
+    #[error("{0}")]
+    Malformed(String),
+    /// No node name.
+    #[error("no node name")]
+    NoNode,
+    /// A text longer than its limit.
+    #[error("{what} is {len} bytes (at most {max})")]
+    TooLong {
+        /// Which text.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// Its limit.
+        max: usize,
+    },
+    /// A reading outside what a device could report.
+    #[error("{what} {value} is outside [{lo}, {hi}]")]
+    OutOfRange {
+        /// Which reading.
+        what: &'static str,
+        /// The value sent.
+        value: f64,
+        /// The lowest taken.
+        lo: f64,
+        /// The highest taken.
+        hi: f64,
+    },
+    /// More items than the limit.
+    #[error("{n} {what} (at most {max})")]
+    TooMany {
+        /// Which items.
+        what: &'static str,
+        /// How many.
+        n: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+impl DocError {
+    /// The metric label of this refusal.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            DocError::Malformed(_) => "malformed",
+            DocError::NoNode => "no-node",
+            DocError::TooLong { .. } => "too-long",
+            DocError::OutOfRange { .. } => "out-of-range",
+            DocError::TooMany { .. } => "too-many",
+        }
+    }
+}
+
 impl<'a> DocView<'a> {
     /// Read a document's bytes.
-    pub fn parse(body: &'a [u8]) -> Result<Self, String> {
+    pub fn parse(body: &'a [u8]) -> Result<Self, DocError> {
         // One UTF-8 check of the whole body, not one per string.
-        let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
-        serde_json::from_str(text).map_err(|e| e.to_string())
+        let text = std::str::from_utf8(body).map_err(|e| DocError::Malformed(e.to_string()))?;
+        serde_json::from_str(text).map_err(|e| DocError::Malformed(e.to_string()))
     }
 
     /// Whether what is read is within [`limits`]; the first limit it breaks (the same
     /// the one check of an agent's document: the aggregator's gate, `admit_raw`, calls it;
     /// what the aggregator does not read is skipped unread, within the reader's bound on
     /// the whole document).
-    pub fn check_bounds(&self) -> Result<(), String> {
+    pub fn check_bounds(&self) -> Result<(), DocError> {
         if self.node.is_empty() {
-            return Err("no node name".into());
+            return Err(DocError::NoNode);
         }
         len("node", &self.node, limits::NODE_NAME)?;
         count("devices", self.npus.len(), limits::DEVICES)?;
@@ -333,9 +389,13 @@ impl<'a> DocView<'a> {
 }
 
 /// A text within `max` bytes, or what breaks the limit.
-fn len(what: &str, v: &str, max: usize) -> Result<(), String> {
+fn len(what: &'static str, v: &str, max: usize) -> Result<(), DocError> {
     if v.len() > max {
-        Err(format!("{what} is {} bytes (at most {max})", v.len()))
+        Err(DocError::TooLong {
+            what,
+            len: v.len(),
+            max,
+        })
     } else {
         Ok(())
     }
@@ -343,19 +403,22 @@ fn len(what: &str, v: &str, max: usize) -> Result<(), String> {
 
 /// A reading within `range` (or absent), or what breaks it (values were
 /// published as sent, ±1e300 C included).
-fn within(what: &str, v: Option<f64>, range: (f64, f64)) -> Result<(), String> {
+fn within(what: &'static str, v: Option<f64>, range: (f64, f64)) -> Result<(), DocError> {
     match v {
-        Some(x) if !(range.0..=range.1).contains(&x) => {
-            Err(format!("{what} {x} is outside [{}, {}]", range.0, range.1))
-        }
+        Some(x) if !(range.0..=range.1).contains(&x) => Err(DocError::OutOfRange {
+            what,
+            value: x,
+            lo: range.0,
+            hi: range.1,
+        }),
         _ => Ok(()),
     }
 }
 
 /// At most `max` items, or what breaks the limit.
-fn count(what: &str, n: usize, max: usize) -> Result<(), String> {
+fn count(what: &'static str, n: usize, max: usize) -> Result<(), DocError> {
     if n > max {
-        Err(format!("{n} {what} (at most {max})"))
+        Err(DocError::TooMany { what, n, max })
     } else {
         Ok(())
     }
@@ -698,6 +761,7 @@ mod tests {
             .unwrap()
             .check_bounds()
             .unwrap_err()
+            .to_string()
             .contains("device id"));
         // A required field missing: refused by both.
         for field in ["schema_version", "summary", "sources", "node"] {
@@ -723,19 +787,21 @@ mod tests {
             DocView::parse(&bytes).and_then(|v| v.check_bounds())
         };
         assert_eq!(gate(&node_doc(8)), Ok(()));
-        assert!(gate(&node_doc(limits::DEVICES + 1))
-            .unwrap_err()
-            .contains("devices"));
+        let many = gate(&node_doc(limits::DEVICES + 1)).unwrap_err();
+        assert!(many.to_string().contains("devices"));
+        assert_eq!(many.metric_label(), "too-many");
         let mut d = node_doc(1);
         d.npus[0].reading.id = "x".repeat(limits::ID + 1);
-        assert!(gate(&d).unwrap_err().contains("device id"));
+        let long = gate(&d).unwrap_err();
+        assert!(long.to_string().contains("device id"));
+        assert_eq!(long.metric_label(), "too-long");
         let mut d = node_doc(1);
         d.npus[0].findings = vec![crate::classify::Finding {
             code: "c".into(),
             status: DeviceStatus::Degraded,
             detail: "d".repeat(limits::TEXT + 1),
         }];
-        assert!(gate(&d).unwrap_err().contains("finding detail"));
+        assert!(gate(&d).unwrap_err().to_string().contains("finding detail"));
         let mut d = node_doc(1);
         d.node = String::new();
         assert!(gate(&d).is_err());

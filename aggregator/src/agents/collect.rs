@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use faultline_common::document::DocView;
+use faultline_common::document::{DocError, DocView};
 use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -110,10 +110,10 @@ pub enum FetchError {
     },
     /// The body is not a node document.
     #[error("not a node document: {0}")]
-    Parse(String),
+    Parse(DocError),
     /// The document is outside the limits (`faultline_common::document::limits`).
     #[error("document refused: {0}")]
-    Invalid(String),
+    Invalid(DocError),
     /// The agent speaks for another node than the one followed at its address.
     #[error(
         "identity mismatch: followed as node {expected:?}, the document is for {got:?}; refused"
