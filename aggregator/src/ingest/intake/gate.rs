@@ -250,6 +250,76 @@ fn same(given: &[u8], secret: &[u8]) -> bool {
     diff == 0 && !secret.is_empty()
 }
 
+/// Why alerts could not be handed to their shard's holder (the sender is told 503 and
+/// to retry).
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// The shard's Lease could not be read.
+    #[error("cannot read Lease {lease}: {source}")]
+    Lease {
+        /// Its name.
+        lease: String,
+        /// Why.
+        source: kube::Error,
+    },
+    /// Nobody (else) holds the shard.
+    #[error("shard {0} has no live holder")]
+    NoHolder(u32),
+    /// The holder advertises no URL, or one without a host.
+    #[error("the holder {holder} advertises no usable URL ({url:?})")]
+    NoUrl {
+        /// The holder.
+        holder: String,
+        /// What it advertises.
+        url: Option<String>,
+    },
+    /// The holder's Pod could not be read.
+    #[error("cannot read the Pod of {holder}: {source}")]
+    Pod {
+        /// The holder.
+        holder: String,
+        /// Why.
+        source: kube::Error,
+    },
+    /// The holder is not a Pod of this namespace.
+    #[error("the holder {0} is not a Pod of this namespace; nothing is forwarded")]
+    NoPod(String),
+    /// The holder's Pod is not running at the address it advertises.
+    #[error("the holder {holder} advertises {url}, which is not its running Pod's IP ({ips}); nothing is forwarded")]
+    NotThePeer {
+        /// The holder.
+        holder: String,
+        /// What it advertises.
+        url: String,
+        /// Its Pod's addresses, if any.
+        ips: String,
+    },
+    /// The holder did not answer, or not as asked.
+    #[error("{holder} at {url}: {why}")]
+    Answer {
+        /// The holder.
+        holder: String,
+        /// Where.
+        url: String,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+impl ForwardError {
+    /// The metric label of this failure.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ForwardError::Lease { .. } | ForwardError::Pod { .. } => "api",
+            ForwardError::NoHolder(_) => "no-holder",
+            ForwardError::NoUrl { .. }
+            | ForwardError::NoPod(_)
+            | ForwardError::NotThePeer { .. } => "not-the-peer",
+            ForwardError::Answer { .. } => "answer",
+        }
+    }
+}
+
 /// The alerts (and the bearer token) go only to a replica: the Lease's holder must be a
 /// running Pod of this namespace whose IP is the host of the URL it advertises. A Lease
 /// edited to point elsewhere gets nothing.
@@ -257,19 +327,28 @@ async fn verify_peer(
     pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
     holder: &str,
     url: &str,
-) -> Result<(), String> {
+) -> Result<(), ForwardError> {
     let host = url
         .parse::<hyper::Uri>()
         .ok()
         .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_string()))
-        .ok_or_else(|| format!("the holder {holder} advertises a URL without a host: {url}"))?;
+        .ok_or_else(|| ForwardError::NoUrl {
+            holder: holder.into(),
+            url: Some(url.into()),
+        })?;
+    let not_the_peer = |ips: &[String]| ForwardError::NotThePeer {
+        holder: holder.into(),
+        url: url.into(),
+        ips: ips.join(", "),
+    };
     let pod = pods
         .get_opt(holder)
         .await
-        .map_err(|e| format!("cannot read the Pod of {holder}: {e}"))?
-        .ok_or_else(|| {
-            format!("the holder {holder} is not a Pod of this namespace; nothing is forwarded")
-        })?;
+        .map_err(|source| ForwardError::Pod {
+            holder: holder.into(),
+            source,
+        })?
+        .ok_or_else(|| ForwardError::NoPod(holder.into()))?;
     let status = pod.status.unwrap_or_default();
     let running =
         status.phase.as_deref() == Some("Running") && pod.metadata.deletion_timestamp.is_none();
@@ -281,10 +360,7 @@ async fn verify_peer(
         .chain(status.pod_ip)
         .collect();
     if !running || !ips.contains(&host) {
-        return Err(format!(
-            "the holder {holder} advertises {url}, which is not its running Pod's IP ({}); nothing is forwarded",
-            ips.join(", ")
-        ));
+        return Err(not_the_peer(&ips));
     }
     Ok(())
 }
@@ -327,29 +403,40 @@ impl Intake {
         shard: u32,
         alerts: &[Alert],
         token: &str,
-    ) -> Result<IntakeSummary, String> {
+    ) -> Result<IntakeSummary, ForwardError> {
         let lname = lease_name(&route.name, shard);
         let lease = route
             .leases
             .get_opt(&lname)
             .await
-            .map_err(|e| format!("cannot read Lease {lname}: {e}"))?
-            .ok_or_else(|| format!("shard {shard} has no holder yet"))?;
+            .map_err(|source| ForwardError::Lease {
+                lease: lname.clone(),
+                source,
+            })?
+            .ok_or(ForwardError::NoHolder(shard))?;
         let holder = lease
             .spec
             .as_ref()
             .and_then(|s| s.holder_identity.clone())
             .unwrap_or_default();
         if holder.is_empty() || holder == route.me {
-            return Err(format!("shard {shard} has no live holder"));
+            return Err(ForwardError::NoHolder(shard));
         }
         let url = lease
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(URL_ANNOTATION))
-            .ok_or_else(|| format!("the holder of shard {shard} ({holder}) advertises no URL"))?;
+            .ok_or_else(|| ForwardError::NoUrl {
+                holder: holder.clone(),
+                url: None,
+            })?;
         verify_peer(&route.pods, &holder, url).await?;
+        let answer = |why: String| ForwardError::Answer {
+            holder: holder.clone(),
+            url: url.clone(),
+            why,
+        };
         let body: Vec<Value> = alerts
             .iter()
             .map(|a| json!({"node_name": a.node, "gpu_uuid": a.uuid, "bus_id": a.bus_id, "metric": a.metric, "value": a.value, "occurrence": a.occurrence, "threshold": a.threshold, "device": a.device}))
@@ -361,11 +448,11 @@ impl Intake {
             .body(http_body_util::Full::new(hyper::body::Bytes::from(
                 Value::Array(body).to_string(),
             )))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| answer(e.to_string()))?;
         let resp = tokio::time::timeout(Duration::from_secs(5), self.client.request(req))
             .await
-            .map_err(|_| format!("{holder} at {url} did not answer within 5s"))?
-            .map_err(|e| format!("{holder} at {url}: {e}"))?;
+            .map_err(|_| answer("no answer within 5s".into()))?
+            .map_err(|e| answer(e.to_string()))?;
         let status = resp.status();
         // A summary is small; a reply past the limit is refused, not buffered.
         let bytes = tokio::time::timeout(
@@ -376,13 +463,13 @@ impl Intake {
             )),
         )
         .await
-        .map_err(|_| format!("{holder} at {url}: the reply did not arrive within 5s"))?
-        .map_err(|e| format!("{holder} at {url}: {e}"))?
+        .map_err(|_| answer("the reply did not arrive within 5s".into()))?
+        .map_err(|e| answer(e.to_string()))?
         .to_bytes();
         if status != StatusCode::ACCEPTED {
-            return Err(format!("{holder} at {url} answered {status}"));
+            return Err(answer(format!("answered {status}")));
         }
-        serde_json::from_slice(&bytes).map_err(|e| format!("{holder} at {url}: {e}"))
+        serde_json::from_slice(&bytes).map_err(|e| answer(e.to_string()))
     }
 
     /// Handle one request: the summary of an accepted one (202), or why not.
@@ -527,7 +614,7 @@ impl Intake {
             match self.forward(route, shard, &group, token).await {
                 Ok(answer) => out.merge_forwarded(group.len(), answer),
                 Err(e) => {
-                    tracing::warn!(shard, error = %e, "cannot hand alerts over to the shard's holder");
+                    tracing::warn!(shard, error = %e, reason = e.metric_label(), "cannot hand alerts over to the shard's holder");
                     return Err(IntakeError::Unavailable(
                         format!("alerts for shard {shard} must go to its holder: {e}; retry"),
                         Some(5),
