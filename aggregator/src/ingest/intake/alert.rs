@@ -58,14 +58,31 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// Why a body is not alerts (a 400, its message the answer's).
+#[derive(Debug, thiserror::Error)]
+pub enum AlertError {
+    /// Not JSON.
+    #[error("malformed JSON: {0}")]
+    Json(serde_json::Error),
+    /// JSON, but not a GPUAlert.
+    #[error("not a GPUAlert: {0}")]
+    NotGpuAlert(serde_json::Error),
+    /// A GPUAlert that names no node.
+    #[error("node_name is empty")]
+    NoNode,
+    /// Neither a GPUAlert, a list of them, nor an Alertmanager webhook.
+    #[error("expected a GPUAlert object, a list of them, or an Alertmanager webhook")]
+    Shape,
+}
+
 /// The alerts of a body, or why it is not one.
-pub(super) fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("malformed JSON: {e}"))?;
-    let gpu = |v: Value| -> Result<Alert, String> {
-        let a: GpuAlert = serde_json::from_value(v).map_err(|e| format!("not a GPUAlert: {e}"))?;
+pub(super) fn parse(body: &[u8]) -> Result<Vec<Alert>, AlertError> {
+    let v: Value = serde_json::from_slice(body).map_err(AlertError::Json)?;
+    let gpu = |v: Value| -> Result<Alert, AlertError> {
+        let a: GpuAlert = serde_json::from_value(v).map_err(AlertError::NotGpuAlert)?;
         let _ = &a.cluster;
         if a.node_name.trim().is_empty() {
-            return Err("node_name is empty".into());
+            return Err(AlertError::NoNode);
         }
         Ok(Alert {
             node: a.node_name,
@@ -128,7 +145,7 @@ pub(super) fn parse(body: &[u8]) -> Result<Vec<Alert>, String> {
         }
         Value::Array(items) => items.into_iter().map(gpu).collect(),
         obj @ Value::Object(_) => Ok(vec![gpu(obj)?]),
-        _ => Err("expected a GPUAlert object, a list of them, or an Alertmanager webhook".into()),
+        _ => Err(AlertError::Shape),
     }
 }
 

@@ -498,7 +498,7 @@ impl Intake {
         let bytes = axum::body::to_bytes(body, limit)
             .await
             .map_err(|_| IntakeError::TooLarge(limit))?;
-        let mut alerts = parse(&bytes).map_err(IntakeError::BadRequest)?;
+        let mut alerts = parse(&bytes).map_err(|e| IntakeError::BadRequest(e.to_string()))?;
         if alerts.len() > MAX_ALERTS {
             return Err(IntakeError::BadRequest(format!(
                 "{} alerts in one request, at most {MAX_ALERTS} (Alertmanager: set max_alerts on the receiver)",
