@@ -567,7 +567,9 @@ mod passes {
     #[tokio::test]
     async fn without_the_dra_rbac_the_node_path_still_works() {
         let strip = |m: String| {
-            let from = m.find("  # One failed device alone (issue 28").unwrap();
+            let from = m
+                .find("  # One failed device alone (--device-quarantine)")
+                .unwrap();
             let to = m[from..]
                 .find("verbs: [get, list, create, patch, delete]")
                 .unwrap()
