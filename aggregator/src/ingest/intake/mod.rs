@@ -9,6 +9,8 @@
 
 mod aged;
 mod alert;
+mod forward;
 mod gate;
 
+pub use forward::ForwardError;
 pub use gate::*;
