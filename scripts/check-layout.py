@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Layout checks, run by CI, over agent/src, aggregator/src, common/src, the test API
-server (tests/apiserver/src) and benches/:
+server (tests/apiserver/src), the real control plane (tests/controlplane/src), the Rust
+consumer kit (consumers/rust/src) and benches/:
 
 - no source file has more than 700 lines of non-test code (the lines before its
   `#[cfg(test)]` module; `*_tests.rs` files are tests);
@@ -32,6 +33,8 @@ CRATES = (
     ("aggregator", "aggregator/src"),
     ("common", "common/src"),
     ("tests/apiserver", "tests/apiserver/src"),
+    ("tests/controlplane", "tests/controlplane/src"),
+    ("consumers/rust", "consumers/rust/src"),
     ("benches", "benches"),
 )
 PRODUCT = ("agent", "aggregator", "common")

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use faultline_common::fault::NodeFaults;
 use faultline_common::time::parse_rfc3339_ms;
 use faultline_common::DeviceStatus;
-use faultline_controlplane::{Delays, Release};
+use faultline_controlplane::Release;
 use serde_json::json;
 
 use crate::support::real::{post_from, RealCluster};
@@ -98,15 +98,7 @@ fn evictions(c: &RealCluster, pod: &str) -> Vec<(u16, u64)> {
 /// stale and calls no device healthy.
 async fn delivery_and_the_drain_handshake(release: Release) {
     let test = format!("delivery_and_the_drain_handshake ({release:?})");
-    let Some(c) = RealCluster::start_with(
-        &test,
-        release,
-        2,
-        Delays::default(),
-        "deploy/overlays/nvidia-enforce",
-    )
-    .await
-    else {
+    let Some(c) = RealCluster::enforcing(&test, release, 2).await else {
         return;
     };
     let (ckpt, ckpt_ip) = warned_pod(&c, "ckpt", "300s").await;

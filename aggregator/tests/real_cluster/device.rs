@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use faultline_controlplane::{Delays, Release};
+use faultline_controlplane::Release;
 
 use crate::support::{self, real::RealCluster};
 use crate::HEALING;
@@ -41,15 +41,7 @@ async fn until_effect(c: &RealCluster, device: &str, effect: &str) -> serde_json
 /// the rule goes to NoSchedule and the tolerating pod is left running.
 async fn a_tolerating_holder_does_not_keep_a_failed_gpu_in_service(release: Release) {
     let test = format!("a_tolerating_holder_does_not_keep_a_failed_gpu_in_service ({release:?})");
-    let Some(c) = RealCluster::start_with(
-        &test,
-        release,
-        1,
-        Delays::default(),
-        "deploy/overlays/nvidia-enforce",
-    )
-    .await
-    else {
+    let Some(c) = RealCluster::enforcing(&test, release, 1).await else {
         return;
     };
     let gpus = c.publish_gpus("n1").await;
@@ -95,15 +87,7 @@ async fn a_tolerating_holder_does_not_keep_a_failed_gpu_in_service(release: Rele
 /// prediction agrees.
 async fn a_stale_prediction_is_asked_again(release: Release) {
     let test = format!("a_stale_prediction_is_asked_again ({release:?})");
-    let Some(c) = RealCluster::start_with(
-        &test,
-        release,
-        1,
-        Delays::default(),
-        "deploy/overlays/nvidia-enforce",
-    )
-    .await
-    else {
+    let Some(c) = RealCluster::enforcing(&test, release, 1).await else {
         return;
     };
     let gpus = c.publish_gpus("n1").await;

@@ -22,17 +22,6 @@ fn running(c: &RealCluster) -> Vec<(String, String, bool)> {
         .collect()
 }
 
-/// n1's taints of faultline's key.
-fn ours(c: &RealCluster) -> usize {
-    c.items(&["nodes", "--field-selector", "metadata.name=n1"])
-        .first()
-        .and_then(|n| n["spec"]["taints"].as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .filter(|t| t["key"] == support::TAINT)
-        .count()
-}
-
 /// Healing on a real cluster, the node path (GPUs of the device plugin, which took none
 /// out of allocatable): a GPU of n1 fails. faultline taints n1 once; evicts through the
 /// Eviction API the Deployment's pod there, whose replacement the real scheduler then
@@ -44,15 +33,7 @@ fn ours(c: &RealCluster) -> usize {
 /// replacement scheduled back onto it.
 async fn healing_respects_a_real_budget_then_a_canary_releases(release: Release) {
     let test = format!("healing_respects_a_real_budget_then_a_canary_releases ({release:?})");
-    let Some(c) = RealCluster::start_with(
-        &test,
-        release,
-        2,
-        Delays::default(),
-        "deploy/overlays/nvidia-enforce",
-    )
-    .await
-    else {
+    let Some(c) = RealCluster::enforcing(&test, release, 2).await else {
         return;
     };
     let gpu_pod = |labels: serde_json::Value| {
@@ -134,12 +115,8 @@ async fn healing_respects_a_real_budget_then_a_canary_releases(release: Release)
     // The taint, once; the Deployment's pod evicted and its replacement kept off n1.
     let start = Instant::now();
     loop {
-        let taints: Vec<serde_json::Value> = c
-            .items(&["nodes", "--field-selector", "metadata.name=n1"])
-            .first()
-            .and_then(|n| n["spec"]["taints"].as_array().cloned())
-            .unwrap_or_default();
-        let ours = taints.iter().filter(|t| t["key"] == support::TAINT).count();
+        let taints = c.taints("n1");
+        let ours = RealCluster::ours(&taints);
         let pods = running(&c);
         let web_gone = !pods.iter().any(|p| p.0 == web);
         let replacement_pending = pods
@@ -244,12 +221,8 @@ fn without_device_taint_rules_1_36_takes_the_node_path() {
         );
         let start = Instant::now();
         loop {
-            let taints: Vec<serde_json::Value> = c
-                .items(&["nodes", "--field-selector", "metadata.name=n1"])
-                .first()
-                .and_then(|n| n["spec"]["taints"].as_array().cloned())
-                .unwrap_or_default();
-            let ours = taints.iter().filter(|t| t["key"] == support::TAINT).count();
+            let taints = c.taints("n1");
+            let ours = RealCluster::ours(&taints);
             let pods = c.items(&["-n", "default", "pods"]);
             let holder_gone = !pods.iter().any(|p| p["metadata"]["name"] == "holder");
             if ours == 1 && holder_gone {
@@ -288,7 +261,10 @@ async fn a_canary_releases_n1(c: &RealCluster, test: &str) {
     let job = crate::until(Duration::from_secs(60), "a canary Job", || {
         let jobs = c.items(&["-n", support::real::NS, "jobs"]);
         match jobs.as_slice() {
-            [] => Err(format!("none; n1 tainted {}", ours(c))),
+            [] => Err(format!(
+                "none; n1 tainted {}",
+                RealCluster::ours(&c.taints("n1"))
+            )),
             [j] => Ok(j.clone()),
             more => panic!("{} canaries at once", more.len()),
         }
@@ -306,7 +282,7 @@ async fn a_canary_releases_n1(c: &RealCluster, test: &str) {
             .into_iter()
             .flatten()
             .any(|c| c["type"] == "Complete" && c["status"] == "True");
-        let tainted = ours(c);
+        let tainted = RealCluster::ours(&c.taints("n1"));
         assert!(
             done || tainted == 1,
             "n1 released before its canary completed: {job}"

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use faultline_common::fault::shard_of;
-use faultline_controlplane::{Delays, Release};
+use faultline_controlplane::Release;
 
 use crate::support::{self, real::RealCluster};
 use crate::{until, HEALING, SHARDS};
@@ -31,32 +31,13 @@ fn holders(c: &RealCluster) -> BTreeMap<u32, (String, i64)> {
         .collect()
 }
 
-/// n1's taints of faultline's key.
-fn taints_of_n1(c: &RealCluster) -> usize {
-    c.items(&["nodes", "--field-selector", "metadata.name=n1"])
-        .first()
-        .and_then(|n| n["spec"]["taints"].as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .filter(|t| t["key"] == support::TAINT)
-        .count()
-}
-
 /// Replicas a and b share the four shards; the holder of n1's shard is killed
 /// (SIGKILL: no Lease released); once its Lease expires the other takes it over (the
 /// real apiserver's compare-and-swap), publishes n1 again, and heals a fault there:
 /// n1 tainted once, as the record's actor says, by the survivor.
 async fn a_killed_holders_shards_are_taken_over(release: Release) {
     let test = format!("a_killed_holders_shards_are_taken_over ({release:?})");
-    let Some(c) = RealCluster::start_with(
-        &test,
-        release,
-        2,
-        Delays::default(),
-        "deploy/overlays/nvidia-enforce",
-    )
-    .await
-    else {
+    let Some(c) = RealCluster::enforcing(&test, release, 2).await else {
         return;
     };
     let mut args = HEALING.to_vec();
@@ -135,7 +116,7 @@ async fn a_killed_holders_shards_are_taken_over(release: Release) {
         Duration::from_secs(30),
         "n1 quarantined by the survivor",
         || {
-            let tainted = taints_of_n1(&c);
+            let tainted = RealCluster::ours(&c.taints("n1"));
             assert!(tainted <= 1, "n1 tainted {tainted} times");
             let node = c.items(&["nodes", "--field-selector", "metadata.name=n1"]);
             let record = node

@@ -51,6 +51,17 @@ impl RealCluster {
         Self::start_with(test, release, nodes, delays, "deploy/overlays/nvidia").await
     }
 
+    /// [`RealCluster::start`] with `deploy/overlays/nvidia-enforce` (remediation on),
+    /// the pods living as [`Delays::default`] says.
+    pub async fn enforcing(
+        test: &str,
+        release: faultline_controlplane::Release,
+        nodes: usize,
+    ) -> Option<Self> {
+        let overlay = "deploy/overlays/nvidia-enforce";
+        Self::start_with(test, release, nodes, Delays::default(), overlay).await
+    }
+
     /// [`RealCluster::start`] with `overlay` applied (a path from the repository root).
     pub async fn start_with(
         test: &str,
@@ -264,6 +275,20 @@ impl RealCluster {
             .find(|(n, _)| n == node)
             .and_then(|(_, a)| a.fault_addr)
             .unwrap_or_else(|| panic!("no agent serves {node}'s pods"))
+    }
+
+    /// The taints of Node `node`, as JSON.
+    pub fn taints(&self, node: &str) -> Vec<serde_json::Value> {
+        let field = format!("metadata.name={node}");
+        self.items(&["nodes", "--field-selector", &field])
+            .first()
+            .and_then(|n| n["spec"]["taints"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    /// How many of `taints` are faultline's (its taint key).
+    pub fn ours(taints: &[serde_json::Value]) -> usize {
+        taints.iter().filter(|t| t["key"] == super::TAINT).count()
     }
 
     /// `kubectl apply --server-side` of one object.
