@@ -474,7 +474,7 @@ impl Core {
 
     /// Write the urgent shards whose spacing has passed, and only them.
     fn write_urgent(&mut self) {
-        let Some(ready) = self.schedule.take_urgent(Instant::now()) else {
+        let Some(plan) = self.schedule.take_urgent(Instant::now()) else {
             return;
         };
         self.next_sequence();
@@ -485,10 +485,10 @@ impl Core {
                 sequence: self.sequence,
                 writer: &self.replica,
                 seeded: self.schedule.seeded(),
-                urgent: &ready,
-                changed: &ready,
-                include: &ready,
-                refresh: &BTreeSet::new(),
+                urgent: &plan.shards,
+                changed: &plan.shards,
+                include: &plan.shards,
+                refresh: &plan.refresh,
                 whole: false,
             },
             &mut self.alarming,

@@ -45,6 +45,14 @@ pub struct WritePlan {
     pub whole: bool,
 }
 
+/// What an urgent write carries: `shards`, their changed pages, and the pages of
+/// `refresh` (those never refreshed) whose readings alone moved.
+#[derive(Debug, PartialEq, Eq)]
+pub struct UrgentPlan {
+    pub shards: BTreeSet<u32>,
+    pub refresh: BTreeSet<u32>,
+}
+
 /// The write timing's state: what changed since the last write, and when each shard was
 /// last written. Owned by the core loop.
 #[derive(Debug)]
@@ -283,8 +291,9 @@ impl WriteSchedule {
 
     /// An urgent write at `now`: the urgent shards whose spacing has passed (`None`:
     /// none is ready). It rewrites their changed pages only, so their refresh stays due
-    /// when it was.
-    pub fn take_urgent(&mut self, now: Instant) -> Option<BTreeSet<u32>> {
+    /// when it was; a shard never refreshed (just taken) gets its refresh in it, so a
+    /// take is one write of each page, not a take and a refresh half a second later.
+    pub fn take_urgent(&mut self, now: Instant) -> Option<UrgentPlan> {
         let ready: BTreeSet<u32> = self
             .urgent_shards
             .iter()
@@ -296,11 +305,21 @@ impl WriteSchedule {
         }
         self.urgent_shards.retain(|s| !ready.contains(s));
         self.changed.retain(|s| !ready.contains(s));
-        // Not a refresh: the shard's refresh clock runs on (`written`).
+        let refresh: BTreeSet<u32> = ready
+            .iter()
+            .copied()
+            .filter(|s| !self.written.contains_key(s))
+            .collect();
         for s in &ready {
             self.shard_written.insert(*s, now);
         }
-        Some(ready)
+        for s in &refresh {
+            self.written.insert(*s, now);
+        }
+        Some(UrgentPlan {
+            shards: ready,
+            refresh,
+        })
     }
 
     /// A write at `now` of the shards `held`: every shard when asked for and after a

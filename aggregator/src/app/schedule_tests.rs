@@ -120,7 +120,11 @@ fn the_first_write_is_whole_then_only_changed_shards() {
         Some(t0 + ms(50)),
         "shard 0: spaced from t0"
     );
-    assert_eq!(s.take_urgent(t1), Some(set(&[0])), "shard 2: just written");
+    assert_eq!(
+        s.take_urgent(t1).map(|u| u.shards),
+        Some(set(&[0])),
+        "shard 2: just written"
+    );
     assert_eq!(s.urgent_due(t1), Some(t1 + ms(50)));
 }
 
@@ -134,8 +138,15 @@ fn a_failed_device_gets_a_write_of_its_own_after_the_spacing() {
     s.changed(Some(1));
     s.urgent(Some(1));
     assert_eq!(s.urgent_due(t0 + ms(10)), Some(t0 + ms(50)));
-    assert_eq!(s.take_urgent(t0 + ms(20)), None, "within the spacing");
-    assert_eq!(s.take_urgent(t0 + ms(50)), Some(set(&[1])));
+    assert_eq!(
+        s.take_urgent(t0 + ms(20)).map(|u| u.shards),
+        None,
+        "within the spacing"
+    );
+    assert_eq!(
+        s.take_urgent(t0 + ms(50)).map(|u| u.shards),
+        Some(set(&[1]))
+    );
     assert_eq!(s.urgent_due(t0 + ms(60)), None, "urgent no more");
     // The shard written urgently is not written again by the next write for that change.
     let p = s.take_write(&[0, 1, 2], t0 + SPACING, SPACING);
@@ -174,7 +185,17 @@ fn a_shard_taken_is_written_at_once_once_seeded() {
     s.held(vec![0, 1], Some(set(&[0, 1])));
     assert_eq!(s.seeded(), Some(&set(&[1])));
     assert_eq!(s.urgent_due(t0 + ms(1)), Some(t0 + ms(1)), "at once");
-    assert_eq!(s.take_urgent(t0 + ms(1)), Some(set(&[1])));
+    // Its first write is its refresh too: no refresh of it follows at the next write.
+    assert_eq!(
+        s.take_urgent(t0 + ms(1)),
+        Some(UrgentPlan {
+            shards: set(&[1]),
+            refresh: set(&[1])
+        })
+    );
+    s.changed(Some(0));
+    let p = s.take_write(&[0, 1], t0 + SPACING, SPACING);
+    assert_eq!(p.include, set(&[0]), "{p:?}");
     // Released (no longer granted): seeded afresh when taken again.
     s.held(vec![0], Some(set(&[0])));
     assert_eq!(s.seeded(), Some(&BTreeSet::new()));
@@ -200,7 +221,7 @@ fn a_shard_held_again_after_a_lapse_is_written_at_once() {
     // Due the urgent spacing after the shard's last write (passed already).
     assert_eq!(s.urgent_due(t0 + ms(100)), Some(t0 + ms(50)));
     assert_eq!(
-        s.take_urgent(t0 + ms(100)),
+        s.take_urgent(t0 + ms(100)).map(|u| u.shards),
         Some(set(&[1])),
         "2 is not held"
     );
@@ -233,7 +254,7 @@ fn a_shard_that_keeps_changing_still_gets_its_refresh() {
         if n % 4 == 0 {
             // A device failed: an urgent write carries the change.
             s.urgent(Some(1));
-            assert_eq!(s.take_urgent(at), Some(set(&[1])));
+            assert_eq!(s.take_urgent(at).map(|u| u.shards), Some(set(&[1])));
         } else {
             s.changed(Some(1));
         }
