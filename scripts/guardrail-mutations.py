@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 14's check that each safety guardrail's test can fail: remove the guardrail
+"""The check that each safety guardrail's test can fail: remove the guardrail
 (one small source edit), run the test that guards it, expect it to FAIL, restore.
 
     python3 scripts/guardrail-mutations.py            # all (about 12 minutes on 2 cores, tests built)
@@ -233,6 +233,16 @@ MUTATIONS = [
      '                Prediction::Disagrees { .. } if !asked_again => {',
      '                Prediction::Disagrees { .. } if asked_again && !asked_again => {',
      ['-p', 'faultline-aggregator', '--test', 'real_cluster', 'a_stale_prediction_is_asked_again_1_37']),
+    ('13 supervision: a core loop that panics leaves its Leases held',
+     'aggregator/src/app/supervise.rs',
+     '        let _release = lease_cancel.drop_guard();',
+     '        let _release = lease_cancel;',
+     ['-p', 'faultline-aggregator', '--lib', 'a_panic_in_the_core_loop_releases_the_leases_and_fails']),
+    ('13 supervision: a Lease loop that dies leaves the replica running',
+     'aggregator/src/app/supervise.rs',
+     '        Ok(()) => Err(Stopped::Ended { part }),',
+     '        Ok(()) => Ok(()),',
+     ['-p', 'faultline-aggregator', '--lib', 'a_core_loop_that_ends_on_its_own_fails']),
 ]
 
 

@@ -30,7 +30,9 @@ fn main() -> anyhow::Result<()> {
             shutdown_signal().await;
             cancel.cancel();
         });
-        agg.wait().await;
+        // A task that panicked or ended unasked: exit non-zero, so the replica is
+        // restarted (its Leases were released where the Lease loop still ran).
+        agg.wait().await?;
         Ok(())
     })
 }

@@ -155,6 +155,20 @@ pub struct FinalWrite {
     pub done: tokio::sync::oneshot::Sender<()>,
 }
 
+/// What the Lease loop tells the core loop, in the order it happened: one stream, so
+/// a shard's seed is in before the shard counts as held, and a final write before the
+/// hand-back.
+#[derive(Debug)]
+pub enum ShardEvent {
+    /// A shard was taken: seed it (sent before it counts as held).
+    Taken(Takeover),
+    /// The shards granted changed (a grant or a release; not a hold running out on
+    /// this replica's clock, which the core loop's tick sees).
+    Held,
+    /// Write a shard once more before it is handed back.
+    FinalWrite(FinalWrite),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

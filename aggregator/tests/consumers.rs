@@ -364,7 +364,7 @@ async fn the_kit_reads_the_nodes_own_fault_json_from_the_host_and_through_the_si
     // The aggregator goes: the agent turns the verdict stale, the sidecar copies it, and
     // the kit says so; the failed device stays failed, no device reads healthy.
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
     for (p, what) in [(&hosted, "the host's file"), (&copied, "the copy")] {
         until(Duration::from_secs(10), &format!("{what} stale"), || {
             own_file(p).filter(|d| d["verdict"]["stale"] == true)

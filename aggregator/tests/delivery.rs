@@ -141,7 +141,7 @@ async fn a_fault_reaches_the_nodes_own_fault_json_and_silence_turns_it_stale() {
     // The aggregator goes: within three confirmations the file says stale, and no
     // device is healthy; the failure stays.
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
     let (stale, _) = until(Duration::from_secs(10), "the verdict stale", || {
         node_file(&dir).filter(|d| d.verdict.as_ref().is_some_and(|v| v.stale))
     })

@@ -218,7 +218,7 @@ async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_be
     );
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }
 
 /// `call` from a synchronous closure (`until` polls a closure).
@@ -433,7 +433,7 @@ async fn side_by_side_the_warned_trainer_loses_nothing_the_unwarned_one_its_step
     );
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }
 
 /// Dry run: the announcement says the pod would be warned first, and nothing is

@@ -247,5 +247,5 @@ async fn a_streamed_document_for_another_node_is_refused() {
         "{text}"
     );
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }

@@ -164,7 +164,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     }
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 
     // A restart forgets the intake's counts, not what was done: the same burst again
     // is acted on by the new process and changes nothing on the cluster.
@@ -193,7 +193,7 @@ async fn the_intake_refuses_bad_requests_and_a_burst_of_duplicates_is_one_action
     assert!(server.get("pods", "default", "on-good").is_some());
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,7 +259,7 @@ async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
     );
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }
 
 /// Wait until the aggregator at `addr` counts shard 0's Lease as its own.
@@ -404,7 +404,7 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
     assert!(stdout.starts_with("breaker: closed\nNODE"), "{stdout}");
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -570,7 +570,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     assert_eq!(h[0]["canary"]["state"], "succeeded");
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }
 
 /// The leader taints, a PodDisruptionBudget holds the eviction back, the leader dies;
@@ -652,7 +652,7 @@ async fn a_leader_killed_between_taint_and_evictions_is_finished_by_the_next() {
         "{actions:?}"
     );
     r2.cancel_token().cancel();
-    r2.wait().await;
+    r2.wait().await.expect("a clean stop");
 }
 
 /// 15% 500s, 15% 409s on writes and 10% of writes done but answered too late for the
@@ -747,7 +747,7 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
     eprintln!("converged through {injected} injected 500/409 answers");
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }
 
 /// Alerts sent to a replica that does not hold the node's shard are handed to the
@@ -833,7 +833,7 @@ async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
     assert_eq!(code, 503, "{body}");
     assert!(body["error"].as_str().unwrap().contains("retry"), "{body}");
     r2.cancel_token().cancel();
-    r2.wait().await;
+    r2.wait().await.expect("a clean stop");
 }
 
 /// A stop in the middle of a pass: the intake stops answering, the pass finishes (the
@@ -891,7 +891,8 @@ async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
     assert!(refused.is_err(), "the intake stopped first");
     tokio::time::timeout(Duration::from_secs(30), agg.wait())
         .await
-        .expect("stopped within the shutdown timeout");
+        .expect("stopped within the shutdown timeout")
+        .expect("a clean stop");
     assert!(
         server.get("pods", "default", "train").is_none(),
         "the pass in flight finished"
@@ -960,7 +961,7 @@ async fn kubectl_describe_node_shows_faultlines_events() {
     assert!(events_section.contains("gpu1"), "{stdout}");
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }
 
 /// Issue 14, guardrail 3: the circuit breaker wired from real failures. Two nodes
@@ -1034,7 +1035,7 @@ async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
     .await;
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }
 
 /// Issue 14, guardrail 4: a per-domain budget holds a failed node back (announced once,
@@ -1091,7 +1092,7 @@ async fn a_held_back_node_is_quarantined_once_room_frees() {
     assert_eq!(events_on(server, "n2", "FaultlineQuarantined"), 1);
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }
 
 /// Issue 14, guardrail 7: a person's release holds against a still-failed reading for
@@ -1127,7 +1128,7 @@ async fn a_persons_release_holds_for_the_dedup_window_only() {
     .await;
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }
 
 /// Issue 14, guardrail 10, on the real binary: every announcement reaches each
@@ -1323,5 +1324,5 @@ async fn an_alert_for_a_device_nobody_reports_is_only_announced() {
     assert_eq!(our_taints(server, "n1"), 0, "no taint on a guess");
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
-    agg.wait().await;
+    agg.wait().await.expect("a clean stop");
 }

@@ -32,7 +32,7 @@ use crate::agents::deliver::Deliveries;
 use crate::agents::AgentEvent;
 use crate::api::DocumentAsk;
 use crate::metrics::Metrics;
-use crate::model::{FinalWrite, Takeover, Verdict};
+use crate::model::{ShardEvent, Takeover, Verdict};
 use crate::pipeline::{Change, Pipeline, TICK_MS};
 use crate::publish::{document, Publisher, Stamp, Written};
 
@@ -48,10 +48,9 @@ pub struct Inputs {
     pub rules: watch::Receiver<Arc<Rules>>,
     /// Requests for the whole document.
     pub asks: mpsc::Receiver<DocumentAsk>,
-    /// Shards taken, with what to seed them from (fair sharing).
-    pub takeovers: Option<mpsc::Receiver<Takeover>>,
-    /// Shards to write once more before they are handed back.
-    pub final_writes: Option<mpsc::Receiver<FinalWrite>>,
+    /// The Lease loop's events, in order (the ConfigMap sink): shards taken with what
+    /// to seed them from, the shards granted as they change, final writes.
+    pub shards: Option<mpsc::Receiver<ShardEvent>>,
 }
 
 /// The core loop's state.
@@ -150,11 +149,15 @@ impl Core {
         self
     }
 
-    /// Every takeover already sent.
-    fn drain_takeovers(&mut self, rx: &mut Option<mpsc::Receiver<Takeover>>) {
-        if let Some(rx) = rx.as_mut() {
-            while let Ok(t) = rx.try_recv() {
-                self.on_takeover(t);
+    /// One event of the Lease loop's stream.
+    fn on_shard_event(&mut self, ev: ShardEvent) {
+        match ev {
+            ShardEvent::Taken(t) => self.on_takeover(t),
+            ShardEvent::Held => self.on_grants(),
+            ShardEvent::FinalWrite(f) => {
+                tracing::debug!(shard = f.shard, "final write before handing the shard back");
+                self.final_waiters.push(f.done);
+                self.schedule.final_write();
             }
         }
     }
@@ -203,9 +206,6 @@ impl Core {
         // insertion and removal each).
         let cancelled = cancel.cancelled();
         tokio::pin!(cancelled);
-        // A shard taken is written at once, not at the next tick (up to a
-        // second of a takeover).
-        let mut grants = self.publisher.subscribe();
         let mut armed = self.due();
         let write_timer = tokio::time::sleep_until(armed);
         tokio::pin!(write_timer);
@@ -224,41 +224,17 @@ impl Core {
                 .urgent_due(Instant::now())
                 .map(tokio::time::Instant::from_std)
                 .filter(|_| self.urgent_room());
+            // Biased, in this order: the Lease loop's events before all else (a
+            // shard's seed is in before its agents' documents: the Lease loop sends the
+            // takeover before the shard counts as held, and the followers start only
+            // then), and the agents last (their flood never holds back a timer).
             tokio::select! {
-                _ = sleep_until_opt(urgent_at) => {
-                    self.drain_takeovers(&mut inputs.takeovers);
-                    self.write_urgent()
-                }
-                Some(t) = recv_opt(&mut inputs.takeovers) => self.on_takeover(t),
+                biased;
+                Some(ev) = recv_opt(&mut inputs.shards) => self.on_shard_event(ev),
                 _ = &mut cancelled => break,
-                Some(f) = recv_opt(&mut inputs.final_writes) => {
-                    tracing::debug!(shard = f.shard, "final write before handing the shard back");
-                    self.final_waiters.push(f.done);
-                    self.schedule.final_write();
-                }
-                ev = inputs.agents.recv() => {
-                    let Some(ev) = ev else { break };
-                    // A shard's seed is in before its agents' documents: the Lease loop
-                    // sends the takeover before it counts the shard as held, and the
-                    // followers start only then.
-                    self.drain_takeovers(&mut inputs.takeovers);
-                    self.on_agent(ev);
-                    // Whatever else is queued, in the same turn (bounded, so the other
-                    // inputs are not starved).
-                    for _ in 0..AGENT_BATCH {
-                        match inputs.agents.try_recv() {
-                            Ok(ev) => self.on_agent(ev),
-                            Err(_) => break,
-                        }
-                    }
-                }
+                _ = sleep_until_opt(urgent_at) => self.write_urgent(),
+                _ = &mut write_timer, if can_write => self.write(),
                 _ = tick.tick() => self.on_tick(),
-                Some(()) = changed_opt(&mut grants) => {
-                    // A grant follows its seed: the seed first, or the shard would not
-                    // be written yet (a shard is written only once seeded).
-                    self.drain_takeovers(&mut inputs.takeovers);
-                    self.on_grants()
-                }
                 v = inputs.verdicts.recv(), if !inputs.verdicts.is_closed() || !inputs.verdicts.is_empty() => {
                     if let (Some(v), Some(d)) = (v, self.dispatch.as_mut()) {
                         d.verdict(&self.pipeline, v);
@@ -280,9 +256,20 @@ impl Core {
                         Err(_) => rules_open = false,
                     }
                 }
-                _ = &mut write_timer, if can_write => {
-                    self.drain_takeovers(&mut inputs.takeovers);
-                    self.write()
+                ev = inputs.agents.recv() => {
+                    let Some(ev) = ev else { break };
+                    self.on_agent(ev);
+                    // Whatever else is queued, in the same turn (bounded, so the other
+                    // inputs are not starved), until a shard event comes first.
+                    for _ in 0..AGENT_BATCH {
+                        if inputs.shards.as_ref().is_some_and(|s| !s.is_empty()) {
+                            break;
+                        }
+                        match inputs.agents.try_recv() {
+                            Ok(ev) => self.on_agent(ev),
+                            Err(_) => break,
+                        }
+                    }
                 }
             }
         }
@@ -587,20 +574,6 @@ fn once_per(
 async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The next change of a watch, if there is one (`None`: none, or its sender is gone).
-async fn changed_opt<T>(rx: &mut Option<watch::Receiver<T>>) -> Option<()> {
-    match rx {
-        Some(r) => match r.changed().await {
-            Ok(()) => Some(()),
-            Err(_) => {
-                *rx = None;
-                None
-            }
-        },
         None => std::future::pending().await,
     }
 }

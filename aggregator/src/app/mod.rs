@@ -7,6 +7,8 @@
 pub mod core;
 pub mod dispatch;
 pub mod schedule;
+pub mod supervise;
 mod wiring;
 
+pub use supervise::Stopped;
 pub use wiring::{connect, start, start_with_clock, Aggregator};

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::core::{Core, Inputs, WriteTiming};
 use super::dispatch::{self, Dispatch};
+use super::supervise::{self, Stopped, Tasks};
 use crate::agents::deliver::{Deliveries, Fence as DeliveryFence};
 use crate::agents::{collect, AgentEvent};
 use crate::api::{self, ApiState};
@@ -23,7 +24,7 @@ use crate::config::{Config, Discovery, SinkKind};
 use crate::device_taint::DeviceQuarantine;
 use crate::ingest::{discover, endpoints, podhealth, Intake, Route};
 use crate::metrics::Metrics;
-use crate::model::{FinalWrite, Takeover, Verdict};
+use crate::model::{ShardEvent, Verdict};
 use crate::notify::Notifier;
 use crate::pipeline::Pipeline;
 use crate::publish::seed::ShardPages;
@@ -36,33 +37,25 @@ use crate::shard::{Held, LeaseConfig, ShardLeases, Shards, Sharing};
 pub struct Aggregator {
     /// The API address.
     pub addr: std::net::SocketAddr,
-    cancel: CancellationToken,
-    done: tokio::task::JoinHandle<()>,
-    lease_task: Option<tokio::task::JoinHandle<()>>,
+    tasks: Tasks,
 }
 
 impl Aggregator {
     /// The token that stops it.
     pub fn cancel_token(&self) -> CancellationToken {
-        self.cancel.clone()
+        self.tasks.cancel.clone()
     }
 
-    /// Wait until it stops (after a cancel, the Leases are released first).
-    pub async fn wait(self) {
-        let _ = self.done.await;
-        if let Some(t) = self.lease_task {
-            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
-        }
+    /// Wait until it stops (after a cancel, the Leases are released first); an error
+    /// when it stopped on its own: a task panicked or ended unasked.
+    pub async fn wait(self) -> Result<(), Stopped> {
+        self.tasks.wait().await
     }
 
     /// Stop at once, as a crash would: the Leases are not released, so another
     /// replica must wait for them to run out.
     pub fn abort(self) {
-        if let Some(t) = self.lease_task {
-            t.abort();
-        }
-        self.done.abort();
-        self.cancel.cancel();
+        self.tasks.abort();
     }
 }
 
@@ -353,8 +346,7 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
     // remediation finishes first, then the Leases go.
     let lease_cancel = CancellationToken::new();
     let (verdict_tx, verdicts) = mpsc::channel::<Verdict>(1024);
-    let (takeover_tx, takeovers) = mpsc::channel(64);
-    let (final_tx, final_writes) = mpsc::channel(16);
+    let (shard_tx, shard_events) = mpsc::channel(64);
     let parts = Parts {
         cfg: &cfg,
         metrics: &metrics,
@@ -371,14 +363,14 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
         (SinkKind::File, _) => Built::file(&cfg, parts.intake(), latest.clone()),
         (SinkKind::ConfigMap, None) => anyhow::bail!("the configmap sink needs the Kubernetes API"),
         (SinkKind::ConfigMap, Some(kube)) => {
-            parts.on_shards(kube, (&takeover_tx, &final_tx), advertise(&cfg, addr))
+            parts.on_shards(kube, &shard_tx, advertise(&cfg, addr))
         }
     };
     // The core loop holds the receivers; the senders left are the parts' (verdict_tx
     // goes when this returns).
-    drop((takeover_tx, final_tx));
+    drop(shard_tx);
     let ready = Arc::new(AtomicBool::new(false));
-    let asks = parts.serve_api(listener, limits, built.intake, latest, ready.clone());
+    let (asks, api) = parts.serve_api(listener, limits, built.intake, latest, ready.clone());
     tracing::info!(%addr, agents = cfg.agents.len(), out = %cfg.out.display(), "faultline aggregator running");
     let core = parts.core(built.publisher, built.dispatch, ready, deliveries);
     let inputs = Inputs {
@@ -387,22 +379,17 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
         settled: built.settled,
         rules,
         asks,
-        takeovers: sharing.then_some(takeovers),
-        final_writes: sharing.then_some(final_writes),
+        shards: sharing.then_some(shard_events),
     };
-    let done = {
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            core.run(inputs, cancel).await;
-            lease_cancel.cancel();
-        })
-    };
-    Ok(Aggregator {
-        addr,
+    let core = supervise::spawn_core(lease_cancel.clone(), core.run(inputs, cancel.clone()));
+    let tasks = Tasks {
         cancel,
-        done,
-        lease_task: built.lease_task,
-    })
+        lease_cancel,
+        core,
+        leases: built.lease_task,
+        api,
+    };
+    Ok(Aggregator { addr, tasks })
 }
 
 /// The Kubernetes clients: one with `--kube-timeout` for calls, one without for
@@ -492,7 +479,7 @@ impl Parts<'_> {
     fn on_shards(
         &self,
         kube: &kube::Client,
-        (takeovers, finals): (&mpsc::Sender<Takeover>, &mpsc::Sender<FinalWrite>),
+        events: &mpsc::Sender<ShardEvent>,
         url: Option<String>,
     ) -> Built {
         let cfg = self.cfg;
@@ -503,8 +490,7 @@ impl Parts<'_> {
                 shards: cfg.shards,
                 pages: cfg.pages,
             }),
-            takeovers.clone(),
-            finals.clone(),
+            events.clone(),
         );
         let intake = self.intake().map(|i| {
             i.with_route(Route {
@@ -592,7 +578,10 @@ impl Parts<'_> {
         intake: Option<Intake>,
         latest: Latest,
         ready: Arc<AtomicBool>,
-    ) -> mpsc::Receiver<api::DocumentAsk> {
+    ) -> (
+        mpsc::Receiver<api::DocumentAsk>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let (asks_tx, asks) = mpsc::channel(64);
         let app = api::router(ApiState {
             metrics: self.metrics.clone(),
@@ -603,14 +592,14 @@ impl Parts<'_> {
             rendered: Default::default(),
         });
         let cancel = self.cancel.clone();
-        tokio::spawn(faultline_common::server::serve(
+        let task = tokio::spawn(faultline_common::server::serve(
             listener,
             app,
             limits,
             self.metrics.server.clone(),
             async move { cancel.cancelled().await },
         ));
-        asks
+        (asks, task)
     }
 
     /// The core loop, owner of the pipeline.

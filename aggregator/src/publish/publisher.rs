@@ -106,14 +106,6 @@ impl Publisher {
         }
     }
 
-    /// The granted shards as they change (`None`: the file sink).
-    pub fn subscribe(&self) -> Option<tokio::sync::watch::Receiver<BTreeSet<u32>>> {
-        match self {
-            Publisher::File { .. } => None,
-            Publisher::ConfigMap { shards, .. } => Some(shards.held.subscribe()),
-        }
-    }
-
     /// The shards whose hold ran out and was renewed since the last call (the file
     /// sink: none).
     pub fn take_lapsed(&self) -> BTreeSet<u32> {

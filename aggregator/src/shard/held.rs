@@ -113,10 +113,12 @@ impl Held {
     /// Count `shard` as held until `until` (what a successful renewal does; also for
     /// tests of the writers).
     pub fn grant(&self, shard: u32, until: Instant) {
-        self.set(shard, Some(until));
+        let _ = self.set(shard, Some(until));
     }
 
-    pub(super) fn set(&self, shard: u32, until: Option<Instant>) {
+    /// Count `shard` as held until `until` (`None`: released); whether the shards
+    /// granted changed.
+    pub(super) fn set(&self, shard: u32, until: Option<Instant>) -> bool {
         let mut g = self.inner.locked();
         match until {
             Some(u) => {
@@ -137,7 +139,7 @@ impl Held {
             let changed = *s != keys;
             *s = keys;
             changed
-        });
+        })
     }
 }
 
@@ -155,7 +157,7 @@ mod tests {
         let before = Instant::now();
         assert!(held.admit(1));
         let after = Instant::now();
-        held.set(1, None);
+        let _ = held.set(1, None);
         let q = held.quiet_at(&[0, 1], margin).expect("a write went");
         assert!(q >= before + margin && q <= after + margin, "{q:?}");
         assert_eq!(held.quiet_at(&[0], margin), None, "another shard's");
@@ -179,7 +181,7 @@ mod tests {
         held.grant(1, Instant::now() + 2 * s);
         assert_eq!(held.take_lapsed(), BTreeSet::from([1]));
         assert!(held.take_lapsed().is_empty(), "taken once");
-        held.set(2, None);
+        let _ = held.set(2, None);
         held.grant(2, Instant::now() + 2 * s);
         assert!(held.take_lapsed().is_empty(), "released, then taken anew");
     }

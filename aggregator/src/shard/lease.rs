@@ -18,21 +18,20 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use faultline_common::fault::NodeFaults;
-use futures_util::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::held::Held;
 use super::plan::{plan, Listing, Observer, PlanInput, Record, ShardView};
+pub use super::sharing::{SeedSource, Sharing};
 use super::timing::bounded;
 pub use super::timing::LeaseConfig;
 use crate::metrics::Metrics;
-use crate::model::{FinalWrite, Takeover};
+use crate::model::{FinalWrite, ShardEvent, Takeover};
 
 /// How a shard's Lease came to be renewed by a pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,13 +63,6 @@ fn record(spec: &LeaseSpec) -> Record {
     }
 }
 
-/// Where a taken shard's last published document is read from (publishing owns the
-/// pages, so it implements this; `publish::seed::ShardPages`).
-pub trait SeedSource: Send + Sync {
-    /// The node entries of `shard`'s last published document (none: nothing to seed).
-    fn read(&self, shard: u32) -> BoxFuture<'_, Vec<NodeFaults>>;
-}
-
 /// This replica's shard Leases.
 pub struct ShardLeases {
     /// The Lease API in the aggregator's namespace.
@@ -95,41 +87,6 @@ pub struct ShardLeases {
     /// Fair share, seeding and graceful hand-back; `None`: take every shard
     /// that is free, as one replica alone would.
     pub share: Option<Sharing>,
-}
-
-/// What fair sharing needs: where to seed from, and the core loop to hand takeovers and
-/// final writes to; and the plan's state between passes.
-pub struct Sharing {
-    /// The shard's last published document, read to seed a shard taken.
-    pub seeds: Box<dyn SeedSource>,
-    /// Takeovers, to the core loop (before the shard counts as held).
-    pub takeovers: mpsc::Sender<Takeover>,
-    /// Final writes, to the core loop (before a shard is handed back).
-    pub final_writes: mpsc::Sender<FinalWrite>,
-    /// After handing a shard back (or joining), take none until then.
-    pub hold_off: Option<Instant>,
-    /// The live replicas of the last pass that could count them.
-    pub last_live: Option<Vec<String>>,
-    /// The members were counted once: this replica has announced itself.
-    pub joined: bool,
-}
-
-impl Sharing {
-    /// Fair sharing through these channels, seeded from `seeds`.
-    pub fn new(
-        seeds: Box<dyn SeedSource>,
-        takeovers: mpsc::Sender<Takeover>,
-        final_writes: mpsc::Sender<FinalWrite>,
-    ) -> Self {
-        Sharing {
-            seeds,
-            takeovers,
-            final_writes,
-            hold_off: None,
-            last_live: None,
-            joined: false,
-        }
-    }
 }
 
 /// The annotation on a shard Lease naming its holder's API.
@@ -215,7 +172,7 @@ impl ShardLeases {
                     "shard lease held by another replica; stopping writes"
                 );
             }
-            self.held.set(*shard, None);
+            self.set_held(*shard, None).await;
             self.metrics.set_lease(*shard, false);
         }
         // Every renewal at once, each bounded by the client's timeout: one slow or hung
@@ -560,20 +517,21 @@ impl ShardLeases {
                     self.seed(shard).await;
                     tracing::info!(shard, lease = %lname, "shard lease acquired");
                 }
-                self.held.set(shard, Some(self.cfg.hold_until(started)));
+                self.set_held(shard, Some(self.cfg.hold_until(started)))
+                    .await;
             }
             Ok(false) => {
                 if was {
                     tracing::warn!(shard, lease = %lname, "shard lease held by another replica; stopping writes");
                 }
-                self.held.set(shard, None);
+                self.set_held(shard, None).await;
             }
             // Refused (another replica won the race): ours no more, at once.
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 if was {
                     tracing::warn!(shard, lease = %lname, "shard lease lost to a conflicting update; stopping writes");
                 }
-                self.held.set(shard, None);
+                self.set_held(shard, None).await;
             }
             // Could not ask: keep what we have until it runs out on our own clock.
             Err(e) => {
@@ -592,23 +550,30 @@ impl ShardLeases {
         let nodes = sharing.seeds.read(shard).await;
         let devices: usize = nodes.iter().map(|n| n.npus.len()).sum();
         self.metrics.seeded(devices);
-        let _ = sharing.takeovers.send(Takeover { shard, nodes }).await;
+        let taken = ShardEvent::Taken(Takeover { shard, nodes });
+        let _ = sharing.events.send(taken).await;
+    }
+
+    /// Count `shard` as held until `until` (`None`: not held), and tell the core loop
+    /// when the shards granted changed: after the seed of a shard taken, in one stream.
+    async fn set_held(&self, shard: u32, until: Option<Instant>) {
+        if self.held.set(shard, until) {
+            if let Some(sharing) = &self.share {
+                let _ = sharing.events.send(ShardEvent::Held).await;
+            }
+        }
     }
 
     /// Write the shard once more, then release its Lease for another replica.
     async fn hand_back(&self, shard: u32, mut lease: Lease) {
         if let Some(sharing) = &self.share {
             let (done, wait) = oneshot::channel();
-            if sharing
-                .final_writes
-                .send(FinalWrite { shard, done })
-                .await
-                .is_ok()
-            {
+            let last = ShardEvent::FinalWrite(FinalWrite { shard, done });
+            if sharing.events.send(last).await.is_ok() {
                 let _ = tokio::time::timeout(Duration::from_secs(2), wait).await;
             }
         }
-        self.held.set(shard, None);
+        self.set_held(shard, None).await;
         self.drain(&[shard]).await;
         self.metrics.set_lease(shard, false);
         self.metrics.rebalance();
@@ -671,7 +636,7 @@ impl ShardLeases {
         }
         let held = self.held.shards();
         for &shard in &held {
-            self.held.set(shard, None);
+            self.set_held(shard, None).await;
         }
         self.drain(&held).await;
         let (api, name, me) = (&self.api, &self.name, &self.me);

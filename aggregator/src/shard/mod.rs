@@ -5,6 +5,7 @@ pub mod fence;
 pub mod held;
 pub mod lease;
 pub mod plan;
+pub mod sharing;
 pub mod timing;
 
 pub use fence::{Fence, Shards};
