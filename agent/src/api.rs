@@ -393,7 +393,7 @@ async fn inject_fault(
         .map_err(|e| ApiError::bad_request(format!("invalid fault: {e}")))?;
     let applied = sim
         .inject(req)
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
     Ok((StatusCode::CREATED, Json(applied)).into_response())
 }
 

@@ -42,14 +42,44 @@ struct XidLabels {
     ignored: String,
 }
 
+faultline_common::label_values!(
+    /// What a kernel log line was (`result` of `kmsg_lines_total`).
+    KmsgLine {
+        Xid => "xid",
+        FallenOffBus => "fallen-off-bus",
+        OtherNvrm => "other-nvrm",
+        Other => "other",
+        /// A line that claims to be the kernel's and is not (a text log).
+        Refused => "refused",
+        Malformed => "malformed",
+        /// A fatal Xid from a text log, degraded at most (`--kmsg-trust-text`).
+        Capped => "capped",
+        MalformedRecord => "malformed-record",
+        /// The ring buffer overwrote records not read yet.
+        Overrun => "overrun",
+        TooLong => "too-long",
+        NotKernel => "not-kernel",
+    }
+);
+
+faultline_common::label_values!(
+    /// Where a followed kernel log file was read from when opened (`from` of
+    /// `kmsg_opens_total`).
+    KmsgFrom {
+        End => "end",
+        Start => "start",
+        Resume => "resume",
+    }
+);
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LineLabels {
-    result: String,
+    result: KmsgLine,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpenLabels {
-    from: String,
+    from: KmsgFrom,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -305,19 +335,13 @@ impl Metrics {
     }
 
     /// A kernel log line was read: `xid`, `fallen-off-bus`, `other`, `unparsed-nvrm`.
-    pub fn count_kmsg_line(&self, result: &str) {
-        self.kmsg_lines
-            .get_or_create(&LineLabels {
-                result: result.into(),
-            })
-            .inc();
+    pub fn count_kmsg_line(&self, result: KmsgLine) {
+        self.kmsg_lines.get_or_create(&LineLabels { result }).inc();
     }
 
     /// A followed kernel log file was opened, reading from `at`: `end`, `start`, `resume`.
-    pub fn count_kmsg_open(&self, at: &str) {
-        self.kmsg_opens
-            .get_or_create(&OpenLabels { from: at.into() })
-            .inc();
+    pub fn count_kmsg_open(&self, from: KmsgFrom) {
+        self.kmsg_opens.get_or_create(&OpenLabels { from }).inc();
     }
 
     /// An HTTP request was answered.

@@ -151,6 +151,16 @@ fn parse_status(s: &str) -> Option<DeviceStatus> {
     }
 }
 
+/// A line of a fault-code table that was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {what}: {text:?}")]
+pub struct BadLine {
+    /// 1-based.
+    pub line: usize,
+    pub what: &'static str,
+    pub text: String,
+}
+
 fn check_reason(reason: &str) -> Result<(), &'static str> {
     if reason.len() > 64
         || !reason
@@ -192,13 +202,13 @@ impl Catalog {
 
     /// The built-in table with `overrides` (the same columns: `code level [status
     /// [reason]]`, tab or space separated, `#` comments) applied on top.
-    pub fn with_overrides(overrides: &str) -> Result<Catalog, String> {
+    pub fn with_overrides(overrides: &str) -> Result<Catalog, BadLine> {
         let mut c = Catalog::builtin().clone();
         c.apply(overrides)?;
         Ok(c)
     }
 
-    fn apply(&mut self, text: &str) -> Result<(), String> {
+    fn apply(&mut self, text: &str) -> Result<(), BadLine> {
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -209,7 +219,11 @@ impl Catalog {
             } else {
                 line.split_whitespace().collect()
             };
-            let bad = |what: &str| format!("line {}: {what}: {line:?}", n + 1);
+            let bad = |what: &'static str| BadLine {
+                line: n + 1,
+                what,
+                text: line.to_string(),
+            };
             // `LEVEL STATUS [REASON]`: every code at that level so far (e.g.
             // `RestartBusiness failed`, to follow the plugin, which takes such a chip
             // out of service, rather than our default).

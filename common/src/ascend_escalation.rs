@@ -99,17 +99,38 @@ struct DurationJson {
     fault_handling: String,
 }
 
-fn codes(ids: &[String]) -> Result<Vec<u32>, String> {
+/// Why a `faultCustomization.json` was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum EscalationError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("a rule without EventId")]
+    NoEventId,
+    #[error("EventId {0:?}: not a 32-bit hex code")]
+    BadCode(String),
+    #[error("FaultHandling {0:?}: not a level")]
+    BadLevel(String),
+    #[error("FaultFrequency {0:?}: TimeWindow 60-864000 s and Times 1-100")]
+    Frequency(Vec<String>),
+    #[error("ReleaseTimeWindow {0}: at least 60 s")]
+    Release(u64),
+    #[error("FaultFrequency {codes:?}: {level} without ReleaseTimeWindow")]
+    NoRelease { codes: Vec<String>, level: String },
+    #[error("FaultTimeout {0}: at most 600 s")]
+    Timeout(u64),
+}
+
+fn codes(ids: &[String]) -> Result<Vec<u32>, EscalationError> {
     if ids.is_empty() {
-        return Err("a rule without EventId".into());
+        return Err(EscalationError::NoEventId);
     }
     ids.iter()
-        .map(|c| parse_code(c).ok_or_else(|| format!("EventId {c:?}: not a 32-bit hex code")))
+        .map(|c| parse_code(c).ok_or_else(|| EscalationError::BadCode(c.clone())))
         .collect()
 }
 
-fn level(s: &str) -> Result<Level, String> {
-    Level::parse(s).ok_or_else(|| format!("FaultHandling {s:?}: not a level"))
+fn level(s: &str) -> Result<Level, EscalationError> {
+    Level::parse(s).ok_or_else(|| EscalationError::BadLevel(s.to_string()))
 }
 
 impl Escalation {
@@ -124,27 +145,24 @@ impl Escalation {
     /// times, a release window of at least 60 s, and a level other than
     /// ManuallySeparateNPU only with a release window; a duration of at most 600 s).
     /// `GraceTolerance` is the plugin's own and ignored.
-    pub fn parse(text: &str) -> Result<Escalation, String> {
-        let f: File = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Escalation, EscalationError> {
+        let f: File = serde_json::from_str(text)?;
         let mut out = Escalation::default();
         for r in f.fault_frequency {
             let level = level(&r.fault_handling)?;
             if !(60..=864_000).contains(&r.time_window) || !(1..=100).contains(&r.times) {
-                return Err(format!(
-                    "FaultFrequency {:?}: TimeWindow 60-864000 s and Times 1-100",
-                    r.event_id
-                ));
+                return Err(EscalationError::Frequency(r.event_id));
             }
             let release_s = match r.release_time_window {
                 0 => None,
-                s if s < 60 => return Err(format!("ReleaseTimeWindow {s}: at least 60 s")),
+                s if s < 60 => return Err(EscalationError::Release(s)),
                 s => Some(s),
             };
             if release_s.is_none() && level != Level::ManuallySeparateNPU {
-                return Err(format!(
-                    "FaultFrequency {:?}: {} without ReleaseTimeWindow",
-                    r.event_id, r.fault_handling
-                ));
+                return Err(EscalationError::NoRelease {
+                    codes: r.event_id,
+                    level: r.fault_handling,
+                });
             }
             out.frequency.push(FrequencyRule {
                 codes: codes(&r.event_id)?,
@@ -156,7 +174,7 @@ impl Escalation {
         }
         for r in f.fault_duration {
             if r.fault_timeout > 600 {
-                return Err(format!("FaultTimeout {}: at most 600 s", r.fault_timeout));
+                return Err(EscalationError::Timeout(r.fault_timeout));
             }
             out.duration.push(DurationRule {
                 codes: codes(&r.event_id)?,

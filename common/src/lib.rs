@@ -16,6 +16,8 @@ pub mod classify;
 pub mod document;
 pub mod fault;
 pub mod flags;
+#[cfg(feature = "server")]
+mod label_values;
 pub mod names;
 pub mod reading;
 pub mod rules;

@@ -97,6 +97,27 @@ pub struct ScenarioStep {
     pub fault: FaultRequest,
 }
 
+/// Why an injection was refused (the API answers 422 with it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InjectError {
+    #[error("fault {0:?} needs a device")]
+    NoDevice(FaultKind),
+    #[error("no simulated device {device:?} (have {count} devices: {first}..)")]
+    NoSuchDevice {
+        device: String,
+        count: usize,
+        first: String,
+    },
+    #[error("fault xid needs \"xid\": N")]
+    NoXid,
+    #[error("value must be a finite number")]
+    NotFinite,
+    #[error("duration_s must be between 0 and 604800 (a week)")]
+    Duration,
+    #[error("{MAX_FAULTS} faults in force already; clear some (DELETE /v1/sim/faults)")]
+    Full,
+}
+
 /// The simulator's shared control: the API injects through it, the source reads it.
 pub struct SimControl {
     ids: Vec<String>,
@@ -104,13 +125,11 @@ pub struct SimControl {
 }
 
 impl SimControl {
-    fn resolve(&self, device: &Option<String>, kind: FaultKind) -> Result<String, String> {
+    fn resolve(&self, device: &Option<String>, kind: FaultKind) -> Result<String, InjectError> {
         if matches!(kind, FaultKind::Hang | FaultKind::ProbeError) {
             return Ok("*".into());
         }
-        let d = device
-            .as_deref()
-            .ok_or_else(|| format!("fault {kind:?} needs a device"))?;
+        let d = device.as_deref().ok_or(InjectError::NoDevice(kind))?;
         if self.ids.iter().any(|id| id == d) {
             return Ok(d.to_string());
         }
@@ -119,29 +138,29 @@ impl SimControl {
                 return Ok(id.clone());
             }
         }
-        Err(format!(
-            "no simulated device {d:?} (have {} devices: {}..)",
-            self.ids.len(),
-            self.ids[0]
-        ))
+        Err(InjectError::NoSuchDevice {
+            device: d.to_string(),
+            count: self.ids.len(),
+            first: self.ids[0].clone(),
+        })
     }
 
     /// Put a fault in force.
-    pub fn inject(&self, req: FaultRequest) -> Result<ActiveFault, String> {
+    pub fn inject(&self, req: FaultRequest) -> Result<ActiveFault, InjectError> {
         let device = self.resolve(&req.device, req.fault)?;
         if req.fault == FaultKind::Xid && req.xid.is_none() {
-            return Err("fault xid needs \"xid\": N".into());
+            return Err(InjectError::NoXid);
         }
         if let Some(v) = req.value {
             if !v.is_finite() {
-                return Err("value must be a finite number".into());
+                return Err(InjectError::NotFinite);
             }
         }
         let until = match req.duration_s {
             Some(s) if s.is_finite() && s > 0.0 && s <= 7.0 * 86_400.0 => {
                 Some(Instant::now() + Duration::from_secs_f64(s))
             }
-            Some(_) => return Err("duration_s must be between 0 and 604800 (a week)".into()),
+            Some(_) => return Err(InjectError::Duration),
             None => None,
         };
         let f = ActiveFault {
@@ -158,9 +177,7 @@ impl SimControl {
         });
         // Xid events pile up while nothing samples them: bounded.
         if faults.len() >= MAX_FAULTS {
-            return Err(format!(
-                "{MAX_FAULTS} faults in force already; clear some (DELETE /v1/sim/faults)"
-            ));
+            return Err(InjectError::Full);
         }
         faults.push(f.clone());
         tracing::info!(device = %f.device, fault = ?f.request.fault, "sim: fault injected");
@@ -486,11 +503,9 @@ mod tests {
         for _ in 0..MAX_FAULTS {
             s.control().inject(xid()).unwrap();
         }
-        assert!(s
-            .control()
-            .inject(xid())
-            .unwrap_err()
-            .contains("faults in force"));
+        let full = s.control().inject(xid()).unwrap_err();
+        assert_eq!(full, InjectError::Full);
+        assert!(full.to_string().contains("faults in force"));
         assert_eq!(s.control().clear(), MAX_FAULTS);
     }
 
@@ -541,10 +556,12 @@ mod tests {
         assert!(c
             .inject(req("gpu9", FaultKind::Lost))
             .unwrap_err()
+            .to_string()
             .contains("no simulated device"));
         assert!(c
             .inject(req("gpu0", FaultKind::Xid))
             .unwrap_err()
+            .to_string()
             .contains("xid"));
         let mut r = req("gpu0", FaultKind::HighTemp);
         r.duration_s = Some(-1.0);

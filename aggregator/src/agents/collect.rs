@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::http::{Conn, HttpError, Opened, Response, Target};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Poll};
 
 /// Longest the agent holds a poll open.
 pub const POLL_WAIT: Duration = Duration::from_secs(10);
@@ -143,11 +143,14 @@ pub struct Claims(Arc<std::sync::Mutex<std::collections::HashMap<String, String>
 
 impl Claims {
     /// `node` served at `url` (the first claim stands).
-    pub fn claim(&self, node: &str, url: &str) -> Result<(), String> {
+    pub fn claim(&self, node: &str, url: &str) -> Result<(), FetchError> {
         use faultline_common::sync::Locked;
         let mut m = self.0.locked();
         match m.get(node) {
-            Some(by) if by != url => Err(by.clone()),
+            Some(by) if by != url => Err(FetchError::Claimed {
+                node: node.to_string(),
+                by: by.clone(),
+            }),
             Some(_) => Ok(()),
             None => {
                 m.insert(node.to_string(), url.to_string());
@@ -242,10 +245,7 @@ impl Following<'_> {
         };
         if self.node.is_none() {
             if let Some((claims, url)) = &self.claims {
-                claims.claim(&node, url).map_err(|by| FetchError::Claimed {
-                    node: node.clone(),
-                    by,
-                })?;
+                claims.claim(&node, url)?;
             }
         }
         let pinned = match &self.pinned {
@@ -341,7 +341,7 @@ impl Following<'_> {
     /// An agent that could not be had: counted, logged, and its node unreachable.
     /// Whether to go on.
     async fn failed(&mut self, base: &str, error: FetchError) -> bool {
-        self.metrics.agent_poll("error");
+        self.metrics.agent_poll(Poll::Error);
         self.metrics.agent_poll_error(error.metric_label());
         let refused = matches!(
             error,
@@ -638,10 +638,10 @@ mod tests {
             AgentEvent::Raw { node, .. } => assert_eq!(&*node, "node-c", "only node-c's"),
             other => panic!("expected node-c's document, got {other:?}"),
         }
-        assert_eq!(
+        assert!(matches!(
             claims.claim("node-b", "http://elsewhere:1"),
-            Err("http://10.0.0.2:8081".to_string())
-        );
+            Err(FetchError::Claimed { by, .. }) if by == "http://10.0.0.2:8081"
+        ));
         cancel.cancel();
     }
 

@@ -31,7 +31,7 @@ use crate::agents::collect::admit_raw;
 use crate::agents::deliver::Deliveries;
 use crate::agents::AgentEvent;
 use crate::api::DocumentAsk;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Poll};
 use crate::model::{ShardEvent, Takeover, Verdict};
 use crate::pipeline::{Change, Pipeline, TICK_MS};
 use crate::publish::{document, Publisher, Stamp, Written};
@@ -307,11 +307,11 @@ impl Core {
         let c = match ev {
             AgentEvent::Raw { node, body } => match admit_raw(&node, &body) {
                 Ok(doc) => {
-                    self.metrics.agent_poll("ok");
+                    self.metrics.agent_poll(Poll::Ok);
                     self.pipeline.on_view(&doc, &body, now)
                 }
                 Err(e) => {
-                    self.metrics.agent_poll("error");
+                    self.metrics.agent_poll(Poll::Error);
                     self.metrics.agent_poll_error(e.metric_label());
                     let error = e.to_string();
                     self.log_refused(&node, &error, now);

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 
 use faultline_common::fault::{DrainNotice, QuarantineMark};
 
-use crate::metrics::{Action, ActionResult, Metrics};
+use crate::metrics::{Action, ActionResult, IntakeResult, Metrics};
 use crate::model::{Provenance, RecordDevice, Verdict};
 use crate::pipeline::Pipeline;
 use crate::remediate::{Outcome, RemediateError, Remediator};
@@ -180,7 +180,7 @@ impl Dispatch {
         if !pipeline.knows(&v.node) && !self.pending.contains_key(&v.node) {
             let unfollowed = self.pending.keys().filter(|n| !pipeline.knows(n)).count();
             if unfollowed >= MAX_UNFOLLOWED {
-                self.metrics.intake_alert("unfollowed-overflow");
+                self.metrics.intake_alert(IntakeResult::UnfollowedOverflow);
                 return;
             }
         }
@@ -196,7 +196,7 @@ impl Dispatch {
             .or_insert_with(|| (now, Vec::new()));
         if !list.iter().any(|d| d.is(&v.device.id)) {
             if list.len() >= MAX_PENDING_DEVICES {
-                self.metrics.intake_alert("node-devices-overflow");
+                self.metrics.intake_alert(IntakeResult::NodeDevicesOverflow);
                 return;
             }
             list.push(v.device);
@@ -472,7 +472,7 @@ impl NodePass {
         match self.remediator.node_exists(&self.node).await {
             Ok(true) => true,
             Ok(false) => {
-                self.metrics.intake_alert("no-such-node");
+                self.metrics.intake_alert(IntakeResult::NoSuchNode);
                 tracing::debug!(node = %self.node, "verdicts for a node that does not exist: dropped");
                 let _ = self.settled.send(Settled {
                     node: self.node.clone(),

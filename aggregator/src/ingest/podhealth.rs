@@ -21,7 +21,7 @@ use kube::runtime::WatchStreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
+use crate::metrics::{IntakeResult, Metrics};
 use crate::model::{Provenance, RecordDevice, Verdict};
 
 /// A device's health as a pod's status tells it.
@@ -184,11 +184,11 @@ pub async fn forward_verdicts(
             d.health.clone(),
         );
         let Some(v) = verdict(d) else {
-            metrics.intake_alert("kubelet-unknown");
+            metrics.intake_alert(IntakeResult::KubeletUnknown);
             tracing::warn!(node = %node, device = %id, pod = %pod, health = %health, "the kubelet cannot tell this device's health: alert only, no action");
             continue;
         };
-        metrics.intake_alert("kubelet-unhealthy");
+        metrics.intake_alert(IntakeResult::KubeletUnhealthy);
         tracing::warn!(node = %node, device = %id, pod = %pod, "the kubelet reports the device unhealthy");
         if verdicts.send(v).await.is_err() {
             break;

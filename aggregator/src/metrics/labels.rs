@@ -3,9 +3,91 @@
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 
+use faultline_common::label_values;
+
+label_values!(
+    /// How a request to an agent ended (`result` of `agent_polls_total`).
+    Poll {
+        Ok => "ok",
+        Error => "error",
+    }
+);
+
+label_values!(
+    /// How a rules reload ended (`result` of `rules_reloads_total`).
+    Reload {
+        Ok => "ok",
+        Invalid => "invalid",
+    }
+);
+
+label_values!(
+    /// How a pod nudge ended (`result` of `nudges_total`).
+    Nudge {
+        Ok => "ok",
+        Error => "error",
+        /// The nudger was still busy with the last change.
+        Busy => "busy",
+        RateLimited => "rate-limited",
+    }
+);
+
+label_values!(
+    /// Where a document was written (`sink` of the write metrics).
+    Sink {
+        ConfigMap => "configmap",
+        File => "file",
+    }
+);
+
+label_values!(
+    /// What became of an alert or a kubelet verdict (`result` of
+    /// `intake_alerts_total`).
+    IntakeResult {
+        /// Counted toward its key's threshold.
+        Counted => "counted",
+        /// Reached the threshold: the device is judged failed.
+        Acted => "acted",
+        /// A copy already counted, or a key acted on within the dedup window.
+        Duplicates => "duplicates",
+        Resolved => "resolved",
+        /// Names no device (or no node).
+        Unattributed => "unattributed",
+        /// Pushed out of the intake's bounded memory.
+        Evicted => "evicted",
+        /// A verdict for a node this replica does not follow, over the bound kept.
+        UnfollowedOverflow => "unfollowed-overflow",
+        /// A verdict for more devices of a node than the bound kept.
+        NodeDevicesOverflow => "node-devices-overflow",
+        NoSuchNode => "no-such-node",
+        KubeletUnknown => "kubelet-unknown",
+        KubeletUnhealthy => "kubelet-unhealthy",
+    }
+);
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ResultLabel {
     pub(super) result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct PollLabel {
+    pub(super) result: Poll,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ReloadLabel {
+    pub(super) result: Reload,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct NudgeLabel {
+    pub(super) result: Nudge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct IntakeLabel {
+    pub(super) result: IntakeResult,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -27,7 +109,7 @@ pub(super) struct DeliveryLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct SinkLabels {
-    pub(super) sink: String,
+    pub(super) sink: Sink,
     pub(super) shard: String,
 }
 

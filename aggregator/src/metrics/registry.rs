@@ -11,8 +11,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::labels::{
-    ActionLabel, ActionLabels, CodeLabel, DeliveryLabels, KindLabel, ResultLabel, ShardLabel,
-    SinkLabels, StateLabel, TransitionLabels, VersionLabel,
+    ActionLabel, ActionLabels, CodeLabel, DeliveryLabels, IntakeLabel, KindLabel, Nudge,
+    NudgeLabel, Poll, PollLabel, Reload, ReloadLabel, ResultLabel, ShardLabel, Sink, SinkLabels,
+    StateLabel, TransitionLabels, VersionLabel,
 };
 
 /// Every metric of the aggregator.
@@ -20,8 +21,8 @@ pub struct Metrics {
     registry: Registry,
     /// The HTTP server's connection counts, served with the rest.
     pub server: std::sync::Arc<faultline_common::server::Stats>,
-    rules_reloads: Family<ResultLabel, Counter>,
-    agent_polls: Family<ResultLabel, Counter>,
+    rules_reloads: Family<ReloadLabel, Counter>,
+    agent_polls: Family<PollLabel, Counter>,
     agent_poll_errors: Family<KindLabel, Counter>,
     remediation_errors: Family<KindLabel, Counter>,
     device_taint_api: Family<VersionLabel, Gauge>,
@@ -59,7 +60,7 @@ pub struct Metrics {
     passes: Counter,
     lease_passes: Counter,
     unknown_standing_down: Gauge,
-    nudges: Family<ResultLabel, Counter>,
+    nudges: Family<NudgeLabel, Counter>,
     pub(super) actions: Family<ActionLabels, Counter>,
     pub(super) action_seconds: Family<ActionLabel, Histogram>,
     pub(super) quarantined_nodes: Gauge,
@@ -67,7 +68,7 @@ pub struct Metrics {
     pub(super) held_back: Gauge,
     pub(super) breaker_open: Gauge,
     pub(super) intake_responses: Family<CodeLabel, Counter>,
-    pub(super) intake_alerts: Family<ResultLabel, Counter>,
+    pub(super) intake_alerts: Family<IntakeLabel, Counter>,
     pub(super) notifications: Family<ResultLabel, Counter>,
 }
 
@@ -206,9 +207,7 @@ impl Metrics {
         let mut m = m;
         m.agent_polls_ok = m
             .agent_polls
-            .get_or_create(&ResultLabel {
-                result: "ok".into(),
-            })
+            .get_or_create(&PollLabel { result: Poll::Ok })
             .clone();
         registry.register(
             "remediation_actions",
@@ -325,25 +324,19 @@ impl Metrics {
 
     /// A rules reload happened.
     pub fn rules_reload(&self, ok: bool) {
-        let result = if ok { "ok" } else { "invalid" };
+        let result = if ok { Reload::Ok } else { Reload::Invalid };
         self.rules_reloads
-            .get_or_create(&ResultLabel {
-                result: result.into(),
-            })
+            .get_or_create(&ReloadLabel { result })
             .inc();
     }
 
     /// A request to an agent finished.
-    pub fn agent_poll(&self, result: &str) {
-        if result == "ok" {
+    pub fn agent_poll(&self, result: Poll) {
+        if result == Poll::Ok {
             self.agent_polls_ok.inc();
             return;
         }
-        self.agent_polls
-            .get_or_create(&ResultLabel {
-                result: result.into(),
-            })
-            .inc();
+        self.agent_polls.get_or_create(&PollLabel { result }).inc();
     }
 
     /// A request to an agent failed, by kind.
@@ -404,9 +397,9 @@ impl Metrics {
     }
 
     /// A write finished.
-    pub fn write(&self, sink: &str, shard: u32, secs: f64, bytes: usize, ok: bool) {
+    pub fn write(&self, sink: Sink, shard: u32, secs: f64, bytes: usize, ok: bool) {
         let l = SinkLabels {
-            sink: sink.into(),
+            sink,
             shard: shard.to_string(),
         };
         if ok {
@@ -418,10 +411,10 @@ impl Metrics {
     }
 
     /// A write was not made: the shard is not ours.
-    pub fn write_skipped(&self, sink: &str, shard: u32) {
+    pub fn write_skipped(&self, sink: Sink, shard: u32) {
         self.writes_skipped
             .get_or_create(&SinkLabels {
-                sink: sink.into(),
+                sink,
                 shard: shard.to_string(),
             })
             .inc();
@@ -465,7 +458,7 @@ impl Metrics {
     pub fn write_conflict(&self, shard: u32) {
         self.write_conflicts
             .get_or_create(&SinkLabels {
-                sink: "configmap".into(),
+                sink: Sink::ConfigMap,
                 shard: shard.to_string(),
             })
             .inc();
@@ -587,12 +580,8 @@ impl Metrics {
 
     /// A pod nudge: `ok`, `error`, `rate-limited`, `busy` (a node's batch past the
     /// nudges in flight).
-    pub fn nudge(&self, result: &str) {
-        self.nudges
-            .get_or_create(&ResultLabel {
-                result: result.into(),
-            })
-            .inc();
+    pub fn nudge(&self, result: Nudge) {
+        self.nudges.get_or_create(&NudgeLabel { result }).inc();
     }
 
     /// Devices forgotten: their agent stopped reporting them (`--device-forget`).

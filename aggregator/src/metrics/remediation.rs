@@ -1,7 +1,9 @@
 //! The remediation side of [`Metrics`]: actions, quarantines, the intake and
 //! notifications.
 
-use super::labels::{ActionLabel, ActionLabels, CodeLabel, IsolatedLabels, ResultLabel};
+use super::labels::{
+    ActionLabel, ActionLabels, CodeLabel, IntakeLabel, IntakeResult, IsolatedLabels, ResultLabel,
+};
 use super::{Action, ActionResult, Metrics};
 
 impl Metrics {
@@ -45,11 +47,9 @@ impl Metrics {
     }
 
     /// An alert's outcome.
-    pub fn intake_alert(&self, result: &str) {
+    pub fn intake_alert(&self, result: IntakeResult) {
         self.intake_alerts
-            .get_or_create(&ResultLabel {
-                result: result.into(),
-            })
+            .get_or_create(&IntakeLabel { result })
             .inc();
     }
 

@@ -20,6 +20,18 @@ pub(super) struct Device {
     pub(super) reported_ms: u64,
 }
 
+/// Why a document's device ids were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Churn {
+    #[error("{new} new device ids beside {kept} kept: at most {MAX_DEVICES_PER_NODE} per node")]
+    TooMany { new: usize, kept: usize },
+    #[error(
+        "{new} new device ids, {in_window} already in this window: at most {NEW_IDS_PER_WINDOW} per {} min",
+        NEW_ID_WINDOW_MS / 60_000
+    )]
+    TooFast { new: usize, in_window: u32 },
+}
+
 /// A device's readings as the last document gave them: what is published and what a
 /// quarantine record names the device by.
 pub(super) struct Last {
@@ -178,7 +190,7 @@ impl Node {
     /// more than [`NEW_IDS_PER_WINDOW`] new ones per window. Why not, otherwise: the
     /// document is refused whole and the node stays as it was, so one node's agent can
     /// grow neither the replica nor its shard.
-    pub(super) fn admit_ids(&mut self, doc: &DocView<'_>, now_ms: u64) -> Result<(), String> {
+    pub(super) fn admit_ids(&mut self, doc: &DocView<'_>, now_ms: u64) -> Result<(), Churn> {
         let new = doc
             .npus
             .iter()
@@ -188,10 +200,10 @@ impl Node {
             return Ok(());
         }
         if self.devices.len() + new > MAX_DEVICES_PER_NODE {
-            return Err(format!(
-                "{new} new device ids beside {} kept: at most {MAX_DEVICES_PER_NODE} per node",
-                self.devices.len()
-            ));
+            return Err(Churn::TooMany {
+                new,
+                kept: self.devices.len(),
+            });
         }
         let first = self.devices.is_empty() && self.churn == (0, 0);
         if first {
@@ -203,11 +215,10 @@ impl Node {
         }
         let n = u32::try_from(new).unwrap_or(u32::MAX);
         if self.churn.1.saturating_add(n) > NEW_IDS_PER_WINDOW {
-            return Err(format!(
-                "{new} new device ids, {} already in this window: at most {NEW_IDS_PER_WINDOW} per {} min",
-                self.churn.1,
-                NEW_ID_WINDOW_MS / 60_000
-            ));
+            return Err(Churn::TooFast {
+                new,
+                in_window: self.churn.1,
+            });
         }
         self.churn.1 += n;
         Ok(())

@@ -29,7 +29,7 @@ use faultline_common::sync::Locked;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Nudge};
 
 /// The annotation set on nudged pods.
 pub const ANNOTATION: &str = "faultline.io/fault-refresh";
@@ -88,7 +88,7 @@ impl Nudger {
         }
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             for node in &nodes {
-                self.metrics.nudge("busy");
+                self.metrics.nudge(Nudge::Busy);
                 tracing::debug!(node, "nudges busy; the pods wait for kubelet's refresh");
             }
             return;
@@ -128,7 +128,7 @@ impl Nudger {
         let pods = match self.api.list(&lp).await {
             Ok(l) => l.items,
             Err(e) => {
-                self.metrics.nudge("error");
+                self.metrics.nudge(Nudge::Error);
                 tracing::warn!(node, error = %e, "cannot list pods to nudge");
                 return 0;
             }
@@ -151,7 +151,7 @@ impl Nudger {
                 continue;
             }
             if !self.take() {
-                self.metrics.nudge("rate-limited");
+                self.metrics.nudge(Nudge::RateLimited);
                 continue;
             }
             let api: Api<Pod> = Api::namespaced(self.api.clone().into_client(), ns);
@@ -161,11 +161,11 @@ impl Nudger {
                 .await
             {
                 Ok(_) => {
-                    self.metrics.nudge("ok");
+                    self.metrics.nudge(Nudge::Ok);
                     done += 1;
                 }
                 Err(e) => {
-                    self.metrics.nudge("error");
+                    self.metrics.nudge(Nudge::Error);
                     tracing::debug!(pod = name, namespace = ns, error = %e, "nudge failed");
                 }
             }

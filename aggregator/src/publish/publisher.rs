@@ -16,7 +16,7 @@ use super::configmap::{ConfigMapSink, WriteError};
 use super::document::{document, files};
 use super::file;
 use super::nudge::Nudger;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Sink};
 use crate::pipeline::Pipeline;
 use crate::shard::Shards;
 
@@ -178,7 +178,7 @@ impl Publisher {
                     .filter(|s| seeded.is_none_or(|r| r.contains(s)))
                     .collect();
                 for s in (0..shards.count).filter(|s| !mine.contains(s)) {
-                    metrics.write_skipped("configmap", s);
+                    metrics.write_skipped(Sink::ConfigMap, s);
                 }
                 let mut mine: Vec<u32> = mine
                     .into_iter()
@@ -275,11 +275,11 @@ fn write_files(out: &std::path::Path, whole: &FaultDocument, metrics: &Metrics) 
     });
     match r {
         Ok(bytes) => {
-            metrics.write("file", 0, t.elapsed().as_secs_f64(), bytes, true);
+            metrics.write(Sink::File, 0, t.elapsed().as_secs_f64(), bytes, true);
             Written::Done
         }
         Err(e) => {
-            metrics.write("file", 0, 0.0, 0, false);
+            metrics.write(Sink::File, 0, 0.0, 0, false);
             tracing::error!(error = %e, out = %out.display(), "cannot write fault documents");
             Written::Failed
         }
@@ -316,15 +316,21 @@ async fn write_shard(
         match sink.write(&doc, &shards.held, refresh).await {
             Ok(bytes) => {
                 written = true;
-                metrics.write("configmap", shard, t.elapsed().as_secs_f64(), bytes, true);
+                metrics.write(
+                    Sink::ConfigMap,
+                    shard,
+                    t.elapsed().as_secs_f64(),
+                    bytes,
+                    true,
+                );
             }
             Err(WriteError::NotHolder(_)) => {
-                metrics.write_skipped("configmap", shard);
+                metrics.write_skipped(Sink::ConfigMap, shard);
                 break;
             }
             Err(e) => {
                 outcome = Written::Failed;
-                metrics.write("configmap", shard, 0.0, 0, false);
+                metrics.write(Sink::ConfigMap, shard, 0.0, 0, false);
                 tracing::error!(shard, error = %e, "cannot write the shard ConfigMap");
             }
         }

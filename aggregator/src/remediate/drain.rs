@@ -21,6 +21,11 @@ use k8s_openapi::api::core::v1::Pod;
 /// The annotation (on a pod, or on its namespace) asking for time to checkpoint.
 pub const GRACE_ANNOTATION: &str = "faultline.io/checkpoint-grace";
 
+/// A checkpoint grace that is not a duration (on the pod, or on its namespace).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{GRACE_ANNOTATION}: {0:?} is not a duration such as 300s or 5m")]
+pub struct BadGrace(pub String);
+
 /// How long a pod may checkpoint before its eviction: its own annotation, else its
 /// namespace's, at most `max`; none: zero. A value that is not a duration is an error
 /// (the pod is then evicted at once, as without one, and the error announced).
@@ -28,15 +33,13 @@ pub fn grace(
     pod: Option<&str>,
     namespace: Option<&str>,
     max: Duration,
-) -> Result<Duration, String> {
+) -> Result<Duration, BadGrace> {
     let Some(v) = pod.or(namespace) else {
         return Ok(Duration::ZERO);
     };
     match parse_duration(v) {
         Some(d) => Ok(d.min(max)),
-        None => Err(format!(
-            "{GRACE_ANNOTATION}: {v:?} is not a duration such as 300s or 5m"
-        )),
+        None => Err(BadGrace(v.to_string())),
     }
 }
 
@@ -165,7 +168,9 @@ mod tests {
         ] {
             assert_eq!(grace(pod, ns, MAX), want, "pod {pod:?}, namespace {ns:?}");
         }
-        let e = grace(Some("five minutes"), Some("2m"), MAX).unwrap_err();
+        let e = grace(Some("five minutes"), Some("2m"), MAX)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("five minutes") && e.contains(GRACE_ANNOTATION),
             "{e}"

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::Api;
 
-use super::drain::{grace, GRACE_ANNOTATION};
+use super::drain::{grace, BadGrace, GRACE_ANNOTATION};
 use super::remediator::Remediator;
 
 /// The namespaces' grace annotations read in one pass, each namespace once.
@@ -23,7 +23,7 @@ impl Remediator {
         &self,
         pod: &Pod,
         namespaces: &mut NamespaceGraces,
-    ) -> Result<Duration, String> {
+    ) -> Result<Duration, BadGrace> {
         if self.max_grace.is_zero() {
             return Ok(Duration::ZERO);
         }

@@ -20,9 +20,40 @@ use super::ffi::{Addr, ChipInfo, EccInfo, PcieInfoAll, MAX_CHIPS, NOT_READY, NOT
 /// "Not ready" answers in a row before a chip is reported lost (one may be a blip).
 pub(super) const NOT_READY_LOST_AFTER: u32 = 3;
 
+/// Why a DCMI call gave no usable answer (a reading's `probe_errors` says it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum DcmiError {
+    /// The library has no such function, or it cannot be resolved.
+    #[error("{0}")]
+    Missing(String),
+    /// The call answered with an error code.
+    #[error("{call}: dcmi error {rc}")]
+    Code { call: String, rc: c_int },
+    /// An id lookup answered an id outside the library's range.
+    #[error("{what} id: dcmi error {rc} ({value})")]
+    Id {
+        what: &'static str,
+        rc: c_int,
+        value: i64,
+    },
+    #[error("network health: an earlier call is still blocked")]
+    NetBusy,
+    #[error("network health: cannot start a thread: {0}")]
+    NetThread(String),
+    #[error("network health: no answer within {}s", .0.as_secs())]
+    NetTimedOut(Duration),
+}
+
+#[cfg(test)]
+impl From<&str> for DcmiError {
+    fn from(s: &str) -> Self {
+        DcmiError::Missing(s.to_string())
+    }
+}
+
 /// One call's answer: the library's return code and the value it wrote, or why the
 /// call could not be made (the library has no such function).
-pub(super) type Answer<T> = Result<(c_int, T), String>;
+pub(super) type Answer<T> = Result<(c_int, T), DcmiError>;
 
 /// What the library answered for one chip in one sample, not yet judged. A field that
 /// is `None` was not asked: an earlier answer made it not worth asking.
@@ -69,7 +100,7 @@ pub(super) enum RawNet {
     /// Not asked: the chip answered "not supported" before.
     NotAsked,
     /// Not started: an earlier call still blocks, or no thread could start.
-    NotStarted(String),
+    NotStarted(DcmiError),
     /// Its answer.
     Answered(Answer<c_uint>),
     /// No answer within this bound.
@@ -77,19 +108,27 @@ pub(super) enum RawNet {
 }
 
 /// A logic-id lookup's answer: the id, or why not (one out of range is an error too).
-pub(super) fn logic_id(answer: Answer<c_int>) -> Result<c_int, String> {
+pub(super) fn logic_id(answer: Answer<c_int>) -> Result<c_int, DcmiError> {
     match answer {
         Ok((0, logic)) if (0..MAX_CHIPS as c_int).contains(&logic) => Ok(logic),
-        Ok((rc, logic)) => Err(format!("logic id: dcmi error {rc} ({logic})")),
+        Ok((rc, logic)) => Err(DcmiError::Id {
+            what: "logic",
+            rc,
+            value: logic.into(),
+        }),
         Err(e) => Err(e),
     }
 }
 
 /// A physical-id lookup's answer for the chip of logic id `logic`.
-pub(super) fn phy_id(answer: Answer<c_uint>, logic: c_int) -> Result<u32, String> {
+pub(super) fn phy_id(answer: Answer<c_uint>, logic: c_int) -> Result<u32, DcmiError> {
     match answer {
         Ok((0, phy)) if (phy as usize) < MAX_CHIPS => Ok(phy),
-        Ok((rc, phy)) => Err(format!("physical id: dcmi error {rc} ({phy})")),
+        Ok((rc, phy)) => Err(DcmiError::Id {
+            what: "physical",
+            rc,
+            value: phy.into(),
+        }),
         // A library without the lookup: the logic id is the only stable id there is.
         Err(_) => Ok(logic as u32),
     }
@@ -193,7 +232,7 @@ pub(super) fn reading(raw: RawChip, not_ready: u32, fault_codes: &Catalog) -> (D
             return (r, run);
         }
         Ok((e, _)) => r.probe_errors.push(format!("health: dcmi error {e}")),
-        Err(e) => r.probe_errors.push(e),
+        Err(e) => r.probe_errors.push(e.to_string()),
     }
     // Without the chip's own verdict its other numbers do not make it healthy: report
     // only the errors, and its last good reading ages into unknown.
@@ -217,7 +256,7 @@ fn details(r: &mut DeviceReading, d: RawDetails, fault_codes: &Catalog) {
             Vec::new()
         }
         Err(e) => {
-            r.probe_errors.push(e);
+            r.probe_errors.push(e.to_string());
             Vec::new()
         }
     };
@@ -252,7 +291,7 @@ fn details(r: &mut DeviceReading, d: RawDetails, fault_codes: &Catalog) {
     }
     match roce(d.net) {
         Ok(link) => r.roce = link,
-        Err(e) => r.probe_errors.push(e),
+        Err(e) => r.probe_errors.push(e.to_string()),
     }
 }
 
@@ -266,7 +305,7 @@ fn value(r: &mut DeviceReading, answer: Answer<c_int>, name: &str) -> Option<c_i
             None
         }
         Err(e) => {
-            r.probe_errors.push(e);
+            r.probe_errors.push(e.to_string());
             None
         }
     }
@@ -308,7 +347,7 @@ fn c_text(b: &[u8]) -> String {
 
 /// RoCE network health: 0 and 6 are up; "not supported" (not a training card) and a
 /// library without the call are no reading; no answer in time is an error.
-fn roce(net: RawNet) -> Result<Option<RoceLink>, String> {
+fn roce(net: RawNet) -> Result<Option<RoceLink>, DcmiError> {
     match net {
         RawNet::NotAsked => Ok(None),
         RawNet::NotStarted(e) => Err(e),
@@ -317,11 +356,11 @@ fn roce(net: RawNet) -> Result<Option<RoceLink>, String> {
             up: roce_healthy(v),
         })),
         RawNet::Answered(Ok((NOT_SUPPORTED, _)) | Err(_)) => Ok(None),
-        RawNet::Answered(Ok((rc, _))) => Err(format!("network health: dcmi error {rc}")),
-        RawNet::TimedOut(bound) => Err(format!(
-            "network health: no answer within {}s",
-            bound.as_secs()
-        )),
+        RawNet::Answered(Ok((rc, _))) => Err(DcmiError::Code {
+            call: "network health".into(),
+            rc,
+        }),
+        RawNet::TimedOut(bound) => Err(DcmiError::NetTimedOut(bound)),
     }
 }
 
@@ -824,7 +863,7 @@ mod tests {
                 DeviceStatus::Healthy,
             ),
             (
-                RawNet::NotStarted("network health: an earlier call is still blocked".into()),
+                RawNet::NotStarted(DcmiError::NetBusy),
                 None,
                 vec!["network health: an earlier call is still blocked"],
                 DeviceStatus::Healthy,
@@ -855,22 +894,25 @@ mod tests {
     #[test]
     fn ids_are_kept_only_when_in_range() {
         assert_eq!(logic_id(ok(5)), Ok(5));
+        fn text<T>(r: Result<T, DcmiError>) -> Result<T, String> {
+            r.map_err(|e| e.to_string())
+        }
         assert_eq!(
-            logic_id(ok(300)),
+            text(logic_id(ok(300))),
             Err("logic id: dcmi error 0 (300)".into())
         );
         assert_eq!(
-            logic_id(Ok((REFUSED, -1))),
+            text(logic_id(Ok((REFUSED, -1)))),
             Err("logic id: dcmi error -8005 (-1)".into())
         );
         assert_eq!(logic_id(Err("gone".into())), Err("gone".into()));
         assert_eq!(phy_id(ok(4), 1), Ok(4));
         assert_eq!(
-            phy_id(ok(256), 1),
+            text(phy_id(ok(256), 1)),
             Err("physical id: dcmi error 0 (256)".into())
         );
         assert_eq!(
-            phy_id(Ok((REFUSED, u32::MAX)), 1),
+            text(phy_id(Ok((REFUSED, u32::MAX)), 1)),
             Err("physical id: dcmi error -8005 (4294967295)".into())
         );
         // No lookup in the library: the logic id is the stable id.

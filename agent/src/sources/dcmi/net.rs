@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ffi::NOT_SUPPORTED;
-use super::map::{Answer, RawNet};
+use super::map::{Answer, DcmiError, RawNet};
 
 /// Huawei's bound on `dcmi_get_device_network_health` (`DcmiApiTimeout`).
 pub(super) const NETWORK_HEALTH_BOUND: Duration = Duration::from_secs(1);
@@ -31,12 +31,12 @@ pub(super) type NetAnswer = std::sync::mpsc::Receiver<Answer<c_uint>>;
 pub(super) fn start_network_health(
     call: impl FnOnce() -> Answer<c_uint> + Send + 'static,
     probe: &Arc<NetProbe>,
-) -> Result<Option<NetAnswer>, String> {
+) -> Result<Option<NetAnswer>, DcmiError> {
     if probe.unsupported.load(Ordering::Acquire) {
         return Ok(None);
     }
     if probe.busy.swap(true, Ordering::AcqRel) {
-        return Err("network health: an earlier call is still blocked".into());
+        return Err(DcmiError::NetBusy);
     }
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     let p2 = probe.clone();
@@ -54,7 +54,7 @@ pub(super) fn start_network_health(
         Ok(_) => Ok(Some(rx)),
         Err(e) => {
             probe.busy.store(false, Ordering::Release);
-            Err(format!("network health: cannot start a thread: {e}"))
+            Err(DcmiError::NetThread(e.to_string()))
         }
     }
 }

@@ -15,7 +15,7 @@ use faultline_common::{DeviceReading, Vendor};
 use libloading::{Library, Symbol};
 
 use super::super::{ProbeError, Source, SourceSample};
-use super::map::{Answer, RawChip, RawDetails, RawNet};
+use super::map::{Answer, DcmiError, RawChip, RawDetails, RawNet};
 use super::net::{
     finish_network_health, start_network_health, NetAnswer, NetProbe, NETWORK_HEALTH_BOUND,
 };
@@ -48,10 +48,11 @@ fn fn_name(name: &[u8]) -> String {
 
 impl Dcmi {
     /// Look a function up. A missing symbol is an error of that call, not of the load.
-    fn sym<T>(&self, name: &[u8]) -> Result<Symbol<'_, T>, String> {
+    fn sym<T>(&self, name: &[u8]) -> Result<Symbol<'_, T>, DcmiError> {
         // SAFETY: every `T` used with this is the exact C prototype of `name` from
         // Huawei's dcmi_interface_api.h (see SIGNATURES.md and MINDCLUSTER.md).
-        unsafe { self.lib.get::<T>(name) }.map_err(|e| format!("{}: {e}", fn_name(name)))
+        unsafe { self.lib.get::<T>(name) }
+            .map_err(|e| DcmiError::Missing(format!("{}: {e}", fn_name(name))))
     }
 
     /// An unsigned out-parameter call, v1 `(card, chip, *out)` or v2 `(dev, *out)`:
@@ -321,14 +322,17 @@ impl DcmiSource {
                 }
             }
         };
-        let init = |name: &[u8]| -> Result<(), String> {
+        let init = |name: &[u8]| -> Result<(), DcmiError> {
             // SAFETY: dcmi_init(void) and dcmiv2_init(void) take no arguments.
             let f = unsafe { lib.get::<FnInit>(name) }
-                .map_err(|e| format!("{}: {e}", fn_name(name)))?;
+                .map_err(|e| DcmiError::Missing(format!("{}: {e}", fn_name(name))))?;
             // SAFETY: as above.
             match unsafe { f() } {
                 0 => Ok(()),
-                r => Err(format!("{}: dcmi error {r}", fn_name(name))),
+                rc => Err(DcmiError::Code {
+                    call: fn_name(name),
+                    rc,
+                }),
             }
         };
         // DetectDcmiApiVersion: v1 first; any failure tries v2 (-8255 on a 950 host).
@@ -429,7 +433,7 @@ impl DcmiSource {
             Api::V1 => d.sym::<FnList>(b"dcmi_get_card_list\0"),
             Api::V2 => d.sym::<FnList>(b"dcmiv2_get_device_list\0"),
         }
-        .map_err(ProbeError::Call)?;
+        .map_err(|e| ProbeError::Call(e.to_string()))?;
         let mut n: c_int = 0;
         let mut ids = [0 as c_int; MAX_CHIPS];
         let rc = match d.api {
@@ -451,7 +455,7 @@ impl DcmiSource {
         }
         let chips = d
             .sym::<FnDevNum>(b"dcmi_get_device_num_in_card\0")
-            .map_err(ProbeError::Call)?;
+            .map_err(|e| ProbeError::Call(e.to_string()))?;
         let mut addrs = Vec::new();
         for &card in &ids[..n.min(MAX_CARDS)] {
             let mut m: c_int = 0;
@@ -479,7 +483,7 @@ fn learn_ids(d: &Dcmi, a: Addr, memo: &mut ChipMemo) -> Vec<String> {
             Addr::V2 { dev } => memo.logic = Some(dev),
             Addr::V1 { card, chip } => match super::map::logic_id(d.logic_id(card, chip)) {
                 Ok(logic) => memo.logic = Some(logic),
-                Err(e) => errors.push(e),
+                Err(e) => errors.push(e.to_string()),
             },
         }
     }
@@ -487,7 +491,7 @@ fn learn_ids(d: &Dcmi, a: Addr, memo: &mut ChipMemo) -> Vec<String> {
     if let (None, Some(logic)) = (memo.phy, memo.logic) {
         match super::map::phy_id(d.phy_id(a, logic), logic) {
             Ok(phy) => memo.phy = Some(phy),
-            Err(e) => errors.push(e),
+            Err(e) => errors.push(e.to_string()),
         }
     }
     errors
@@ -500,7 +504,7 @@ fn read_chip(
     src: &DcmiSource,
     d: &Arc<Dcmi>,
     a: Addr,
-    net: Result<Option<NetAnswer>, String>,
+    net: Result<Option<NetAnswer>, DcmiError>,
     net_deadline: Instant,
 ) -> DeviceReading {
     let mut memo = src.memo(a);
@@ -542,7 +546,7 @@ fn details(
     d: &Dcmi,
     a: Addr,
     logic: Option<c_int>,
-    net: Result<Option<NetAnswer>, String>,
+    net: Result<Option<NetAnswer>, DcmiError>,
     net_deadline: Instant,
 ) -> RawDetails {
     let codes = d.codes(a);

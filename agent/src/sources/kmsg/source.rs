@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::super::{EventSink, ProbeError};
 pub use super::parser::unescape;
 use super::parser::{Line, Parser};
-use crate::metrics::Metrics;
+use crate::metrics::{KmsgFrom, KmsgLine, Metrics};
 
 /// The source's name in documents, events and metrics.
 pub const SOURCE: &str = "kmsg";
@@ -105,7 +105,7 @@ impl LineHandler {
     /// never reaches the parser, so the records around it are not consecutive there.
     pub fn record(&mut self, rec: &Record<'_>) {
         if rec.prio >> 3 != 0 {
-            return self.metrics.count_kmsg_line("not-kernel");
+            return self.metrics.count_kmsg_line(KmsgLine::NotKernel);
         }
         let now = now_ms();
         let at_ms = match self.boot_ms {
@@ -151,23 +151,23 @@ impl LineHandler {
                     Some(p) => format!("{p}, {message}"),
                     None => message,
                 };
-                (xid, bus, message, class, "xid")
+                (xid, bus, message, class, KmsgLine::Xid)
             }
             Line::FallenOffBus { bus, message } => {
                 let class = class_of_message(79, &message);
-                (79, bus, message, class, "fallen-off-bus")
+                (79, bus, message, class, KmsgLine::FallenOffBus)
             }
-            Line::OtherNvrm => return self.metrics.count_kmsg_line("other-nvrm"),
-            Line::Other => return self.metrics.count_kmsg_line("other"),
-            Line::Refused => return self.metrics.count_kmsg_line("refused"),
+            Line::OtherNvrm => return self.metrics.count_kmsg_line(KmsgLine::OtherNvrm),
+            Line::Other => return self.metrics.count_kmsg_line(KmsgLine::Other),
+            Line::Refused => return self.metrics.count_kmsg_line(KmsgLine::Refused),
             Line::Malformed => {
                 tracing::warn!(line = %line.chars().take(200).collect::<String>(), "unreadable NVRM Xid line");
-                return self.metrics.count_kmsg_line("malformed");
+                return self.metrics.count_kmsg_line(KmsgLine::Malformed);
             }
         };
         self.metrics.count_kmsg_line(kind);
         let (class, message) = if capped && class == XidClass::Fatal {
-            self.metrics.count_kmsg_line("capped");
+            self.metrics.count_kmsg_line(KmsgLine::Capped);
             let note = "from a text log, degraded at most (--kmsg-trust-text)";
             (XidClass::RestartApp, format!("{note}: {message}"))
         } else {
@@ -331,12 +331,12 @@ fn follow(
                             pos.seq = Some(r.seq);
                             h.record(&r);
                         }
-                        None => metrics.count_kmsg_line("malformed-record"),
+                        None => metrics.count_kmsg_line(KmsgLine::MalformedRecord),
                     }
                 }
                 // The ring buffer overwrote records we had not read yet: carry on.
                 Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
-                    metrics.count_kmsg_line("overrun")
+                    metrics.count_kmsg_line(KmsgLine::Overrun)
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(call_err(path, e)),
@@ -354,11 +354,11 @@ fn follow(
             match ended {
                 // The writer left; reopen and wait for the next one.
                 Ended::Eof => return Ok(()),
-                Ended::TooLong => metrics.count_kmsg_line("too-long"),
+                Ended::TooLong => metrics.count_kmsg_line(KmsgLine::TooLong),
                 // A last line without a newline is still a line (unless too long).
                 Ended::Partial if pos.discarding => {
                     pos.discarding = false;
-                    metrics.count_kmsg_line("too-long");
+                    metrics.count_kmsg_line(KmsgLine::TooLong);
                     return Ok(());
                 }
                 Ended::Line | Ended::Partial => {
@@ -372,14 +372,14 @@ fn follow(
     // start at its beginning if it was replaced or truncated, at its end the first time.
     let ino = meta.ino();
     let (start, at) = match pos.file {
-        Some((i, off)) if i == ino && meta.len() >= off => (off, "resume"),
+        Some((i, off)) if i == ino && meta.len() >= off => (off, KmsgFrom::Resume),
         Some(_) => {
             pos.discarding = false;
-            (0, "start")
+            (0, KmsgFrom::Start)
         }
         None => {
             pos.discarding = false;
-            (meta.len(), "end")
+            (meta.len(), KmsgFrom::End)
         }
     };
     file.seek(SeekFrom::Start(start))
@@ -399,7 +399,7 @@ fn follow(
                 if ended == Ended::Line {
                     h.line(String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r']));
                 } else {
-                    metrics.count_kmsg_line("too-long");
+                    metrics.count_kmsg_line(KmsgLine::TooLong);
                 }
                 continue;
             }

@@ -40,8 +40,27 @@ fn number(s: &str) -> Option<f64> {
     s.parse::<f64>().ok().filter(|v| v.is_finite())
 }
 
+/// Output of `npu-smi` that could not be understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NpuSmiError {
+    #[error("line {line}: chip row without a Health column")]
+    NoHealthColumn { line: usize },
+    #[error("line {line}: {text:?} is not a bus id")]
+    BusId { line: usize, text: String },
+    #[error("output ends in the middle of a chip")]
+    HalfChip,
+    #[error("no chip rows in npu-smi info output")]
+    NoChips,
+    #[error("no physical id, NPU ID and Chip ID in {0:?}")]
+    NoIds(String),
+    #[error("no known Health Status in output (got {0:?})")]
+    NoHealth(String),
+    #[error("no ECC counters in output")]
+    NoEcc,
+}
+
 /// Parse `npu-smi info`. Errors when no chip row is found or a row pair is broken.
-pub fn parse_info(text: &str) -> Result<Vec<InfoChip>, String> {
+pub fn parse_info(text: &str) -> Result<Vec<InfoChip>, NpuSmiError> {
     let mut out = Vec::new();
     // The first row of a chip, waiting for its second row.
     let mut pending: Option<InfoChip> = None;
@@ -73,7 +92,7 @@ pub fn parse_info(text: &str) -> Result<Vec<InfoChip>, String> {
                 // First row: NPU, name | health | power temp ...
                 let metrics: Vec<&str> = cells[2].split_whitespace().collect();
                 if cells[1].is_empty() {
-                    return Err(format!("line {}: chip row without a Health column", n + 1));
+                    return Err(NpuSmiError::NoHealthColumn { line: n + 1 });
                 }
                 pending = Some(InfoChip {
                     npu: lead,
@@ -90,7 +109,10 @@ pub fn parse_info(text: &str) -> Result<Vec<InfoChip>, String> {
                 // Second row: chip [phy-id/device] | bus id | ...
                 chip.bus_id = normalize_bus_id(cells[1]);
                 if chip.bus_id.is_none() && !matches!(cells[1], "-" | "NA") {
-                    return Err(format!("line {}: {:?} is not a bus id", n + 1, cells[1]));
+                    return Err(NpuSmiError::BusId {
+                        line: n + 1,
+                        text: cells[1].to_string(),
+                    });
                 }
                 chip.chip = lead;
                 if phy_column {
@@ -101,10 +123,10 @@ pub fn parse_info(text: &str) -> Result<Vec<InfoChip>, String> {
         }
     }
     if pending.is_some() {
-        return Err("output ends in the middle of a chip".into());
+        return Err(NpuSmiError::HalfChip);
     }
     if out.is_empty() {
-        return Err("no chip rows in npu-smi info output".into());
+        return Err(NpuSmiError::NoChips);
     }
     Ok(out)
 }
@@ -119,7 +141,7 @@ fn fields(text: &str) -> impl Iterator<Item = (&str, &str)> {
 /// Parse `npu-smi info -t phyid-remap -p PHY` (`npu_chip_info.c`: `Chip Physical ID`,
 /// `Chip Logic ID`, `NPU ID`, `Chip ID`, each `"\t%-30s:%lu"`): (NPU, chip) of the
 /// physical id asked.
-pub fn parse_phyid_remap(text: &str) -> Result<(u32, u32, u32), String> {
+pub fn parse_phyid_remap(text: &str) -> Result<(u32, u32, u32), NpuSmiError> {
     let (mut phy, mut npu, mut chip) = (None, None, None);
     for (k, v) in fields(text) {
         let v = v.parse::<u32>().ok();
@@ -132,12 +154,12 @@ pub fn parse_phyid_remap(text: &str) -> Result<(u32, u32, u32), String> {
     }
     match (phy, npu, chip) {
         (Some(p), Some(n), Some(c)) => Ok((p, n, c)),
-        _ => Err(format!("no physical id, NPU ID and Chip ID in {text:?}")),
+        _ => Err(NpuSmiError::NoIds(text.to_string())),
     }
 }
 
 /// Parse `npu-smi info -t health -i N -c C`.
-pub fn parse_health(text: &str) -> Result<VendorHealth, String> {
+pub fn parse_health(text: &str) -> Result<VendorHealth, NpuSmiError> {
     let mut level = None;
     let mut raw = String::new();
     let mut codes = Vec::new();
@@ -157,7 +179,7 @@ pub fn parse_health(text: &str) -> Result<VendorHealth, String> {
             _ => {}
         }
     }
-    let level = level.ok_or_else(|| format!("no known Health Status in output (got {raw:?})"))?;
+    let level = level.ok_or_else(|| NpuSmiError::NoHealth(raw.clone()))?;
     Ok(VendorHealth {
         level,
         raw,
@@ -180,7 +202,7 @@ pub fn parse_common(text: &str) -> (Option<f64>, Option<f64>) {
 }
 
 /// `-t ecc`: HBM counters where the chip has HBM, else DDR.
-pub fn parse_ecc(text: &str) -> Result<EccCounts, String> {
+pub fn parse_ecc(text: &str) -> Result<EccCounts, NpuSmiError> {
     let mut hbm = [None::<u64>; 4];
     let mut ddr = [None::<u64>; 4];
     for (k, v) in fields(text) {
@@ -204,7 +226,7 @@ pub fn parse_ecc(text: &str) -> Result<EccCounts, String> {
         ddr
     };
     if pick.iter().all(Option::is_none) {
-        return Err("no ECC counters in output".into());
+        return Err(NpuSmiError::NoEcc);
     }
     Ok(EccCounts {
         volatile_corrected: pick[0].unwrap_or(0),

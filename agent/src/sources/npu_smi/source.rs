@@ -12,6 +12,11 @@ use faultline_common::{
 
 use super::super::{process, ProbeError, Source, SourceSample};
 
+/// `npu-smi` output that could not be understood, as the probe's error.
+fn parse_error(e: super::parser::NpuSmiError) -> ProbeError {
+    ProbeError::Parse(e.to_string())
+}
+
 /// ECC counters are read every this many samples.
 pub const ECC_EVERY: u64 = 10;
 
@@ -93,7 +98,7 @@ impl NpuSmiSource {
                 let p = n.to_string();
                 match self
                     .run(&["info", "-t", "phyid-remap", "-p", &p], deadline)
-                    .and_then(|t| super::parser::parse_phyid_remap(&t).map_err(ProbeError::Parse))
+                    .and_then(|t| super::parser::parse_phyid_remap(&t).map_err(parse_error))
                 {
                     Ok((phy, npu, chip)) => {
                         phys.entry((npu, chip)).or_insert(phy);
@@ -143,7 +148,7 @@ impl Source for NpuSmiSource {
     fn sample(&self, timeout: Duration) -> Result<SourceSample, ProbeError> {
         let deadline = Instant::now() + timeout;
         let info = self.run(&["info"], deadline)?;
-        let chips = super::parser::parse_info(&info).map_err(ProbeError::Parse)?;
+        let chips = super::parser::parse_info(&info).map_err(parse_error)?;
         let n = {
             let mut s = self.samples.locked();
             *s += 1;
@@ -205,7 +210,7 @@ impl Source for NpuSmiSource {
                     // Ask for the error codes; fall back to the table's word.
                     match self
                         .run(&["info", "-t", "health", "-i", &i, "-c", &ch], deadline)
-                        .and_then(|t| super::parser::parse_health(&t).map_err(ProbeError::Parse))
+                        .and_then(|t| super::parser::parse_health(&t).map_err(parse_error))
                     {
                         Ok(mut h) => {
                             // Graded as MindCluster grades them: the codes decide.
@@ -242,7 +247,7 @@ impl Source for NpuSmiSource {
             if read_ecc || cached.is_none() {
                 match self
                     .run(&["info", "-t", "ecc", "-i", &i, "-c", &ch], deadline)
-                    .and_then(|t| super::parser::parse_ecc(&t).map_err(ProbeError::Parse))
+                    .and_then(|t| super::parser::parse_ecc(&t).map_err(parse_error))
                 {
                     Ok(e) => {
                         r.ecc = Some(e);

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::metrics::Metrics;
+use crate::metrics::{IntakeResult, Metrics};
 use crate::model::{Provenance, RecordDevice, Verdict};
 use crate::shard::{lease_name, Held, URL_ANNOTATION};
 
@@ -46,6 +46,17 @@ impl AlertOutcome {
             AlertOutcome::Duplicate => "duplicates",
             AlertOutcome::Resolved => "resolved",
             AlertOutcome::Unattributed => "unattributed",
+        }
+    }
+
+    /// The metric label.
+    pub fn label(self) -> IntakeResult {
+        match self {
+            AlertOutcome::Counted => IntakeResult::Counted,
+            AlertOutcome::Acted => IntakeResult::Acted,
+            AlertOutcome::Duplicate => IntakeResult::Duplicates,
+            AlertOutcome::Resolved => IntakeResult::Resolved,
+            AlertOutcome::Unattributed => IntakeResult::Unattributed,
         }
     }
 }
@@ -423,7 +434,7 @@ impl Intake {
                 tokio::task::yield_now().await;
             }
             let result = self.one(a.clone()).await;
-            self.metrics.intake_alert(result.as_str());
+            self.metrics.intake_alert(result.label());
             out.count(result, &a);
         }
         Ok(out)
@@ -589,7 +600,7 @@ impl Intake {
             }
         };
         for _ in 0..evicted {
-            self.metrics.intake_alert("evicted");
+            self.metrics.intake_alert(IntakeResult::Evicted);
         }
         if outcome != AlertOutcome::Acted {
             return outcome;
