@@ -91,7 +91,7 @@ fn metric(text: &str, name: &str) -> f64 {
 /// 1,000 stalled connections (half with a half-sent request head, half silent) held
 /// open against an agent with the default HTTP limits: `/v1/health` latency over 200
 /// sequential requests meanwhile, resident memory, and how long until the agent has
-/// closed every stalled connection (issue 10).
+/// closed every stalled connection.
 async fn stalled_connections(addr: SocketAddr, pid: u32) -> Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let before = proc_status(pid, "VmRSS:").unwrap_or(0);

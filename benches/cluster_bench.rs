@@ -1,4 +1,4 @@
-//! What faultline costs a real cluster (issue 25). Run through
+//! What faultline costs a real cluster. Run through
 //! `benches/run-cluster-bench.sh`; docs/benchmarks.md, "Cluster costs", has the figures
 //! and what they leave out.
 //!
@@ -68,7 +68,7 @@ const BASE: &str = "faultline";
 const SERVICE: &str = "faultline-agent";
 const AGG_TOKEN: &str = "aggregator-token";
 const AGG_USER: &str = "system:serviceaccount:faultline:faultline-aggregator";
-/// Targets (issue 25).
+/// Targets.
 const MB: f64 = 1e6;
 const KB: f64 = 1e3;
 
@@ -87,7 +87,7 @@ struct Cfg {
     shards: u32,
     pages: u32,
     steady_s: u64,
-    /// The steady phase at 2 s of latency or more (the issue: 5 minutes).
+    /// The steady phase at 2 s of latency or more (the target: 5 minutes).
     slow_steady_s: u64,
     settle_s: u64,
     latencies: Vec<u64>,

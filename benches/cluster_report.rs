@@ -312,9 +312,7 @@ impl Report {
     pub(crate) fn print(&self) {
         let mut o = Vec::new();
         let cfg = &self.cfg;
-        o.push(
-            "==================== faultline cluster costs (issue 25) ====================".into(),
-        );
+        o.push("==================== faultline cluster costs =============================".into());
         o.push(format!("date: {}   commit: {}", self.date, self.commit));
         o.push(format!("machine: {}", self.machine));
         o.push(format!("command: {}", self.command));

@@ -1,4 +1,4 @@
-//! What a shard's heartbeat write costs before it leaves the replica (issue 11): the
+//! What a shard's heartbeat write costs before it leaves the replica: the
 //! shard's document built from the pipeline (`document`), and one ConfigMap's body
 //! encoded from it (`page_body`, each node's entry written once, straight into its
 //! escaped form), beside the encoding it replaced (each entry serialized to a string,

@@ -1,4 +1,4 @@
-//! Issue 28's benchmark: one failed GPU quarantined alone, at fleet scale. Run through
+//! The quarantine benchmark: one failed GPU quarantined alone, at fleet scale. Run through
 //! `benches/run-quarantine-bench.sh`; docs/benchmarks.md, "One device, not the node",
 //! has the figures and what they leave out.
 //!

@@ -1,4 +1,4 @@
-//! Scale-out benchmark (issue 11). Run through `benches/run-scale-bench.sh`.
+//! Scale-out benchmark. Run through `benches/run-scale-bench.sh`.
 //!
 //! Everything on this machine, side by side in one run:
 //!

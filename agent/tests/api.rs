@@ -162,7 +162,7 @@ async fn a_poll_without_a_change_returns_at_its_timeout() {
     );
 }
 
-/// A watch stream (issue 11) as its reader sees it, frame by frame.
+/// A watch stream as its reader sees it, frame by frame.
 struct Watch {
     body: hyper::body::Incoming,
     buf: Vec<u8>,
@@ -214,7 +214,7 @@ impl Watch {
     }
 }
 
-/// Issue 11: `?watch=true` streams the document as NDJSON on one connection: the
+/// `?watch=true` streams the document as NDJSON on one connection: the
 /// current one at once, each new generation as it comes, a blank line as the
 /// heartbeat when nothing changes; `wait_generation` holds the first line back until
 /// the generation moves; a bad `watch` or `format=pretty` is refused.
@@ -591,7 +591,7 @@ async fn every_flag_reads_its_environment_variable() {
     assert_eq!(doc.summary.degraded, 3);
 }
 
-/// Issue 10, finding 2: 1,000 stalled connections (500 half-sent request heads, 500
+/// 1,000 stalled connections (500 half-sent request heads, 500
 /// that send nothing) neither stop the agent answering `/v1/health` nor stay open: the
 /// header and idle timeouts close them all. (Latency and memory under this load are
 /// measured in benches/agent_bench.rs, not asserted here.)
@@ -604,7 +604,7 @@ async fn stalled_connections_are_closed_and_the_agent_keeps_answering() {
     })
     .await;
     // The stalled connections come from one peer (127.0.0.2), the request that must be
-    // answered from another (issue 26: one peer holds at most 128 connections, the
+    // answered from another (one peer holds at most 128 connections, the
     // rest are closed at once).
     let mut stalled = Vec::new();
     for i in 0..1000 {
@@ -659,7 +659,7 @@ async fn stalled_connections_are_closed_and_the_agent_keeps_answering() {
     );
 }
 
-/// Issue 26, finding 7: past `--http-max-connections`, an agent with a delivery token
+/// Past `--http-max-connections`, an agent with a delivery token
 /// keeps connections for requests that carry it (the aggregator's); a request without
 /// it on one of them is answered 503.
 #[tokio::test]

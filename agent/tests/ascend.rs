@@ -1,4 +1,4 @@
-//! Issue 13, Ascend depth, through the real agent binary and the C double of libdcmi
+//! Ascend depth, through the real agent binary and the C double of libdcmi
 //! (`tests/fixtures/dcmi/fake_dcmi.c`): a 950 host (dcmiv2 only), codes graded whatever
 //! the health level, fault events that arrive at once, RoCE health bounded by 1 s,
 //! booting chips, ECC switched off, and one stable id per chip. The behaviour each test
@@ -94,7 +94,7 @@ async fn flap(state: &StateFile, agent: &AgentProc, codes: &str, clear: &str) {
     state.set(codes);
 }
 
-/// Issue 30, point 3: MindCluster's frequency rule, through the DCMI double: an HBM
+/// MindCluster's frequency rule, through the DCMI double: an HBM
 /// double-bit error (80E01801, RestartBusiness) that comes back within 24 h separates
 /// the chip for good (ManuallySeparateNPU), and it stays so once the code is gone. A
 /// site's own rules file replaces the built-in one (here: three times, so two leave
@@ -147,7 +147,7 @@ async fn a_code_that_comes_back_separates_the_chip_for_good() {
     assert_eq!(doc.summary.failed, 0, "two of three");
 }
 
-/// Issue 30, point 4: on a 950 (the v2 API), a UB port down (81B18603, NotHandleFault
+/// On a 950 (the v2 API), a UB port down (81B18603, NotHandleFault
 /// in faultCode.json) separates the chip, as the device plugin's
 /// `a950HyperPlaneFaultOccur` does with its synthetic SeparateNPU code, unless every
 /// chip has the port down (`a950HyperPlaneNewOverallFaultModify`: sub-health, the

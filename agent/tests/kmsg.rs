@@ -1,6 +1,6 @@
 //! Kernel log Xid parsing over real lines from public bug reports (each line's source is
 //! cited beside it in tests/data/xid/), forged records and lines that must fail no GPU
-//! (issue 26), and the kmsg source end to end.
+//! and the kmsg source end to end.
 
 mod common;
 
@@ -116,7 +116,7 @@ fn forged_blocks() -> Vec<(String, Vec<String>)> {
     blocks
 }
 
-/// Issue 26: a process's records (a segfault of a task named `NVRM: x` in a file named
+/// A process's records (a segfault of a task named `NVRM: x` in a file named
 /// `0001:1f:00.0 fallen off the bus`, the driver's lines in a file name after newlines),
 /// the templates with more around them, the three-line message broken up: no Xid, no
 /// fall-off, in any framing.
@@ -203,7 +203,7 @@ async fn xid_lines_appended_to_a_log_fail_the_matching_gpu() {
             &lib,
             "--kmsg",
             log.to_str().unwrap(),
-            // Syslog text fails a GPU only when trusted (issue 26, finding 6).
+            // Syslog text fails a GPU only when trusted.
             "--kmsg-trust-text",
             "--interval",
             "100ms",
@@ -373,7 +373,7 @@ async fn fifo_writer(fifo: &std::path::Path) -> std::fs::File {
     }
 }
 
-/// Issue 26, end to end: every forged record and line of tests/data/xid/forged.txt,
+/// End to end: every forged record and line of tests/data/xid/forged.txt,
 /// written to a running agent's kernel log as the kernel would record them, fails no
 /// GPU and reports no Xid at all (most name 0000:1f:00.0, the simulated gpu7); the
 /// driver's own records then fail the GPUs they name.
@@ -473,7 +473,7 @@ async fn a_process_cannot_fail_a_gpu_end_to_end() {
     drop(writer);
 }
 
-/// Issue 14, guardrail 8: a followed kernel log that is rotated (renamed, a new file
+/// A followed kernel log that is rotated (renamed, a new file
 /// created) is read again from the new file's start, and one that is truncated in
 /// place is read again from its start; nothing written after either is missed.
 #[tokio::test]
@@ -545,7 +545,7 @@ async fn a_rotated_or_truncated_log_is_reopened() {
     assert_eq!(doc.summary.failed, 3);
 }
 
-/// Issue 26, finding 6: any process can log a line tagged `kernel:` to syslog
+/// Any process can log a line tagged `kernel:` to syslog
 /// (`logger -t kernel`, rsyslog 8). Followed without `--kmsg-trust-text`, such a line
 /// in the driver's exact template degrades the GPU at most (a fatal Xid counts as a
 /// restart-app one, here at a threshold of one), and never fails it.

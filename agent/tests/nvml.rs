@@ -21,7 +21,7 @@ fn nvml_agent(state: &StateFile, extra: &[&str]) -> AgentProc {
     spawn_agent(&flags, &[("FAKE_NVML_STATE", state.p())])
 }
 
-/// Issue 29: NVML field 230, the recovery action, read on every sample through
+/// NVML field 230, the recovery action, read on every sample through
 /// `nvmlDeviceGetFieldValues`, each documented value (0-7) to its action, status and
 /// reason; a value this build does not know is a probe error, not a guess; a driver
 /// without the field is no reading.
@@ -237,7 +237,7 @@ async fn critical_xid_events_arrive_through_the_event_set() {
     assert_eq!(doc.summary.failed, 1, "only the Xid 79 device");
 }
 
-/// Issue 10, finding 8: after a driver reset the agent starts NVML over, and its Xid
+/// After a driver reset the agent starts NVML over, and its Xid
 /// event thread with it. The old handle's event set answers only errors
 /// (`sets_die_on_reinit`): events after the reset arrive only through the new one.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Property tests for the agent's parsers (issue 10): the kernel log, npu-smi's text
+//! Property tests for the agent's parsers: the kernel log, npu-smi's text
 //! and the exec source's JSON. None panics on any input; output is bounded; and an Xid
 //! is found only where `NVRM:` starts a kernel message.
 

@@ -1,4 +1,4 @@
-//! Issue 10, finding 8: as PID 1 the agent reaps orphaned descendants of its tools, and
+//! As PID 1 the agent reaps orphaned descendants of its tools, and
 //! never takes the exit status of a tool it waits for itself. This test process makes
 //! itself a child subreaper (orphans are re-parented to it, as to PID 1) and starts the
 //! reaper by force. It runs alone in its own test binary: it changes the process.

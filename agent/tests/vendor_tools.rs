@@ -295,7 +295,7 @@ async fn exec_runs_a_site_tool_printing_the_seed_document() {
     );
 }
 
-/// Issue 14, guardrail 8: `--retries` retries a failed call within one sample (and not
+/// `--retries` retries a failed call within one sample (and not
 /// more), and a source that cannot start is retried with exponential backoff, not at
 /// every interval.
 #[tokio::test]

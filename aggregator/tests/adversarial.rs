@@ -1,4 +1,4 @@
-//! Issue 26's adversarial suite: the hostile inputs at once, bounded in count and time,
+//! The adversarial suite: the hostile inputs at once, bounded in count and time,
 //! against the aggregator binary in its own process with remediation enforced:
 //!
 //! - an agent that names its own node (every identity check passes) and 512 devices

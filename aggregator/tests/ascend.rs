@@ -1,4 +1,4 @@
-//! Issue 30, end to end on Ascend: a node whose pods hold NPUs (`huawei.com/Ascend910`,
+//! End to end on Ascend: a node whose pods hold NPUs (`huawei.com/Ascend910`,
 //! the kubelet naming each by the device plugin's name, `Ascend910-<physical id>`), its
 //! agent reading the chips through the C double of libdcmi or the fake `npu-smi`, and
 //! the aggregator on default rules with the ConfigMap sink and remediation enforced,
@@ -244,7 +244,7 @@ async fn chip_1_fails_with_the_plugins_list(
     (w, agg, agent)
 }
 
-/// Issue 28, point 6: on a node whose chips are Huawei's device plugin's
+/// On a node whose chips are Huawei's device plugin's
 /// (`huawei.com/Ascend910`, 4 in capacity and all still in allocatable, so only the
 /// plugin's list tells), a chip the plugin lists in `ManuallySeparateNPU` is its
 /// isolation: no taint, the record says so, only the chip's pod is evicted, and

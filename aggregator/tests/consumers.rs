@@ -3,7 +3,7 @@
 //! documents change under it; and against the agent's node file, replaced by rename as
 //! on a hostPath. Each consumer (Python, shell/jq, the Rust crate, the example Job)
 //! ignores other nodes' faults and reacts to its own node's failed device. Then the
-//! node's own `fault.json` (issue 25), delivered by the aggregator to the agent: read
+//! node's own `fault.json`, delivered by the aggregator to the agent: read
 //! from the agent's `--fault-dir` (the hostPath way) and from the copy the Python kit's
 //! follow mode keeps from `--fault-listen` (the sidecar way), fresh, failed and stale.
 

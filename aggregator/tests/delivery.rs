@@ -1,4 +1,4 @@
-//! Issue 25: node-local delivery. The aggregator hands each node's entry to the node's
+//! Node-local delivery. The aggregator hands each node's entry to the node's
 //! agent (`PUT /v1/fault`, bearer token), which keeps it as the node's own
 //! `fault.json` (the file of `--fault-dir`, and `GET /v1/fault` on `--fault-listen`):
 //! a fault reaches it without a ConfigMap write or a kubelet refresh; only the token

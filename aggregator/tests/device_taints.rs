@@ -1,4 +1,4 @@
-//! Issue 28, point 1: the aggregator finds the newest `resource.k8s.io` version that
+//! The aggregator finds the newest `resource.k8s.io` version that
 //! serves DeviceTaintRule, at each release the test API server plays, through the real
 //! `kube` client; and finds none where none is served.
 
@@ -337,7 +337,7 @@ mod wiring {
     }
 }
 
-/// Issue 28, points 3-6 through the remediation passes: the device path, the node path
+/// Through the remediation passes: the device path, the node path
 /// where the fault is the node's, the device plugin's fallback, releases.
 mod passes {
     use std::sync::Arc;
@@ -690,8 +690,8 @@ mod passes {
     }
 
     /// The holder's claim tolerates the taint for ever (NoExecute): the controller
-    /// leaves it out of its prediction and faultline counts it out alike (issue 46:
-    /// counted in, the two never agreed and the GPU stayed in service at effect None).
+    /// leaves it out of its prediction and faultline counts it out alike
+    /// (counted in, the two never agreed and the GPU stayed in service at effect None).
     /// The GPU is taken out of scheduling, and the tolerating pod is not evicted.
     #[tokio::test]
     async fn a_holder_that_tolerates_the_taint_is_left_and_the_gpu_taken_out() {

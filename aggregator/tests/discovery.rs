@@ -1,8 +1,8 @@
-//! Issue 25: discovery without full Nodes. The agents are found from the EndpointSlices
+//! Discovery without full Nodes. The agents are found from the EndpointSlices
 //! of their headless Service (seeded here as the endpointslice controller writes them,
 //! pkg/controller/endpointslice: the label `kubernetes.io/service-name`, one endpoint per
 //! agent pod with its `nodeName` and `ready` condition): every endpoint of the Service is
-//! followed, ready or not (issue 46: an agent pod starting or stopping is still its
+//! followed, ready or not (an agent pod starting or stopping is still its
 //! node's); a node whose endpoint goes is kept until its Node is found gone
 //! (`--agent-gone-check` after), and no Node is read until then.
 

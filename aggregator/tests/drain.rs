@@ -1,4 +1,4 @@
-//! Issue 29: warn before evicting. A pod on a failed device that asks for time to
+//! Warn before evicting. A pod on a failed device that asks for time to
 //! checkpoint (`faultline.io/checkpoint-grace`) gets a drain intent first: in its node's
 //! `fault.json` (the ConfigMap entry and the node's own, served by its agent), on the
 //! Node's record and as an Event on the pod. It is evicted at once when it acknowledges
@@ -311,7 +311,7 @@ fn lost(out: &str) -> u64 {
     n.parse().unwrap()
 }
 
-/// Issue 29, done when: two trainers on one node whose GPU fails, side by side. The one
+/// Two trainers on one node whose GPU fails, side by side. The one
 /// that asked for a grace is warned, checkpoints, acknowledges through its node's agent
 /// and is evicted at once, losing nothing; the one that did not is evicted at once and
 /// loses every step since its last periodic checkpoint. The test plays the kubelet: a

@@ -206,7 +206,7 @@ async fn rules_reload_and_an_invalid_file_keeps_the_old_rules() {
     agg.cancel_token().cancel();
 }
 
-/// Issue 10's pinned identity, on issue 11's watch stream (the documents are read and
+/// The pinned identity, on the watch stream (the documents are read and
 /// checked by the core, not the follower): the real agent at the address followed as
 /// `n1` serves node `n2`. Its documents are refused and counted; `n1` is published
 /// unreachable with the reason, and no entry for `n2` appears. The agent at `n3`'s

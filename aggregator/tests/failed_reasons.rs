@@ -1,4 +1,4 @@
-//! Issue 30: whatever the agent calls failed is published failed within 5 s under the
+//! Whatever the agent calls failed is published failed within 5 s under the
 //! default rules and acted on, NVIDIA and Ascend alike. The table is every reason the
 //! agent's classifier, Xid policy and Ascend table can fail a device with
 //! (`classify::failed_reasons`), so a reason added there lands here without anyone
@@ -257,7 +257,7 @@ async fn every_reason_the_agent_fails_a_device_with_is_published_at_once_and_act
         want.len(),
         took
     );
-    // NVML's recovery action, beside its reason, in the entry (issue 29).
+    // NVML's recovery action, beside its reason, in the entry.
     let nv_pub = node_entry(server, 1, "nv").unwrap().npus;
     let repairs: Vec<(&String, RecoveryAction)> = want
         .iter()
@@ -298,7 +298,7 @@ async fn every_reason_the_agent_fails_a_device_with_is_published_at_once_and_act
                     listed.is_some(),
                     "{node}/{id} ({reason}) in the record {rec}"
                 );
-                // The repair the driver asked for, kept with the device (issue 29).
+                // The repair the driver asked for, kept with the device.
                 if let Some(name) = reason.strip_prefix(RECOVERY_PREFIX) {
                     assert_eq!(listed.unwrap()["recovery_action"], name, "{rec}");
                 }

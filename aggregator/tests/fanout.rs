@@ -1,4 +1,4 @@
-//! Issue 25: what the shard ConfigMaps cost every kubelet. The test API server models
+//! What the shard ConfigMaps cost every kubelet. The test API server models
 //! kubelets as pkg/kubelet/util/manager/watch_based_manager.go runs them: one watch per
 //! node for each ConfigMap its pods reference, and every write of that ConfigMap sent
 //! down each of them. With a workload pod on every node mounting the shard (the small

@@ -1,4 +1,4 @@
-//! Issue 4's end-to-end cases over HTTP, against the Kubernetes API test server: the
+//! End-to-end cases over HTTP, against the Kubernetes API test server: the
 //! alert intake (401/400/413, a burst of duplicates one action), the kubelet's device
 //! health, manual release through the `faultline` CLI keeping someone else's taint,
 //! auto release waiting for health, cool-down and the canary, a leader killed between
@@ -237,7 +237,7 @@ async fn the_kubelets_unhealthy_device_quarantines_and_unknown_only_alerts() {
     assert!(server.get("pods", "default", "infer").is_some());
     let m = metrics(agg.addr).await;
     assert!(m.contains("faultline_aggregator_intake_alerts_total{result=\"kubelet-unknown\"} 1"));
-    // Issue 25: the watcher lists every Pod in pages from storage, never whole from the
+    // The watcher lists every Pod in pages from storage, never whole from the
     // watch cache (which ignores a limit at resourceVersion=0); remediation's lists are
     // of one node's pods.
     let pod_lists: Vec<String> = server
@@ -515,7 +515,7 @@ async fn auto_release_waits_for_health_cooldown_and_the_canary() {
         .any(|t| t["key"] == TAINT && t["operator"] == "Exists"));
     passes(agg.addr).await;
     assert_eq!(our_taints(server, "n1"), 1, "the canary is still running");
-    // Issue 14, guardrail 6: the first canary fails: announced, the node stays
+    // The first canary fails: announced, the node stays
     // quarantined, and the next canary comes only after another cool-down.
     let first = job["metadata"]["name"].as_str().unwrap().to_string();
     let mut failed_job = server.get("jobs", NS, &first).unwrap();
@@ -755,7 +755,7 @@ async fn remediation_converges_through_injected_faults_with_nothing_done_twice()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_reaching_another_replica_are_handed_to_the_holder() {
     // The replicas' Pods: the intake forwards only to a holder whose Pod has the IP
-    // its Lease advertises (issue 10, finding 4).
+    // its Lease advertises.
     let replica_pod = |r: &str| {
         json!({"metadata": {"name": r}, "spec": {"containers": [{"name": "c", "image": "x"}]},
             "status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})
@@ -908,7 +908,7 @@ async fn a_graceful_stop_finishes_the_pass_in_flight_then_releases_the_lease() {
 
 /// What an SRE runs first: `kubectl describe node` shows faultline's Events, which it
 /// finds by kind, name, namespace and uid (the Node's uid, or its name as the kubelet
-/// uses it: staging/src/k8s.io/kubectl/pkg/describe/describe.go; issue 9, bug 5).
+/// uses it: staging/src/k8s.io/kubectl/pkg/describe/describe.go).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_describe_node_shows_faultlines_events() {
     if !faultline_common::testing::have_tool(
@@ -964,7 +964,7 @@ async fn kubectl_describe_node_shows_faultlines_events() {
     agg.wait().await.expect("a clean stop");
 }
 
-/// Issue 14, guardrail 3: the circuit breaker wired from real failures. Two nodes
+/// The circuit breaker wired from real failures. Two nodes
 /// failing within --breaker-window open it (a third that failed after the window of
 /// the first does not count it), nothing more is quarantined while it is open, and
 /// `faultline breaker close` lets remediation go on.
@@ -1038,7 +1038,7 @@ async fn the_breaker_opens_on_real_failures_and_a_person_closes_it() {
     agg.wait().await.expect("a clean stop");
 }
 
-/// Issue 14, guardrail 4: a per-domain budget holds a failed node back (announced once,
+/// A per-domain budget holds a failed node back (announced once,
 /// however many passes run) and the node is quarantined once room frees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_back_node_is_quarantined_once_room_frees() {
@@ -1095,7 +1095,7 @@ async fn a_held_back_node_is_quarantined_once_room_frees() {
     agg.wait().await.expect("a clean stop");
 }
 
-/// Issue 14, guardrail 7: a person's release holds against a still-failed reading for
+/// A person's release holds against a still-failed reading for
 /// --dedup-window, and only that long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persons_release_holds_for_the_dedup_window_only() {
@@ -1131,7 +1131,7 @@ async fn a_persons_release_holds_for_the_dedup_window_only() {
     agg.wait().await.expect("a clean stop");
 }
 
-/// Issue 14, guardrail 10, on the real binary: every announcement reaches each
+/// On the real binary: every announcement reaches each
 /// configured receiver in its own format, each action writes its audit line, and
 /// SIGTERM stops the process cleanly with the shard Lease released for the next holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1248,7 +1248,7 @@ fn unsafe_free_kill(pid: i32) -> i32 {
         .unwrap_or(1)
 }
 
-/// Issue 10, point 4: an alert that reaches its threshold for a device neither the
+/// An alert that reaches its threshold for a device neither the
 /// node's agent nor the kubelet reports (for a pod of the node) is announced and not
 /// acted on: no taint, nothing evicted on a guess.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1289,7 +1289,7 @@ async fn an_alert_for_a_device_nobody_reports_is_only_announced() {
         "nothing evicted"
     );
     assert_eq!(events_on(server, "n1", "FaultlineAlertUnattributed"), 1);
-    // A hundred more, each naming another device nobody reports (issue 26: each made an
+    // A hundred more, each naming another device nobody reports (before, each made an
     // Event of its own): the one Event counts them.
     let flood: Vec<String> = (0..100)
         .map(|i| format!(r#"{{"node_name":"n1","gpu_uuid":"GPU-nobody-{i}","metric":"xid_error","value":"Xid 79","time":1}}"#))

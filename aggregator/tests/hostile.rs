@@ -1,4 +1,4 @@
-//! Issue 26: hostile agents. An agent that names its own node (so every identity check
+//! Hostile agents. An agent that names its own node (so every identity check
 //! passes) and 512 devices under new ids in every document must stop neither its
 //! shard's publication nor a real fault on another node of the same shard, and must not
 //! grow what the replica keeps.
@@ -56,7 +56,7 @@ async fn a_churning_agent_stops_no_other_nodes_fault() {
     agg.cancel_token().cancel();
 }
 
-/// Issue 26, finding 3: alerts for nodes this replica does not follow (here 2,000
+/// Alerts for nodes this replica does not follow (here 2,000
 /// names, none a Node) wait at most 64 nodes at a time; the rest are dropped and
 /// counted. The replica keeps its Lease, a real fault is still published, and no more
 /// than that many nodes get a remediation pass.

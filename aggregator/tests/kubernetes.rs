@@ -57,7 +57,7 @@ async fn a_hard_fault_reaches_the_shard_configmap_within_a_second() {
         }
     }
     assert_eq!(holder(server, 0).as_deref(), Some("r1"));
-    // Issue 11: a change is written to its own shard alone (the other one is not
+    // A change is written to its own shard alone (the other one is not
     // rewritten with it, so a fault never waits behind the other shards' writes).
     let other = 1 - shard_of("n2", 2);
     let rv = |s: u32| {
@@ -170,7 +170,7 @@ async fn nudging_can_be_turned_off() {
     agg.cancel_token().cancel();
 }
 
-/// Issue 25: a nudge runs beside the writes. With every pod list answered 8 s late, a
+/// A nudge runs beside the writes. With every pod list answered 8 s late, a
 /// fault on n1 (whose pod is nudged) and one on n2 right after it are both in the shard
 /// well within those 8 s (5 s, a bound a loaded machine keeps); before, the second
 /// waited for the first's nudge (its pod list and patch) and came 8 s later.
@@ -272,7 +272,7 @@ async fn nodes_are_discovered_and_forgotten() {
     agg.cancel_token().cancel();
 }
 
-/// Issue 25: urgent writes of different shards run side by side. A fault on `na`
+/// Urgent writes of different shards run side by side. A fault on `na`
 /// (shard 0, whose ConfigMap calls are slowed to `SLOW` each) is being written when a
 /// fault on `nb` (shard 1) comes: `nb`'s is in shard 1 within a second, long before
 /// shard 0's write is done (before, it waited for it: the benchmark's faults that took
@@ -338,7 +338,7 @@ async fn urgent_writes_of_two_shards_do_not_wait_for_each_other() {
     agg.cancel_token().cancel();
 }
 
-/// Issue 11: a fault is written by an urgent write of its own shard, beside a write of
+/// A fault is written by an urgent write of its own shard, beside a write of
 /// another shard already in flight, not after it (it waited behind other shards'
 /// writes: the tail of the benchmark's fault latency). ConfigMap calls are slowed to
 /// `SLOW` each. The server records each call as received and as carried out (the audit
@@ -531,7 +531,7 @@ async fn a_replica_that_lost_its_lease_writes_nothing_more() {
     agg.cancel_token().cancel();
 }
 
-/// Issue 14, guardrail 2: a replica whose renewals go unanswered (every Lease call
+/// A replica whose renewals go unanswered (every Lease call
 /// refused, as in a partition from the API server) stops acting once its Lease runs out
 /// on its own clock (duration less a margin), though nobody else holds it: no taint, no
 /// ConfigMap write. Without the self-expiry it would act on a Lease it may have lost.
@@ -719,7 +719,7 @@ async fn a_failed_device_taints_its_node_once_and_an_unreachable_agent_taints_no
 /// One agent of five gone past the tolerance: its node gets the NoSchedule taint and
 /// nothing is evicted. Then two more go: three of five unreachable is the aggregator
 /// cut off more likely than three nodes dead, so the unknown guard stands down
-/// (issue 10, finding 6) and taints nothing more.
+/// and taints nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_eviction() {
     let mut w = Scenario::new()
@@ -806,7 +806,7 @@ async fn an_agent_gone_past_the_tolerance_gets_a_noschedule_taint_and_no_evictio
 
 /// An agent that never answered is not a node: with it down from the start (a bare URL
 /// in --agents), every shard is still written, with valid keys only (the API refuses a
-/// ConfigMap with a key such as `http://10.0.0.7:8081.json` with 422; issue 9, bug 1).
+/// ConfigMap with a key such as `http://10.0.0.7:8081.json` with 422).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_down_from_the_start_leaves_every_shard_writable() {
     let w = Scenario::new().agent("n1").unlisted().start().await;
@@ -849,7 +849,7 @@ async fn an_agent_down_from_the_start_leaves_every_shard_writable() {
 /// A holder whose clock runs an hour behind writes `renewTime`s an hour old, but keeps
 /// renewing: the Lease is judged by when this replica saw it change, on its own clock,
 /// so it is not taken while the holder lives, and is taken once the holder stops
-/// (client-go leaderelection.go `observedTime`; issue 9, bug 10).
+/// (client-go leaderelection.go `observedTime`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skewed_holder_keeps_its_lease_while_it_renews() {
     let skewed = || {
@@ -913,7 +913,7 @@ async fn a_skewed_holder_keeps_its_lease_while_it_renews() {
 /// A quiet watch sends nothing for minutes: the watch client has no read timeout, so
 /// discovery does not break its Node watch and relist every `--kube-timeout` (kube's
 /// `read_timeout` cuts watch streams too), and its list is served from the API server's
-/// cache (`resourceVersion=0`), not a quorum read (issue 9, bugs 7 and 9).
+/// cache (`resourceVersion=0`), not a quorum read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_node_watch_is_not_relisted() {
     // The agents listen on 127.0.0.1: the Node's address.
@@ -978,7 +978,7 @@ async fn a_quiet_node_watch_is_not_relisted() {
     agg.cancel_token().cancel();
 }
 
-/// Issue 14, guardrail 1: a default install with the ConfigMap sink is a dry run: a
+/// A default install with the ConfigMap sink is a dry run: a
 /// failed device changes nothing on the cluster, and what would be done is announced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_default_install_is_a_dry_run() {
@@ -1030,9 +1030,9 @@ fn shard_writes(server: &ApiServer) -> usize {
         .count()
 }
 
-/// Issue 14, guardrail 9 (part): `sequence` continues across holders. Issue 25: a shard
-/// nothing changes in is never rewritten, however short --refresh is (a rewrite
-/// reaches every watcher of the page: every kubelet of a pod that mounts it).
+/// `sequence` continues across holders. A shard nothing changes in is never rewritten,
+/// however short --refresh is (a rewrite reaches every watcher of the page: every kubelet
+/// of a pod that mounts it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sequence_carries_over_and_a_quiet_shard_is_not_rewritten() {
     let w = Scenario::new().agent("n1").named().start().await;
@@ -1101,7 +1101,7 @@ async fn the_sequence_carries_over_and_a_quiet_shard_is_not_rewritten() {
     quiet.cancel_token().cancel();
 }
 
-/// Issue 14, guardrail 9 (part): nudges stay within --nudge-rate (bursts of twice the
+/// Nudges stay within --nudge-rate (bursts of twice the
 /// rate) and touch only pods matching --nudge-selector.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nudges_keep_to_their_rate_and_selector() {

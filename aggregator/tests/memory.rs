@@ -1,4 +1,4 @@
-//! Issue 25: what discovery costs a replica's memory in a real cluster. 5,000 GPU Nodes
+//! What discovery costs a replica's memory in a real cluster. 5,000 GPU Nodes
 //! of a real one's size and shape (`fixtures::realistic_node`: NFD and GPU feature
 //! discovery labels, ~50 images, managedFields; ~26 KB each) and the EndpointSlices of
 //! the agents' Service (100 endpoints each, as the endpointslice controller cuts them);

@@ -1,4 +1,4 @@
-//! Issue 27, point 3: the shard Lease, the fence, the budget, the breaker and the
+//! The shard Lease, the fence, the budget, the breaker and the
 //! release, model-checked with `stateright`. Every transition asks the product's own pure
 //! decisions, so the checker checks the code, not a copy of it:
 //!

@@ -1,4 +1,4 @@
-//! Property tests for what the aggregator reads (issue 10): the rules file and agents'
+//! Property tests for what the aggregator reads: the rules file and agents'
 //! documents into the pipeline. Nothing panics; what is kept is bounded.
 
 use std::path::Path;

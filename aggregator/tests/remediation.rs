@@ -207,7 +207,7 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
         .gpu()
         .owner("DaemonSet")
         .create(&server);
-    // Issue 14, guardrail 5: on the failed device too, but never evicted: a mirror pod
+    // On the failed device too, but never evicted: a mirror pod
     // (the kubelet's static pod), a finished one and one already terminating.
     let mut mirror = pod("mirror", true, Some("GPU-1234")).build();
     mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "hash"});
@@ -279,7 +279,7 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
     assert_eq!(names(&third.evicted), vec!["guarded"]);
     // Each pod was asked to leave once, whatever the passes.
     let calls = server.calls();
-    // The pods of the node come from the watch cache, not a quorum read (issue 9, bug 9).
+    // The pods of the node come from the watch cache, not a quorum read.
     let pod_lists: Vec<&str> = calls
         .iter()
         .filter(|c| c.method == "GET" && c.uri.starts_with("/api/v1/pods?"))
@@ -516,7 +516,7 @@ async fn unknown_past_the_tolerance_taints_never_evicts_and_notready_is_left_alo
     assert_eq!(events(&server, "FaultlineUnknownCordoned"), 1);
 }
 
-/// Found by the randomized schedules (issue 10): a held-back node whose announcement the
+/// Found by the randomized schedules: a held-back node whose announcement the
 /// API refused (a 500 on the Event) is announced by the next pass, not left silent.
 #[tokio::test]
 async fn a_refused_held_back_announcement_is_made_by_the_next_pass() {
@@ -556,7 +556,7 @@ async fn a_refused_held_back_announcement_is_made_by_the_next_pass() {
     assert_eq!(events(&server, "FaultlineHeldBack"), 1, "still one");
 }
 
-/// Issue 10, finding 5: the breaker counts cluster-wide. Two replicas (two breakers
+/// The breaker counts cluster-wide. Two replicas (two breakers
 /// over one ConfigMap) each seeing some failures trip it together at the threshold, a
 /// restarted replica (a new breaker) keeps the count, concurrent notes lose none
 /// (compare-and-swap), and a person's close starts the count afresh.
@@ -616,7 +616,7 @@ async fn the_breaker_counts_across_replicas_and_restarts() {
     );
 }
 
-/// Issue 10, finding 6: the unknown guard has its own budget. It taints at most
+/// The unknown guard has its own budget. It taints at most
 /// `max_unknown` nodes, and the nodes it tainted do not use the quarantine budget, so
 /// a blind spot cannot hold back real failures.
 #[tokio::test]
@@ -652,7 +652,7 @@ async fn the_unknown_guard_has_its_own_budget() {
     );
 }
 
-/// Issue 27 (found by the randomized schedules): a node the unknown guard tainted is not
+/// Found by the randomized schedules: a node the unknown guard tainted is not
 /// quarantined yet, so when a device of it then fails, the quarantine asks the budget
 /// like any other. It skipped it (the record and the taint were there), and a third node
 /// was quarantined under a budget of two.
@@ -880,7 +880,7 @@ async fn devices_named_by_bus_id_or_uuid_give_a_valid_label() {
 
 /// Two budgets over one pod (500, pkg/registry/core/pod/storage/eviction.go) and a pod
 /// whose eviction the API refuses otherwise: recorded against those pods with the
-/// reason, while the pass goes on and evicts the others (issue 9, bug 2).
+/// reason, while the pass goes on and evicts the others.
 #[tokio::test]
 async fn one_pods_eviction_error_does_not_stop_the_pass() {
     let (server, client) = setup().await;
@@ -938,8 +938,8 @@ async fn one_pods_eviction_error_does_not_stop_the_pass() {
 }
 
 /// API Priority and Fairness answers 429 too, with no DisruptionBudget cause: the pod
-/// waits for a later pass, and neither the deadline nor force deletion starts (issue 9,
-/// bug 3; staging/src/k8s.io/apiserver/pkg/server/filters/maxinflight.go).
+/// waits for a later pass, and neither the deadline nor force deletion starts
+/// (staging/src/k8s.io/apiserver/pkg/server/filters/maxinflight.go).
 #[tokio::test]
 async fn a_load_shedding_429_is_not_a_budget() {
     let (server, client) = setup().await;
@@ -979,7 +979,7 @@ async fn a_load_shedding_429_is_not_a_budget() {
 
 /// The kubelet updates its Node's status between the pass's read and its record write
 /// (the resourceVersion test then fails with 422): the pass reads again and the record
-/// keeps what it did (issue 9, bug 4).
+/// keeps what it did.
 #[tokio::test]
 async fn the_record_survives_node_churn() {
     let (server, client) = setup().await;
@@ -1007,7 +1007,7 @@ async fn the_record_survives_node_churn() {
     assert_eq!(evictions, 2);
 }
 
-/// Issue 14, guardrail 2: a replica whose shard Lease is lost, or whose renewals stopped
+/// A replica whose shard Lease is lost, or whose renewals stopped
 /// (self-expiry on its own clock), never taints, evicts, releases or writes a record.
 #[tokio::test]
 async fn a_replica_without_its_lease_changes_nothing() {
@@ -1073,7 +1073,7 @@ async fn a_replica_without_its_lease_changes_nothing() {
     assert_eq!(evictions, 0);
 }
 
-/// Issue 14, guardrail 6 (part): a taint put on for devices unknown past the tolerance
+/// A taint put on for devices unknown past the tolerance
 /// lifts by itself once they are seen healthy again (it was a guard, not a verdict),
 /// even with --release manual, and not before.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Issue 11, ownership follows the shard Leases, end to end with real aggregator
+//! Ownership follows the shard Leases, end to end with real aggregator
 //! processes: 3 replicas, 6 shards, 300 nodes of 8 devices (a fake fleet in this
 //! process answering each node's long-poll). Each replica follows only the nodes of
 //! the shards it holds (its fair share, counted from the member Leases); a replica

@@ -1,4 +1,4 @@
-//! Randomized fault schedules (issues 10 and 27). A seeded simulation runs the product's
+//! Randomized fault schedules. A seeded simulation runs the product's
 //! own remediation path in several replicas against the Kubernetes API test server,
 //! under the RBAC of deploy/base/aggregator.yaml: per replica the real `Pipeline` (fed
 //! agent documents through the real ingest gate, `admit_raw`), the real dispatcher

@@ -1,4 +1,4 @@
-//! Issue 25: the shard Leases under a slow API server. With 2 s added to every call no
+//! The shard Leases under a slow API server. With 2 s added to every call no
 //! Lease changes holder and a fault is still published within 10 s; one shard's Lease
 //! calls hanging past `--kube-timeout` stop neither the replica's other shards' renewals
 //! nor their writes. The slowness is injected (`Faults::latency_ms`, `latency_match`),
@@ -179,7 +179,7 @@ async fn a_hung_lease_call_stops_neither_the_other_renewals_nor_their_writes() {
 /// replica, so nobody else wrote the shard meanwhile. Each seed reads the shard's pages;
 /// at 2 s a call, seeding every renewed shard again in sequence took longer than a hold
 /// lasts, so the last shards' holds ran out before they were set, pass after pass, and
-/// their faults were never published (issue 25, found by the cluster benchmark).
+/// their faults were never published (found by the cluster benchmark).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lapsed_hold_is_held_again_at_the_next_renewal_under_a_slow_api() {
     let w = world().await;

@@ -1,4 +1,4 @@
-//! Property tests for the shared parsers (issue 10): none panics on any input, and
+//! Property tests for the shared parsers: none panics on any input, and
 //! what they return is bounded and well formed.
 
 use faultline_common::reading::normalize_bus_id;

@@ -1,4 +1,4 @@
-//! Issue 27, point 5: the two RFC 3339 parsers (`faultline_common::time`, which reads
+//! The two RFC 3339 parsers (`faultline_common::time`, which reads
 //! agents' documents, Alertmanager's alerts and records, and the consumer kit's, which
 //! a workload links) against chrono as the oracle. Every time either accepts, chrono
 //! accepts and means the same instant; every time RFC 3339 writes (any offset, any

@@ -1,4 +1,4 @@
-//! Node-local delivery and the drain handshake (issues 25 and 29) on a real cluster:
+//! Node-local delivery and the drain handshake on a real cluster:
 //! the aggregator finds each node's agent through the real EndpointSlices and hands it
 //! the node's entry; the agent keeps it as the node's own fault.json and serves it to
 //! the pods; a warned pod acknowledges from its own address (the pods' range is local

@@ -33,7 +33,7 @@ async fn until_effect(c: &RealCluster, device: &str, effect: &str) -> serde_json
     }
 }
 
-/// Break 1 of issue 46, a holder that tolerates the taint: its claim tolerates
+/// A holder that tolerates the taint: its claim tolerates
 /// faultline's taint with `NoExecute` for ever, so the real device-taint eviction
 /// controller leaves it out of its prediction ("0 pods would be evicted"). Before the
 /// fix faultline counted it in, the two never agreed, and the failed GPU stayed
@@ -79,7 +79,7 @@ async fn a_tolerating_holder_does_not_keep_a_failed_gpu_in_service(release: Rele
     c.assert_no_forbidden();
 }
 
-/// Break 1 of issue 46, pod churn: a rule of faultline's left at `None` by an earlier
+/// Pod churn: a rule of faultline's left at `None` by an earlier
 /// replica, whose prediction (written once, when the rule was made) counts a pod that
 /// has since gone. Before the fix the stale "1 pod would be evicted" never agreed with
 /// faultline's count of 0, and the failed GPU stayed allocatable for ever. Now a

@@ -1,4 +1,4 @@
-//! faultline on a real Kubernetes control plane (issue 46): kube-apiserver, etcd,
+//! faultline on a real Kubernetes control plane: kube-apiserver, etcd,
 //! kube-controller-manager and kube-scheduler built from their Go modules
 //! (`tests/controlplane`), deploy/ applied as a user applies it, the aggregator under its
 //! ServiceAccount's token with exactly deploy/'s RBAC. Each scenario runs on the newest

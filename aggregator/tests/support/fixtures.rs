@@ -13,7 +13,7 @@ impl NodeFixture {
         NodeFixture(json!({"metadata": {"name": name}}))
     }
 
-    /// A GPU Node of a real one's size and shape (issue 25: NFD and GPU feature discovery
+    /// A GPU Node of a real one's size and shape (NFD and GPU feature discovery
     /// labels, ~50 images, managedFields; ~26 KB), at 127.0.0.1.
     pub fn realistic(name: &str) -> Self {
         NodeFixture(faultline_test_apiserver::fixtures::realistic_node(

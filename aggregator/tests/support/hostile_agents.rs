@@ -1,4 +1,4 @@
-//! Hostile agents for the tests of issue 26: servers that answer as an agent would,
+//! Hostile agents for the tests: servers that answer as an agent would,
 //! with documents a real agent never sends.
 
 use std::net::SocketAddr;

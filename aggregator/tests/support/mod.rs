@@ -149,7 +149,7 @@ impl Launch {
     }
 
     /// Start it with remediation and the intake judging time by `clock`: a test moves
-    /// the clock past a window instead of sleeping through it (issue 14).
+    /// the clock past a window instead of sleeping through it.
     pub async fn start_on(
         self,
         clock: &faultline_common::time::Clock,
@@ -213,7 +213,7 @@ pub const ADMIN_TOKEN: &str = "admin-token";
 
 /// The Kubernetes API test server on loopback, with the namespace `faultline`, the RBAC
 /// objects of deploy/base/aggregator.yaml and RBAC enforced: the aggregator runs with
-/// exactly the permissions its manifest grants (issue 9). Its URL.
+/// exactly the permissions its manifest grants. Its URL.
 pub async fn api_server() -> (ApiServer, String) {
     api_server_with(&USERS, &[]).await
 }

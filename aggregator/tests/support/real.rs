@@ -1,4 +1,4 @@
-//! faultline on a real control plane (issue 46): `deploy/overlays/nvidia` applied with
+//! faultline on a real control plane: `deploy/overlays/nvidia` applied with
 //! `kubectl apply -k --server-side` to a real kube-apiserver
 //! ([`faultline_controlplane`]), the agent DaemonSet's pods made by the real DaemonSet
 //! controller, bound by the real scheduler and run by the test's kubelet as in-process

@@ -124,7 +124,7 @@ impl Scenario {
         self
     }
 
-    /// `--agents` names each agent's node: `n1=http://ADDR` (the default; issue 26: an
+    /// `--agents` names each agent's node: `n1=http://ADDR` (the default: an
     /// agent that acts must be told whom it follows).
     pub fn named(mut self) -> Self {
         self.listed = Listed::Named;

@@ -1,7 +1,7 @@
 //! The server's wall clock: the system's, or, for a server made with
 //! [`crate::ApiServer::new_virtual`], a virtual one that starts at a fixed epoch and
 //! moves with tokio's clock (paused in a test, it moves only when every task waits).
-//! The randomized schedules (issue 27) run each seed on a current-thread runtime with a
+//! The randomized schedules run each seed on a current-thread runtime with a
 //! paused clock, so the same seed replays the same timestamps, `creationTimestamp`,
 //! `deletionTimestamp`, and the calls' `at_ms`, and its controllers (the simulated
 //! kubelet, the disruption and device-taint eviction controllers) tick on that clock,

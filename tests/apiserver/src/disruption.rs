@@ -106,7 +106,7 @@ fn scaled(v: &Value, total: i64) -> Result<i64, String> {
 /// controller whose kind has no scale subresource (a Job, a DaemonSet) is an error
 /// (`getScaleController`: "jobs.batch does not implement the scale subresource"), so
 /// the budget allows no disruption at all (found by the differential check against the
-/// real disruption controller, issue 46: this server had counted a Job's pods).
+/// real disruption controller: this server had counted a Job's pods).
 fn expected_scale(pods: &[&Value]) -> Result<i64, String> {
     let mut scale: BTreeMap<String, i64> = BTreeMap::new();
     for p in pods {

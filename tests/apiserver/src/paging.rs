@@ -292,8 +292,8 @@ fn state_at<'a>(g: &'a Inner, k: &Kind, ns: &str, rv: u64) -> Vec<(String, &'a V
 /// way, and pods by `spec.nodeName` through an index: cacher.go `GetList`,
 /// pkg/registry/core/pod/strategy.go `NodeNameIndexFunc`; here `Inner::pods_by_node`).
 /// Rebuilding every key for a list of one node's pods out of 20,000 held the server's
-/// lock for milliseconds each, and a storm of them stalled the Lease calls behind it
-/// (issue 25); reading every pod to find one node's still did.
+/// lock for milliseconds each, and a storm of them stalled the Lease calls behind it;
+/// reading every pod to find one node's still did.
 fn current<'a>(g: &'a Inner, k: &Kind, ns: &str, rv: u64, sel: &Selection) -> Value {
     let across = k.namespaced && ns.is_empty();
     let from = (k.plural.to_string(), ns.to_string(), String::new());
@@ -340,7 +340,7 @@ fn current<'a>(g: &'a Inner, k: &Kind, ns: &str, rv: u64, sel: &Selection) -> Va
 /// store's order is the list's (across namespaces `NAMESPACE/NAME` orders differently
 /// from the store's tuples, and [`state_at`] serves it). A `limit=1` list of 20,000
 /// Nodes, to read `remainingItemCount`, held the server's lock for tens of
-/// milliseconds (issue 25: a page update waited behind it).
+/// milliseconds (a page update waited behind it).
 fn current_page(
     g: &Inner,
     k: &Kind,

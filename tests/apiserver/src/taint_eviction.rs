@@ -1,4 +1,4 @@
-//! Device taints as a cluster acts on them (issue 28, point 8):
+//! Device taints as a cluster acts on them:
 //!
 //! - kube-controller-manager's device-taint eviction controller
 //!   (pkg/controller/devicetainteviction/device_taint_eviction.go), run as a client of
@@ -135,7 +135,7 @@ fn tolerates(tol: &Value, taint: &Value) -> bool {
 /// is `NoExecute`, written out (an empty effect, which matches every effect elsewhere,
 /// does not count here), that `ToleratesTaint` the taint as `NoExecute` (a `None` rule
 /// is simulated as `NoExecute`), with no `tolerationSeconds` (with them, the pod is
-/// evicted later: still pending). Found by the real controller (issue 46): this server
+/// evicted later: still pending). Found by the real controller: this server
 /// had honoured a toleration without an effect.
 fn evicts_not(tol: &Value, taint: &Value) -> bool {
     let mut as_no_execute = taint.clone();

@@ -424,7 +424,7 @@ mod tests {
         ] {
             assert!(is_configmap_key(ok).is_ok(), "{ok}");
         }
-        // An agent URL as a node name gives such a key (issue 9, bug 1).
+        // An agent URL as a node name gives such a key.
         for bad in [
             "http://10.0.0.7:8081.json",
             "",

@@ -1,5 +1,5 @@
-//! `resource.k8s.io` as the test API server serves it at each release (issue 28, point
-//! 8): which versions discovery lists (`release.rs`, after kube_features.go's
+//! `resource.k8s.io` as the test API server serves it at each release:
+//! which versions discovery lists (`release.rs`, after kube_features.go's
 //! `DRADeviceTaintRules`), objects read and written at the version asked, and the
 //! validation and strategies of pkg/apis/resource/validation/validation.go and
 //! pkg/registry/resource/*/strategy.go (`dra.rs`). Driven through the real `kube`

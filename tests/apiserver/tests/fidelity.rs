@@ -1,5 +1,5 @@
 //! Where the test API server behaves like kube-apiserver and its controllers, each
-//! test naming the upstream file it follows (issue 9). Driven through the real `kube`
+//! test naming the upstream file it follows. Driven through the real `kube`
 //! client.
 
 mod common;

@@ -1,4 +1,4 @@
-//! A real Kubernetes control plane for faultline's tests (issue 46): kube-apiserver,
+//! A real Kubernetes control plane for faultline's tests: kube-apiserver,
 //! etcd, kube-controller-manager and kube-scheduler of a pinned release, built from
 //! their Go modules by `tests/controlplane/build.sh` (cached by version; nothing is
 //! rebuilt when the cache holds them) and started on loopback with generated

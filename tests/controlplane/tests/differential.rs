@@ -1,4 +1,4 @@
-//! The differential check of issue 46: the same scripted requests go to a real
+//! The differential check: the same scripted requests go to a real
 //! kube-apiserver (with its controllers) and to the test API server
 //! (`tests/apiserver`), for the behaviours the test server models and faultline relies
 //! on, and their answers are compared: the status code and the fields faultline reads.
