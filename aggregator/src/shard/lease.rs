@@ -63,6 +63,17 @@ fn record(spec: &LeaseSpec) -> Record {
     }
 }
 
+/// A Lease released as client-go's leader election releases one: no holder (`""`), a
+/// duration of 1 s, renewed and acquired now, the transitions kept. Tools that read
+/// Leases the client-go way (kubectl, controllers' own checks) see it free at once.
+fn release(spec: &mut LeaseSpec) {
+    let now = now_micro();
+    spec.holder_identity = Some(String::new());
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(now.clone());
+    spec.acquire_time = Some(now);
+}
+
 /// This replica's shard Leases.
 pub struct ShardLeases {
     /// The Lease API in the aggregator's namespace.
@@ -578,8 +589,7 @@ impl ShardLeases {
         self.metrics.set_lease(shard, false);
         self.metrics.rebalance();
         if let Some(spec) = lease.spec.as_mut() {
-            spec.holder_identity = None;
-            spec.renew_time = None;
+            release(spec);
         }
         let lname = lease_name(&self.name, shard);
         let pp = PostParams::default();
@@ -648,8 +658,7 @@ impl ShardLeases {
                     .as_mut()
                     .filter(|s| s.holder_identity.as_deref() == Some(me.as_str()))
                 {
-                    spec.holder_identity = None;
-                    spec.renew_time = None;
+                    release(spec);
                     let _ = api.replace(&lname, &PostParams::default(), &lease).await;
                     tracing::info!(shard, "shard lease released");
                 }

@@ -132,6 +132,24 @@ async fn a_killed_holders_shards_are_taken_over(release: Release) {
     .await;
     let entry = c.published(SHARDS, "n1").unwrap();
     assert_eq!(entry.summary.failed, 1, "{:?}", entry.summary);
+    // A stop as Kubernetes asks it: exit 0, every Lease released the way client-go's
+    // leader election releases one, which kube-apiserver takes.
+    let (proc, _) = replicas.remove(survivor).unwrap();
+    let status = proc.stop(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}");
+    let leases = c.items(&["-n", support::real::NS, "leases"]);
+    let shards: Vec<&serde_json::Value> = leases
+        .iter()
+        .filter(|l| {
+            l["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("faultline-shard-"))
+        })
+        .collect();
+    assert_eq!(shards.len(), SHARDS as usize);
+    for l in shards {
+        assert!(support::released_as_client_go_does(l), "{l}");
+    }
     drop(replicas);
     c.assert_no_forbidden();
 }

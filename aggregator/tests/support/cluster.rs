@@ -13,6 +13,16 @@ use super::NS;
 pub const TAINT: &str = "nvidia.com/gpu-fault";
 
 /// Node `n`'s taints.
+/// Whether a Lease reads released the way client-go's leader election releases one:
+/// holder `""`, a duration of 1 s, a renew time (before, the holder and renew time
+/// were nulled, which client-go never writes).
+pub fn released_as_client_go_does(lease: &Value) -> bool {
+    let spec = &lease["spec"];
+    spec["holderIdentity"] == ""
+        && spec["leaseDurationSeconds"] == 1
+        && spec["renewTime"].is_string()
+}
+
 pub fn taints(server: &ApiServer, n: &str) -> Vec<Value> {
     server.get("nodes", "", n).unwrap()["spec"]["taints"]
         .as_array()

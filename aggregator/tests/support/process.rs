@@ -31,6 +31,27 @@ impl AggregatorProcess {
         }
     }
 
+    /// Stop it as Kubernetes does (SIGTERM) and wait for its exit, at most `within`.
+    pub async fn stop(mut self, within: std::time::Duration) -> std::process::ExitStatus {
+        let pid = self.id().to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -TERM {pid}");
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still running {within:?} after SIGTERM"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     fn tail(&self, lines: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
