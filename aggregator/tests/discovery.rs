@@ -64,6 +64,20 @@ async fn agents_are_found_from_endpointslices_and_a_node_is_read_only_once_its_a
     let mut other = slice("web-x", "gpu-9", p8, true);
     other["metadata"]["labels"]["kubernetes.io/service-name"] = json!("web");
     server.create("endpointslices", NS, other).unwrap();
+    // Nor does a slice of the agents' Service that the endpointslice controller did not
+    // write (made by hand in the namespace), nor an endpoint with no pod behind it.
+    let mut forged = slice("faultline-agent-forged", "gpu-10", p8, true);
+    forged["metadata"]["labels"]
+        .as_object_mut()
+        .unwrap()
+        .remove("endpointslice.kubernetes.io/managed-by");
+    server.create("endpointslices", NS, forged).unwrap();
+    let mut podless = slice("faultline-agent-podless", "gpu-11", p8, true);
+    podless["endpoints"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("targetRef");
+    server.create("endpointslices", NS, podless).unwrap();
     let agg = w
         .configmap("r1", 1)
         .args(&["--agent-gone-check", "1s"])
@@ -84,7 +98,7 @@ async fn agents_are_found_from_endpointslices_and_a_node_is_read_only_once_its_a
     assert_eq!(
         nodes(&shard_doc(server, 0).unwrap()),
         ["gpu-7", "gpu-8"],
-        "gpu-8 unready is followed all the same, gpu-9 is not an agent"
+        "gpu-8 unready is followed all the same; gpu-9, gpu-10 and gpu-11 are not agents"
     );
     assert!(
         !server

@@ -37,7 +37,8 @@ async fn following_5000_realistic_nodes_stays_within_128_mib() {
     for s in 0..NODES / PER_SLICE {
         let endpoints: Vec<_> = (s * PER_SLICE..(s + 1) * PER_SLICE)
             .map(|i| {
-                json!({"addresses": ["127.0.0.1"], "conditions": {"ready": true}, "nodeName": name(i)})
+                json!({"addresses": ["127.0.0.1"], "conditions": {"ready": true}, "nodeName": name(i),
+                    "targetRef": {"kind": "Pod", "namespace": NS, "name": format!("faultline-agent-{i:05}")}})
             })
             .collect();
         server
@@ -46,7 +47,8 @@ async fn following_5000_realistic_nodes_stays_within_128_mib() {
                 NS,
                 json!({
                     "metadata": {"name": format!("faultline-agent-{s:03}"), "namespace": NS,
-                        "labels": {"kubernetes.io/service-name": "faultline-agent"}},
+                        "labels": {"kubernetes.io/service-name": "faultline-agent",
+                            "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
                     "addressType": "IPv4",
                     "endpoints": endpoints,
                     "ports": [{"name": "http", "port": 9, "protocol": "TCP"}]

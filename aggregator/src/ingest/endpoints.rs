@@ -37,6 +37,14 @@ use super::discover::Followers;
 /// The label the endpointslice controller puts on a Service's slices.
 pub const SERVICE_LABEL: &str = "kubernetes.io/service-name";
 
+/// The label that names who manages a slice, and the endpointslice controller's value
+/// (discovery/v1 `LabelManagedBy`). Only its slices are read: a slice anyone made by
+/// hand in the namespace could otherwise point a node at another agent. A forged slice
+/// that claims the controller's label is the controller's to reconcile (it deletes or
+/// rewrites slices of its Service that do not match the Service's pods).
+pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+pub const CONTROLLER: &str = "endpointslice-controller.k8s.io";
+
 /// How often a node without an endpoint is looked up again.
 pub const RECHECK: Duration = Duration::from_secs(60);
 
@@ -71,6 +79,10 @@ fn candidates(slice: &EndpointSlice, default_port: u16) -> BTreeMap<String, Cand
         let (Some(node), Some(addr)) = (e.node_name.as_ref(), e.addresses.first()) else {
             continue;
         };
+        // The controller names the pod behind each endpoint; an agent is a pod.
+        if e.target_ref.as_ref().and_then(|t| t.kind.as_deref()) != Some("Pod") {
+            continue;
+        }
         // `ready` and `serving` unset mean true (discovery/v1 types.go: "nil should be
         // interpreted as true"); `serving` is `ready` but for a terminating endpoint.
         let c = e.conditions.as_ref();
@@ -245,7 +257,7 @@ pub async fn run(
 ) {
     let (metrics, cancel) = (f.metrics(), f.cancel_token());
     let mut held = f.held();
-    let selector = format!("{SERVICE_LABEL}={service}");
+    let selector = format!("{SERVICE_LABEL}={service},{MANAGED_BY_LABEL}={CONTROLLER}");
     let mut watch = Watched::new(api, &selector, metrics.clone(), "endpointslices");
     let mut slices: BTreeMap<String, BTreeMap<String, Candidate>> = BTreeMap::new();
     let mut away = Away::new(check.first);
@@ -327,6 +339,11 @@ mod tests {
                 ..Default::default()
             }),
             node_name: Some(node.into()),
+            target_ref: Some(k8s_openapi::api::core::v1::ObjectReference {
+                kind: Some("Pod".into()),
+                name: Some(format!("faultline-agent-{node}")),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }
@@ -361,6 +378,19 @@ mod tests {
                 Endpoint {
                     node_name: None,
                     ..endpoint("x", "10.0.0.5", Some(true))
+                },
+                // Not a pod behind it (by hand, or an external address): no agent, even
+                // at a lower address than gpu-1's own.
+                Endpoint {
+                    target_ref: None,
+                    ..endpoint("gpu-1", "10.0.0.0", Some(true))
+                },
+                Endpoint {
+                    target_ref: Some(k8s_openapi::api::core::v1::ObjectReference {
+                        kind: Some("Node".into()),
+                        ..Default::default()
+                    }),
+                    ..endpoint("gpu-5", "10.0.0.6", Some(true))
                 },
             ],
         );
