@@ -219,6 +219,27 @@ pub struct Holder {
     pub claim: String,
 }
 
+impl Holder {
+    /// Whether the pod `namespace/name` with `uid` is this holder. A claim's
+    /// `reservedFor` names pods of the claim's own namespace, by name and uid, as the
+    /// device-taint eviction controller resolves it (the pod looked up in the claim's
+    /// namespace by name, then its uid compared): a pod of another namespace that
+    /// carries the uid holds nothing through this claim.
+    pub fn is(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        self.namespace == namespace && self.pod == name && self.uid == uid
+    }
+
+    /// [`Holder::is`] of `pod`.
+    pub fn is_pod(&self, pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+        let m = &pod.metadata;
+        self.is(
+            m.namespace.as_deref().unwrap_or_default(),
+            m.name.as_deref().unwrap_or_default(),
+            m.uid.as_deref().unwrap_or_default(),
+        )
+    }
+}
+
 /// The pods that hold `device`: each claim allocated to it
 /// (`status.allocation.devices.results[]`, matched on driver, pool and device) and
 /// reserved for pods (`status.reservedFor[]` with resource `pods`; a claim reserved for
@@ -311,7 +332,7 @@ pub fn would_be_evicted(
     claims: &[Value],
     device: &DeviceRef,
     (key, value): (&str, &str),
-    running: impl Fn(&str) -> bool,
+    running: impl Fn(&Holder) -> bool,
 ) -> Vec<Holder> {
     let tolerating: Vec<(String, String)> = claims
         .iter()
@@ -325,7 +346,7 @@ pub fn would_be_evicted(
         .collect();
     holders(claims, device)
         .into_iter()
-        .filter(|h| running(&h.uid))
+        .filter(|h| running(h))
         .filter(|h| {
             !tolerating
                 .iter()
@@ -583,7 +604,7 @@ mod tests {
             all.iter().map(|h| h.pod.as_str()).collect::<Vec<_>>(),
             ["pa", "pt"]
         );
-        let running = would_be_evicted(&claims, &gpu("gpu-1"), key, |u| u != "ut");
+        let running = would_be_evicted(&claims, &gpu("gpu-1"), key, |h| h.uid != "ut");
         assert_eq!(
             running.iter().map(|h| h.pod.as_str()).collect::<Vec<_>>(),
             ["pa"]

@@ -449,7 +449,9 @@ impl Remediator {
     }
 
     /// The UIDs of `pods` whose claims hold one of `devices` (DRA): the pods to evict
-    /// for them. Empty where the device path is off or the node has no DRA devices.
+    /// for them, each found in its claim's namespace by name and uid, as upstream
+    /// resolves `reservedFor` (a claim cannot name another namespace's pods). Empty
+    /// where the device path is off or the node has no DRA devices.
     pub(super) async fn dra_holders(
         &self,
         node: &str,
@@ -497,7 +499,7 @@ impl Remediator {
                             && tolerates_forever(c, r, TAINT_KEY, v)
                     })
                 });
-                if !tolerates {
+                if !tolerates && pods.iter().any(|p| h.is_pod(p)) {
                     out.insert(h.uid);
                 }
             }

@@ -18,16 +18,17 @@ use super::device::quarantine_error;
 use super::error::RemediateError;
 use super::remediator::Remediator;
 use crate::device_taint::{
-    judge, would_be_evicted, would_evict, DeviceRef, Dra, Prediction, TAINT_KEY,
+    judge, would_be_evicted, would_evict, DeviceRef, Dra, Holder, Prediction, TAINT_KEY,
 };
 use crate::shard::Fence;
 
-/// Which pod uids are scheduled and not terminating among `pods`: those the
-/// device-taint eviction controller counts (it skips the others).
-fn running(pods: &[Pod]) -> impl Fn(&str) -> bool + '_ {
-    move |uid| {
+/// Which holders are pods of `pods`, by namespace, name and uid ([`Holder::is`]),
+/// scheduled and not terminating: those the device-taint eviction controller counts
+/// (it skips the others).
+fn running(pods: &[Pod]) -> impl Fn(&Holder) -> bool + '_ {
+    move |h| {
         pods.iter().any(|p| {
-            p.metadata.uid.as_deref() == Some(uid)
+            h.is_pod(p)
                 && p.metadata.deletion_timestamp.is_none()
                 && p.spec
                     .as_ref()
@@ -89,5 +90,39 @@ impl Remediator {
                 None => return Ok(Prediction::Pending),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(namespace: &str, name: &str, uid: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "spec": {"nodeName": "n1", "containers": []}
+        }))
+        .unwrap()
+    }
+
+    /// A claim of namespace `tenant` whose `reservedFor` names a pod of `train` (its name
+    /// and uid) holds nothing there: upstream looks the pod up in the claim's namespace.
+    /// Matched on the uid alone, the `train` pod was counted and evicted.
+    #[test]
+    fn a_claim_holds_only_pods_of_its_own_namespace() {
+        let h = Holder {
+            namespace: "tenant".into(),
+            pod: "worker-0".into(),
+            uid: "u-1".into(),
+            claim: "gpu".into(),
+        };
+        let other_ns = [pod("train", "worker-0", "u-1")];
+        assert!(!h.is_pod(&other_ns[0]));
+        assert!(!running(&other_ns)(&h), "not counted");
+        let own = [pod("tenant", "worker-0", "u-1")];
+        assert!(h.is_pod(&own[0]) && running(&own)(&h));
+        // The same name with another uid is another pod (recreated): not the holder.
+        assert!(!running(&[pod("tenant", "worker-0", "u-2")])(&h));
     }
 }
