@@ -487,6 +487,36 @@ mod passes {
             let rule = rule_of(&server, 3).expect("gpu-3's rule");
             assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
             assert_eq!(rule["spec"]["deviceSelector"]["device"], "gpu-3");
+            // The prediction was waited for on a watch of the one rule, not polled: two
+            // reads before proposing (the scope, the proposal) and one to enforce, none
+            // while waiting (a GET every 10 ms before).
+            let name = rule["metadata"]["name"].as_str().unwrap().to_string();
+            let calls = server.calls();
+            let reads = calls
+                .iter()
+                .filter(|c| {
+                    c.method == "GET"
+                        && c.uri
+                            .split('?')
+                            .next()
+                            .unwrap()
+                            .ends_with(&format!("/devicetaintrules/{name}"))
+                })
+                .count();
+            let watches = calls
+                .iter()
+                .filter(|c| c.uri.contains("/devicetaintrules?") && c.uri.contains("watch=true"))
+                .count();
+            let trail: Vec<String> = calls
+                .iter()
+                .filter(|c| c.uri.contains("devicetaintrules"))
+                .map(|c| format!("{} {} {}", c.method, c.uri, c.status))
+                .collect();
+            assert_eq!(
+                (reads, watches),
+                (3, 1),
+                "{release:?}: rule reads and watches: {trail:#?}"
+            );
             assert!(node_taints(&server).is_empty(), "no node taint");
             assert_eq!(server.allocatable_devices("n1"), 7);
             let node = server.get("nodes", "", "n1").unwrap();
@@ -571,7 +601,7 @@ mod passes {
                 .find("  # One failed device alone (--device-quarantine)")
                 .unwrap();
             let to = m[from..]
-                .find("verbs: [get, list, create, patch, delete]")
+                .find("verbs: [get, list, watch, create, patch, delete]")
                 .unwrap()
                 + from;
             let end = m[to..].find('\n').unwrap() + to + 1;

@@ -7,9 +7,10 @@
 //! The caller decides (budgets, breaker, dry-run, the shard's fence); this module only
 //! writes what it is told, and refuses what would touch another owner's rule.
 
+use futures_util::TryStreamExt;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-    Preconditions,
+    Preconditions, WatchEvent, WatchParams,
 };
 use kube::Client;
 use serde_json::{json, Value};
@@ -29,6 +30,17 @@ pub enum QuarantineError {
     Decode { what: String, why: String },
     #[error("the cluster serves no DeviceTaintRule")]
     NoApi,
+}
+
+/// What became of a rule watched for a change.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Watched {
+    /// It changed: as it is now.
+    Changed(Value),
+    /// Not changed by the deadline.
+    Unchanged,
+    /// Deleted.
+    Gone,
 }
 
 /// What the controller's prediction says against faultline's own count.
@@ -233,6 +245,63 @@ impl Dra {
         match self.rules()?.get_opt(&rule_name(device)).await? {
             Some(o) => Ok(Some(as_json(&o)?)),
             None => Ok(None),
+        }
+    }
+
+    /// The rule of `device` once it changes from `rule` (its resourceVersion), watched
+    /// by name until `until`: one watch, where polling for the controller's prediction
+    /// was a GET every 10 ms for the whole wait (about 20 a second per device, and for
+    /// ever where no controller runs). A watch that ends early (the server's timeout, an
+    /// expired version) reads the rule once instead.
+    pub async fn rule_after(
+        &self,
+        device: &DeviceRef,
+        rule: &Value,
+        until: tokio::time::Instant,
+    ) -> Result<Watched, QuarantineError> {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Ok(Watched::Unchanged);
+        }
+        let rv = rule["metadata"]["resourceVersion"].as_str().unwrap_or("0");
+        let wp = WatchParams::default()
+            .fields(&format!("metadata.name={}", rule_name(device)))
+            .timeout(left.as_secs().clamp(1, 290) as u32);
+        let api = self.rules()?;
+        let stream = api.watch(&wp, rv).await?;
+        futures_util::pin_mut!(stream);
+        loop {
+            let next = match tokio::time::timeout_at(until, stream.try_next()).await {
+                Err(_) => return Ok(Watched::Unchanged),
+                Ok(next) => next?,
+            };
+            match next {
+                Some(WatchEvent::Added(o) | WatchEvent::Modified(o)) => {
+                    let now = as_json(&o)?;
+                    if now["metadata"]["resourceVersion"] != rule["metadata"]["resourceVersion"] {
+                        return Ok(Watched::Changed(now));
+                    }
+                }
+                Some(WatchEvent::Deleted(_)) => return Ok(Watched::Gone),
+                Some(WatchEvent::Bookmark(_)) => {}
+                // Ended early, or the version expired (410): one read says where it is.
+                Some(WatchEvent::Error(_)) | None => {
+                    return Ok(match self.rule(device).await? {
+                        Some(now)
+                            if now["metadata"]["resourceVersion"]
+                                != rule["metadata"]["resourceVersion"] =>
+                        {
+                            Watched::Changed(now)
+                        }
+                        Some(_) => {
+                            // Unchanged: wait out the rest rather than ask again at once.
+                            tokio::time::sleep_until(until).await;
+                            Watched::Unchanged
+                        }
+                        None => Watched::Gone,
+                    });
+                }
+            }
         }
     }
 

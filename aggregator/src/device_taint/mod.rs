@@ -27,7 +27,7 @@ pub mod scope;
 pub mod settings;
 
 pub use api::{discover, newest_with_rules, TaintApi};
-pub use apply::{judge, Dra, Prediction, QuarantineError};
+pub use apply::{judge, Dra, Prediction, QuarantineError, Watched};
 pub use index::{
     holders, tolerates_forever, would_be_evicted, DeviceIndex, DeviceRef, Holder, Slice,
 };

@@ -18,7 +18,7 @@ use super::device::quarantine_error;
 use super::error::RemediateError;
 use super::remediator::Remediator;
 use crate::device_taint::{
-    judge, would_be_evicted, would_evict, DeviceRef, Dra, Holder, Prediction, TAINT_KEY,
+    judge, would_be_evicted, would_evict, DeviceRef, Dra, Holder, Prediction, Watched, TAINT_KEY,
 };
 use crate::shard::Fence;
 
@@ -84,10 +84,15 @@ impl Remediator {
                 }
                 p => return Ok(p),
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            match dra.rule(dev).await.map_err(quarantine_error)? {
-                Some(again) => rule = again,
-                None => return Ok(Prediction::Pending),
+            match dra
+                .rule_after(dev, &rule, deadline)
+                .await
+                .map_err(quarantine_error)?
+            {
+                Watched::Changed(again) => rule = again,
+                // The deadline: judged once more, late.
+                Watched::Unchanged => {}
+                Watched::Gone => return Ok(Prediction::Pending),
             }
         }
     }
