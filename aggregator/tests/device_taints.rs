@@ -592,6 +592,40 @@ mod passes {
         assert_eq!(alive(&server).len(), 8);
     }
 
+    /// An install whose RBAC predates the watch of the rule: the watch is refused, the
+    /// wait reads the rule twice a second instead, and the GPU is still quarantined
+    /// alone (a refused watch failed the pass, and the device path with it).
+    #[tokio::test]
+    async fn without_the_watch_verb_the_prediction_is_read_instead() {
+        let (server, r) = cluster_as(
+            Mode::Enforce,
+            Release::parse("1.37").unwrap(),
+            8,
+            false,
+            |m| {
+                m.replace(
+                    "verbs: [get, list, watch, create, patch, delete]",
+                    "verbs: [get, list, create, patch, delete]",
+                )
+            },
+        )
+        .await;
+        let out = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated);
+        let rule = rule_of(&server, 3).expect("gpu-3's rule");
+        assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+        let refused = server
+            .calls()
+            .iter()
+            .filter(|c| c.uri.contains("/devicetaintrules?") && c.uri.contains("watch=true"))
+            .filter(|c| c.status == 403)
+            .count();
+        assert!(refused >= 1, "the watch was refused and read around");
+    }
+
     /// An install whose RBAC predates the device path (no `resource.k8s.io` rules):
     /// every DRA read is refused, and the node is quarantined as before, saying why.
     #[tokio::test]

@@ -268,7 +268,26 @@ impl Dra {
             .fields(&format!("metadata.name={}", rule_name(device)))
             .timeout(left.as_secs().clamp(1, 290) as u32);
         let api = self.rules()?;
-        let stream = api.watch(&wp, rv).await?;
+        let stream = match api.watch(&wp, rv).await {
+            Ok(s) => s,
+            // Refused (an install whose RBAC predates the watch verb) or failed: one read
+            // half a second on, as a slow poll, rather than no prediction at all.
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot watch the DeviceTaintRule; reading it again");
+                let soon = tokio::time::Instant::now() + std::time::Duration::from_millis(500);
+                tokio::time::sleep_until(until.min(soon)).await;
+                return Ok(match self.rule(device).await? {
+                    Some(now)
+                        if now["metadata"]["resourceVersion"]
+                            != rule["metadata"]["resourceVersion"] =>
+                    {
+                        Watched::Changed(now)
+                    }
+                    Some(_) => Watched::Unchanged,
+                    None => Watched::Gone,
+                });
+            }
+        };
         futures_util::pin_mut!(stream);
         loop {
             let next = match tokio::time::timeout_at(until, stream.try_next()).await {
