@@ -592,6 +592,34 @@ mod passes {
         assert_eq!(alive(&server).len(), 8);
     }
 
+    /// Rules of faultline's left at `None` (proposals whose prediction never came, on
+    /// other nodes) keep nothing from new work: they do not count toward the device
+    /// budget. 64 of them (the default budget) held every later device quarantine back.
+    #[tokio::test]
+    async fn rules_left_at_none_do_not_use_the_device_budget() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        for i in 0..64 {
+            // As faultline proposes one (its label, effect None), for a device elsewhere.
+            let orphan = json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+                "metadata": {"name": format!("faultline-gpu-0-gone-{i}"),
+                    "labels": {"app.kubernetes.io/managed-by": "faultline"}},
+                "spec": {
+                    "deviceSelector": {"driver": "gpu.nvidia.com", "pool": format!("gone-{i}"), "device": "gpu-0"},
+                    "taint": {"key": "faultline.io/unhealthy", "value": "xid-79", "effect": "None"},
+                },
+            });
+            server.create("devicetaintrules", "", orphan).unwrap();
+        }
+        let out = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated);
+        let rule = rule_of(&server, 3).expect("gpu-3's rule");
+        assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+    }
+
     /// An install whose RBAC predates the watch of the rule: the watch is refused, the
     /// wait reads the rule twice a second instead, and the GPU is still quarantined
     /// alone (a refused watch failed the pass, and the device path with it).

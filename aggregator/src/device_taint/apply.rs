@@ -198,10 +198,18 @@ impl Dra {
     }
 
     /// How many devices faultline's rules quarantine now, cluster-wide (the device
-    /// budget counts them on every replica alike).
+    /// budget counts them on every replica alike): its rules with an effect. A rule
+    /// left at `None` (a proposal whose prediction never came, a replica that died
+    /// waiting) keeps nothing from new work and counts for nothing; before, 64 of them
+    /// held every later device quarantine in the cluster back.
     pub async fn ours(&self) -> Result<usize, QuarantineError> {
         let lp = ListParams::default().labels("app.kubernetes.io/managed-by=faultline");
-        Ok(self.rules()?.list_metadata(&lp).await?.items.len())
+        let rules = self.rules()?.list(&lp).await?;
+        Ok(rules
+            .items
+            .iter()
+            .filter(|r| r.data["spec"]["taint"]["effect"] != Effect::None.as_str())
+            .count())
     }
 
     /// The allowlisted drivers' devices, from every ResourceSlice (`resource.k8s.io/v1`,
