@@ -810,6 +810,39 @@ mod passes {
 
     /// Someone else's rule under faultline's name: never changed, never deleted; the
     /// device takes the node path instead, and says why.
+    /// 1.33 and 1.34 serve DeviceTaintRule (alpha, `v1alpha3`) without effect `None`:
+    /// the proposal is refused (422). Every pass failed on it before and the node was
+    /// never tainted; now the node path is taken, and the record says why.
+    #[tokio::test]
+    async fn a_cluster_without_effect_none_takes_the_node_path() {
+        // 1.34 (1.33's ResourceSlices are beta, which the test server does not serve).
+        let minor = "1.34";
+        let release = Release::parse(minor).unwrap().with_device_taint_rules(true);
+        let (server, r) = cluster(release, 8, false).await;
+        let out = r
+            .isolate("n1", vec![gpu(2, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated, "{minor}");
+        assert_eq!(node_taints(&server).len(), 1, "{minor}: the node tainted");
+        let node = server.get("nodes", "", "n1").unwrap();
+        let record = node["metadata"]["annotations"]["faultline.io/quarantine"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(
+            record.contains("refused the DeviceTaintRule"),
+            "{minor}: {record}"
+        );
+        let refused = server
+            .calls()
+            .iter()
+            .filter(|c| c.uri.contains("/devicetaintrules") && c.method == "POST")
+            .map(|c| c.status)
+            .collect::<Vec<_>>();
+        assert_eq!(refused, [422], "{minor}");
+    }
+
     #[tokio::test]
     async fn another_owners_rule_is_left_and_the_node_path_taken() {
         let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;

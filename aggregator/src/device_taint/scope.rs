@@ -50,6 +50,9 @@ pub enum NodeWhy {
     /// The DRA objects could not be read (`why`: an RBAC without them, an API error):
     /// the node, as before the device path.
     Unreadable { why: String },
+    /// The API server refused the proposed rule for `device` (`why`): a cluster whose
+    /// DeviceTaintRule has no effect `None` (the alpha API of 1.33 and 1.34).
+    RuleRefused { device: String, why: String },
 }
 
 impl NodeWhy {
@@ -73,6 +76,9 @@ impl NodeWhy {
             NodeWhy::Unreadable { why } => {
                 format!("the DRA objects could not be read ({why})")
             }
+            NodeWhy::RuleRefused { device, why } => format!(
+                "the API server refused the DeviceTaintRule proposed for {device} ({why}); before 1.35 a rule has no effect None to propose with"
+            ),
             NodeWhy::RejectsAllocations { pods } => format!(
                 "the kubelet refused {pods} pods within the hour for lack of devices (UnexpectedAdmissionError)"
             ),

@@ -141,9 +141,21 @@ impl Remediator {
                         return Ok(DevicePath::Node(Some(why)));
                     }
                 }
-                self.isolate_rules(live, existing, devices, picked, (&dra, &pods), fence)
+                match self
+                    .isolate_rules(live, existing, devices, picked, (&dra, &pods), fence)
                     .await
-                    .map(DevicePath::Done)
+                {
+                    // A cluster that has no effect None (1.33, 1.34): the node path,
+                    // said in the record's reason and counted.
+                    Err(RemediateError::RuleRefused { device, why }) => {
+                        tracing::warn!(node = %live.name, %device, %why, "the API server refused the proposed DeviceTaintRule: the node path");
+                        if let Some(m) = self.announce.metrics() {
+                            m.remediation_error("dra");
+                        }
+                        Ok(DevicePath::Node(Some(NodeWhy::RuleRefused { device, why })))
+                    }
+                    r => r.map(DevicePath::Done),
+                }
             }
             Scope::Node(why @ (NodeWhy::NoDeviceApi | NodeWhy::NotPublished { .. })) => {
                 // No rule can select it: the device plugin's own isolation, if it took
@@ -297,10 +309,16 @@ impl Remediator {
                 return Err(RemediateError::NotHolder);
             }
             let dev = r.device_ref();
-            let rule = dra
-                .propose(&dev, &r.uuid, reason, sequence, shard)
-                .await
-                .map_err(quarantine_error)?;
+            let rule = match dra.propose(&dev, &r.uuid, reason, sequence, shard).await {
+                Ok(rule) => rule,
+                Err(QuarantineError::Api(kube::Error::Api(s))) if s.code == 422 => {
+                    return Err(RemediateError::RuleRefused {
+                        device: r.id.clone(),
+                        why: s.message,
+                    })
+                }
+                Err(e) => return Err(quarantine_error(e)),
+            };
             let effect = rule["spec"]["taint"]["effect"]
                 .as_str()
                 .unwrap_or("None")

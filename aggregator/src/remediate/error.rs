@@ -16,6 +16,9 @@ pub enum RemediateError {
     /// that did not decode).
     #[error("device quarantine: {0}")]
     Device(String),
+    /// The API server refused the rule proposed for `device` (422): the node path.
+    #[error("DeviceTaintRule for {device} refused: {why}")]
+    RuleRefused { device: String, why: String },
 }
 
 impl RemediateError {
@@ -29,7 +32,7 @@ impl RemediateError {
             RemediateError::Api(_) => "api",
             RemediateError::NotHolder => "not-holder",
             RemediateError::Record(..) => "record",
-            RemediateError::Device(..) => "device",
+            RemediateError::Device(..) | RemediateError::RuleRefused { .. } => "device",
         }
     }
 }

@@ -7,7 +7,8 @@
 //! gate is on (pkg/registry/resource/rest/storage_resource.go serves `devicetaintrules`
 //! only with `DRADeviceTaintRules`). The gate's history, from
 //! staging/src/k8s.io/apiserver/pkg/features/kube_features.go:
-//! - 1.35 alpha, off by default (API `v1alpha3`);
+//! - 1.33 to 1.35 alpha, off by default (API `v1alpha3`; effect `None` only from 1.35,
+//!   so a 1.33 or 1.34 cluster refuses a rule at `None` with a 422);
 //! - 1.36 beta, **off** by default ("Depends on an off-by-default beta API", `v1beta2`);
 //! - 1.37 GA, on by default (`v1`).
 //!
@@ -71,9 +72,9 @@ impl Release {
     }
 
     /// Whether DeviceTaintRules are served: the gate (its default from 1.37 on), and
-    /// only from 1.35, the first release that has it.
+    /// only from 1.33, the first release that has it (KEP-5055).
     pub fn device_taint_rules(&self) -> bool {
-        self.minor >= 35 && self.device_taint_rules_gate.unwrap_or(self.minor >= 37)
+        self.minor >= 33 && self.device_taint_rules_gate.unwrap_or(self.minor >= 37)
     }
 
     /// The versions at which `k` is served, newest first; empty when it is not.
@@ -83,7 +84,7 @@ impl Release {
         }
         match k.plural {
             "devicetaintrules" if self.device_taint_rules() => match self.minor {
-                35 => &["v1alpha3"],
+                33..=35 => &["v1alpha3"],
                 36 => &["v1beta2"],
                 _ => &["v1"],
             },
