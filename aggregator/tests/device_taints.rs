@@ -810,6 +810,36 @@ mod passes {
 
     /// Someone else's rule under faultline's name: never changed, never deleted; the
     /// device takes the node path instead, and says why.
+    /// A pod on the node that names 2,000 claims that do not exist: the claims read
+    /// per pass are bounded (they were all read at once, for every pass: 700-800 GETs a
+    /// second), and the other pods' claims are still read, so the failed GPU's holder
+    /// is found and the GPU quarantined alone.
+    #[tokio::test]
+    async fn a_pod_naming_thousands_of_claims_costs_a_bounded_number_of_reads() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let mut greedy = fixtures::dra_pod("a-greedy", "n1");
+        greedy["spec"]["resourceClaims"] = (0..2000)
+            .map(|i| json!({"name": format!("c{i}"), "resourceClaimName": format!("missing-{i}")}))
+            .collect::<Vec<_>>()
+            .into();
+        server.create("pods", "train", greedy).unwrap();
+        let out = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated);
+        let rule = rule_of(&server, 3).expect("gpu-3's rule");
+        assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+        let reads = server
+            .calls()
+            .iter()
+            .filter(|c| c.method == "GET" && c.uri.contains("/resourceclaims/"))
+            .count();
+        // Two reads of the node's claims in the pass (to propose, to count the holders
+        // against the prediction), 256 at most each.
+        assert!(reads <= 512, "{reads} claim reads");
+    }
+
     /// 1.33 and 1.34 serve DeviceTaintRule (alpha, `v1alpha3`) without effect `None`:
     /// the proposal is refused (422). Every pass failed on it before and the node was
     /// never tainted; now the node path is taken, and the record says why.
