@@ -461,6 +461,35 @@ mod tests {
         );
     }
 
+    /// A holder is the pod of its claim's namespace with that name and uid, and no
+    /// other: not another namespace's pod with the uid, not a pod recreated under the
+    /// name (a new uid).
+    #[test]
+    fn a_holder_is_one_pod_of_its_claim_s_namespace() {
+        let h = Holder {
+            namespace: "tenant".into(),
+            pod: "w-0".into(),
+            uid: "u-1".into(),
+            claim: "gpu".into(),
+        };
+        assert!(h.is("tenant", "w-0", "u-1"));
+        for (ns, name, uid) in [
+            ("train", "w-0", "u-1"),
+            ("tenant", "w-1", "u-1"),
+            ("tenant", "w-0", "u-2"),
+        ] {
+            assert!(!h.is(ns, name, uid), "{ns}/{name} {uid}");
+        }
+        let pod = |ns: &str, name: &str, uid: &str| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(json!({"metadata": {"namespace": ns, "name": name, "uid": uid}}))
+                .unwrap()
+        };
+        assert!(h.is_pod(&pod("tenant", "w-0", "u-1")));
+        assert!(!h.is_pod(&pod("train", "w-0", "u-1")));
+        assert!(!h.is_pod(&pod("tenant", "w-0", "u-2")));
+        assert!(!h.is_pod(&pod("tenant", "w-1", "u-1")));
+    }
+
     #[test]
     fn holders_are_the_pods_a_claim_on_the_device_is_reserved_for() {
         let dev = DeviceRef {
