@@ -446,6 +446,17 @@ mod passes {
             .collect()
     }
 
+    /// gpu-3 fails: isolated by a rule of its own at NoSchedule.
+    async fn gpu_3_quarantined_alone(server: &ApiServer, r: &Remediator) {
+        let out = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated);
+        let rule = rule_of(server, 3).expect("gpu-3's rule");
+        assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+    }
+
     fn rule_of(server: &ApiServer, i: usize) -> Option<Value> {
         let d = DeviceRef {
             driver: "gpu.nvidia.com".into(),
@@ -611,13 +622,7 @@ mod passes {
             });
             server.create("devicetaintrules", "", orphan).unwrap();
         }
-        let out = r
-            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
-            .await
-            .unwrap();
-        assert_eq!(out, Outcome::Isolated);
-        let rule = rule_of(&server, 3).expect("gpu-3's rule");
-        assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+        gpu_3_quarantined_alone(&server, &r).await;
     }
 
     /// An install whose RBAC predates the watch of the rule: the watch is refused, the
@@ -638,13 +643,7 @@ mod passes {
             },
         )
         .await;
-        let out = r
-            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
-            .await
-            .unwrap();
-        assert_eq!(out, Outcome::Isolated);
-        let rule = rule_of(&server, 3).expect("gpu-3's rule");
-        assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+        gpu_3_quarantined_alone(&server, &r).await;
         let refused = server
             .calls()
             .iter()
@@ -823,13 +822,7 @@ mod passes {
             .collect::<Vec<_>>()
             .into();
         server.create("pods", "train", greedy).unwrap();
-        let out = r
-            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
-            .await
-            .unwrap();
-        assert_eq!(out, Outcome::Isolated);
-        let rule = rule_of(&server, 3).expect("gpu-3's rule");
-        assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+        gpu_3_quarantined_alone(&server, &r).await;
         let reads = server
             .calls()
             .iter()

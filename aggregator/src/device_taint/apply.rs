@@ -318,16 +318,7 @@ impl Dra {
                 tracing::debug!(error = %e, "cannot watch the DeviceTaintRule; reading it again");
                 let soon = tokio::time::Instant::now() + std::time::Duration::from_millis(500);
                 tokio::time::sleep_until(until.min(soon)).await;
-                return Ok(match self.rule(device).await? {
-                    Some(now)
-                        if now["metadata"]["resourceVersion"]
-                            != rule["metadata"]["resourceVersion"] =>
-                    {
-                        Watched::Changed(now)
-                    }
-                    Some(_) => Watched::Unchanged,
-                    None => Watched::Gone,
-                });
+                return self.read_again(device, rule).await;
             }
         };
         futures_util::pin_mut!(stream);
@@ -347,23 +338,29 @@ impl Dra {
                 Some(WatchEvent::Bookmark(_)) => {}
                 // Ended early, or the version expired (410): one read says where it is.
                 Some(WatchEvent::Error(_)) | None => {
-                    return Ok(match self.rule(device).await? {
-                        Some(now)
-                            if now["metadata"]["resourceVersion"]
-                                != rule["metadata"]["resourceVersion"] =>
-                        {
-                            Watched::Changed(now)
-                        }
-                        Some(_) => {
-                            // Unchanged: wait out the rest rather than ask again at once.
-                            tokio::time::sleep_until(until).await;
-                            Watched::Unchanged
-                        }
-                        None => Watched::Gone,
-                    });
+                    let again = self.read_again(device, rule).await?;
+                    if again == Watched::Unchanged {
+                        // Wait out the rest rather than ask again at once.
+                        tokio::time::sleep_until(until).await;
+                    }
+                    return Ok(again);
                 }
             }
         }
+    }
+
+    /// One read of `device`'s rule, against `rule` as last seen (its resourceVersion).
+    async fn read_again(
+        &self,
+        device: &DeviceRef,
+        rule: &Value,
+    ) -> Result<Watched, QuarantineError> {
+        let seen = &rule["metadata"]["resourceVersion"];
+        Ok(match self.rule(device).await? {
+            Some(now) if now["metadata"]["resourceVersion"] != *seen => Watched::Changed(now),
+            Some(_) => Watched::Unchanged,
+            None => Watched::Gone,
+        })
     }
 
     /// Propose a quarantine: the device's rule with effect `None`, so the controller

@@ -7,8 +7,10 @@
 //! gate is on (pkg/registry/resource/rest/storage_resource.go serves `devicetaintrules`
 //! only with `DRADeviceTaintRules`). The gate's history, from
 //! staging/src/k8s.io/apiserver/pkg/features/kube_features.go:
-//! - 1.33 to 1.35 alpha, off by default (API `v1alpha3`; effect `None` only from 1.35,
-//!   so a 1.33 or 1.34 cluster refuses a rule at `None` with a 422);
+//! - 1.33 to 1.35 alpha, off by default (API `v1alpha3`; effect `None` only from 1.35:
+//!   pkg/apis/resource/validation/validation.go `validateDeviceTaint` checks the effect
+//!   against `resource.SupportedDeviceTaintEffects`, which gains `None` in 1.35, so a
+//!   1.33 or 1.34 cluster refuses a rule at `None` with a 422, as `dra.rs` does);
 //! - 1.36 beta, **off** by default ("Depends on an off-by-default beta API", `v1beta2`);
 //! - 1.37 GA, on by default (`v1`).
 //!
