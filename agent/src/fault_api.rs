@@ -209,7 +209,7 @@ async fn ack(
     peer: Option<axum::Extension<ConnectInfo<std::net::SocketAddr>>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let refuse = |kind: &str, status: StatusCode, message: String| {
+    let refuse = |kind: &'static str, status: StatusCode, message: String| {
         s.metrics.count_error("drain-ack", kind);
         ApiError::new(status, message)
     };

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use faultline_common::{DeviceHealth, DeviceStatus, XidEvent};
+use faultline_common::{DeviceHealth, DeviceStatus, XidClass, XidEvent};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -19,7 +19,8 @@ struct SourceLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     source: String,
-    kind: String,
+    /// An error's `kind()` or `label()`: a name the code gives, never input.
+    kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -31,15 +32,16 @@ struct DeviceLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabels {
     device: String,
-    status: String,
+    status: DeviceStatus,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct XidLabels {
+    /// The number of an Xid the catalog knows, or `other`.
     xid: String,
-    class: String,
-    source: String,
-    ignored: String,
+    class: &'static str,
+    source: &'static str,
+    ignored: bool,
 }
 
 faultline_common::label_values!(
@@ -72,6 +74,24 @@ faultline_common::label_values!(
     }
 );
 
+faultline_common::label_values!(
+    /// What a vendor fault event says (`assertion` of `fault_events_total`).
+    FaultAssertion {
+        Recover => "recover",
+        Occur => "occur",
+        OneOff => "one-off",
+        Other => "other",
+    }
+);
+
+faultline_common::label_values!(
+    /// How a source learns of faults (`mode` of `fault_event_mode`).
+    FaultEventMode {
+        Events => "events",
+        Polling => "polling",
+    }
+);
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LineLabels {
     result: KmsgLine,
@@ -84,20 +104,21 @@ struct OpenLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabels {
-    path: String,
-    code: String,
+    /// The route, or `other`.
+    path: &'static str,
+    code: u16,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FaultEventLabels {
-    source: String,
-    assertion: String,
+    source: &'static str,
+    assertion: FaultAssertion,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FaultModeLabels {
-    source: String,
-    mode: String,
+    source: &'static str,
+    mode: FaultEventMode,
 }
 
 /// Every metric the agent exports.
@@ -251,23 +272,17 @@ impl Metrics {
     }
 
     /// A vendor fault event arrived (`assertion`: occur, recover, one-off).
-    pub fn count_fault_event(&self, source: &str, assertion: &str) {
+    pub fn count_fault_event(&self, source: &'static str, assertion: FaultAssertion) {
         self.fault_events
-            .get_or_create(&FaultEventLabels {
-                source: source.to_string(),
-                assertion: assertion.to_string(),
-            })
+            .get_or_create(&FaultEventLabels { source, assertion })
             .inc();
     }
 
     /// How `source` learns of faults now: `events` or `polling`.
-    pub fn set_fault_event_mode(&self, source: &str, mode: &str) {
-        for m in ["events", "polling"] {
+    pub fn set_fault_event_mode(&self, source: &'static str, mode: FaultEventMode) {
+        for m in [FaultEventMode::Events, FaultEventMode::Polling] {
             self.fault_event_mode
-                .get_or_create(&FaultModeLabels {
-                    source: source.to_string(),
-                    mode: m.to_string(),
-                })
+                .get_or_create(&FaultModeLabels { source, mode: m })
                 .set(i64::from(m == mode));
         }
     }
@@ -291,11 +306,11 @@ impl Metrics {
     }
 
     /// A failed sample or call.
-    pub fn count_error(&self, source: &str, kind: &str) {
+    pub fn count_error(&self, source: &str, kind: &'static str) {
         self.errors
             .get_or_create(&ErrorLabels {
                 source: source.into(),
-                kind: kind.into(),
+                kind,
             })
             .inc();
     }
@@ -320,16 +335,29 @@ impl Metrics {
         } else {
             "other".into()
         };
-        let source = match e.source.as_str() {
-            s @ ("kmsg" | "nvml-event" | "nvml" | "dcmi" | "npu-smi" | "exec" | "sim") => s,
-            _ => "other",
-        };
+        let source = [
+            "kmsg",
+            "nvml-event",
+            "nvml",
+            "dcmi",
+            "npu-smi",
+            "exec",
+            "sim",
+        ]
+        .into_iter()
+        .find(|s| *s == e.source)
+        .unwrap_or("other");
         self.xids
             .get_or_create(&XidLabels {
                 xid,
-                class: format!("{:?}", e.class).to_lowercase(),
-                source: source.into(),
-                ignored: ignored.to_string(),
+                class: match e.class {
+                    XidClass::Fatal => "fatal",
+                    XidClass::RestartApp => "restartapp",
+                    XidClass::Informational => "informational",
+                    XidClass::Unknown => "unknown",
+                },
+                source,
+                ignored,
             })
             .inc();
     }
@@ -345,13 +373,8 @@ impl Metrics {
     }
 
     /// An HTTP request was answered.
-    pub fn count_http(&self, path: &str, code: u16) {
-        self.http
-            .get_or_create(&HttpLabels {
-                path: path.into(),
-                code: code.to_string(),
-            })
-            .inc();
+    pub fn count_http(&self, path: &'static str, code: u16) {
+        self.http.get_or_create(&HttpLabels { path, code }).inc();
     }
 
     /// Refresh per-device gauges from a rendered document.
@@ -379,7 +402,7 @@ impl Metrics {
                 self.status
                     .get_or_create(&StatusLabels {
                         device: d.reading.id.clone(),
-                        status: s.as_str().into(),
+                        status: s,
                     })
                     .set((d.status == s) as i64);
             }

@@ -102,30 +102,20 @@ impl Severity {
     }
 }
 
-/// What became of one notification for one receiver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Delivery {
-    /// Accepted at the first attempt.
-    Sent,
-    /// Accepted after a failure.
-    Retried,
-    /// Refused or unreachable on every attempt.
-    Failed,
-    /// Not queued: the queue was full.
-    Dropped,
-}
-
-impl Delivery {
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Delivery::Sent => "sent",
-            Delivery::Retried => "retried",
-            Delivery::Failed => "failed",
-            Delivery::Dropped => "dropped",
-        }
+faultline_common::label_values!(
+    /// What became of one notification for one receiver (`result` of
+    /// `notifications_total`).
+    Delivery {
+        /// Accepted at the first attempt.
+        Sent => "sent",
+        /// Accepted after a failure.
+        Retried => "retried",
+        /// Refused or unreachable on every attempt.
+        Failed => "failed",
+        /// Not queued: the queue was full.
+        Dropped => "dropped",
     }
-}
+);
 
 /// Told of every delivery's outcome (the metrics).
 pub type OnDelivery = Arc<dyn Fn(Delivery) + Send + Sync>;

@@ -118,7 +118,8 @@ async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_be
     );
     assert_eq!(i_ckpt.devices, ["gpu1"]);
     assert_eq!(
-        i_ckpt.reason, "row-remap-failure",
+        i_ckpt.reasons,
+        ["row-remap-failure"],
         "as npus[].reason says it"
     );
     assert_eq!(i_ckpt.pod_ips, ["127.0.0.1"]);

@@ -139,8 +139,11 @@ pub struct DrainNotice {
     pub pod_ips: Vec<String>,
     /// The failed devices the pod uses (ids on the node).
     pub devices: Vec<String>,
-    /// Why, as in `npus[].reason` (`xid-79`, `recovery-gpu-reset`).
-    pub reason: String,
+    /// Why, as in `npus[].reason` (`xid-79`, `recovery-gpu-reset`): one per cause,
+    /// sorted. Written as v1 has it, one `reason` string, comma-joined.
+    #[serde(rename = "reason", with = "reason_list")]
+    #[schemars(with = "String")]
+    pub reasons: Vec<String>,
     /// When the intent was published (RFC 3339).
     pub requested: String,
     /// The pod is evicted at this time at the latest (RFC 3339).
@@ -392,6 +395,25 @@ pub fn json_schemas() -> [(&'static str, serde_json::Value); 3] {
     ]
 }
 
+/// `DrainNotice::reasons` as fault.json v1 writes them: one string, the reasons
+/// joined by commas (a reason code has no comma).
+mod reason_list {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(reasons: &[String], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&reasons.join(","))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+        let joined = String::deserialize(d)?;
+        Ok(joined
+            .split(',')
+            .filter(|r| !r.is_empty())
+            .map(String::from)
+            .collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,5 +484,29 @@ mod tests {
         assert_eq!(v["npus"][0]["status"], "failed");
         assert_eq!(v["npus"][0]["reason"], "npu-offline");
         assert_eq!(v["summary"]["failed"], 1);
+    }
+
+    #[test]
+    fn a_drain_s_reasons_are_one_comma_joined_string_on_the_wire() {
+        let notice = DrainNotice {
+            namespace: "ml".into(),
+            pod: "p".into(),
+            uid: "u-1".into(),
+            pod_ips: vec![],
+            devices: vec!["gpu0".into(), "gpu1".into()],
+            reasons: vec!["row-remap-failure".into(), "xid-79".into()],
+            requested: "2026-12-06T00:00:00Z".into(),
+            evict_after: "2026-12-06T00:05:00Z".into(),
+            acknowledged: None,
+        };
+        let v = serde_json::to_value(&notice).unwrap();
+        assert_eq!(v["reason"], "row-remap-failure,xid-79");
+        assert!(v.get("reasons").is_none(), "v1 has one reason field");
+        let back: DrainNotice = serde_json::from_value(v).unwrap();
+        assert_eq!(back, notice);
+        let mut v = serde_json::to_value(&notice).unwrap();
+        v["reason"] = "".into();
+        let none: DrainNotice = serde_json::from_value(v).unwrap();
+        assert!(none.reasons.is_empty(), "an empty string is no reason");
     }
 }

@@ -55,3 +55,14 @@ impl DeviceStatus {
         }
     }
 }
+
+/// A status is a metric label (`state`, `status`, `to`) with its four values.
+#[cfg(feature = "server")]
+impl prometheus_client::encoding::EncodeLabelValue for DeviceStatus {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}

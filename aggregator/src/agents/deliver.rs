@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::http::{Conn, Target};
-use crate::metrics::Metrics;
+use crate::metrics::{Delivered, DeliveryKind, Metrics};
 use crate::shard::Held;
 
 /// Bound on one delivery, connecting included.
@@ -210,7 +210,11 @@ impl Deliveries {
             stale_after_ms: (self.confirm * 3).as_millis() as u64,
             entry: full.then(|| offer.entry.clone()),
         };
-        let kind = if full { "entry" } else { "confirm" };
+        let kind = if full {
+            DeliveryKind::Entry
+        } else {
+            DeliveryKind::Confirm
+        };
         let body = match serde_json::to_vec(&d) {
             Ok(b) => b,
             Err(e) => {
@@ -228,11 +232,11 @@ impl Deliveries {
             Ok(Err(_)) | Err(_) => 0,
         };
         let result = match status {
-            200 => "ok",
-            409 => "conflict",
-            401 | 403 => "refused",
-            0 => "unreachable",
-            _ => "error",
+            200 => Delivered::Ok,
+            409 => Delivered::Conflict,
+            401 | 403 => Delivered::Refused,
+            0 => Delivered::Unreachable,
+            _ => Delivered::Error,
         };
         self.metrics.delivery(kind, result);
         if status == 200 {

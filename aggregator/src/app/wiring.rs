@@ -538,7 +538,7 @@ impl Parts<'_> {
             let m = metrics.clone();
             Arc::new(Notifier::start(
                 cfg.notify.clone(),
-                Arc::new(move |d| m.notification(d.as_str())),
+                Arc::new(move |d| m.notification(d)),
                 self.lease_cancel.clone(),
             ))
         });

@@ -3,7 +3,7 @@
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 
-use faultline_common::label_values;
+use faultline_common::{label_values, DeviceStatus};
 
 label_values!(
     /// How a request to an agent ended (`result` of `agent_polls_total`).
@@ -65,9 +65,32 @@ label_values!(
     }
 );
 
+label_values!(
+    /// What a delivery to an agent carried (`kind` of `deliveries_total`).
+    DeliveryKind {
+        /// A node's whole entry.
+        Entry => "entry",
+        /// A confirmation that the entry the agent holds is current.
+        Confirm => "confirm",
+    }
+);
+
+label_values!(
+    /// How a delivery to an agent ended (`result` of `deliveries_total`).
+    Delivered {
+        Ok => "ok",
+        /// The agent holds a newer entry.
+        Conflict => "conflict",
+        /// The agent refused our token.
+        Refused => "refused",
+        Unreachable => "unreachable",
+        Error => "error",
+    }
+);
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ResultLabel {
-    pub(super) result: String,
+    pub(super) result: crate::notify::Delivery,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -92,25 +115,26 @@ pub(super) struct IntakeLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct StateLabel {
-    pub(super) state: String,
+    pub(super) state: DeviceStatus,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct TransitionLabels {
-    pub(super) to: String,
+    pub(super) to: DeviceStatus,
+    /// The reason's code (its first word): codes come from the catalogs and the rules.
     pub(super) reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct DeliveryLabels {
-    pub(super) kind: String,
-    pub(super) result: String,
+    pub(super) kind: DeliveryKind,
+    pub(super) result: Delivered,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct SinkLabels {
     pub(super) sink: Sink,
-    pub(super) shard: String,
+    pub(super) shard: u32,
 }
 
 /// A remediation action, as the `action` label of `actions_total` and
@@ -250,17 +274,18 @@ pub(super) struct ActionLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct CodeLabel {
-    pub(super) code: String,
+    pub(super) code: u16,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct KindLabel {
-    pub(super) kind: String,
+    /// An error's `metric_label()`, or a name the code gives: never input.
+    pub(super) kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ShardLabel {
-    pub(super) shard: String,
+    pub(super) shard: u32,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -4,5 +4,5 @@ mod labels;
 mod registry;
 mod remediation;
 
-pub use labels::{Action, ActionResult, IntakeResult, Nudge, Poll, Sink};
+pub use labels::{Action, ActionResult, Delivered, DeliveryKind, IntakeResult, Nudge, Poll, Sink};
 pub use registry::*;

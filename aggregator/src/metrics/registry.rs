@@ -11,9 +11,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::labels::{
-    ActionLabel, ActionLabels, CodeLabel, DeliveryLabels, IntakeLabel, KindLabel, Nudge,
-    NudgeLabel, Poll, PollLabel, Reload, ReloadLabel, ResultLabel, ShardLabel, Sink, SinkLabels,
-    StateLabel, TransitionLabels, VersionLabel,
+    ActionLabel, ActionLabels, CodeLabel, Delivered, DeliveryKind, DeliveryLabels, IntakeLabel,
+    KindLabel, Nudge, NudgeLabel, Poll, PollLabel, Reload, ReloadLabel, ResultLabel, ShardLabel,
+    Sink, SinkLabels, StateLabel, TransitionLabels, VersionLabel,
 };
 
 /// Every metric of the aggregator.
@@ -340,9 +340,9 @@ impl Metrics {
     }
 
     /// A request to an agent failed, by kind.
-    pub fn agent_poll_error(&self, kind: &str) {
+    pub fn agent_poll_error(&self, kind: &'static str) {
         self.agent_poll_errors
-            .get_or_create(&KindLabel { kind: kind.into() })
+            .get_or_create(&KindLabel { kind })
             .inc();
     }
 
@@ -356,9 +356,9 @@ impl Metrics {
     }
 
     /// A remediation pass failed, by kind.
-    pub fn remediation_error(&self, kind: &str) {
+    pub fn remediation_error(&self, kind: &'static str) {
         self.remediation_errors
-            .get_or_create(&KindLabel { kind: kind.into() })
+            .get_or_create(&KindLabel { kind })
             .inc();
     }
 
@@ -377,9 +377,7 @@ impl Metrics {
             (DeviceStatus::Unknown, counts.unknown),
         ] {
             self.devices
-                .get_or_create(&StateLabel {
-                    state: s.as_str().into(),
-                })
+                .get_or_create(&StateLabel { state: s })
                 .set(n as i64);
         }
     }
@@ -390,7 +388,7 @@ impl Metrics {
         let code = reason.split_whitespace().next().unwrap_or("");
         self.transitions
             .get_or_create(&TransitionLabels {
-                to: to.as_str().into(),
+                to,
                 reason: code.into(),
             })
             .inc();
@@ -398,10 +396,7 @@ impl Metrics {
 
     /// A write finished.
     pub fn write(&self, sink: Sink, shard: u32, secs: f64, bytes: usize, ok: bool) {
-        let l = SinkLabels {
-            sink,
-            shard: shard.to_string(),
-        };
+        let l = SinkLabels { sink, shard };
         if ok {
             self.write_seconds.get_or_create(&l).observe(secs);
             self.write_bytes.get_or_create(&l).set(bytes as i64);
@@ -413,29 +408,21 @@ impl Metrics {
     /// A write was not made: the shard is not ours.
     pub fn write_skipped(&self, sink: Sink, shard: u32) {
         self.writes_skipped
-            .get_or_create(&SinkLabels {
-                sink,
-                shard: shard.to_string(),
-            })
+            .get_or_create(&SinkLabels { sink, shard })
             .inc();
     }
 
     /// A shard's write not made: a newer document of it was out first.
     pub fn write_superseded(&self, shard: u32) {
         self.writes_superseded
-            .get_or_create(&ShardLabel {
-                shard: shard.to_string(),
-            })
+            .get_or_create(&ShardLabel { shard })
             .inc();
     }
 
     /// A delivery to an agent and how it went.
-    pub fn delivery(&self, kind: &str, result: &str) {
+    pub fn delivery(&self, kind: DeliveryKind, result: Delivered) {
         self.deliveries
-            .get_or_create(&DeliveryLabels {
-                kind: kind.into(),
-                result: result.into(),
-            })
+            .get_or_create(&DeliveryLabels { kind, result })
             .inc();
     }
 
@@ -459,7 +446,7 @@ impl Metrics {
         self.write_conflicts
             .get_or_create(&SinkLabels {
                 sink: Sink::ConfigMap,
-                shard: shard.to_string(),
+                shard,
             })
             .inc();
     }
@@ -567,9 +554,7 @@ impl Metrics {
     /// Lease ownership of a shard.
     pub fn set_lease(&self, shard: u32, held: bool) {
         self.lease_held
-            .get_or_create(&ShardLabel {
-                shard: shard.to_string(),
-            })
+            .get_or_create(&ShardLabel { shard })
             .set(held as i64);
     }
 

@@ -40,9 +40,7 @@ impl Metrics {
     /// An intake answer.
     pub fn intake_response(&self, code: u16) {
         self.intake_responses
-            .get_or_create(&CodeLabel {
-                code: code.to_string(),
-            })
+            .get_or_create(&CodeLabel { code })
             .inc();
     }
 
@@ -54,11 +52,9 @@ impl Metrics {
     }
 
     /// A notification's outcome.
-    pub fn notification(&self, result: &str) {
+    pub fn notification(&self, result: crate::notify::Delivery) {
         self.notifications
-            .get_or_create(&ResultLabel {
-                result: result.into(),
-            })
+            .get_or_create(&ResultLabel { result })
             .inc();
     }
 

@@ -657,7 +657,7 @@ fn only_an_acknowledgement_of_a_published_intent_wakes_the_node() {
         uid: "u-1".into(),
         pod_ips: vec![],
         devices: vec!["gpu0".into()],
-        reason: "xid-79".into(),
+        reasons: vec!["xid-79".into()],
         requested: rfc3339(1_000),
         evict_after: rfc3339(301_000),
         acknowledged: None,

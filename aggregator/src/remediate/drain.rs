@@ -110,11 +110,12 @@ pub fn acknowledged(intent: &DrainNotice, acks: &[(String, String)]) -> bool {
             .any(|(uid, requested)| *uid == intent.uid && *requested == intent.requested)
 }
 
-/// A new intent for `pod` (its record key `key`), evicted at `evict_after_ms`.
+/// A new intent for `pod` (its record key `key`), evicted at `evict_after_ms`, for
+/// `reasons` (sorted, each once).
 pub fn notice(
     pod: &Pod,
     devices: Vec<String>,
-    reason: String,
+    reasons: Vec<String>,
     now_ms: u64,
     evict_after_ms: u64,
 ) -> DrainNotice {
@@ -142,7 +143,7 @@ pub fn notice(
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         pod_ips,
         devices,
-        reason,
+        reasons,
         requested: rfc3339_ms(now_ms),
         evict_after: rfc3339_ms(evict_after_ms),
         acknowledged: None,
@@ -238,7 +239,7 @@ mod tests {
             uid: "u-1".into(),
             pod_ips: vec![],
             devices: vec!["gpu0".into()],
-            reason: "xid-79".into(),
+            reasons: vec!["xid-79".into()],
             requested: rfc3339_ms(2_000),
             evict_after: rfc3339_ms(302_000),
             acknowledged: None,
@@ -269,7 +270,7 @@ mod tests {
             "status": {"podIP": "10.0.0.7", "podIPs": [{"ip": "10.0.0.7"}, {"ip": "fd00::7"}]},
         }))
         .unwrap();
-        let n = notice(&pod, vec!["gpu3".into()], "xid-79".into(), 0, 300_000);
+        let n = notice(&pod, vec!["gpu3".into()], vec!["xid-79".into()], 0, 300_000);
         assert_eq!(n.pod_ips, ["10.0.0.7", "fd00::7"]);
         assert_eq!(
             (n.namespace.as_str(), n.pod.as_str(), n.uid.as_str()),
@@ -278,14 +279,9 @@ mod tests {
         assert_eq!(n.evict_after, "1970-01-01T00:05:00.000Z");
         let mut host = pod.clone();
         host.spec.as_mut().unwrap().host_network = Some(true);
-        assert!(notice(&host, vec![], String::new(), 0, 1)
-            .pod_ips
-            .is_empty());
+        assert!(notice(&host, vec![], vec![], 0, 1).pod_ips.is_empty());
         let mut old = pod;
         old.status.as_mut().unwrap().pod_ips = None;
-        assert_eq!(
-            notice(&old, vec![], String::new(), 0, 1).pod_ips,
-            ["10.0.0.7"]
-        );
+        assert_eq!(notice(&old, vec![], vec![], 0, 1).pod_ips, ["10.0.0.7"]);
     }
 }

@@ -344,14 +344,14 @@ impl Remediator {
             DrainStep::Wait(at) => Err(at),
             DrainStep::Request(at) => {
                 // The reasons as fault.json gives them (`npus[].reason`).
-                let mut reasons: Vec<&str> =
-                    record.devices.iter().map(|d| d.reason.as_str()).collect();
+                let mut reasons: Vec<String> =
+                    record.devices.iter().map(|d| d.reason.clone()).collect();
                 reasons.sort_unstable();
                 reasons.dedup();
                 let n = notice(
                     pod,
                     record.devices.iter().map(|d| d.id.clone()).collect(),
-                    reasons.join(","),
+                    reasons,
                     now,
                     at,
                 );

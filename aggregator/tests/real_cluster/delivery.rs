@@ -138,7 +138,7 @@ async fn delivery_and_the_drain_handshake(release: Release) {
         std::slice::from_ref(&ckpt_ip),
         "the pod's real address"
     );
-    assert_eq!(i_ckpt.reason, "row-remap-failure");
+    assert_eq!(i_ckpt.reasons, ["row-remap-failure"]);
     let n2 = c.node_file("n2").unwrap();
     assert!(
         n2.drain.is_empty() && n2.summary.failed == 0,

@@ -19,6 +19,7 @@ use super::map::{Answer, DcmiError, RawChip, RawDetails, RawNet};
 use super::net::{
     finish_network_health, start_network_health, NetAnswer, NetProbe, NETWORK_HEALTH_BOUND,
 };
+use crate::metrics::{FaultAssertion, FaultEventMode};
 
 use crate::metrics::Metrics;
 
@@ -210,10 +211,10 @@ extern "C" fn on_fault_event(ev: *mut DcmiEvent) {
             return;
         };
         let assertion = match e.assertion {
-            0 => "recover",
-            1 => "occur",
-            2 => "one-off",
-            _ => "other",
+            0 => FaultAssertion::Recover,
+            1 => FaultAssertion::Occur,
+            2 => FaultAssertion::OneOff,
+            _ => FaultAssertion::Other,
         };
         if let Some(m) = &t.metrics {
             m.count_fault_event("dcmi", assertion);
@@ -355,13 +356,13 @@ impl DcmiSource {
 
     /// Subscribe every device's fault events, once; polling stays the fallback.
     fn subscribe(&self, d: &Dcmi) {
-        let mode = |m: &str| {
+        let mode = |m: FaultEventMode| {
             if let Some(metrics) = &self.metrics {
                 metrics.set_fault_event_mode("dcmi", m);
             }
         };
         if !self.events {
-            mode("polling");
+            mode(FaultEventMode::Polling);
             return;
         }
         *EVENT_TARGET.locked() = Some(EventTarget {
@@ -390,18 +391,18 @@ impl DcmiSource {
         match r {
             Ok(0) => {
                 tracing::info!("subscribed to DCMI fault events");
-                mode("events");
+                mode(FaultEventMode::Events);
             }
             Ok(rc) => {
                 tracing::warn!(
                     rc,
                     "DCMI fault-event subscription refused; polling the codes"
                 );
-                mode("polling");
+                mode(FaultEventMode::Polling);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no DCMI fault-event subscription; polling the codes");
-                mode("polling");
+                mode(FaultEventMode::Polling);
             }
         }
     }
