@@ -239,10 +239,15 @@ MUTATIONS = [
      '        let _release = lease_cancel;',
      ['-p', 'faultline-aggregator', '--lib', 'a_panic_in_the_core_loop_releases_the_leases_and_fails']),
     ('15 supervision: a Lease loop that dies leaves the replica running',
-     'aggregator/src/app/supervise.rs',
+     'common/src/supervise.rs',
      '        Ok(()) => Err(Stopped::Ended { part }),',
      '        Ok(()) => Ok(()),',
      ['-p', 'faultline-aggregator', '--lib', 'a_core_loop_that_ends_on_its_own_fails']),
+    ('15 supervision: a discovery loop that panics leaves the replica running',
+     'common/src/supervise.rs',
+     '                s.fail(e);',
+     '                drop(e);',
+     ['-p', 'faultline-aggregator', '--lib', 'a_part_that_panics_stops_the_replica_and_is_named']),
 ]
 
 

@@ -1,6 +1,6 @@
 //! `faultline-agent`: see the library for everything; this only parses the flags and
 //! uses the shared process wiring (`faultline_common::runtime`): logging, and stopping
-//! on SIGTERM or ctrl-c.
+//! on SIGTERM or ctrl-c, or with an error when a part of the agent fails.
 
 use clap::Parser;
 use faultline_agent::config::{Args, Config};
@@ -16,6 +16,7 @@ async fn main() -> anyhow::Result<()> {
         shutdown_signal().await;
         cancel.cancel();
     });
-    agent.wait().await;
+    // A part that panicked or ended on its own: exit non-zero, Kubernetes restarts us.
+    agent.wait().await?;
     Ok(())
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use faultline_common::supervise::{judge, Stopped, Supervisor};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SourceKind};
@@ -31,6 +32,8 @@ pub struct Agent {
     pub fault_addr: Option<std::net::SocketAddr>,
     cancel: CancellationToken,
     server: tokio::task::JoinHandle<()>,
+    /// The other long-lived parts: samplers, upkeep, the files, the pods' port.
+    parts: Supervisor,
 }
 
 impl Agent {
@@ -40,9 +43,12 @@ impl Agent {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
     }
 
-    /// Wait until the server stops (on cancel).
-    pub async fn wait(self) {
-        let _ = self.server.await;
+    /// Wait until the agent stops: on cancel, or when a part panics or ends on its own
+    /// (the API server, a sampler, ...), which stops the rest and is the error.
+    pub async fn wait(self) -> Result<(), Stopped> {
+        let server = judge("API server", self.server.await, self.cancel.is_cancelled());
+        self.cancel.cancel();
+        self.parts.failure().and(server)
     }
 
     /// The cancellation token that stops everything.
@@ -70,11 +76,13 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
         metrics.clone(),
     );
     let cancel = CancellationToken::new();
+    let tasks = Supervisor::new(cancel.clone());
     let parts = Parts {
         cfg: &cfg,
         store: &store,
         metrics: &metrics,
         cancel: &cancel,
+        tasks: &tasks,
     };
     let (polled, sim_control) = parts.sources()?;
     if cfg.fail_on_init_error {
@@ -83,12 +91,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
     parts.spawn_samplers(polled);
     parts.spawn_upkeep();
     if let Some(path) = cfg.health_file.clone() {
-        tokio::spawn(health_file::run(
-            path,
-            store.clone(),
-            metrics.clone(),
-            cancel.clone(),
-        ));
+        let run = health_file::run(path, store.clone(), metrics.clone(), cancel.clone());
+        tasks.spawn("health file writer", run);
     }
     let verdicts = parts.verdicts()?;
     let state = api::ApiState::new(store.clone(), metrics.clone(), sim_control)
@@ -104,6 +108,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Agent> {
         fault_addr,
         cancel,
         server,
+        parts: tasks,
     })
 }
 
@@ -116,6 +121,8 @@ struct Parts<'a> {
     store: &'a Arc<Store>,
     metrics: &'a Arc<Metrics>,
     cancel: &'a CancellationToken,
+    /// Spawns the long-lived parts, watched.
+    tasks: &'a Supervisor,
 }
 
 impl Parts<'_> {
@@ -213,13 +220,9 @@ impl Parts<'_> {
         };
         for s in polled {
             self.store.register_source(s.name(), true);
-            tokio::spawn(sampler::run(
-                s,
-                self.store.clone(),
-                self.metrics.clone(),
-                sampler_cfg,
-                self.cancel.clone(),
-            ));
+            let (store, metrics) = (self.store.clone(), self.metrics.clone());
+            let run = sampler::run(s, store, metrics, sampler_cfg, self.cancel.clone());
+            self.tasks.spawn("sampler", run);
         }
     }
 
@@ -228,7 +231,7 @@ impl Parts<'_> {
         let (store, cancel) = (self.store.clone(), self.cancel.clone());
         let period =
             (self.cfg.interval / 4).clamp(Duration::from_millis(50), Duration::from_millis(500));
-        tokio::spawn(async move {
+        self.tasks.spawn("upkeep", async move {
             let mut t = tokio::time::interval(period);
             loop {
                 tokio::select! {
@@ -251,13 +254,9 @@ impl Parts<'_> {
         };
         let verdicts = verdict::Verdicts::new(&cfg.node_name, token, cfg.verdict_stale_after);
         if let Some(dir) = cfg.fault_dir.clone() {
-            tokio::spawn(verdict::run_file(
-                dir,
-                verdicts.clone(),
-                self.store.clone(),
-                self.metrics.clone(),
-                self.cancel.clone(),
-            ));
+            let (store, metrics) = (self.store.clone(), self.metrics.clone());
+            let run = verdict::run_file(dir, verdicts.clone(), store, metrics, self.cancel.clone());
+            self.tasks.spawn("fault file writer", run);
         }
         Ok(verdicts)
     }
@@ -278,13 +277,14 @@ impl Parts<'_> {
         // place among /v1/health's streams.
         let mut pods = state.clone();
         pods.waiters = Arc::new(tokio::sync::Semaphore::new(fault_api::POD_WAITERS));
-        tokio::spawn(faultline_common::server::serve(
+        let serve = faultline_common::server::serve(
             l,
             fault_api::pod_router(pods),
             self.cfg.http,
             stats,
             async move { cancel.cancelled().await },
-        ));
+        );
+        self.tasks.spawn("pods' port (--fault-listen)", serve);
         Ok(Some(bound))
     }
 

@@ -27,6 +27,8 @@ pub mod runtime;
 pub mod server;
 pub mod state;
 pub mod status;
+#[cfg(feature = "runtime")]
+pub mod supervise;
 pub mod sync;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

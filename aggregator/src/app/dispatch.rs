@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 
 use faultline_common::fault::{DrainNotice, QuarantineMark};
 
+use super::supervise;
 use crate::metrics::{Action, ActionResult, IntakeResult, Metrics};
 use crate::model::{Provenance, RecordDevice, Verdict};
 use crate::pipeline::Pipeline;
@@ -285,9 +286,15 @@ impl Dispatch {
         let r = self.remediator.clone();
         let listing = self.listing.clone();
         listing.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        tokio::spawn(async move {
+        let list = async move {
             if let Err(e) = r.list_quarantined().await {
                 tracing::warn!(error = %e, "cannot list quarantined nodes");
+            }
+        };
+        let metrics = self.metrics.clone();
+        supervise::spawn_contained("listing of quarantined nodes", list, move |panicked| {
+            if panicked {
+                metrics.remediation_error("panic");
             }
             listing.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         });
@@ -354,10 +361,15 @@ impl Dispatch {
                 followed: pipeline.knows(&node_name),
                 acks: pipeline.drain_acks(&node_name),
             };
-            tokio::spawn(async move {
+            let metrics = pass.metrics.clone();
+            let work = async move {
                 let _slot = slot;
-                let metrics = pass.metrics.clone();
                 pass.run().await;
+            };
+            supervise::spawn_contained("remediation pass", work, move |panicked| {
+                if panicked {
+                    metrics.remediation_error("panic");
+                }
                 metrics.pass_done();
             });
         }
@@ -383,13 +395,18 @@ impl Dispatch {
                 node.clone(),
                 self.metrics.clone(),
             );
-            tokio::spawn(async move {
+            let work = async move {
                 let _slot = slot;
                 match r.guard_unknown(&node, devices, &fence).await {
                     Ok(outcome) => tracing::debug!(node = %node, ?outcome, "unknown guard pass"),
                     Err(e) => {
                         tracing::warn!(node = %node, error = %e, "unknown guard pass failed; the next one retries")
                     }
+                }
+            };
+            supervise::spawn_contained("unknown guard pass", work, move |panicked| {
+                if panicked {
+                    metrics.remediation_error("panic");
                 }
                 metrics.pass_done();
             });

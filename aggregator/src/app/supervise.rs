@@ -1,5 +1,7 @@
 //! The replica's long-lived tasks, watched together: the core loop, the shard Lease
-//! loop and the API. A panic or an unexpected end of any of them stops the replica,
+//! loop, the API, and through a [`Supervisor`] the parts that follow the cluster
+//! (discovery, the rules file, the pod health watch, DeviceTaintRule discovery). A
+//! panic or an unexpected end of any of them stops the replica,
 //! releasing its Leases where the Lease loop still runs, and [`Tasks::wait`] returns
 //! an error, so the process exits non-zero and Kubernetes restarts it. Before, a core
 //! loop that panicked exited 0, and a replica could run half dead while its Lease loop
@@ -7,41 +9,20 @@
 
 use std::time::Duration;
 
+use faultline_common::supervise::judge;
+pub use faultline_common::supervise::{spawn_contained, Stopped, Supervisor};
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 /// How long a stop waits for the Lease loop to release the Leases.
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
-/// One of the replica's long-lived tasks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
-    /// The core loop (pipeline, writes, the remediation dispatcher).
-    Core,
-    /// The shard Lease loop.
-    Leases,
-    /// The HTTP API (health, documents, the alert intake).
-    Api,
-}
-
-impl std::fmt::Display for Part {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Part::Core => "core loop",
-            Part::Leases => "shard Lease loop",
-            Part::Api => "API server",
-        })
-    }
-}
-
-/// Why the replica stopped on its own.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum Stopped {
-    #[error("the {part} panicked: {message}")]
-    Panicked { part: Part, message: String },
-    #[error("the {part} ended before the replica was told to stop")]
-    Ended { part: Part },
-}
+/// The core loop (pipeline, writes, the remediation dispatcher).
+pub const CORE: &str = "core loop";
+/// The shard Lease loop.
+pub const LEASES: &str = "shard Lease loop";
+/// The HTTP API (health, documents, the alert intake).
+pub const API: &str = "API server";
 
 /// The handles of the replica's long-lived tasks. The core task must cancel
 /// `lease_cancel` when it ends, however it ends (a drop guard): the Leases outlive it,
@@ -55,6 +36,8 @@ pub struct Tasks {
     /// `None`: the file sink holds no Leases.
     pub leases: Option<JoinHandle<()>>,
     pub api: JoinHandle<()>,
+    /// The other long-lived parts.
+    pub supervisor: Supervisor,
 }
 
 /// Spawn the core loop: the Leases go (`lease_cancel`) once it ends, however it ends,
@@ -67,25 +50,6 @@ pub fn spawn_core(
         let _release = lease_cancel.drop_guard();
         core.await
     })
-}
-
-/// What a finished task says about the replica (`Ok`: an end asked for).
-fn judge(part: Part, r: Result<(), JoinError>, asked: bool) -> Result<(), Stopped> {
-    match r {
-        Err(e) if e.is_panic() => {
-            let p = e.into_panic();
-            let message = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "(not a string)".into());
-            Err(Stopped::Panicked { part, message })
-        }
-        // Aborted (`Aggregator::abort`, a test's crash) or ended when told to.
-        Err(_) => Ok(()),
-        Ok(()) if asked => Ok(()),
-        Ok(()) => Err(Stopped::Ended { part }),
-    }
 }
 
 /// Until `task` ends, or never.
@@ -110,15 +74,16 @@ impl Tasks {
             mut core,
             mut leases,
             mut api,
+            supervisor,
         } = self;
         let (mut part, mut r) = tokio::select! {
-            r = &mut core => (Part::Core, r),
-            r = join_opt(&mut leases) => (Part::Leases, r),
-            r = &mut api => (Part::Api, r),
+            r = &mut core => (CORE, r),
+            r = join_opt(&mut leases) => (LEASES, r),
+            r = &mut api => (API, r),
         };
-        if part == Part::Leases && r.is_ok() && lease_cancel.is_cancelled() {
+        if part == LEASES && r.is_ok() && lease_cancel.is_cancelled() {
             // Released because the core task ended: how it ended is the verdict.
-            (part, r) = (Part::Core, (&mut core).await);
+            (part, r) = (CORE, (&mut core).await);
         }
         let verdict = judge(part, r, cancel.is_cancelled());
         if let Err(e) = &verdict {
@@ -127,18 +92,18 @@ impl Tasks {
         cancel.cancel();
         // The core finishes what it has in flight (within `--shutdown-timeout`), then
         // lets the Lease loop release the Leases.
-        let core_end = if part == Part::Core {
+        let core_end = if part == CORE {
             Ok(())
         } else {
-            judge(Part::Core, core.await, true)
+            judge(CORE, core.await, true)
         };
         if let Some(t) = leases {
             let _ = tokio::time::timeout(RELEASE_WAIT, t).await;
         }
-        if part != Part::Api {
+        if part != API {
             api.abort();
         }
-        verdict.and(core_end)
+        verdict.and(supervisor.failure()).and(core_end)
     }
 
     /// Stop at once, as a crash would: the Leases are not released.
@@ -191,6 +156,7 @@ mod tests {
             tokio::spawn(async move { cancel.cancelled().await })
         };
         let tasks = Tasks {
+            supervisor: Supervisor::new(cancel.clone()),
             cancel,
             lease_cancel,
             core,
@@ -210,7 +176,7 @@ mod tests {
         assert_eq!(
             r.unwrap(),
             Err(Stopped::Panicked {
-                part: Part::Core,
+                part: CORE,
                 message: "a bug in the pipeline".into()
             })
         );
@@ -237,13 +203,7 @@ mod tests {
         );
         let r = tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await;
         assert!(
-            matches!(
-                r.unwrap(),
-                Err(Stopped::Panicked {
-                    part: Part::Leases,
-                    ..
-                })
-            ),
+            matches!(r.unwrap(), Err(Stopped::Panicked { part: LEASES, .. })),
             "a dead Lease loop fails the replica"
         );
         assert!(
@@ -256,7 +216,7 @@ mod tests {
     async fn a_core_loop_that_ends_on_its_own_fails() {
         let (tasks, released) = replica(async {}, std::future::pending());
         let r = tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await;
-        assert_eq!(r.unwrap(), Err(Stopped::Ended { part: Part::Core }));
+        assert_eq!(r.unwrap(), Err(Stopped::Ended { part: CORE }));
         assert!(released.load(Ordering::SeqCst));
     }
 
@@ -268,5 +228,22 @@ mod tests {
         let r = tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await;
         assert_eq!(r.unwrap(), Ok(()));
         assert!(released.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_part_that_panics_stops_the_replica_and_is_named() {
+        let (tasks, released) = replica(std::future::pending(), std::future::pending());
+        tasks
+            .supervisor
+            .spawn("node discovery", async { panic!("a bug in discovery") });
+        let r = tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await;
+        assert_eq!(
+            r.unwrap(),
+            Err(Stopped::Panicked {
+                part: "node discovery",
+                message: "a bug in discovery".into()
+            })
+        );
+        assert!(released.load(Ordering::SeqCst), "the Leases were released");
     }
 }

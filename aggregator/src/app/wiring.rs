@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::core::{Core, Inputs, WriteTiming};
 use super::dispatch::{self, Dispatch};
-use super::supervise::{self, Stopped, Tasks};
+use super::supervise::{self, Stopped, Supervisor, Tasks};
 use crate::agents::deliver::{Deliveries, Fence as DeliveryFence};
 use crate::agents::{collect, AgentEvent};
 use crate::api::{self, ApiState};
@@ -90,6 +90,7 @@ pub async fn connect(
 fn rules(
     cfg: &Config,
     metrics: &Arc<Metrics>,
+    tasks: &Supervisor,
     cancel: &CancellationToken,
 ) -> anyhow::Result<watch::Receiver<Arc<Rules>>> {
     let rules = match &cfg.rules {
@@ -98,13 +99,16 @@ fn rules(
     };
     let (tx, rx) = watch::channel(Arc::new(rules));
     if let Some(p) = cfg.rules.clone() {
-        tokio::spawn(rules_file::watch_file(
-            p,
-            tx,
-            metrics.clone(),
-            Duration::from_secs(1),
-            cancel.clone(),
-        ));
+        tasks.spawn(
+            "rules file watch",
+            rules_file::watch_file(
+                p,
+                tx,
+                metrics.clone(),
+                Duration::from_secs(1),
+                cancel.clone(),
+            ),
+        );
     }
     Ok(rx)
 }
@@ -117,7 +121,7 @@ fn follow_agents(
     cfg: &Config,
     watch: Option<&kube::Client>,
     metrics: &Arc<Metrics>,
-    cancel: &CancellationToken,
+    (tasks, cancel): (&Supervisor, &CancellationToken),
     ownership: Option<discover::Ownership>,
     deliveries: Option<Arc<Deliveries>>,
 ) -> anyhow::Result<mpsc::Receiver<AgentEvent>> {
@@ -144,17 +148,23 @@ fn follow_agents(
                     selector: cfg.node_selector.clone(),
                     first: cfg.agent_gone_check,
                 };
-                tokio::spawn(endpoints::run(
-                    api,
-                    cfg.agent_service.clone(),
-                    cfg.agent_port,
-                    check,
-                    followers,
-                ));
+                tasks.spawn(
+                    "agent discovery (EndpointSlices)",
+                    endpoints::run(
+                        api,
+                        cfg.agent_service.clone(),
+                        cfg.agent_port,
+                        check,
+                        followers,
+                    ),
+                );
             }
             Discovery::Nodes => {
                 let api: Api<Node> = Api::all(client);
-                tokio::spawn(discover::run(api, cfg.node_selector.clone(), followers));
+                tasks.spawn(
+                    "agent discovery (Nodes)",
+                    discover::run(api, cfg.node_selector.clone(), followers),
+                );
             }
         }
         return Ok(rx);
@@ -177,18 +187,21 @@ fn follow_agents(
                 if deliveries.is_some() {
                     tracing::warn!(url = %a.url, "an agent listed by URL alone gets no deliveries: name its node (NODE=URL)");
                 }
-                tokio::spawn(collect::follow_unnamed(
-                    a.url.clone(),
-                    claims.clone(),
-                    client.clone(),
-                    tx.clone(),
-                    metrics.clone(),
-                    cancel.clone(),
-                ));
+                tasks.spawn(
+                    "agent follower",
+                    collect::follow_unnamed(
+                        a.url.clone(),
+                        claims.clone(),
+                        client.clone(),
+                        tx.clone(),
+                        metrics.clone(),
+                        cancel.clone(),
+                    ),
+                );
             }
         }
     }
-    tokio::spawn(followers.run_static());
+    tasks.spawn("agent followers", followers.run_static());
     Ok(rx)
 }
 
@@ -244,11 +257,14 @@ fn devices(
     kube: &kube::Client,
     rules: &watch::Receiver<Arc<Rules>>,
     metrics: &Arc<Metrics>,
-    cancel: &CancellationToken,
+    (tasks, cancel): (&Supervisor, &CancellationToken),
 ) -> Option<DeviceQuarantine> {
     let devices = DeviceQuarantine::from_flags(&cfg.devices, rules.clone());
     let found = devices.as_ref().map(|d| d.api.clone()).unwrap_or_default();
-    crate::device_taint::api::spawn_follow(kube, metrics, found, cancel);
+    tasks.spawn(
+        "DeviceTaintRule discovery",
+        crate::device_taint::api::following(kube, metrics, found, cancel),
+    );
     devices
 }
 
@@ -320,7 +336,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Aggregator> {
 pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggregator> {
     let metrics = Arc::new(Metrics::new());
     let cancel = CancellationToken::new();
-    let rules = rules(&cfg, &metrics, &cancel)?;
+    let tasks = Supervisor::new(cancel.clone());
+    let rules = rules(&cfg, &metrics, &tasks, &cancel)?;
     let (kube, watch) = clients(&cfg).await?;
     let held = Held::default(); // what the shard Leases say this replica holds
     let sharing = cfg.sink == SinkKind::ConfigMap;
@@ -333,7 +350,7 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
         &cfg,
         watch.as_ref(),
         &metrics,
-        &cancel,
+        (&tasks, &cancel),
         ownership,
         deliveries.clone(),
     )?;
@@ -351,6 +368,7 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
         cfg: &cfg,
         metrics: &metrics,
         cancel: &cancel,
+        tasks: &tasks,
         lease_cancel: &lease_cancel,
         clock: &clock,
         held: &held,
@@ -388,6 +406,7 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Aggre
         core,
         leases: built.lease_task,
         api,
+        supervisor: tasks,
     };
     Ok(Aggregator { addr, tasks })
 }
@@ -457,6 +476,8 @@ struct Parts<'a> {
     cfg: &'a Config,
     metrics: &'a Arc<Metrics>,
     cancel: &'a CancellationToken,
+    /// Spawns the long-lived parts, watched.
+    tasks: &'a Supervisor,
     lease_cancel: &'a CancellationToken,
     clock: &'a Clock,
     held: &'a Held,
@@ -543,21 +564,24 @@ impl Parts<'_> {
             ))
         });
         let r = remediator(cfg, kube, notifier, metrics, self.clock);
-        let r = Arc::new(r.with_devices(devices(cfg, kube, self.rules, metrics, cancel)));
+        let watched = (self.tasks, cancel);
+        let r = Arc::new(r.with_devices(devices(cfg, kube, self.rules, metrics, watched)));
         // The kubelet's device health (KEP-4680): Unhealthy is a verdict, Unknown an alert.
         if let (true, Some(watch)) = (cfg.watch_pod_health, self.watch) {
             let (tx, rx) = mpsc::channel(1024);
-            tokio::spawn(podhealth::run(
-                Api::all(watch.clone()),
-                r.resources().to_vec(),
-                tx,
-                cancel.clone(),
-            ));
-            tokio::spawn(podhealth::forward_verdicts(
-                rx,
-                self.verdicts.clone(),
-                metrics.clone(),
-            ));
+            self.tasks.spawn(
+                "pod health watch",
+                podhealth::run(
+                    Api::all(watch.clone()),
+                    r.resources().to_vec(),
+                    tx,
+                    cancel.clone(),
+                ),
+            );
+            self.tasks.spawn(
+                "pod health verdicts",
+                podhealth::forward_verdicts(rx, self.verdicts.clone(), metrics.clone()),
+            );
         }
         let shards = Shards {
             held: self.held.clone(),

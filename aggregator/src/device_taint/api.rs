@@ -155,21 +155,21 @@ pub async fn follow(
     }
 }
 
-/// [`follow`] in a task, every 10 minutes (an error again after 30 s).
-pub fn spawn_follow(
+/// [`follow`], every 10 minutes (an error again after 30 s), to run as a task.
+pub fn following(
     client: &Client,
     metrics: &std::sync::Arc<crate::metrics::Metrics>,
     found_at: Found,
     cancel: &tokio_util::sync::CancellationToken,
-) {
-    tokio::spawn(follow(
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    follow(
         client.clone(),
         metrics.clone(),
         found_at,
         REDISCOVER,
         RETRY,
         cancel.clone(),
-    ));
+    )
 }
 
 #[cfg(test)]
