@@ -3,7 +3,7 @@
 server (tests/apiserver/src), the real control plane (tests/controlplane/src), the Rust
 consumer kit (consumers/rust/src) and benches/:
 
-- no source file has more than 700 lines of non-test code (the lines before its
+- no source file has more than 600 lines of non-test code (the lines before its
   `#[cfg(test)]` module; `*_tests.rs` files are tests);
 - no import cycle among the modules of any of them (a module is a file; a root that
   only declares and re-exports its children does not import them): two modules
@@ -23,7 +23,7 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MAX_LINES = 700
+MAX_LINES = 600
 MAX_README = 300
 MAX_ROOT = 60
 MAX_WIRING = 80

@@ -16,7 +16,7 @@ kubernetes-validate) and kubectl (for `kubectl kustomize`).
                                          publish namespace, a flag without its component and a
                                          component's rule without its flag, and --write fixing each
 
-What the flags need (aggregator/src/config.rs; the names: common/src/fault.rs page_name):
+What the flags need (aggregator/src/config/args.rs; the names: common/src/fault.rs page_name):
 
 - in each --publish-namespaces entry other than --namespace (with --sink configmap): get
   and update on exactly the ConfigMaps <name>-shard-<i> (0 <= i < --shards) and
@@ -59,7 +59,7 @@ MARK = "# gen-rbac.py"
 PATCH_FILE = "publisher-rbac.yaml"
 ROLES_FILE = "publisher-roles.yaml"
 RBAC = "rbac.authorization.k8s.io"
-# flag: (environment variable, default), as aggregator/src/config.rs declares them.
+# flag: (environment variable, default), as aggregator/src/config/args.rs declares them.
 FLAGS = {
     "sink": ("FAULTLINE_SINK", "file"),
     "namespace": ("FAULTLINE_NAMESPACE", "faultline"),

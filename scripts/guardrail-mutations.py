@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # (guardrail, file, the code, the code without the guardrail, cargo test arguments)
 MUTATIONS = [
     ("1 default dry-run: a default install acts",
-     "aggregator/src/config.rs",
+     "aggregator/src/config/checked.rs",
      "(None, SinkKind::ConfigMap) => Mode::DryRun,",
      "(None, SinkKind::ConfigMap) => Mode::Enforce,",
      ["-p", "faultline-aggregator", "--test", "kubernetes", "a_default_install_is_a_dry_run"]),

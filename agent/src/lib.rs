@@ -13,6 +13,7 @@ pub mod deadband;
 pub mod fault_api;
 pub mod health_file;
 pub mod metrics;
+mod reading_checks;
 pub mod reaper;
 pub mod sampler;
 pub mod sources;

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::deadband::Deadband;
 use crate::metrics::Metrics;
+use crate::reading_checks::{empty, out_of_range};
 use crate::sources::{EventSink, ProbeError, SourceSample};
 
 /// Most Xid events kept in memory, whatever the retention says.
@@ -102,34 +103,6 @@ pub struct Store {
     /// The clock staleness and Xid windows are judged by; tests move it forward
     /// instead of sleeping.
     clock: Clock,
-}
-
-/// Drop a temperature or power no sensor reads (a driver's "invalid" marker such as
-/// 0xFFFF, or garbage): the aggregator refuses a document carrying one, so it
-/// would cost the node its every reading. Whether anything was dropped.
-fn out_of_range(r: &mut DeviceReading) -> bool {
-    use faultline_common::document::limits::{POWER_W, TEMPERATURE_C};
-    let mut dropped = false;
-    for (v, (lo, hi)) in [
-        (&mut r.temperature_c, TEMPERATURE_C),
-        (&mut r.power_w, POWER_W),
-    ] {
-        if v.is_some_and(|x| !(lo..=hi).contains(&x)) {
-            *v = None;
-            dropped = true;
-        }
-    }
-    dropped
-}
-
-fn empty(r: &DeviceReading) -> bool {
-    r.temperature_c.is_none()
-        && r.power_w.is_none()
-        && r.ecc.is_none()
-        && r.pcie.is_none()
-        && r.vendor_health.is_none()
-        && r.reported_status.is_none()
-        && !r.lost
 }
 
 impl Store {

@@ -13,6 +13,7 @@ pub mod api;
 pub mod ascend;
 pub mod ascend_escalation;
 pub mod classify;
+mod doc_view;
 pub mod document;
 pub mod fault;
 pub mod flags;

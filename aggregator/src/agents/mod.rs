@@ -7,5 +7,6 @@ pub mod collect;
 pub mod deliver;
 pub mod http;
 pub mod stream;
+mod wire;
 
 pub use collect::{AgentEvent, FetchError};

@@ -6,6 +6,8 @@
 
 pub mod core;
 pub mod dispatch;
+mod follow;
+mod in_flight;
 pub mod schedule;
 pub mod supervise;
 mod wiring;

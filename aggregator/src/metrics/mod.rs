@@ -3,6 +3,7 @@
 mod labels;
 mod registry;
 mod remediation;
+mod shards;
 
 pub use labels::{Action, ActionResult, Delivered, DeliveryKind, IntakeResult, Nudge, Poll, Sink};
 pub use registry::*;

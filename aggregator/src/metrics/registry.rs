@@ -12,8 +12,8 @@ use prometheus_client::registry::Registry;
 
 use super::labels::{
     ActionLabel, ActionLabels, CodeLabel, Delivered, DeliveryKind, DeliveryLabels, IntakeLabel,
-    KindLabel, Nudge, NudgeLabel, Poll, PollLabel, Reload, ReloadLabel, ResultLabel, ShardLabel,
-    Sink, SinkLabels, StateLabel, TransitionLabels, VersionLabel,
+    KindLabel, NudgeLabel, Poll, PollLabel, Reload, ReloadLabel, ResultLabel, ShardLabel, Sink,
+    SinkLabels, StateLabel, TransitionLabels, VersionLabel,
 };
 
 /// Every metric of the aggregator.
@@ -40,27 +40,27 @@ pub struct Metrics {
     invalid_keys: Counter,
     entries_trimmed: Counter,
     pages_unchanged: Counter,
-    lease_held: Family<ShardLabel, Gauge>,
-    lease_errors: Counter,
-    shards_held: Gauge,
-    live_replicas: Gauge,
-    nodes_followed: Gauge,
-    rebalances: Counter,
-    takeovers: Counter,
-    seeded_devices: Counter,
+    pub(super) lease_held: Family<ShardLabel, Gauge>,
+    pub(super) lease_errors: Counter,
+    pub(super) shards_held: Gauge,
+    pub(super) live_replicas: Gauge,
+    pub(super) nodes_followed: Gauge,
+    pub(super) rebalances: Counter,
+    pub(super) takeovers: Counter,
+    pub(super) seeded_devices: Counter,
     /// `agent_polls{result="ok"}`, resolved once: it is counted for every document.
     agent_polls_ok: Counter,
     agent_watch_fallbacks: Counter,
     deliveries: Family<DeliveryLabels, Counter>,
-    discovery_errors: Counter,
-    devices_forgotten: Counter,
-    duplicate_uuids: Counter,
-    nodes_refused: Counter,
-    reconciles: Counter,
-    passes: Counter,
-    lease_passes: Counter,
-    unknown_standing_down: Gauge,
-    nudges: Family<NudgeLabel, Counter>,
+    pub(super) discovery_errors: Counter,
+    pub(super) devices_forgotten: Counter,
+    pub(super) duplicate_uuids: Counter,
+    pub(super) nodes_refused: Counter,
+    pub(super) reconciles: Counter,
+    pub(super) passes: Counter,
+    pub(super) lease_passes: Counter,
+    pub(super) unknown_standing_down: Gauge,
+    pub(super) nudges: Family<NudgeLabel, Counter>,
     pub(super) actions: Family<ActionLabels, Counter>,
     pub(super) action_seconds: Family<ActionLabel, Histogram>,
     pub(super) quarantined_nodes: Gauge,
@@ -523,87 +523,6 @@ impl Metrics {
     /// An agent answered a watch request without a stream.
     pub fn agent_watch_fallback(&self) {
         self.agent_watch_fallbacks.inc();
-    }
-
-    /// Shards held and replicas counted, after a Lease pass.
-    pub fn set_ownership(&self, shards: usize, live: usize) {
-        self.shards_held.set(shards as i64);
-        self.live_replicas.set(live as i64);
-    }
-
-    /// Agents followed now.
-    pub fn set_nodes_followed(&self, n: usize) {
-        self.nodes_followed.set(n as i64);
-    }
-
-    /// A shard handed back for balance.
-    pub fn rebalance(&self) {
-        self.rebalances.inc();
-    }
-
-    /// A shard taken from another holder.
-    pub fn takeover(&self) {
-        self.takeovers.inc();
-    }
-
-    /// Devices seeded from a published document.
-    pub fn seeded(&self, n: usize) {
-        self.seeded_devices.inc_by(n as u64);
-    }
-
-    /// Lease ownership of a shard.
-    pub fn set_lease(&self, shard: u32, held: bool) {
-        self.lease_held
-            .get_or_create(&ShardLabel { shard })
-            .set(held as i64);
-    }
-
-    /// A lease request failed.
-    pub fn lease_error(&self) {
-        self.lease_errors.inc();
-    }
-
-    /// A pod nudge: `ok`, `error`, `rate-limited`, `busy` (a node's batch past the
-    /// nudges in flight).
-    pub fn nudge(&self, result: Nudge) {
-        self.nudges.get_or_create(&NudgeLabel { result }).inc();
-    }
-
-    /// Devices forgotten: their agent stopped reporting them (`--device-forget`).
-    pub fn devices_forgotten(&self, n: usize) {
-        self.devices_forgotten.inc_by(n as u64);
-    }
-
-    /// UUIDs a node reported that another node reported first.
-    pub fn duplicate_uuids(&self, n: usize) {
-        self.duplicate_uuids.inc_by(n as u64);
-    }
-
-    /// A new node refused: the pipeline follows its maximum.
-    pub fn reconciled(&self) {
-        self.reconciles.inc();
-    }
-
-    pub fn lease_pass(&self) {
-        self.lease_passes.inc();
-    }
-
-    pub fn pass_done(&self) {
-        self.passes.inc();
-    }
-
-    pub fn node_refused(&self) {
-        self.nodes_refused.inc();
-    }
-
-    /// Whether the unknown guard stands down (too many agents unreachable).
-    pub fn set_unknown_standing_down(&self, on: bool) {
-        self.unknown_standing_down.set(i64::from(on));
-    }
-
-    /// A node list failed.
-    pub fn discovery_error(&self) {
-        self.discovery_errors.inc();
     }
 
     /// The Prometheus text exposition.

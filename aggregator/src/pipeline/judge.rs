@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use faultline_common::document::DocView;
-use faultline_common::fault::{fnv1a64, AgentReach, DrainNotice, NodeFaults};
+use faultline_common::fault::{fnv1a64, AgentReach, NodeFaults};
 use faultline_common::rules::{DeviceWindows, Rules};
 use faultline_common::state::{step, DeviceState};
 use faultline_common::DeviceStatus;
@@ -63,7 +63,7 @@ pub struct Pipeline {
     /// (walking 5,000 nodes a second to skip most of them was a tenth of the CPU).
     active: Vec<String>,
     rules: Arc<Rules>,
-    metrics: Arc<Metrics>,
+    pub(super) metrics: Arc<Metrics>,
     forget_ms: u64,
     max_nodes: usize,
     /// Ticks so far, and the time of the last one (quiet nodes' skipped samples).
@@ -72,7 +72,7 @@ pub struct Pipeline {
     /// Reachability or a device's status changed since the gauges were last set.
     counts_stale: bool,
     /// Which node reported each GPU UUID first.
-    uuids: super::uuids::UuidClaims,
+    pub(super) uuids: super::uuids::UuidClaims,
 }
 
 impl Pipeline {
@@ -351,95 +351,6 @@ impl Pipeline {
         change
     }
 
-    /// The drain intents to publish for node `name` (from its remediation pass):
-    /// whether its entry changed.
-    pub fn set_drain(&mut self, name: &str, notices: Vec<DrainNotice>, now_ms: u64) -> bool {
-        let Some(n) = self.nodes.get_mut(name) else {
-            return false;
-        };
-        if n.drain.as_ref().map_or(&[][..], |d| &d.notices[..]) == notices.as_slice() {
-            return false;
-        }
-        n.drain.get_or_insert_with(Default::default).notices = notices;
-        n.changed_ms = now_ms;
-        true
-    }
-
-    /// How node `name`'s quarantined devices are kept from new work, as its
-    /// remediation pass found the record; whether that changed what is published.
-    pub fn set_marks(&mut self, name: &str, marks: super::node::Marks, now_ms: u64) -> bool {
-        let Some(n) = self.nodes.get_mut(name) else {
-            return false;
-        };
-        if n.drain.as_ref().map_or(&[][..], |d| &d.marks[..]) == marks.as_slice() {
-            return false;
-        }
-        n.drain.get_or_insert_with(Default::default).marks = marks;
-        n.changed_ms = now_ms;
-        true
-    }
-
-    /// The drain acknowledgements node `name`'s agent carries: (pod UID, the
-    /// acknowledged intent's `requested`).
-    pub fn drain_acks(&self, name: &str) -> Vec<(String, String)> {
-        self.nodes
-            .get(name)
-            .and_then(|n| n.drain.as_ref())
-            .map(|d| d.acks.clone())
-            .unwrap_or_default()
-    }
-
-    /// After node `name`'s devices' texts changed: a UUID another node reported first
-    /// is flagged (counted, logged once per window with both nodes) and withheld from
-    /// this node's entry and its quarantine records, so nothing acts on a UUID that a
-    /// second node claims.
-    fn check_uuids(&mut self, name: &str, now_ms: u64) {
-        let Some(node) = self.nodes.get(name) else {
-            return;
-        };
-        let taken: Vec<String> = self
-            .uuids
-            .claim(
-                node.name_hash,
-                node.last.iter().filter_map(|l| l.uuid.as_deref()),
-            )
-            .into_iter()
-            .map(String::from)
-            .collect();
-        if taken.is_empty() {
-            return;
-        }
-        self.metrics.duplicate_uuids(taken.len());
-        let owners: Vec<&str> = taken
-            .iter()
-            .map(|u| {
-                let owner = self.uuids.owner(u);
-                self.nodes
-                    .iter()
-                    .find(|(_, n)| Some(n.name_hash) == owner)
-                    .map_or("a node no longer followed", |(k, _)| k.as_str())
-            })
-            .collect();
-        let log = node
-            .uuid_logged_ms
-            .is_none_or(|t| now_ms.saturating_sub(t) >= NEW_ID_WINDOW_MS);
-        if log {
-            tracing::warn!(node = name, uuids = ?taken, first_reported_by = ?owners, "GPU UUIDs another node reported first: withheld from this node's entry (logged once per window)");
-        }
-        let node = self.nodes.get_mut(name).expect("looked up above");
-        if log {
-            node.uuid_logged_ms = Some(now_ms);
-        }
-        for l in &mut node.last {
-            if l.uuid
-                .as_deref()
-                .is_some_and(|u| taken.iter().any(|t| t == u))
-            {
-                l.uuid = None;
-            }
-        }
-    }
-
     /// An agent could not be reached.
     pub fn on_unreachable(&mut self, node: &str, error: &str, now_ms: u64) -> Change {
         if !self.ensure_node(node, now_ms) {
@@ -686,5 +597,5 @@ impl Pipeline {
 }
 
 #[cfg(test)]
-#[path = "tests.rs"]
+#[path = "judge_tests.rs"]
 mod tests;

@@ -6,6 +6,7 @@
 //! second of the last evaluation is kept for the next tick, unless it carries a hard
 //! fault, which is evaluated at once (the fast path to `failed`).
 
+mod drain;
 mod judge;
 mod node;
 mod uuids;

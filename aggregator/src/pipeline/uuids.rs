@@ -11,6 +11,9 @@ use std::collections::HashMap;
 
 use faultline_common::fault::fnv1a64;
 
+use super::node::NEW_ID_WINDOW_MS;
+use super::Pipeline;
+
 /// UUID hash -> the name hash of the node that reported it first.
 #[derive(Default)]
 pub(super) struct UuidClaims {
@@ -46,6 +49,59 @@ impl UuidClaims {
     /// Node `node` is gone: its UUIDs are free.
     pub(super) fn release(&mut self, node: u64) {
         self.owners.retain(|_, o| *o != node);
+    }
+}
+
+impl Pipeline {
+    /// After node `name`'s devices' texts changed: a UUID another node reported first
+    /// is flagged (counted, logged once per window with both nodes) and withheld from
+    /// this node's entry and its quarantine records, so nothing acts on a UUID that a
+    /// second node claims.
+    pub(super) fn check_uuids(&mut self, name: &str, now_ms: u64) {
+        let Some(node) = self.nodes.get(name) else {
+            return;
+        };
+        let taken: Vec<String> = self
+            .uuids
+            .claim(
+                node.name_hash,
+                node.last.iter().filter_map(|l| l.uuid.as_deref()),
+            )
+            .into_iter()
+            .map(String::from)
+            .collect();
+        if taken.is_empty() {
+            return;
+        }
+        self.metrics.duplicate_uuids(taken.len());
+        let owners: Vec<&str> = taken
+            .iter()
+            .map(|u| {
+                let owner = self.uuids.owner(u);
+                self.nodes
+                    .iter()
+                    .find(|(_, n)| Some(n.name_hash) == owner)
+                    .map_or("a node no longer followed", |(k, _)| k.as_str())
+            })
+            .collect();
+        let log = node
+            .uuid_logged_ms
+            .is_none_or(|t| now_ms.saturating_sub(t) >= NEW_ID_WINDOW_MS);
+        if log {
+            tracing::warn!(node = name, uuids = ?taken, first_reported_by = ?owners, "GPU UUIDs another node reported first: withheld from this node's entry (logged once per window)");
+        }
+        let node = self.nodes.get_mut(name).expect("looked up above");
+        if log {
+            node.uuid_logged_ms = Some(now_ms);
+        }
+        for l in &mut node.last {
+            if l.uuid
+                .as_deref()
+                .is_some_and(|u| taken.iter().any(|t| t == u))
+            {
+                l.uuid = None;
+            }
+        }
     }
 }
 

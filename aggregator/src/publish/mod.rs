@@ -5,6 +5,7 @@ pub mod configmap;
 pub mod document;
 pub mod file;
 pub mod nudge;
+pub mod page;
 pub mod publisher;
 pub mod seed;
 pub mod trim;

@@ -12,18 +12,21 @@
 //!   `canary.rs`: the passes;
 //! - `drain.rs`: warning a pod before its eviction; `grace.rs`: the grace a
 //!   pod or its namespace asks for.
-//! - `device.rs`: one device quarantined alone; `ascend.rs`: chips Huawei's
-//!   device plugin separated already.
+//! - `device.rs`: one device quarantined alone, `device_canary.rs` its canary's claim;
+//!   `ascend.rs`: chips Huawei's device plugin separated already.
 
 pub mod announce;
 mod ascend;
 pub mod canary;
+pub mod describe;
 pub mod device;
+mod device_canary;
 pub mod drain;
 pub mod error;
 pub mod evict;
 pub mod grace;
 pub mod guards;
+mod holders;
 pub mod isolate;
 pub mod patch;
 pub mod policy;

@@ -4,6 +4,7 @@
 pub mod fence;
 pub mod held;
 pub mod lease;
+mod lease_write;
 pub mod plan;
 pub mod sharing;
 pub mod timing;

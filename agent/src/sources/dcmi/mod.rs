@@ -30,6 +30,7 @@
 //! unit test there.
 
 mod ffi;
+mod library;
 mod map;
 mod net;
 mod source;

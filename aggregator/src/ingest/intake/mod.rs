@@ -9,6 +9,7 @@
 
 mod aged;
 mod alert;
+mod answer;
 mod forward;
 mod gate;
 

@@ -1,5 +1,7 @@
 //! The intake's unit tests.
 
+use std::path::PathBuf;
+
 use super::*;
 
 /// An intake of `threshold` alerts within `window`, dedup `dedup`; its verdicts and

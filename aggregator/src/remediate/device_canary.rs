@@ -1,0 +1,104 @@
+//! A device canary: the probe Job of a device quarantine asks, through a ResourceClaim
+//! of its own, for the very devices the record quarantines, tolerating their taint.
+
+use super::error::RemediateError;
+use super::record::{DeviceRule, QuarantineRecord};
+use super::remediator::Remediator;
+
+/// The claim of a device canary: each quarantined device of `rules` exactly (its
+/// driver and UUID, a CEL selector), tolerating faultline's taint, owned by the Job.
+pub fn canary_claim(
+    rules: &[DeviceRule],
+    class: &str,
+    name: &str,
+    job_uid: &str,
+) -> serde_json::Value {
+    let requests: Vec<serde_json::Value> = rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let cel = format!(
+                "device.driver == {driver:?} && device.attributes[{driver:?}].uuid == {uuid:?}",
+                driver = r.driver,
+                uuid = r.uuid
+            );
+            serde_json::json!({"name": format!("device-{i}"), "exactly": {
+                "deviceClassName": class,
+                "selectors": [{"cel": {"expression": cel}}],
+                "tolerations": [{"key": crate::device_taint::rule::TAINT_KEY, "operator": "Exists"}],
+            }})
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "faultline"},
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job_uid}]},
+        "spec": {"devices": {"requests": requests}},
+    })
+}
+
+impl Remediator {
+    /// A device canary's Job: the pod asks, through a claim of its own, for
+    /// the very devices the record quarantines, tolerating their taint. The claim is
+    /// made after the Job, owned by it (the garbage collector removes it with the Job);
+    /// the pod waits for it. Nothing is done for a record of the node path.
+    pub(super) fn device_canary(
+        &self,
+        record: &QuarantineRecord,
+        job: &mut k8s_openapi::api::batch::v1::Job,
+        name: &str,
+    ) {
+        if record.rules().is_empty() {
+            return;
+        }
+        let Some(spec) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut()) else {
+            return;
+        };
+        spec.resource_claims = Some(vec![k8s_openapi::api::core::v1::PodResourceClaim {
+            name: "devices".into(),
+            resource_claim_name: Some(name.to_string()),
+            ..Default::default()
+        }]);
+        for c in &mut spec.containers {
+            c.resources
+                .get_or_insert_with(Default::default)
+                .claims
+                .get_or_insert_with(Default::default)
+                .push(k8s_openapi::api::core::v1::ResourceClaim {
+                    name: "devices".into(),
+                    ..Default::default()
+                });
+        }
+    }
+
+    /// Make the claim of a device canary's Job (see [`Remediator::device_canary`]).
+    pub(super) async fn create_canary_claim(
+        &self,
+        record: &QuarantineRecord,
+        namespace: &str,
+        name: &str,
+        job_uid: &str,
+    ) -> Result<(), RemediateError> {
+        let Some(q) = self.devices.as_ref().filter(|_| !record.rules().is_empty()) else {
+            return Ok(());
+        };
+        let claim = canary_claim(record.rules(), &q.device_class, name, job_uid);
+        let ar = kube::api::ApiResource {
+            group: "resource.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "resource.k8s.io/v1".into(),
+            kind: "ResourceClaim".into(),
+            plural: "resourceclaims".into(),
+        };
+        let api: kube::Api<kube::api::DynamicObject> =
+            kube::Api::namespaced_with(self.client.clone(), namespace, &ar);
+        let obj: kube::api::DynamicObject = serde_json::from_value(claim)
+            .map_err(|e| RemediateError::Device(format!("canary claim: {e}")))?;
+        match api.create(&kube::api::PostParams::default(), &obj).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
