@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real alerting chain, end to end (issue 12): Prometheus scrapes a faultline agent
+# The real alerting chain, end to end: Prometheus scrapes a faultline agent
 # and evaluates the shipped rules (deploy/prometheus/faultline-rules.yaml); Alertmanager
 # (its default group_interval and repeat_interval) sends the firing alert to the
 # aggregator's /v1/alerts with the bearer token, through the receiver of

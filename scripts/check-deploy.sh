@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The manifests and images (issue 12): every kustomize overlay renders with `kubectl kustomize` and
+# The manifests and images: every kustomize overlay renders with `kubectl kustomize` and
 # validates strictly against the Kubernetes 1.30 schema (kubernetes-validate, PyPI);
 # the overlays say what they claim (Ascend sources and mounts, enforce turned on); the
 # aggregator's RBAC follows its flags in each (scripts/gen-rbac.py); the Dockerfile
@@ -48,7 +48,7 @@ expect nvidia-monitoring "kubernetes.io/metadata.name: monitoring"
 refuse nvidia "kind: PodMonitor"
 expect nvidia-enforce "--remediation=enforce"
 refuse nvidia-enforce "--remediation=dry-run"
-# Node-local delivery (issue 25): in every overlay the aggregator delivers verdicts with
+# Node-local delivery: in every overlay the aggregator delivers verdicts with
 # the Secret's token, and the agent takes them with it, keeps the node's fault.json on
 # the host and serves it read-only on hostPort 8082, which the NetworkPolicy opens.
 for o in "${overlays[@]}"; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The docs against the code (issue 24, point 6). Standard library only.
+"""The docs against the code. Standard library only.
 
     python3 scripts/check-docs.py target/release/faultline-aggregator [target/release/faultline-agent]
 

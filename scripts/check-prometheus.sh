@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Prometheus rules (issue 12): promtool checks them and runs their unit tests; the
+# The Prometheus rules: promtool checks them and runs their unit tests; the
 # PrometheusRule carries the same groups as the plain rules file; every runbook_url
 # points at a section of docs/runbooks.md.
 set -euo pipefail

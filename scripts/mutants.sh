@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 27, point 2: cargo-mutants over the pure decision modules, each against its own
+# cargo-mutants over the pure decision modules, each against its own
 # unit tests (`--lib`, filtered to the module: one crate's unit tests rebuilt per
 # mutant, about 12 s; the wiring and the integration tests belong to the guardrail
 # script, scripts/guardrail-mutations.py). cargo-mutants builds and tests the unmutated
@@ -22,10 +22,10 @@ modules=(
   'common/src/state.rs|state::'                    # the per-device state machine
   'common/src/rules.rs|rules::'                    # windows and correlation rules
   'aggregator/src/remediate/policy.rs|remediate::' # budgets, breaker, release, eviction choice
-  'aggregator/src/remediate/drain.rs|remediate::drain' # warn before evicting (issue 29)
+  'aggregator/src/remediate/drain.rs|remediate::drain' # warn before evicting
   'aggregator/src/app/schedule.rs|app::schedule'   # write schedule
   'aggregator/src/shard/plan.rs|shard::'           # shard planning (fair share, hand-back)
-  'aggregator/src/device_taint/index.rs|device_taint::index' # DRA devices by UUID, holders (issue 28)
+  'aggregator/src/device_taint/index.rs|device_taint::index' # DRA devices by UUID, holders
   'aggregator/src/device_taint/rule.rs|device_taint::rule'   # DeviceTaintRule names, ownership, prediction
   'aggregator/src/device_taint/scope.rs|device_taint::scope' # device or node
   'aggregator/src/device_taint/plugin.rs|device_taint::plugin' # what a device plugin already took out
