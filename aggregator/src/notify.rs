@@ -181,7 +181,8 @@ impl Notifier {
     pub fn start(targets: Vec<Target>, on_delivery: OnDelivery, cancel: CancellationToken) -> Self {
         let (tx, mut rx) = mpsc::channel::<Notification>(1024);
         let m = on_delivery.clone();
-        tokio::spawn(async move {
+        // A panic here is logged; what is sent after it counts as dropped.
+        let worker = async move {
             let client: Client<HttpConnector, Full<Bytes>> =
                 Client::builder(TokioExecutor::new()).build(HttpConnector::new());
             loop {
@@ -199,7 +200,8 @@ impl Notifier {
                     }
                 }
             }
-        });
+        };
+        faultline_common::supervise::spawn_contained("notifier", worker, |_| {});
         Notifier { tx, on_delivery }
     }
 

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use faultline_common::fault::{shard_of, Delivery, NodeFaults};
+use faultline_common::supervise::spawn_contained;
 use faultline_common::sync::Locked;
 use faultline_common::time::{now_ms, now_rfc3339};
 use tokio::sync::watch;
@@ -121,7 +122,13 @@ impl Deliveries {
         };
         let (tx, rx) = watch::channel(None);
         self.slots.locked().insert(node.to_string(), tx);
-        tokio::spawn(self.clone().run(node.to_string(), target, rx, cancel));
+        let metrics = self.metrics.clone();
+        let run = self.clone().run(node.to_string(), target, rx, cancel);
+        spawn_contained("delivery to an agent", run, move |panicked| {
+            if panicked {
+                metrics.agent_poll_error("panic");
+            }
+        });
     }
 
     /// Stop delivering to `node` (its task ends with its follower's token).

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use faultline_common::fault::shard_of;
+use faultline_common::supervise::spawn_contained;
 use tokio::sync::watch;
 
 use super::watched::{Seen, Watched};
@@ -123,14 +124,23 @@ impl Followers {
             old.cancel();
         }
         let token = self.cancel.child_token();
-        tokio::spawn(collect::follow(
+        let follower = collect::follow(
             url.clone(),
             Some(name.clone()),
             self.client.clone(),
             self.tx.clone(),
             self.metrics.clone(),
             token.clone(),
-        ));
+        );
+        // A follower's panic (a bug an agent's answer found) stays with its node: it
+        // is logged and counted, and the node's readings go stale (unknown), never
+        // the replica's other nodes.
+        let metrics = self.metrics.clone();
+        spawn_contained("agent follower", follower, move |panicked| {
+            if panicked {
+                metrics.agent_poll_error("panic");
+            }
+        });
         if let Some(d) = &self.deliveries {
             d.open(&name, &url, token.clone());
         }

@@ -284,9 +284,10 @@ pub async fn run(
                 for node in away.due(Instant::now()) {
                     let tx = found_tx.clone();
                     let look = NodeCheck::find(check.api.clone(), check.selector.clone(), node);
-                    tokio::spawn(async move {
+                    let ask = async move {
                         let _ = tx.send(look.await).await;
-                    });
+                    };
+                    faultline_common::supervise::spawn_contained("node lookup", ask, |_| {});
                 }
                 continue;
             }

@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use tokio::sync::Semaphore;
 
+use faultline_common::supervise::spawn_contained;
 use faultline_common::sync::Locked;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -94,12 +95,13 @@ impl Nudger {
             return;
         };
         let me = self.clone();
-        tokio::spawn(async move {
+        let batch = async move {
             for node in nodes {
                 me.nudge(&node, &stamp).await;
             }
             drop(permit);
-        });
+        };
+        spawn_contained("pod nudges", batch, |_| {});
     }
 
     fn take(&self) -> bool {
