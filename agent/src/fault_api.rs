@@ -1,7 +1,9 @@
 //! `/v1/fault`: the node's own `fault.json` ([`crate::verdict`]). `GET` serves it (a
 //! watch stream with `watch=true`), `PUT` takes the aggregator's delivery (bearer
 //! token). [`pod_router`] serves only the `GET`, for `--fault-listen`: the port the
-//! node's pods may reach.
+//! node's pods may reach. There a pod sees the node's entry with only its own drain
+//! intent (the one that lists the address it asks from): other namespaces' pod
+//! names, UIDs and addresses are not a pod's to read.
 //!
 //! `POST /v1/drain/ack` (both ports) is a pod's word that it has checkpointed, so it
 //! may be evicted before its drain intent's deadline. It needs no API
@@ -64,7 +66,7 @@ pub fn routes() -> Router<ApiState> {
 /// else (no delivery, no health document, no metrics).
 pub fn pod_router(state: ApiState) -> Router {
     Router::new()
-        .route("/v1/fault", get(fault))
+        .route("/v1/fault", get(pod_fault))
         .route(
             "/v1/drain/ack",
             post(ack).layer(DefaultBodyLimit::max(MAX_ACK)),
@@ -77,13 +79,45 @@ pub fn pod_router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-fn document(s: &ApiState) -> faultline_common::fault::NodeFaults {
-    s.verdicts.render(&s.store.render(), now_ms())
+/// Who reads the document: the node (the API port: the aggregator, an SRE), or a pod
+/// asking from an address (the pod port).
+#[derive(Debug, Clone, Copy)]
+enum Reader {
+    Node,
+    Pod(Option<std::net::IpAddr>),
+}
+
+fn document(s: &ApiState, reader: Reader) -> faultline_common::fault::NodeFaults {
+    let mut doc = s.verdicts.render(&s.store.render(), now_ms());
+    if let Reader::Pod(from) = reader {
+        // Its own intent only: one that lists the address it asks from. A pod on the
+        // host network (no address listed) learns of its intent from the node's file.
+        doc.drain
+            .retain(|n| from.is_some_and(|ip| n.pod_ips.iter().any(|p| p.parse() == Ok(ip))));
+    }
+    doc
 }
 
 async fn fault(
     State(s): State<ApiState>,
     q: Result<Query<FaultQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    serve_fault(s, q, Reader::Node)
+}
+
+async fn pod_fault(
+    State(s): State<ApiState>,
+    peer: Option<axum::Extension<ConnectInfo<std::net::SocketAddr>>>,
+    q: Result<Query<FaultQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let from = peer.map(|axum::Extension(ConnectInfo(p))| p.ip().to_canonical());
+    serve_fault(s, q, Reader::Pod(from))
+}
+
+fn serve_fault(
+    s: ApiState,
+    q: Result<Query<FaultQuery>, QueryRejection>,
+    reader: Reader,
 ) -> Result<Response, ApiError> {
     let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let watch = match q.watch.as_deref() {
@@ -101,15 +135,15 @@ async fn fault(
                 "timeout_ms only makes sense with watch",
             ));
         }
-        return Ok(Json(document(&s)).into_response());
+        return Ok(Json(document(&s, reader)).into_response());
     }
     let heartbeat = Duration::from_millis(q.timeout_ms.unwrap_or(10_000))
         .clamp(WATCH_HEARTBEAT.0, WATCH_HEARTBEAT.1);
     Ok(match s.waiters.clone().try_acquire_owned() {
-        Ok(permit) => stream(s, heartbeat, permit),
+        Ok(permit) => stream(s, reader, heartbeat, permit),
         Err(_) => {
             s.metrics.long_poll_shortened();
-            Json(document(&s)).into_response()
+            Json(document(&s, reader)).into_response()
         }
     })
 }
@@ -117,7 +151,12 @@ async fn fault(
 /// The document at once, then each new version (a new verdict or confirmation, a new
 /// agent document, the verdict turning stale), and a blank line after `heartbeat`
 /// without one; it ends after its life, when the agent stops, or when the client goes.
-fn stream(s: ApiState, heartbeat: Duration, permit: tokio::sync::OwnedSemaphorePermit) -> Response {
+fn stream(
+    s: ApiState,
+    reader: Reader,
+    heartbeat: Duration,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Response {
     let end = tokio::time::Instant::now() + WATCH_MIN_LIFE.mul_f64(rand::random_range(1.0..2.0));
     let (verdicts, docs) = (s.verdicts.subscribe(), s.store.subscribe());
     type Seen = Option<(u64, u64, bool)>;
@@ -132,7 +171,7 @@ fn stream(s: ApiState, heartbeat: Duration, permit: tokio::sync::OwnedSemaphoreP
                     s.verdicts.stale(now_ms()),
                 );
                 if seen != Some(now) {
-                    let mut line = match serde_json::to_vec(&document(&s)) {
+                    let mut line = match serde_json::to_vec(&document(&s, reader)) {
                         Ok(l) => l,
                         Err(e) => {
                             tracing::error!(error = %e, "cannot encode fault.json: the watch ends");

@@ -85,6 +85,10 @@ async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_be
         .object("pods", "default", pod("slow", Some("4s"), "10.1.2.3"))
         // Asks for nothing: evicted at once, as before.
         .object("pods", "default", pod("plain", None, "10.1.2.4"))
+        // A second publish namespace, as deploy/'s RBAC grants one (default's copied).
+        .object("namespaces", "", json!({"metadata": {"name": "team-b"}}))
+        .object("roles", "team-b", publisher_role("Role"))
+        .object("rolebindings", "team-b", publisher_role("RoleBinding"))
         .agents_flag(&format!("n1=http://{}", agent.addr))
         .start()
         .await;
@@ -92,6 +96,7 @@ async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_be
     let agg = w
         .healing("r1")
         .args(&["--delivery-token-file", token.to_str().unwrap()])
+        .args(&["--publish-namespaces", "default,team-b"])
         .start()
         .await;
     holds(server, "r1").await;
@@ -129,20 +134,62 @@ async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_be
     };
     assert_eq!(deadline(&i_ckpt), 300_000);
     assert_eq!(deadline(&i_slow), 4_000);
+    // The copies in the publish namespaces name only their own namespace's pods.
+    let copy = |ns: &str| -> Option<faultline_common::fault::NodeFaults> {
+        let name = faultline_common::fault::page_name("faultline", 0, 0);
+        let cm = server.get("configmaps", ns, &name)?;
+        serde_json::from_str(cm["data"]["n1.json"].as_str()?).ok()
+    };
+    let (default_copy, _) = until(Duration::from_secs(10), "the copies written", || {
+        copy("default").filter(|e| e.drain.len() == 2)
+    })
+    .await;
+    assert!(default_copy.drain.iter().all(|d| d.namespace == "default"));
+    // The same verdict in team-b's, written after default's.
+    let (team_b, _) = until(Duration::from_secs(10), "team-b's copy", || {
+        copy("team-b").filter(|e| {
+            e.npus
+                .iter()
+                .any(|d| d.id == "gpu1" && d.status == faultline_common::DeviceStatus::Failed)
+        })
+    })
+    .await;
+    assert!(
+        team_b.drain.is_empty(),
+        "default's pods in team-b: {:?}",
+        team_b.drain
+    );
     let on_node = record(server, "n1").unwrap();
     assert_eq!(on_node["drains"].as_object().unwrap().len(), 2, "{on_node}");
     assert_eq!(events_on(server, "ckpt", "FaultlineDrainRequested"), 1);
     assert_eq!(events_on(server, "slow", "FaultlineDrainRequested"), 1);
-    let pod_fault = format!("http://{pod_port}/v1/fault");
+    let node_fault = format!("http://{}/v1/fault", agent.addr);
     until(
         Duration::from_secs(10),
         "the node's own fault.json lists them",
         || {
-            let (s, body) = futures_block(call("GET", &pod_fault, None, String::new()));
+            let (s, body) = futures_block(call("GET", &node_fault, None, String::new()));
             (s == 200 && body["drain"].as_array().is_some_and(|d| d.len() == 2)).then_some(())
         },
     )
     .await;
+    // The pod port shows a pod its own intent only: ckpt's, asked from its address
+    // (this test's), not slow's name, UID and address.
+    let (s, body) = call(
+        "GET",
+        &format!("http://{pod_port}/v1/fault"),
+        None,
+        String::new(),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let uids: Vec<&str> = body["drain"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["uid"].as_str())
+        .collect();
+    assert_eq!(uids, [ckpt.as_str()], "{body}");
     assert_eq!(evicted_at(server, "ckpt"), None, "warned, not evicted");
 
     // Acknowledgements are checked: the pod's own address, a listed intent, a body.
@@ -537,4 +584,24 @@ async fn a_pod_left_to_its_budget_is_no_longer_told_to_drain() {
     assert_eq!(eviction_calls(server, "stuck", 201), 0);
     assert!(eviction_calls(server, "stuck", 429) >= 1);
     assert_no_forbidden(server);
+}
+
+/// deploy/'s Role or RoleBinding `faultline-publisher` of namespace default, as the one
+/// of namespace team-b (a second publish namespace).
+fn publisher_role(kind: &str) -> Value {
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/base/aggregator.yaml"
+    ))
+    .unwrap();
+    let doc = yaml
+        .split("\n---\n")
+        .find(|d| {
+            d.contains(&format!("kind: {kind}\n"))
+                && d.contains("faultline-publisher, namespace: default")
+        })
+        .unwrap_or_else(|| panic!("deploy/'s {kind} faultline-publisher"));
+    let mut v: Value = serde_yaml_ng::from_str(doc).unwrap();
+    v["metadata"]["namespace"] = json!("team-b");
+    v
 }

@@ -183,11 +183,15 @@ fn shard_publisher(
         .publish_namespaces
         .iter()
         .map(|ns| {
-            Arc::new(
-                ConfigMapSink::new(Api::namespaced(kube.clone(), ns), cfg.name.clone())
-                    .with_pages(cfg.pages)
-                    .with_metrics(metrics.clone()),
-            )
+            let sink = ConfigMapSink::new(Api::namespaced(kube.clone(), ns), cfg.name.clone())
+                .with_pages(cfg.pages)
+                .with_metrics(metrics.clone());
+            // A copy in another namespace names only that namespace's pods.
+            Arc::new(if *ns == cfg.namespace {
+                sink
+            } else {
+                sink.with_drains_of(ns)
+            })
         })
         .collect();
     let publisher = Publisher::ConfigMap {

@@ -17,8 +17,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use faultline_common::fault::FaultDocument;
 pub use faultline_common::fault::{page_name, parse_page_name};
+use faultline_common::fault::{FaultDocument, NodeFaults};
 use faultline_common::sync::Locked;
 use k8s_openapi::api::core::v1::ConfigMap;
 pub use kube::api::ObjectMeta;
@@ -64,6 +64,8 @@ pub struct ConfigMapSink {
     /// Per shard and page: our last write.
     last: Mutex<HashMap<(u32, u32), Known>>,
     metrics: Option<std::sync::Arc<Metrics>>,
+    /// A copy in a publish namespace: its drain intents only for pods of this one.
+    drains_of: Option<String>,
 }
 
 /// A page as this replica last wrote it.
@@ -84,6 +86,20 @@ pub fn configmap_name(name: &str, shard: u32) -> String {
     page_name(name, shard, 0)
 }
 
+/// `doc` with only `namespace`'s pods in each node's `drain[]`; `None` when it has no
+/// other (the common case: nothing is copied).
+pub fn scope_drains(doc: &FaultDocument, namespace: &str) -> Option<FaultDocument> {
+    let foreign = |n: &NodeFaults| n.drain.iter().any(|d| d.namespace != namespace);
+    if !doc.nodes.values().any(foreign) {
+        return None;
+    }
+    let mut scoped = doc.clone();
+    for n in scoped.nodes.values_mut() {
+        n.drain.retain(|d| d.namespace == namespace);
+    }
+    Some(scoped)
+}
+
 impl ConfigMapSink {
     /// ConfigMaps named `<name>-shard-<i>` through `api`.
     pub fn new(api: Api<ConfigMap>, name: String) -> Self {
@@ -95,7 +111,17 @@ impl ConfigMapSink {
             pages: 1,
             last: Mutex::new(HashMap::new()),
             metrics: None,
+            drains_of: None,
         }
+    }
+
+    /// A copy for the pods of `namespace`: each node's `drain[]` keeps only the intents
+    /// of that namespace's pods (another tenant's pod names, UIDs and addresses are not
+    /// theirs to read). The aggregator's own namespace keeps the whole view: a takeover
+    /// seeds from it.
+    pub fn with_drains_of(mut self, namespace: &str) -> Self {
+        self.drains_of = Some(namespace.to_string());
+        self
     }
 
     /// Spread each shard over `pages` ConfigMaps (`--pages`, at least 1).
@@ -149,6 +175,11 @@ impl ConfigMapSink {
         held: &Held,
         refresh: bool,
     ) -> Result<usize, WriteError> {
+        let scoped = self
+            .drains_of
+            .as_deref()
+            .and_then(|ns| scope_drains(doc, ns));
+        let doc = scoped.as_ref().unwrap_or(doc);
         let mut total = 0;
         for page in (1..self.pages).chain([0]) {
             total += self.write_page(doc, page, held, refresh).await?;
@@ -365,7 +396,7 @@ mod tests {
     use crate::publish::document;
     use crate::publish::page::page_entries;
     use faultline_common::fault::shard_of;
-    use faultline_common::fault::{page_of, NodeFaults, ShardIndex};
+    use faultline_common::fault::{page_of, ShardIndex};
     use faultline_common::rules::Rules;
     use faultline_common::testing::{self, Device};
     use faultline_common::NodeHealth;

@@ -517,6 +517,17 @@ fn agent_hook(agents: Agents, token: PathBuf, nodes: PathBuf) -> PodHook {
 /// pod range is local in the test's network namespace), as that pod would send it; the
 /// status code.
 pub async fn post_from(from: &str, addr: std::net::SocketAddr, path: &str, body: &str) -> u16 {
+    request_from(from, "POST", addr, path, body).await.0
+}
+
+/// `method path` with `body`, from address `from` (a pod's): the status and the body.
+pub async fn request_from(
+    from: &str,
+    method: &str,
+    addr: std::net::SocketAddr,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket
@@ -524,16 +535,20 @@ pub async fn post_from(from: &str, addr: std::net::SocketAddr, path: &str, body:
         .unwrap_or_else(|e| panic!("bind {from}: {e}"));
     let mut stream = socket.connect(addr).await.unwrap();
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut answer = String::new();
     stream.read_to_string(&mut answer).await.unwrap();
-    answer
+    let code = answer
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status line from {addr}{path}: {answer:?}"))
+        .unwrap_or_else(|| panic!("no status line from {addr}{path}: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    (code, body)
 }
