@@ -12,8 +12,9 @@
 //! (`verdict-stale`): it never silently keeps saying "healthy".
 //!
 //! Order: from one writer, only a higher sequence replaces the entry held (a late
-//! delivery is refused); another writer's entry replaces it (a shard changed holder,
-//! and the aggregator writes only shards it holds).
+//! delivery is refused, and so is other content under the sequence held: the same
+//! entry again only confirms it); another writer's entry replaces it (a shard changed
+//! holder, and the aggregator writes only shards it holds).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -190,12 +191,28 @@ impl Verdicts {
                         entry.drain.len()
                     )));
                 }
-                if let Some(h) = held.as_ref() {
+                if let Some(h) = held.as_mut() {
                     if h.writer == d.writer && d.sequence < h.sequence {
                         return Err(Refused::Conflict(format!(
                             "entry {} of {} is older than the one held ({})",
                             d.sequence, d.writer, h.sequence
                         )));
+                    }
+                    // A sequence is written once: the same entry again (a retry whose
+                    // answer was lost) confirms it; other content under it (a replay
+                    // or a forgery) never replaces what is held.
+                    if h.writer == d.writer && d.sequence == h.sequence {
+                        if h.entry != entry {
+                            return Err(Refused::Conflict(format!(
+                                "entry {} of {} is held with other content: a sequence is written once",
+                                d.sequence, d.writer
+                            )));
+                        }
+                        h.confirmed_ms = now_ms;
+                        h.stale_after = stale_after;
+                        drop(held);
+                        self.bump();
+                        return Ok(());
                     }
                 }
                 *held = Some(Held {
@@ -460,6 +477,13 @@ mod tests {
         let late = v.apply(delivery("r1", 4, Some(entry(DeviceStatus::Healthy))), 1_600);
         assert!(matches!(late, Err(Refused::Conflict(_))));
         assert_eq!(v.render(&doc, 1_600).summary.failed, 1);
+        // The same sequence again: the same entry confirms it, other content is
+        // refused and changes nothing.
+        v.apply(delivery("r1", 5, Some(entry(DeviceStatus::Failed))), 1_650)
+            .unwrap();
+        let replay = v.apply(delivery("r1", 5, Some(entry(DeviceStatus::Healthy))), 1_660);
+        assert!(matches!(replay, Err(Refused::Conflict(_))), "{replay:?}");
+        assert_eq!(v.render(&doc, 1_660).summary.failed, 1);
         // A confirmation of another sequence: send the entry.
         assert!(v.apply(delivery("r1", 6, None), 1_700).is_err());
         // Another writer (a new holder of the shard) replaces it.
