@@ -183,13 +183,7 @@ async fn a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_be
     )
     .await;
     assert_eq!(s, 200);
-    let uids: Vec<&str> = body["drain"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|d| d["uid"].as_str())
-        .collect();
-    assert_eq!(uids, [ckpt.as_str()], "{body}");
+    assert_eq!(drain_uids(&body), [ckpt.as_str()], "{body}");
     assert_eq!(evicted_at(server, "ckpt"), None, "warned, not evicted");
 
     // Acknowledgements are checked: the pod's own address, a listed intent, a body.

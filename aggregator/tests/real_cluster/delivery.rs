@@ -151,12 +151,7 @@ async fn delivery_and_the_drain_handshake(release: Release) {
     let (code, body) = request_from(&ckpt_ip, "GET", pod_port, "/v1/fault", "").await;
     assert_eq!(code, 200, "{body}");
     let body: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let uids: Vec<&str> = body["drain"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|d| d["uid"].as_str())
-        .collect();
+    let uids = support::drain_uids(&body);
     assert_eq!(uids, [ckpt.as_str()], "ckpt's alone: {body}");
 
     // ckpt may not speak for slow; it acknowledges its own, and is evicted at once.

@@ -131,6 +131,14 @@ pub fn shard_doc(server: &ApiServer, shard: u32) -> Option<ShardIndex> {
     serde_json::from_str(cm["data"]["fault.json"].as_str()?).ok()
 }
 
+/// The pod UIDs of an entry's `drain[]` (a `fault.json` as JSON), in order.
+pub fn drain_uids(entry: &serde_json::Value) -> Vec<&str> {
+    entry["drain"]
+        .as_array()
+        .map(|d| d.iter().filter_map(|d| d["uid"].as_str()).collect())
+        .unwrap_or_default()
+}
+
 /// Node `node`'s published entry, in the shard of `shards` its name hashes to.
 pub fn node_entry(server: &ApiServer, shards: u32, node: &str) -> Option<NodeFaults> {
     // On whichever page of its shard holds it (`--pages`; page 0 alone by default).
