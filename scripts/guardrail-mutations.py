@@ -245,7 +245,7 @@ MUTATIONS = [
      ['-p', 'faultline-aggregator', '--lib', 'a_core_loop_that_ends_on_its_own_fails']),
     ("16 tenancy: the pods' port shows a pod the other pods' drain intents",
      'agent/src/fault_api.rs',
-     '        doc.drain\n            .retain(|n| from.is_some_and(|ip| n.pod_ips.iter().any(|p| p.parse() == Ok(ip))));',
+     '        doc.drain.retain(|n| from.is_some_and(|ip| lists(n, ip)));',
      '        let _ = from;',
      ['-p', 'faultline-aggregator', '--test', 'drain', 'a_warned_pod_is_evicted_at_its_acknowledgement_or_its_deadline_never_before']),
     ("16 tenancy: a publish namespace's copy lists other namespaces' pods",

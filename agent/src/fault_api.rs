@@ -87,13 +87,18 @@ enum Reader {
     Pod(Option<std::net::IpAddr>),
 }
 
+/// Whether drain intent `n` lists address `ip` as its pod's (who may read and
+/// acknowledge it).
+fn lists(n: &faultline_common::fault::DrainNotice, ip: std::net::IpAddr) -> bool {
+    n.pod_ips.iter().any(|p| p.parse() == Ok(ip))
+}
+
 fn document(s: &ApiState, reader: Reader) -> faultline_common::fault::NodeFaults {
     let mut doc = s.verdicts.render(&s.store.render(), now_ms());
     if let Reader::Pod(from) = reader {
         // Its own intent only: one that lists the address it asks from. A pod on the
         // host network (no address listed) learns of its intent from the node's file.
-        doc.drain
-            .retain(|n| from.is_some_and(|ip| n.pod_ips.iter().any(|p| p.parse() == Ok(ip))));
+        doc.drain.retain(|n| from.is_some_and(|ip| lists(n, ip)));
     }
     doc
 }
@@ -268,7 +273,7 @@ async fn ack(
         ));
     };
     let from = peer.map(|axum::Extension(ConnectInfo(p))| p.ip().to_canonical());
-    let own = from.is_some_and(|ip| notice.pod_ips.iter().any(|p| p.parse() == Ok(ip)));
+    let own = from.is_some_and(|ip| lists(&notice, ip));
     if !own {
         let from = from.map_or_else(|| "an unknown address".to_string(), |ip| ip.to_string());
         return Err(refuse(

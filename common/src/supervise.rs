@@ -54,12 +54,13 @@ impl Supervisor {
         }
     }
 
-    /// Run `part` in a task of its own, watched.
+    /// Run `part` in a task of its own, watched. The handle is the watcher's: it ends
+    /// once the part's end has been judged.
     pub fn spawn(
         &self,
         name: &'static str,
         part: impl std::future::Future<Output = ()> + Send + 'static,
-    ) {
+    ) -> tokio::task::JoinHandle<()> {
         let task = tokio::spawn(part);
         let s = self.clone();
         tokio::spawn(async move {
@@ -67,7 +68,7 @@ impl Supervisor {
             if let Err(e) = judge(name, r, s.cancel.is_cancelled()) {
                 s.fail(e);
             }
-        });
+        })
     }
 
     /// Stop the process for `why` (the first reason stands).
@@ -144,15 +145,10 @@ mod tests {
 
         let cancel = CancellationToken::new();
         let s = Supervisor::new(cancel.clone());
-        let (done_tx, done) = tokio::sync::oneshot::channel();
         let c = cancel.clone();
-        s.spawn("rules file", async move {
-            c.cancelled().await;
-            let _ = done_tx.send(());
-        });
+        let judged = s.spawn("rules file", async move { c.cancelled().await });
         cancel.cancel();
-        done.await.unwrap();
-        tokio::task::yield_now().await;
+        judged.await.unwrap();
         assert_eq!(s.failure(), Ok(()), "ended with the process");
     }
 
