@@ -86,6 +86,19 @@ post /api/v1/namespaces '{"metadata":{"name":"faultline"}}'
 # The token the aggregator delivers verdicts with and the agents take them with (in a
 # cluster: the Secret faultline-delivery).
 head -c 32 /dev/urandom | base64 >"$WORK/delivery-token"
+# And the key each delivery is signed with: the aggregator holds it, the agents its
+# public half only, so no node can set another's verdict (in a cluster: the Secret
+# faultline-delivery-signing and the ConfigMap faultline-delivery-key).
+SIGNING=()
+KEY=()
+if command -v openssl >/dev/null 2>&1; then
+  openssl genpkey -algorithm ed25519 -out "$WORK/delivery.pem" 2>/dev/null
+  openssl pkey -in "$WORK/delivery.pem" -pubout -out "$WORK/delivery-key.pem"
+  SIGNING=(--delivery-signing-key-file "$WORK/delivery.pem")
+  KEY=(--delivery-key-file "$WORK/delivery-key.pem")
+else
+  echo "demo: no openssl here: deliveries carry the token only, unsigned"
+fi
 AGENTS=()
 NAMED=()
 for i in 1 2 3; do
@@ -98,7 +111,7 @@ for i in 1 2 3; do
   mkdir "$WORK/node-$i"
   $BIN/faultline-agent --source sim --sim-devices 8 --sim-seed "$i" "${extra[@]}" \
     --listen "127.0.0.1:$port" --node-name "gpu-node-$i" \
-    --fault-dir "$WORK/node-$i" --delivery-token-file "$WORK/delivery-token" >"$WORK/agent-$i.log" 2>&1 &
+    --fault-dir "$WORK/node-$i" --delivery-token-file "$WORK/delivery-token" "${KEY[@]}" >"$WORK/agent-$i.log" 2>&1 &
   started "$WORK/agent-$i.log"
   wait_until 10 "agent $i answers" curl -sf "http://127.0.0.1:$port/v1/health"
   # Two 4-GPU jobs per node; the kubelet reports which GPUs each holds (KEP-4680), by
@@ -121,7 +134,7 @@ echo "$TOKEN" >"$WORK/intake-token"
 $BIN/faultline-aggregator --sink configmap --kube-server "$KUBE" --namespace faultline \
   --remediation enforce --max-quarantined-percent 100 --agents "$(IFS=,; echo "${NAMED[*]}")" --listen "127.0.0.1:$((BASE + 10))" --replica demo-0 \
   --intake-token-file "$WORK/intake-token" --reconcile-interval 2s --publish-namespaces default \
-  --delivery-token-file "$WORK/delivery-token" \
+  --delivery-token-file "$WORK/delivery-token" "${SIGNING[@]}" \
   >"$WORK/aggregator.log" 2>&1 &
 started "$WORK/aggregator.log"
 # A second aggregator with the file sink: the same documents in a directory laid out the

@@ -59,6 +59,10 @@ for o in "${overlays[@]}"; do
   expect "$o" "path: /run/faultline/node"
   expect "$o" "hostPort: 8082"
   expect "$o" "secretName: faultline-delivery"
+  expect "$o" "--delivery-signing-key-file=/etc/faultline/delivery-signing/key.pem"
+  expect "$o" "- /etc/faultline/delivery-key/key.pem"
+  expect "$o" "secretName: faultline-delivery-signing"
+  expect "$o" "name: faultline-delivery-key"
   expect "$o" "port: 8082"
 done
 # RBAC follows the flags: in the base (the RBAC the end-to-end tests load) and in every

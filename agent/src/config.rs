@@ -274,9 +274,18 @@ pub struct Args {
     #[arg(long, env = "FAULTLINE_FAULT_LISTEN")]
     pub fault_listen: Option<SocketAddr>,
     /// The token the aggregator presents to set this node's verdict (PUT /v1/fault);
-    /// without it no verdict can be set.
+    /// without it no verdict can be set. Read again when it changes.
     #[arg(long, env = "FAULTLINE_DELIVERY_TOKEN_FILE")]
     pub delivery_token_file: Option<PathBuf>,
+    /// The aggregator's Ed25519 public key(s) (PEM, as `openssl pkey -pubout` writes;
+    /// two during a rotation): every delivery must carry its signature, so that another
+    /// node's token cannot set this node's verdict. Read again when it changes.
+    #[arg(
+        long,
+        env = "FAULTLINE_DELIVERY_KEY_FILE",
+        requires = "delivery_token_file"
+    )]
+    pub delivery_key_file: Option<PathBuf>,
     /// Longest a verdict holds without a confirmation from the aggregator; past it the
     /// node's fault.json says stale and its healthy devices unknown.
     #[arg(long, env = "FAULTLINE_VERDICT_STALE_AFTER", default_value = "60s", value_parser = positive_duration)]
@@ -362,6 +371,7 @@ pub struct Config {
     pub fault_dir: Option<PathBuf>,
     pub fault_listen: Option<SocketAddr>,
     pub delivery_token_file: Option<PathBuf>,
+    pub delivery_key_file: Option<PathBuf>,
     pub verdict_stale_after: Duration,
     pub fail_on_init_error: bool,
     pub thresholds: Thresholds,
@@ -484,6 +494,7 @@ impl Config {
             fault_dir: a.fault_dir,
             fault_listen: a.fault_listen,
             delivery_token_file: a.delivery_token_file,
+            delivery_key_file: a.delivery_key_file,
             verdict_stale_after: a.verdict_stale_after,
             fail_on_init_error: a.fail_on_init_error,
             thresholds: Thresholds {

@@ -21,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use faultline_common::fault::Delivery;
+use faultline_common::seal::SIGNATURE_HEADER;
 use faultline_common::time::now_ms;
 use serde::Deserialize;
 use serde_json::json;
@@ -217,20 +218,25 @@ async fn deliver(
         s.metrics.count_error("delivery", e.label());
         let status = match e {
             Refused::Off => StatusCode::FORBIDDEN,
-            Refused::Unauthorized => StatusCode::UNAUTHORIZED,
+            Refused::Unauthorized | Refused::Unsigned(_) => StatusCode::UNAUTHORIZED,
             Refused::Invalid(_) => StatusCode::BAD_REQUEST,
             Refused::Conflict(_) => StatusCode::CONFLICT,
         };
         ApiError::new(status, e.to_string())
     };
-    s.verdicts
-        .authorize(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
-        .map_err(refused)?;
     let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+    let how = s
+        .verdicts
+        .authorize(
+            headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()),
+            headers.get(SIGNATURE_HEADER).map(|v| v.as_bytes()),
+            &body,
+        )
+        .map_err(refused)?;
     let d: Delivery = serde_json::from_slice(&body)
         .map_err(|e| refused(Refused::Invalid(format!("not a delivery: {e}"))))?;
     let sequence = d.sequence;
-    s.verdicts.apply(d, now_ms()).map_err(refused)?;
+    s.verdicts.apply(d, how, now_ms()).map_err(refused)?;
     // Acknowledgements of intents the new entry no longer lists go.
     let verdicts = s.verdicts.clone();
     s.store.prune_drain_acks(|a| verdicts.lists(a));

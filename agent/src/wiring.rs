@@ -242,7 +242,8 @@ impl Parts<'_> {
         });
     }
 
-    /// The aggregator's verdicts (the delivery token read), kept in `--fault-dir`.
+    /// The aggregator's verdicts (the delivery token and keys read), kept in
+    /// `--fault-dir`.
     fn verdicts(&self) -> anyhow::Result<Arc<verdict::Verdicts>> {
         let cfg = self.cfg;
         let token = match &cfg.delivery_token_file {
@@ -252,7 +253,15 @@ impl Parts<'_> {
             ),
             None => None,
         };
-        let verdicts = verdict::Verdicts::new(&cfg.node_name, token, cfg.verdict_stale_after);
+        let keys = match &cfg.delivery_key_file {
+            Some(p) => Some(
+                verdict::Verdicts::read_keys(p)
+                    .with_context(|| format!("--delivery-key-file {}", p.display()))?,
+            ),
+            None => None,
+        };
+        let trust = verdict::Trust { token, keys };
+        let verdicts = verdict::Verdicts::trusting(&cfg.node_name, trust, cfg.verdict_stale_after);
         if let Some(dir) = cfg.fault_dir.clone() {
             let (store, metrics) = (self.store.clone(), self.metrics.clone());
             let run = verdict::run_file(dir, verdicts.clone(), store, metrics, self.cancel.clone());
@@ -303,11 +312,9 @@ impl Parts<'_> {
             state.verdicts.has_token().then(|| {
                 let v = state.verdicts.clone();
                 Arc::new(move |h: &axum::http::HeaderMap| {
-                    v.authorize(
-                        h.get(axum::http::header::AUTHORIZATION)
-                            .map(|v| v.as_bytes()),
-                    )
-                    .is_ok()
+                    h.get(axum::http::header::AUTHORIZATION)
+                        .and_then(|v| faultline_common::names::bearer_token(v.as_bytes()))
+                        .is_some_and(|t| v.is_token(t))
                 }) as faultline_common::server::Trust
             });
         let app = api::router_with(state, fault_api::routes());

@@ -3,7 +3,9 @@
 //! `fault.json` (the file of `--fault-dir`, and `GET /v1/fault` on `--fault-listen`):
 //! a fault reaches it without a ConfigMap write or a kubelet refresh; only the token
 //! sets it; the pod port serves it read-only; once the aggregator falls silent the file
-//! says so and calls no device healthy.
+//! says so and calls no device healthy. With a signing key, what a node holds (the
+//! shared token, the public key) cannot set a neighbour's verdict, and the keys rotate
+//! without a restart.
 
 mod support;
 
@@ -156,4 +158,145 @@ async fn a_fault_reaches_the_nodes_own_fault_json_and_silence_turns_it_stale() {
         Some(DeviceStatus::Failed)
     );
     agent.shutdown().await;
+}
+
+/// Two nodes, signed deliveries. Node n2's credentials (the token every agent holds,
+/// the public key) cannot set n1's verdict; the aggregator's key, rotated on disk,
+/// keeps n1's verdict fresh without a restart of either side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_neighbours_credentials_cannot_set_a_verdict_and_keys_rotate_live() {
+    use faultline_common::seal::SigningKey;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = |n: &str| tmp.path().join(n).to_str().unwrap().to_string();
+    std::fs::write(path("token"), format!("{TOKEN}\n")).unwrap();
+    let (old_private, old_public) = SigningKey::generate_pem().unwrap();
+    let (new_private, new_public) = SigningKey::generate_pem().unwrap();
+    std::fs::write(path("signing.pem"), &old_private).unwrap();
+    std::fs::write(path("public.pem"), &old_public).unwrap();
+    let mut agents = Vec::new();
+    for n in ["n1", "n2"] {
+        std::fs::create_dir(path(n)).unwrap();
+        let args = [
+            "--fault-dir",
+            &path(n),
+            "--delivery-token-file",
+            &path("token"),
+            "--delivery-key-file",
+            &path("public.pem"),
+            "--verdict-stale-after",
+            "30s",
+        ];
+        agents.push(agent_with(n, &args).await);
+    }
+    let dir = tmp.path().join("n1");
+    let list = format!("n1=http://{},n2=http://{}", agents[0].addr, agents[1].addr);
+    let w = Scenario::new().agents_flag(&list).start().await;
+    let agg = w
+        .configmap("r1", 1)
+        .args(&[
+            "--delivery-token-file",
+            &path("token"),
+            "--delivery-signing-key-file",
+            &path("signing.pem"),
+            "--delivery-confirm",
+            "300ms",
+        ])
+        .start()
+        .await;
+    let fresh_from_r1 = |d: &NodeFaults| {
+        d.verdict
+            .as_ref()
+            .is_some_and(|v| !v.stale && v.writer.as_deref() == Some("r1"))
+    };
+    until(
+        Duration::from_secs(20),
+        "n1's signed verdict, all healthy",
+        || node_file(&dir).filter(|d| fresh_from_r1(d) && d.summary.healthy == 4),
+    )
+    .await;
+    inject(&agents[0], r#"{"device":"gpu1","fault":"xid","xid":79}"#).await;
+    let (failed, _) = until(Duration::from_secs(5), "gpu1 failed on n1", || {
+        node_file(&dir).filter(|d| d.summary.failed == 1)
+    })
+    .await;
+
+    // n2's root holds the token and the public key. It writes n1 a "healthy" entry
+    // under the real writer, a higher sequence, its node and a fresh time: unsigned,
+    // and signed with a key of its own making. Both 401; n1 still reads failed.
+    let api = format!("http://{}/v1/fault", agents[0].addr);
+    let mut healthy = failed.clone();
+    for d in &mut healthy.npus {
+        d.status = DeviceStatus::Healthy;
+        d.reason = None;
+    }
+    healthy.verdict = None;
+    healthy.readings_at = None;
+    let forged = serde_json::json!({
+        "writer": "r1", "sequence": u64::MAX, "published": "2026-12-02T00:00:00.000Z",
+        "stale_after_ms": 60_000, "node": "n1", "sent_ms": u64::MAX / 2,
+        "digest": healthy.digest(), "entry": healthy,
+    })
+    .to_string();
+    let bearer = format!("Bearer {TOKEN}");
+    let (mine, _) = SigningKey::generate_pem().unwrap();
+    let own_sig = SigningKey::from_pem(&mine).unwrap().sign(forged.as_bytes());
+    for sig in [None, Some(own_sig.as_str()), Some("ed25519=AAAA")] {
+        let mut h = vec![("authorization", bearer.as_str())];
+        h.extend(sig.map(|s| ("faultline-signature", s)));
+        let (status, body) = call_with("PUT", &api, &h, forged.clone()).await;
+        assert_eq!(status, 401, "signature {sig:?}: {body}");
+    }
+    assert_eq!(
+        node_file(&dir).unwrap().summary.failed,
+        1,
+        "nothing forged got in"
+    );
+
+    // Rotation: the agents take the new public key beside the old, then the aggregator
+    // signs with the new key, then the old public key goes. No restart; the verdict
+    // stays fresh and failed throughout.
+    std::fs::write(path("public.pem"), format!("{old_public}{new_public}")).unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    std::fs::write(path("signing.pem"), &new_private).unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    std::fs::write(path("public.pem"), &new_public).unwrap();
+    let started = Instant::now();
+    let mut confirmed = Vec::new();
+    while started.elapsed() < Duration::from_secs(3) {
+        let d = node_file(&dir).unwrap();
+        assert!(
+            fresh_from_r1(&d) && d.summary.failed == 1,
+            "{:?}",
+            d.verdict
+        );
+        confirmed.push(d.verdict.unwrap().confirmed);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    confirmed.dedup();
+    assert!(
+        confirmed.len() >= 3,
+        "confirmations under the new key: {confirmed:?}"
+    );
+    let text = metrics(agg.addr).await;
+    let refused: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("faultline_aggregator_deliveries_total")
+                && l.contains("result=\"refused\"")
+        })
+        .filter(|l| !l.ends_with(" 0"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "no delivery refused across the rotation: {refused:?}"
+    );
+    assert!(
+        text.contains("faultline_aggregator_deliveries_total{kind=\"confirm\",result=\"ok\"}"),
+        "{text}"
+    );
+    agg.cancel_token().cancel();
+    agg.wait().await.expect("a clean stop");
+    for a in agents {
+        a.shutdown().await;
+    }
 }

@@ -192,10 +192,30 @@ pub struct Delivery {
     pub published: String,
     /// How long the agent may serve it without a confirmation, in milliseconds.
     pub stale_after_ms: u64,
+    /// The node it is for: a signed delivery names it, so that it cannot be replayed
+    /// to another node (a confirmation has no entry to say so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// When the writer sent it (milliseconds since the epoch), increasing with every
+    /// message: an agent that checks signatures takes none that is not newer than the
+    /// last it took, so a recorded delivery or confirmation cannot be played again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_ms: Option<u64>,
+    /// The digest of the entry's JSON (`sha256:<hex>`, [`crate::seal::digest`]): a
+    /// confirmation confirms only the entry with this digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
     /// The node's entry; absent in a confirmation of (`writer`, `sequence`), which the
     /// agent answers 409 when it does not hold that entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entry: Option<NodeFaults>,
+}
+
+impl NodeFaults {
+    /// The digest of this entry's JSON, as a [`Delivery`] names it.
+    pub fn digest(&self) -> String {
+        crate::seal::digest(&serde_json::to_vec(self).unwrap_or_default())
+    }
 }
 
 /// The agent as the aggregator sees it.

@@ -3,7 +3,8 @@
 //! every HTTP error answer ([`api`]) and the wall-clock helpers ([`time`]).
 //!
 //! No Kubernetes, no NVML, no I/O: everything here is a pure function or a plain type so
-//! the agent, the aggregator and the tests share one definition. The one exception is
+//! the agent, the aggregator and the tests share one definition ([`seal`]'s
+//! `Reloaded` reads a key or token file, and nothing else). The one exception is
 //! `runtime` (cargo feature `runtime`, off by default): the logging and signal wiring
 //! both binaries share, which pulls in tokio and tracing-subscriber. `testing` (cargo
 //! feature `test-util`, off by default) is for tests and benchmarks only.
@@ -24,6 +25,7 @@ pub mod reading;
 pub mod rules;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+pub mod seal;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod state;

@@ -12,7 +12,11 @@
 //! node's shard delivers (asked before every send), as only it writes the shard.
 //!
 //! Sequences are per writer and never go back across restarts: they start from the
-//! wall clock in microseconds and count up.
+//! wall clock in microseconds and count up. Each message names its node, the digest of
+//! the entry it carries or confirms, and when it was sent (milliseconds, increasing
+//! with every message); with `--delivery-signing-key-file` its body is signed
+//! ([`faultline_common::seal`]), so that an agent takes it from this aggregator only,
+//! never from another node that holds the shared token.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use faultline_common::fault::{shard_of, Delivery, NodeFaults};
+use faultline_common::seal::{Reloaded, SigningKey, SIGNATURE_HEADER};
 use faultline_common::supervise::spawn_contained;
 use faultline_common::sync::Locked;
 use faultline_common::time::{now_ms, now_rfc3339};
@@ -44,6 +49,7 @@ const PATH: &str = "/v1/fault";
 pub struct Offer {
     sequence: u64,
     published: String,
+    digest: String,
     entry: NodeFaults,
 }
 
@@ -61,20 +67,23 @@ pub struct Fence {
 /// Every followed node's slot, and what their deliveries share.
 pub struct Deliveries {
     writer: String,
-    token: String,
+    token: Arc<Reloaded<String>>,
+    signer: Option<Arc<Reloaded<SigningKey>>>,
     confirm: Duration,
     next: AtomicU64,
+    /// The last message's send time (ms): every message says a later one.
+    sent: AtomicU64,
     slots: Mutex<HashMap<String, Slot>>,
     fence: Option<Fence>,
     metrics: Arc<Metrics>,
 }
 
 impl Deliveries {
-    /// Deliveries by `writer` with `token`, confirmed every `confirm`, fenced by `fence`
-    /// (none: this replica publishes every node).
+    /// Deliveries by `writer` with `token` (and signed by `signer`), confirmed every
+    /// `confirm`, fenced by `fence` (none: this replica publishes every node).
     pub fn new(
         writer: &str,
-        token: String,
+        (token, signer): (Arc<Reloaded<String>>, Option<Arc<Reloaded<SigningKey>>>),
         confirm: Duration,
         fence: Option<Fence>,
         metrics: Arc<Metrics>,
@@ -82,8 +91,10 @@ impl Deliveries {
         Arc::new(Deliveries {
             writer: writer.to_string(),
             token,
+            signer,
             confirm,
             next: AtomicU64::new(now_ms().saturating_mul(1000)),
+            sent: AtomicU64::new(0),
             slots: Mutex::new(HashMap::new()),
             fence,
             metrics,
@@ -97,6 +108,7 @@ impl Deliveries {
             let offer = Offer {
                 sequence: self.next.fetch_add(1, Ordering::Relaxed),
                 published: now_rfc3339(),
+                digest: entry.digest(),
                 entry,
             };
             slot.send_replace(Some(Arc::new(offer)));
@@ -184,11 +196,11 @@ impl Deliveries {
                 continue;
             }
             let full = acked != Some(offer.sequence);
-            acked = match self.send(&mut conn, &offer, full).await {
+            acked = match self.send(&mut conn, &node, &offer, full).await {
                 Ok(()) => Some(offer.sequence),
                 // Not held there (the agent restarted, or took another writer's): the
                 // entry itself, at once.
-                Err(409) if !full => match self.send(&mut conn, &offer, true).await {
+                Err(409) if !full => match self.send(&mut conn, &node, &offer, true).await {
                     Ok(()) => Some(offer.sequence),
                     Err(_) => None,
                 },
@@ -207,14 +219,36 @@ impl Deliveries {
         }
     }
 
+    /// A send time in milliseconds, later than every one before (the wall clock, or one
+    /// past the last when the clock stands still or steps back).
+    fn sent_now(&self) -> u64 {
+        let now = now_ms();
+        let prev = self
+            .sent
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+                Some(now.max(last + 1))
+            })
+            .unwrap_or_default();
+        now.max(prev + 1)
+    }
+
     /// Deliver `offer` (its entry when `full`, else a confirmation). `Err(status)`:
     /// refused with that status (0: not answered).
-    async fn send(&self, conn: &mut Conn, offer: &Offer, full: bool) -> Result<(), u16> {
+    async fn send(
+        &self,
+        conn: &mut Conn,
+        node: &str,
+        offer: &Offer,
+        full: bool,
+    ) -> Result<(), u16> {
         let d = Delivery {
             writer: self.writer.clone(),
             sequence: offer.sequence,
             published: offer.published.clone(),
             stale_after_ms: (self.confirm * 3).as_millis() as u64,
+            node: Some(node.to_string()),
+            sent_ms: Some(self.sent_now()),
+            digest: Some(offer.digest.clone()),
             entry: full.then(|| offer.entry.clone()),
         };
         let kind = if full {
@@ -229,9 +263,21 @@ impl Deliveries {
                 return Err(0);
             }
         };
+        let signature = self.signer.as_ref().map(|s| {
+            let (key, e) = s.get();
+            if let Some(e) = e {
+                tracing::error!(error = %e, "cannot use the changed --delivery-signing-key-file; signing with the last good key");
+            }
+            key.sign(&body)
+        });
+        let extra = signature.as_deref().map(|s| (SIGNATURE_HEADER, s));
+        let (token, e) = self.token.get();
+        if let Some(e) = e {
+            tracing::error!(error = %e, "cannot use the changed --delivery-token-file; keeping the last good token");
+        }
         let r = tokio::time::timeout(
             DELIVERY_TIMEOUT,
-            conn.put_json(PATH, &self.token, &body, MAX_ANSWER),
+            conn.put_json(PATH, &token, extra, &body, MAX_ANSWER),
         )
         .await;
         let status = match r {

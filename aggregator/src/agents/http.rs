@@ -277,12 +277,14 @@ impl Conn {
         &mut self,
         path: &str,
         bearer: &str,
+        header: Option<(&str, &str)>,
         body: &[u8],
         limit: usize,
     ) -> Result<Response, HttpError> {
         self.lines = None;
+        let extra = header.map_or_else(String::new, |(k, v)| format!("{k}: {v}\r\n"));
         let mut request = format!(
-            "PUT {}{path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {bearer}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nUser-Agent: faultline-aggregator\r\n\r\n",
+            "PUT {}{path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {bearer}\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\nUser-Agent: faultline-aggregator\r\n\r\n",
             self.target.prefix,
             self.target.authority,
             body.len()

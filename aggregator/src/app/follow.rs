@@ -60,7 +60,10 @@ pub(super) fn follow_agents(
     deliveries: Option<Arc<Deliveries>>,
 ) -> anyhow::Result<mpsc::Receiver<AgentEvent>> {
     let (tx, rx) = mpsc::channel::<AgentEvent>(1024);
-    let client = collect::client().with_bearer(cfg.delivery.as_ref().map(|(t, _)| t.as_str()));
+    // The delivery token as read at start: it reserves the agents' connections for
+    // this collector (a rotation takes effect for deliveries at once, here at restart).
+    let bearer = cfg.delivery.as_ref().map(|d| d.token.get().0);
+    let client = collect::client().with_bearer(bearer.as_deref().map(String::as_str));
     let followers = discover::Followers::new(
         cfg.agent_port,
         client.clone(),

@@ -310,11 +310,11 @@ async fn clients(cfg: &Config) -> anyhow::Result<(Option<kube::Client>, Option<k
 /// agent, fenced by the shard Leases with the ConfigMap sink.
 fn deliveries(cfg: &Config, held: &Held, metrics: &Arc<Metrics>) -> Option<Arc<Deliveries>> {
     let sharing = cfg.sink == SinkKind::ConfigMap;
-    cfg.delivery.as_ref().map(|(token, confirm)| {
+    cfg.delivery.as_ref().map(|d| {
         Deliveries::new(
             &cfg.replica,
-            token.clone(),
-            *confirm,
+            (d.token.clone(), d.signer.clone()),
+            d.confirm,
             sharing.then(|| DeliveryFence {
                 held: held.clone(),
                 shards: cfg.shards,

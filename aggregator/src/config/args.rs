@@ -133,6 +133,16 @@ pub struct AgentArgs {
     /// expect (their --delivery-token-file). Unset: no delivery.
     #[arg(long, env = "FAULTLINE_DELIVERY_TOKEN_FILE")]
     pub delivery_token_file: Option<PathBuf>,
+    /// Sign every delivery with this Ed25519 private key (PEM, as `openssl genpkey
+    /// -algorithm ed25519` writes), whose public key the agents hold
+    /// (--delivery-key-file): the token is every node's, the key only this. Read again
+    /// when it changes.
+    #[arg(
+        long,
+        env = "FAULTLINE_DELIVERY_SIGNING_KEY_FILE",
+        requires = "delivery_token_file"
+    )]
+    pub delivery_signing_key_file: Option<PathBuf>,
     /// A delivered entry is confirmed this often; an agent not confirmed for three times
     /// this calls its node's verdict stale.
     #[arg(long, env = "FAULTLINE_DELIVERY_CONFIRM", default_value = "10s", value_parser = positive_duration)]

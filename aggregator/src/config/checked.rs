@@ -9,6 +9,8 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use faultline_common::flags::comma_list;
 use faultline_common::names;
+use faultline_common::seal::{Reloaded, SigningKey};
+use std::sync::Arc;
 
 use crate::ingest::IntakeConfig;
 use crate::notify::Target;
@@ -20,6 +22,41 @@ use super::args::{
 };
 
 /// The checked configuration.
+/// Node-local delivery's settings.
+#[derive(Clone)]
+pub struct DeliveryConfig {
+    /// The bearer token (read again when it changes).
+    pub token: Arc<Reloaded<String>>,
+    /// The key each delivery is signed with (read again when it changes).
+    pub signer: Option<Arc<Reloaded<SigningKey>>>,
+    /// How often a delivered entry is confirmed.
+    pub confirm: Duration,
+}
+
+/// A token file's one word (what [`names::read_token`] checked at start).
+fn one_word(text: &str) -> Result<String, faultline_common::seal::KeyError> {
+    let t = text.trim();
+    if t.is_empty() || t.contains(|c: char| c.is_whitespace() || c.is_control()) {
+        return Err(faultline_common::seal::KeyError::Invalid(
+            "a token file holds one word".into(),
+        ));
+    }
+    Ok(t.to_string())
+}
+
+impl std::fmt::Debug for DeliveryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeliveryConfig")
+            .field("token", &"<secret>")
+            .field(
+                "signer",
+                &self.signer.as_ref().map(|s| s.path().to_path_buf()),
+            )
+            .field("confirm", &self.confirm)
+            .finish()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub agents: Vec<AgentTarget>,
@@ -59,8 +96,9 @@ pub struct Config {
     pub write_interval: Duration,
     pub urgent_spacing: Duration,
     pub refresh: Duration,
-    /// Node-local delivery: the token (read at start) and the confirmation period.
-    pub delivery: Option<(String, Duration)>,
+    /// Node-local delivery: the token (read at start), the signing key and the
+    /// confirmation period.
+    pub delivery: Option<DeliveryConfig>,
     pub replica: String,
     pub log_json: bool,
     /// `--runtime-threads`.
@@ -159,11 +197,22 @@ impl Config {
         }
         let remediation = mode(r.remediation, p.sink)?;
         let delivery = match &a.agents.delivery_token_file {
-            Some(path) => Some((
-                names::read_token(path)
-                    .map_err(|e| anyhow::anyhow!("--delivery-token-file {e}"))?,
-                a.agents.delivery_confirm,
-            )),
+            Some(path) => Some(DeliveryConfig {
+                token: Arc::new({
+                    names::read_token(path)
+                        .map_err(|e| anyhow::anyhow!("--delivery-token-file {e}"))?;
+                    Reloaded::load(path, one_word)
+                        .map_err(|e| anyhow::anyhow!("--delivery-token-file {e}"))?
+                }),
+                signer: match &a.agents.delivery_signing_key_file {
+                    Some(p) => Some(Arc::new(
+                        Reloaded::load(p, SigningKey::from_pem)
+                            .map_err(|e| anyhow::anyhow!("--delivery-signing-key-file {e}"))?,
+                    )),
+                    None => None,
+                },
+                confirm: a.agents.delivery_confirm,
+            }),
             None => None,
         };
         if i.intake_token_file.is_some() && remediation == Mode::Off {

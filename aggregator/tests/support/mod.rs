@@ -318,13 +318,28 @@ pub fn fake_dcmi_in(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
 
 /// One request: status and JSON body (null if none or not JSON).
 pub async fn call(method: &str, url: &str, token: Option<&str>, body: String) -> (u16, Value) {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .iter()
+        .map(|b| ("authorization", b.as_str()))
+        .collect();
+    call_with(method, url, &headers, body).await
+}
+
+/// [`call`] with these headers.
+pub async fn call_with(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: String,
+) -> (u16, Value) {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let mut req = hyper::Request::builder()
         .method(method)
         .uri(url)
         .header("content-type", "application/json");
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
     }
     let resp = client
         .request(req.body(Full::new(Bytes::from(body))).unwrap())
