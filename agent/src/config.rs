@@ -252,7 +252,9 @@ pub struct Args {
     /// HTTP connections open at most; one more is closed at once.
     #[arg(long, env = "FAULTLINE_HTTP_MAX_CONNECTIONS", default_value_t = 2048)]
     pub http_max_connections: usize,
-    /// A request's head must arrive within this.
+    /// A request's head must arrive within this of the connection's start or its last
+    /// answer; a connection that carried the delivery token waits up to
+    /// --http-idle-timeout for its next one.
     #[arg(long, env = "FAULTLINE_HTTP_HEADER_TIMEOUT", default_value = "10s", value_parser = positive_duration)]
     pub http_header_timeout: Duration,
     /// A connection with nothing in flight and no bytes for this long is closed.

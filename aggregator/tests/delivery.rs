@@ -300,3 +300,143 @@ async fn a_neighbours_credentials_cannot_set_a_verdict_and_keys_rotate_live() {
         a.shutdown().await;
     }
 }
+
+/// 400 slow connections from 20 addresses, each under the per-peer cap, keep every
+/// slot of the agent's port (and of those kept for the aggregator) taken. Deliveries
+/// ride the aggregator's established connection: none fails, the verdict stays fresh,
+/// and a GPU that fails meanwhile reaches the node's file during the flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_ride_their_connection_through_a_connection_flood() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tmp = tempfile::tempdir().unwrap();
+    let token = tmp.path().join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let dir = tmp.path().join("node");
+    std::fs::create_dir(&dir).unwrap();
+    // gpu1 fails 12 s after the agent starts: during the flood.
+    let scenario = tmp.path().join("scenario.json");
+    std::fs::write(
+        &scenario,
+        r#"[{"at_s": 12, "device": "gpu1", "fault": "xid", "xid": 79}]"#,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let agent = agent_with(
+        "n1",
+        &[
+            "--fault-dir",
+            dir.to_str().unwrap(),
+            "--delivery-token-file",
+            token.to_str().unwrap(),
+            "--sim-scenario",
+            scenario.to_str().unwrap(),
+            "--http-max-connections",
+            "32",
+            "--http-header-timeout",
+            "1s",
+        ],
+    )
+    .await;
+    let w = Scenario::new()
+        .agents_flag(&format!("n1=http://{}", agent.addr))
+        .start()
+        .await;
+    let agg = w
+        .configmap("r1", 1)
+        .args(&[
+            "--delivery-token-file",
+            token.to_str().unwrap(),
+            "--delivery-confirm",
+            "2s",
+        ])
+        .start()
+        .await;
+    until(Duration::from_secs(10), "a fresh verdict", || {
+        node_file(&dir).filter(|d| d.verdict.as_ref().is_some_and(|v| !v.stale))
+    })
+    .await;
+
+    // The flood: 20 loopback addresses, 20 connections each, every one sending half a
+    // request head and holding on until closed, then again.
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let opened = std::sync::Arc::new(AtomicU64::new(0));
+    let mut flood = Vec::new();
+    for a in 2..22u8 {
+        for _ in 0..20 {
+            let (stop, opened, to) = (stop.clone(), opened.clone(), agent.addr);
+            flood.push(tokio::spawn(async move {
+                let from = std::net::SocketAddr::from(([127, 0, 0, a], 0));
+                while !stop.load(Ordering::Relaxed) {
+                    let s = tokio::net::TcpSocket::new_v4().unwrap();
+                    if s.bind(from).is_err() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                    let Ok(Ok(mut c)) =
+                        tokio::time::timeout(Duration::from_secs(1), s.connect(to)).await
+                    else {
+                        continue;
+                    };
+                    opened.fetch_add(1, Ordering::Relaxed);
+                    let _ = c.write_all(b"GET /v1/health HTTP/1.1\r\nhost: x\r\n").await;
+                    let mut b = [0u8; 256];
+                    let _ = tokio::time::timeout(Duration::from_secs(5), c.read(&mut b)).await;
+                }
+            }));
+        }
+    }
+    let before = metrics(agg.addr).await;
+    let failed_at = Instant::now();
+    let mut fault_seen = None;
+    while started.elapsed() < Duration::from_secs(22) {
+        let d = node_file(&dir).unwrap();
+        let v = d.verdict.as_ref().unwrap();
+        assert!(!v.stale, "the verdict went stale during the flood: {v:?}");
+        if fault_seen.is_none() && d.summary.failed == 1 {
+            fault_seen = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let after = metrics(agg.addr).await;
+    stop.store(true, Ordering::Relaxed);
+    for f in flood {
+        f.abort();
+    }
+    let count = |text: &str, result: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("faultline_aggregator_deliveries_total")
+                    && l.contains(&format!("result=\"{result}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+            + 0.0
+    };
+    let flood_for = failed_at.elapsed();
+    eprintln!(
+        "flood: {} connections opened in {flood_for:?}; deliveries ok {} -> {}, failed {} -> {}; gpu1 failed in the node's file at {fault_seen:?} after the agent started (injected at 12 s)",
+        opened.load(Ordering::Relaxed),
+        count(&before, "ok"),
+        count(&after, "ok"),
+        count(&before, "unreachable") + count(&before, "error"),
+        count(&after, "unreachable") + count(&after, "error"),
+    );
+    assert!(opened.load(Ordering::Relaxed) > 400, "the flood ran");
+    assert!(
+        count(&after, "ok") >= count(&before, "ok") + 4.0,
+        "confirmations went through"
+    );
+    assert_eq!(
+        count(&after, "unreachable") + count(&after, "error"),
+        count(&before, "unreachable") + count(&before, "error"),
+        "no delivery failed during the flood"
+    );
+    assert!(
+        fault_seen.is_some(),
+        "the failure reached the node's file during the flood"
+    );
+    agg.cancel_token().cancel();
+    agg.wait().await.expect("a clean stop");
+    agent.shutdown().await;
+}

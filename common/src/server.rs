@@ -8,9 +8,14 @@
 //!   closed at once (counted), so the backlog keeps moving and the client fails fast.
 //! - One peer address holds at most [`Limits::max_per_peer`] of them (~2,100
 //!   sockets from anyone who could reach an agent's port shut its aggregator out).
-//! - A request's head must arrive within [`Limits::header_timeout`] (hyper's
-//!   `header_read_timeout`), a quarter of it while the server is over half full, and
-//!   its head is at most [`Limits::max_head_bytes`].
+//! - A request's head must arrive within [`Limits::header_timeout`] of the connection's
+//!   start or of its last answer's end, a quarter of it while the server is over half
+//!   full, and its head is at most [`Limits::max_head_bytes`]. A connection that has
+//!   carried a trusted request ([`serve_trusted`]: the aggregator's) may wait for its
+//!   next one up to [`Limits::idle_timeout`]: hyper's own `header_read_timeout`
+//!   closed the aggregator's kept-alive delivery connection between two confirmations,
+//!   so each confirmation needed a new connection, which a crowd of slow ones could
+//!   take first.
 //! - A request's body must arrive within [`Limits::body_timeout`] of its head
 //!   (a token holder's slow body held its socket for the whole request timeout); past it
 //!   the handler reads an error (a 4xx) and the connection closes.
@@ -162,7 +167,12 @@ struct Activity {
     start: Instant,
     /// Milliseconds since `start` at the last read or write.
     last_ms: AtomicU64,
+    /// Requests being answered, their bodies included.
     in_flight: AtomicUsize,
+    /// Milliseconds since `start` when the last answer ended (0: none yet).
+    answered_ms: AtomicU64,
+    /// A trusted request came on this connection.
+    trusted: std::sync::atomic::AtomicBool,
 }
 
 impl Activity {
@@ -171,7 +181,19 @@ impl Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            answered_ms: AtomicU64::new(0),
+            trusted: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// How long the connection has waited for a request head: since its last answer
+    /// ended, or since it opened (none while a request is in flight).
+    fn waiting_for(&self) -> Option<Duration> {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        let since = Duration::from_millis(self.answered_ms.load(Ordering::Relaxed));
+        Some(self.start.elapsed().saturating_sub(since))
     }
 
     fn touch(&self) {
@@ -238,8 +260,38 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.0.touch();
+        self.0
+            .answered_ms
+            .store(self.0.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An answer's body, its request counted in flight until the body ends (a stream's
+/// included).
+struct Answering {
+    inner: Body,
+    _busy: InFlight,
+}
+
+impl hyper::body::Body for Answering {
+    type Data = hyper::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -289,10 +341,10 @@ pub async fn serve_trusted(
             }
         };
         // A general slot, or else a reserved one, whose requests must be trusted.
-        let (slot, guard) = match slots.clone().try_acquire_owned() {
-            Ok(s) => (s, None),
+        let (slot, on_reserved) = match slots.clone().try_acquire_owned() {
+            Ok(s) => (s, false),
             Err(_) => match reserved.clone().try_acquire_owned() {
-                Ok(s) => (s, trust.clone()),
+                Ok(s) => (s, true),
                 Err(_) => {
                     stats.refused.fetch_add(1, Ordering::Relaxed);
                     drop(stream);
@@ -313,15 +365,16 @@ pub async fn serve_trusted(
         }
         // A reserved connection must show it is trusted at once: an idle one holds
         // its slot a second at most.
-        if guard.is_some() {
+        if on_reserved {
             limits.header_timeout = limits.header_timeout.min(Duration::from_secs(1));
         }
         let _ = stream.set_nodelay(true);
         let (router, stats, mut stop) = (router.clone(), stats.clone(), stop_rx.clone());
+        let trust = trust.clone().map(|t| (t, on_reserved));
         tokio::spawn(async move {
             let (_slot, _peer) = (slot, peer_slot);
             stats.open.fetch_add(1, Ordering::Relaxed);
-            connection(stream, peer, router, limits, &stats, guard, &mut stop).await;
+            connection(stream, peer, router, limits, &stats, trust, &mut stop).await;
             stats.open.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -382,7 +435,7 @@ async fn connection(
     router: Router,
     limits: Limits,
     stats: &Stats,
-    guard: Option<Trust>,
+    trust: Option<(Trust, bool)>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
 ) {
     let activity = Arc::new(Activity::new());
@@ -397,8 +450,13 @@ async fn connection(
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let (router, act, timed_out) = (router.clone(), act.clone(), timed_out_in.clone());
         // On a reserved connection, only trusted requests; the others are turned away
-        // and the connection closed.
-        let untrusted = guard.as_ref().is_some_and(|t| !t(req.headers()));
+        // and the connection closed. A trusted request lets the connection wait longer
+        // for its next one.
+        let trusted = trust.as_ref().is_some_and(|(t, _)| t(req.headers()));
+        if trusted {
+            act.trusted.store(true, Ordering::Relaxed);
+        }
+        let untrusted = trust.as_ref().is_some_and(|(_, reserved)| *reserved) && !trusted;
         async move {
             if untrusted {
                 let mut r = Response::new(Body::from(
@@ -411,7 +469,7 @@ async fn connection(
                 );
                 return Ok::<Response<Body>, Infallible>(r);
             }
-            let _busy = InFlight::new(&act);
+            let busy = InFlight::new(&act);
             // Who is asking (`ConnectInfo`): the agent takes a pod's drain
             // acknowledgement only from that pod's address.
             let mut req = req;
@@ -424,7 +482,9 @@ async fn connection(
                 })
             });
             match tokio::time::timeout(request_timeout, router.oneshot(req)).await {
-                Ok(Ok(resp)) => Ok::<Response<Body>, Infallible>(resp),
+                Ok(Ok(resp)) => Ok::<Response<Body>, Infallible>(
+                    resp.map(|inner| Body::new(Answering { inner, _busy: busy })),
+                ),
                 Ok(Err(never)) => match never {},
                 Err(_) => {
                     timed_out.fetch_add(1, Ordering::Relaxed);
@@ -437,14 +497,17 @@ async fn connection(
             }
         }
     });
+    // hyper's head timer only as a backstop: it runs from the end of each answer alike
+    // for every connection; the loop below applies `header_timeout` (the trusted:
+    // `idle_timeout`).
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
+        .header_read_timeout(limits.idle_timeout.max(limits.header_timeout))
         .max_buf_size(limits.max_head_bytes.max(8192))
         .keep_alive(true)
         .serve_connection(io, svc);
     tokio::pin!(conn);
-    let check = (limits.idle_timeout / 4).max(Duration::from_millis(50));
+    let check = (limits.idle_timeout.min(limits.header_timeout) / 4).max(Duration::from_millis(50));
     let mut closing = false;
     loop {
         tokio::select! {
@@ -456,6 +519,16 @@ async fn connection(
                 break;
             }
             _ = tokio::time::sleep(check), if !closing => {
+                // A head that never (fully) came: closed at once (nothing in flight).
+                let head_limit = if activity.trusted.load(Ordering::Relaxed) {
+                    limits.idle_timeout
+                } else {
+                    limits.header_timeout
+                };
+                if activity.waiting_for().is_some_and(|w| w >= head_limit) {
+                    stats.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
                 let idle = activity.in_flight.load(Ordering::Relaxed) == 0
                     && activity.idle_for() >= limits.idle_timeout;
                 if idle {
@@ -636,6 +709,64 @@ mod tests {
         drop(held);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(get(addr, "/ok").await.ends_with("ok"));
+    }
+
+    /// One request on a kept-alive connection: the answer's first bytes.
+    async fn ask(s: &mut TcpStream, extra: &str) -> std::io::Result<String> {
+        let req = format!("GET /ok HTTP/1.1\r\nhost: x\r\n{extra}\r\n");
+        s.write_all(req.as_bytes()).await?;
+        let mut out = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut out))
+            .await
+            .map_err(std::io::Error::other)??;
+        Ok(String::from_utf8_lossy(&out[..n]).to_string())
+    }
+
+    /// A kept-alive connection waits for its next request head `header_timeout` at
+    /// most; one that carried a trusted request (the aggregator's deliveries, a
+    /// confirmation every 10 s) waits up to `idle_timeout`, so its next request needs
+    /// no new connection, which a crowd could have taken.
+    #[tokio::test]
+    async fn a_trusted_connection_is_kept_between_its_requests() {
+        let limits = Limits {
+            header_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_secs(30),
+            ..Limits::default()
+        };
+        let listener = bind("127.0.0.1:0".parse().unwrap(), limits.backlog).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route("/ok", axum::routing::get(|| async { "ok" }));
+        let trust: Trust =
+            Arc::new(|h: &axum::http::HeaderMap| h.get("x-trusted").is_some_and(|v| v == "yes"));
+        let stats = Arc::new(Stats::default());
+        tokio::spawn(serve_trusted(
+            listener,
+            router,
+            limits,
+            stats,
+            Some(trust),
+            std::future::pending(),
+        ));
+        let mut plain = TcpStream::connect(addr).await.unwrap();
+        let mut trusted = TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut plain, "")
+            .await
+            .unwrap()
+            .starts_with("HTTP/1.1 200"));
+        assert!(ask(&mut trusted, "x-trusted: yes\r\n")
+            .await
+            .unwrap()
+            .starts_with("HTTP/1.1 200"));
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        assert!(
+            closed_within(&mut plain, Duration::from_millis(100)).await,
+            "an untrusted connection waits header_timeout at most"
+        );
+        let again = ask(&mut trusted, "x-trusted: yes\r\n").await;
+        assert!(
+            again.as_ref().is_ok_and(|a| a.starts_with("HTTP/1.1 200")),
+            "the trusted connection was kept: {again:?}"
+        );
     }
 
     /// With every connection taken, the reserved ones serve only
