@@ -86,6 +86,11 @@ impl RealCluster {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("delivery-token"), "faultline-test-delivery").unwrap();
         std::fs::write(dir.path().join("intake-token"), "faultline-test-intake").unwrap();
+        // The key deliveries are signed with, and its public half, as docs/deploying.md
+        // makes them: a Secret for the aggregator, a ConfigMap for the agents.
+        let (private, public) = faultline_common::seal::SigningKey::generate_pem().unwrap();
+        std::fs::write(dir.path().join("delivery-signing.pem"), private).unwrap();
+        std::fs::write(dir.path().join("delivery-key.pem"), public).unwrap();
 
         let deploy = repo_root().join(overlay);
         cp.kubectl(&["apply", "--server-side", "-k", deploy.to_str().unwrap()]);
@@ -96,6 +101,31 @@ impl RealCluster {
             let from = format!("--from-file=token={}", dir.path().join(file).display());
             cp.kubectl(&["-n", NS, "create", "secret", "generic", secret, &from]);
         }
+        let signing = format!(
+            "--from-file=key.pem={}",
+            dir.path().join("delivery-signing.pem").display()
+        );
+        let public = format!(
+            "--from-file=key.pem={}",
+            dir.path().join("delivery-key.pem").display()
+        );
+        cp.kubectl(&[
+            "-n",
+            NS,
+            "create",
+            "secret",
+            "generic",
+            "faultline-delivery-signing",
+            &signing,
+        ]);
+        cp.kubectl(&[
+            "-n",
+            NS,
+            "create",
+            "configmap",
+            "faultline-delivery-key",
+            &public,
+        ]);
         // The test runs the aggregator itself (below), as the Deployment's container.
         cp.kubectl(&[
             "-n",
@@ -108,7 +138,10 @@ impl RealCluster {
         let agents: Agents = Arc::default();
         let hook = agent_hook(
             agents.clone(),
-            dir.path().join("delivery-token"),
+            (
+                dir.path().join("delivery-token"),
+                dir.path().join("delivery-key.pem"),
+            ),
             dir.path().join("nodes"),
         );
         let fake: Vec<FakeNode> = (0..nodes)
@@ -199,6 +232,10 @@ impl RealCluster {
                 Some(("--delivery-token-file", _)) => format!(
                     "--delivery-token-file={}",
                     self.dir.path().join("delivery-token").display()
+                ),
+                Some(("--delivery-signing-key-file", _)) => format!(
+                    "--delivery-signing-key-file={}",
+                    self.dir.path().join("delivery-signing.pem").display()
                 ),
                 Some(("--intake-token-file", _)) => format!(
                     "--intake-token-file={}",
@@ -445,9 +482,10 @@ impl RealCluster {
 /// four simulated GPUs, as the DaemonSet's container does: its node's own fault.json in
 /// `nodes/<node>` (the hostPath), served to pods on port 8082, deliveries taken with the
 /// token. A Job's pod (a canary) succeeds; other pods just run.
-fn agent_hook(agents: Agents, token: PathBuf, nodes: PathBuf) -> PodHook {
+fn agent_hook(agents: Agents, (token, key): (PathBuf, PathBuf), nodes: PathBuf) -> PodHook {
     Arc::new(move |pod: Pod, ip: Option<String>| {
-        let (agents, token, nodes) = (agents.clone(), token.clone(), nodes.clone());
+        let (agents, token, key, nodes) =
+            (agents.clone(), token.clone(), key.clone(), nodes.clone());
         Box::pin(async move {
             let is_agent = pod
                 .metadata
@@ -492,6 +530,8 @@ fn agent_hook(agents: Agents, token: PathBuf, nodes: PathBuf) -> PodHook {
                         "100ms",
                         "--delivery-token-file",
                         token.to_str().unwrap(),
+                        "--delivery-key-file",
+                        key.to_str().unwrap(),
                         "--fault-dir",
                         fault_dir.to_str().unwrap(),
                         "--fault-listen",
