@@ -384,6 +384,20 @@ mod passes {
         tolerant: bool,
         rbac: impl Fn(String) -> String,
     ) -> (ApiServer, Remediator) {
+        let faults = faultline_test_apiserver::Faults::default();
+        cluster_with(mode, release, (allocatable, tolerant), rbac, faults, |_| {}).await
+    }
+
+    /// [`cluster_as`] with `faults` injected and the device path's settings passed
+    /// through `settings`.
+    async fn cluster_with(
+        mode: Mode,
+        release: Release,
+        (allocatable, tolerant): (u32, bool),
+        rbac: impl Fn(String) -> String,
+        faults: faultline_test_apiserver::Faults,
+        settings: impl Fn(&mut DeviceQuarantine),
+    ) -> (ApiServer, Remediator) {
         let mut node = fixtures::realistic_node("n1", "10.0.0.1");
         node["status"]["allocatable"]["nvidia.com/gpu"] = json!(allocatable.to_string());
         // Under the aggregator's RBAC of deploy/base/aggregator.yaml, enforced.
@@ -400,6 +414,7 @@ mod passes {
             .namespace(super::support::NS)
             .manifests(manifest)
             .rbac(&super::support::USERS)
+            .faults(faults)
             .object("nodes", "", node)
             .object("resourceslices", "", fixtures::nvidia_slice("n1", 8))
             .spawn()
@@ -423,8 +438,9 @@ mod passes {
         }
         let client = super::support::kube_client(&url);
         let rules = tokio::sync::watch::channel(Arc::new(Rules::default())).1;
-        let q = DeviceQuarantine::new(rules);
+        let mut q = DeviceQuarantine::new(rules);
         *q.api.lock().unwrap() = discover(&client).await.unwrap();
+        settings(&mut q);
         let r = Remediator::new(client, mode, TAINT, "default", "replica-0").with_devices(Some(q));
         (server, r)
     }
@@ -831,6 +847,85 @@ mod passes {
         // Two reads of the node's claims in the pass (to propose, to count the holders
         // against the prediction), 256 at most each.
         assert!(reads <= 512, "{reads} claim reads");
+    }
+
+    /// The device-taint controller does not run (kube-controller-manager down): no
+    /// prediction ever comes. Before, the rule waited at `None` for ever, unrecorded,
+    /// and the failed GPU stayed in service; now, past `--device-prediction-deadline`
+    /// after the proposal, the rule is deleted and the node tainted, saying why.
+    #[tokio::test]
+    async fn a_prediction_that_never_comes_takes_the_node_path_at_its_deadline() {
+        let faults = faultline_test_apiserver::Faults {
+            taint_eviction_paused: true,
+            ..Default::default()
+        };
+        let (server, r) = cluster_with(
+            Mode::Enforce,
+            Release::parse("1.37").unwrap(),
+            (8, false),
+            |m| m,
+            faults,
+            |q| {
+                q.prediction_wait = std::time::Duration::from_millis(200);
+                q.prediction_deadline = std::time::Duration::from_millis(1_500);
+            },
+        )
+        .await;
+        let first = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert!(matches!(first, Outcome::Waiting(_)), "{first:?}");
+        let rule = rule_of(&server, 3).expect("proposed");
+        assert_eq!(rule["spec"]["taint"]["effect"], "None");
+        assert!(node_taints(&server).is_empty());
+        tokio::time::sleep(std::time::Duration::from_millis(1_600)).await;
+        let late = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(late, Outcome::Isolated);
+        assert!(rule_of(&server, 3).is_none(), "no rule left at None");
+        assert_eq!(node_taints(&server).len(), 1, "the node tainted");
+        let node = server.get("nodes", "", "n1").unwrap();
+        let record = node["metadata"]["annotations"]["faultline.io/quarantine"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(record.contains("no agreement"), "{record}");
+    }
+
+    /// A rule left at `None` by an earlier fault (its device recovered before any
+    /// agreement, its replica went) carries a prediction of other pods. A later fault
+    /// on the device reused it before; now a rule unrecorded at `None` for over twice
+    /// the deadline is made again (a new uid: a fresh prediction, on 1.35 too), and
+    /// the GPU is quarantined alone on it.
+    #[tokio::test]
+    async fn a_rule_left_at_none_by_an_earlier_fault_is_made_again() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let clock = faultline_common::time::Clock::manual(faultline_common::time::now_ms());
+        let r = r.with_clock(clock.clone());
+        let d = DeviceRef {
+            driver: "gpu.nvidia.com".into(),
+            pool: "n1".into(),
+            device: "gpu-3".into(),
+        };
+        let orphan = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": rule_name(&d),
+                "labels": {"app.kubernetes.io/managed-by": "faultline"}},
+            "spec": {
+                "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-3"},
+                "taint": {"key": "faultline.io/unhealthy", "value": "xid-79", "effect": "None"},
+            },
+        });
+        let old_uid =
+            server.create("devicetaintrules", "", orphan).unwrap()["metadata"]["uid"].clone();
+        // Three deadlines (60 s by default) later, gpu-3 fails again.
+        clock.advance(std::time::Duration::from_secs(180));
+        gpu_3_quarantined_alone(&server, &r).await;
+        let rule = rule_of(&server, 3).unwrap();
+        assert_ne!(rule["metadata"]["uid"], old_uid, "made again, not reused");
     }
 
     /// 1.33 and 1.34 serve DeviceTaintRule (alpha, `v1alpha3`) without effect `None`:

@@ -53,6 +53,13 @@ pub enum NodeWhy {
     /// The API server refused the proposed rule for `device` (`why`): a cluster whose
     /// DeviceTaintRule has no effect `None` (the alpha API of 1.33 and 1.34).
     RuleRefused { device: String, why: String },
+    /// No agreement on `device`'s rule (`rule`) within the deadline (`why`): the
+    /// controller's prediction never came, could not be read, or kept disagreeing.
+    NoAgreement {
+        device: String,
+        rule: String,
+        why: String,
+    },
 }
 
 impl NodeWhy {
@@ -81,6 +88,9 @@ impl NodeWhy {
             ),
             NodeWhy::RejectsAllocations { pods } => format!(
                 "the kubelet refused {pods} pods within the hour for lack of devices (UnexpectedAdmissionError)"
+            ),
+            NodeWhy::NoAgreement { device, rule, why } => format!(
+                "no agreement with the device-taint controller on {device} (DeviceTaintRule {rule}, deleted): {why}"
             ),
             NodeWhy::ForeignRule { device, rule } => format!(
                 "DeviceTaintRule {rule} for {device} belongs to another owner (no app.kubernetes.io/managed-by=faultline): left alone"

@@ -27,6 +27,9 @@ pub struct DeviceQuarantine {
     /// How long a pass waits for the controller's prediction before leaving the rule at
     /// `None` for the next pass.
     pub prediction_wait: Duration,
+    /// How long after its proposal a rule may stay at `None` without an agreement;
+    /// past it the pass deletes it and takes the node path.
+    pub prediction_deadline: Duration,
     /// The DeviceClass a canary's claim asks for (`gpu.nvidia.com`).
     pub device_class: String,
     /// Whether Huawei's device plugin's ConfigMaps are read
@@ -46,6 +49,7 @@ impl DeviceQuarantine {
             effect: Effect::NoSchedule,
             max_devices: 64,
             prediction_wait: Duration::from_secs(2),
+            prediction_deadline: Duration::from_secs(60),
             device_class: "gpu.nvidia.com".into(),
             ascend_device_info: false,
         }
@@ -77,6 +81,12 @@ pub struct DeviceArgs {
     /// DeviceTaintRules).
     #[arg(long, env = "FAULTLINE_MAX_QUARANTINED_DEVICES", default_value_t = 64)]
     pub max_quarantined_devices: usize,
+    /// How long a device's rule may wait at effect None for the device-taint
+    /// controller's prediction to agree with faultline's count of its holders; past it
+    /// (no prediction, one that cannot be read, or pods that keep changing) the rule is
+    /// deleted and the node is tainted instead, saying why.
+    #[arg(long, env = "FAULTLINE_DEVICE_PREDICTION_DEADLINE", default_value = "60s", value_parser = faultline_common::flags::positive_duration)]
+    pub device_prediction_deadline: Duration,
     /// The DeviceClass a device canary's claim asks for.
     #[arg(
         long,
@@ -113,6 +123,7 @@ impl DeviceQuarantine {
                 Effect::NoSchedule
             },
             max_devices: flags.max_quarantined_devices,
+            prediction_deadline: flags.device_prediction_deadline,
             device_class: flags.canary_device_class.clone(),
             ascend_device_info: flags.ascend_device_info,
             ..DeviceQuarantine::new(rules)

@@ -21,9 +21,10 @@ use faultline_common::sync::Locked;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::announce::audit;
-use super::error::{Outcome, RemediateError};
+use super::error::{quarantine_error, Outcome, RemediateError};
 use super::patch::NodePatch;
 use super::policy::Mode;
+use super::prediction::created_ms;
 use super::record::{
     describe, fingerprint, label_value, DeviceIsolation, DeviceRule, LiveNode, QuarantineRecord,
     DEVICES_LABEL, SCOPE_LABEL,
@@ -153,6 +154,18 @@ impl Remediator {
                             m.remediation_error("dra");
                         }
                         Ok(DevicePath::Node(Some(NodeWhy::RuleRefused { device, why })))
+                    }
+                    // No agreement by the deadline: the rules are gone, the node path,
+                    // said in the record's reason and the Event, and counted.
+                    Err(RemediateError::NoAgreement { device, rule, why }) => {
+                        tracing::warn!(node = %live.name, %device, %rule, %why, "no agreement on the device's rule by its deadline: the node path");
+                        self.announce
+                            .metric(Action::QuarantineDevice, ActionResult::GivenUp);
+                        Ok(DevicePath::Node(Some(NodeWhy::NoAgreement {
+                            device,
+                            rule,
+                            why,
+                        })))
                     }
                     r => r.map(DevicePath::Done),
                 }
@@ -302,6 +315,9 @@ impl Remediator {
         let claims = dra.claims_of(pods).await.map_err(quarantine_error)?;
         let (sequence, shard) = (self.sequence_hint(), fence.shard_id().unwrap_or(0));
         let mut waiting = Vec::new();
+        // The first rule past its deadline, and why; the last judgement's words.
+        let mut overdue: Option<(String, String, String)> = None;
+        let mut last = String::new();
         for r in &mut picked {
             let d = devices.iter().find(|d| d.id == r.id);
             let reason = d.map(|d| d.reason.as_str()).unwrap_or("failed");
@@ -327,6 +343,12 @@ impl Remediator {
                 r.effect = effect;
                 continue;
             }
+            let known_rule = known.iter().any(|k| k.rule == r.rule);
+            let rule = self
+                .fresh(dra, rule, r, known_rule, (reason, sequence, shard))
+                .await?;
+            // When it was proposed (a rule of an earlier pass keeps its first time).
+            let proposed_ms = created_ms(&rule);
             let verdict = self
                 .prediction(dra, rule, &dev, (&claims, pods), q.prediction_wait, fence)
                 .await?;
@@ -345,6 +367,7 @@ impl Remediator {
                     controller,
                     faultline,
                 } => {
+                    last = format!("the controller would evict {controller} pods, faultline counts {faultline} holding it");
                     self.announce
                         .metric(Action::QuarantineDevice, ActionResult::Disagreed);
                     self.announce.event(node, "FaultlineDevicePredictionDisagrees", &format!("{}/{controller}/{faultline}", r.rule),
@@ -352,8 +375,40 @@ impl Remediator {
                         true, devices).await;
                     waiting.push(r.rule.clone());
                 }
-                Prediction::Pending => waiting.push(r.rule.clone()),
+                Prediction::Pending => {
+                    last = "no prediction that could be read (the controller does not run, or wrote none for this generation)".into();
+                    waiting.push(r.rule.clone());
+                }
             }
+            let age_ms = proposed_ms.map(|p| self.clock.now_ms().saturating_sub(p));
+            if waiting.last() == Some(&r.rule)
+                && age_ms.is_some_and(|a| a >= q.prediction_deadline.as_millis() as u64)
+            {
+                overdue.get_or_insert((
+                    r.id.clone(),
+                    r.rule.clone(),
+                    format!(
+                        "still none {:?} after the proposal: {last}",
+                        q.prediction_deadline
+                    ),
+                ));
+            }
+        }
+        if let Some((device, rule, why)) = overdue {
+            // No rule is left without an owner: every rule of this pass that no record
+            // holds goes, at None or enforced by it (the node path taints the whole
+            // node; faultline evicts, never the rule at NoSchedule).
+            let recorded = |r: &DeviceRule| known.iter().any(|k| k.rule == r.rule);
+            for r in picked.iter().filter(|r| !recorded(r)) {
+                if !fence.holds() {
+                    return Err(RemediateError::NotHolder);
+                }
+                match dra.release(&r.device_ref()).await {
+                    Ok(_) | Err(QuarantineError::NotOurs(_)) => {}
+                    Err(e) => return Err(quarantine_error(e)),
+                }
+            }
+            return Err(RemediateError::NoAgreement { device, rule, why });
         }
         picked.retain(|r| !waiting.contains(&r.rule));
         if picked.is_empty() {
@@ -523,71 +578,5 @@ impl Remediator {
             }
         }
         Ok(out)
-    }
-
-    /// Delete the rules of `released` (records' devices by id), only faultline's. A
-    /// rule another owner holds now is announced and left. Driver-owned taints that
-    /// still block a device (in its ResourceSlice) are reported.
-    pub(super) async fn release_rules(
-        &self,
-        node: &str,
-        record: &mut QuarantineRecord,
-        released: &[RecordDevice],
-    ) -> Result<(), RemediateError> {
-        let Some(DeviceIsolation::DeviceTaintRule { rules }) = record.isolation.as_mut() else {
-            return Ok(());
-        };
-        let Some(dra) = self.dra() else {
-            return Ok(());
-        };
-        let (gone, kept): (Vec<DeviceRule>, Vec<DeviceRule>) = rules
-            .drain(..)
-            .partition(|r| released.iter().any(|d| d.id == r.id));
-        *rules = kept;
-        for r in &gone {
-            match dra.release(&r.device_ref()).await {
-                Ok(_) => {
-                    audit("release-device", node, released, &self.actor, &r.rule);
-                }
-                Err(QuarantineError::NotOurs(name)) => {
-                    tracing::warn!(node, rule = %name, "DeviceTaintRule is no longer faultline's: left alone");
-                    self.announce.event(node, "FaultlineRuleNotOurs", &name, format!("DeviceTaintRule {name} of {} is no longer faultline's (no managed-by label): left alone", r.id), true, released).await;
-                }
-                Err(e) => {
-                    // Put it back: the next pass deletes it.
-                    if let Some(DeviceIsolation::DeviceTaintRule { rules }) =
-                        record.isolation.as_mut()
-                    {
-                        rules.push(r.clone());
-                    }
-                    return Err(quarantine_error(e));
-                }
-            }
-        }
-        if let Ok(index) = dra.index_node(node).await {
-            for r in &gone {
-                let Some(ix) = index.by_uuid(&r.uuid) else {
-                    continue;
-                };
-                let taints: Vec<String> = ix
-                    .taints
-                    .iter()
-                    .map(|t| format!("{}={}:{}", t.key, t.value, t.effect))
-                    .collect();
-                if !taints.is_empty() {
-                    self.announce.event(node, "FaultlineDeviceStillTainted", &format!("{}/{}", r.rule, taints.join(",")),
-                        format!("{} ({}) released by faultline, but its driver still taints it: {} (removed by the driver, e.g. when it restarts)", r.id, r.device, taints.join(", ")), true, released).await;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A DRA error as the pass's: API errors stay API errors.
-pub(super) fn quarantine_error(e: QuarantineError) -> RemediateError {
-    match e {
-        QuarantineError::Api(e) => RemediateError::Api(e),
-        other => RemediateError::Device(other.to_string()),
     }
 }

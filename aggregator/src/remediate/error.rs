@@ -19,6 +19,14 @@ pub enum RemediateError {
     /// The API server refused the rule proposed for `device` (422): the node path.
     #[error("DeviceTaintRule for {device} refused: {why}")]
     RuleRefused { device: String, why: String },
+    /// No agreement on the prediction for `device`'s rule `rule` by its deadline
+    /// (`why`): the rules proposed are deleted and the node path taken.
+    #[error("no agreement on DeviceTaintRule {rule} for {device}: {why}")]
+    NoAgreement {
+        device: String,
+        rule: String,
+        why: String,
+    },
 }
 
 impl RemediateError {
@@ -32,7 +40,9 @@ impl RemediateError {
             RemediateError::Api(_) => "api",
             RemediateError::NotHolder => "not-holder",
             RemediateError::Record(..) => "record",
-            RemediateError::Device(..) | RemediateError::RuleRefused { .. } => "device",
+            RemediateError::Device(..)
+            | RemediateError::RuleRefused { .. }
+            | RemediateError::NoAgreement { .. } => "device",
         }
     }
 }
@@ -75,5 +85,13 @@ impl Outcome {
                 | Outcome::Announced
                 | Outcome::Off
         )
+    }
+}
+
+/// A DRA error as the pass's: API errors stay API errors.
+pub(super) fn quarantine_error(e: crate::device_taint::QuarantineError) -> RemediateError {
+    match e {
+        crate::device_taint::QuarantineError::Api(e) => RemediateError::Api(e),
+        other => RemediateError::Device(other.to_string()),
     }
 }

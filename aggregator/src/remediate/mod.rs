@@ -12,7 +12,9 @@
 //!   `canary.rs`: the passes;
 //! - `drain.rs`: warning a pod before its eviction; `grace.rs`: the grace a
 //!   pod or its namespace asks for.
-//! - `device.rs`: one device quarantined alone, `device_canary.rs` its canary's claim;
+//! - `device.rs`: one device quarantined alone, `prediction.rs` the controller's
+//!   prediction and its deadline, `device_canary.rs` its canary's claim,
+//!   `device_release.rs` its rules deleted;
 //!   `ascend.rs`: chips Huawei's device plugin separated already.
 
 pub mod announce;
@@ -21,6 +23,7 @@ pub mod canary;
 pub mod describe;
 pub mod device;
 mod device_canary;
+mod device_release;
 pub mod drain;
 pub mod error;
 pub mod evict;

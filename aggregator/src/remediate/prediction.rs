@@ -14,11 +14,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
-use super::device::quarantine_error;
+use super::error::quarantine_error;
 use super::error::RemediateError;
+use super::record::DeviceRule;
 use super::remediator::Remediator;
 use crate::device_taint::{
-    judge, would_be_evicted, would_evict, DeviceRef, Dra, Holder, Prediction, Watched, TAINT_KEY,
+    judge, would_be_evicted, would_evict, DeviceRef, Dra, Holder, Prediction, QuarantineError,
+    Watched, TAINT_KEY,
 };
 use crate::shard::Fence;
 
@@ -38,7 +40,46 @@ fn running(pods: &[Pod]) -> impl Fn(&Holder) -> bool + '_ {
     }
 }
 
+/// When `rule` was made (its `creationTimestamp`), in milliseconds.
+pub(super) fn created_ms(rule: &Value) -> Option<u64> {
+    rule.pointer("/metadata/creationTimestamp")
+        .and_then(Value::as_str)
+        .and_then(faultline_common::time::parse_rfc3339_ms)
+}
+
 impl Remediator {
+    /// `rule`, as proposed for `r` (`recorded`: a record holds it), made again when an
+    /// earlier fault left it: at `None`, unrecorded, over twice the deadline old, it has
+    /// had no pass (its device recovered first, its replica went), and its prediction is
+    /// of other pods. Made again, fresh (on 1.35 the only way to a new prediction).
+    pub(super) async fn fresh(
+        &self,
+        dra: &Dra,
+        rule: Value,
+        r: &DeviceRule,
+        recorded: bool,
+        (reason, sequence, shard): (&str, u64, u32),
+    ) -> Result<Value, RemediateError> {
+        let Some(q) = self.devices.as_ref() else {
+            return Ok(rule);
+        };
+        let orphan = 2 * q.prediction_deadline.as_millis() as u64;
+        let old =
+            created_ms(&rule).is_some_and(|p| self.clock.now_ms().saturating_sub(p) >= orphan);
+        if recorded || !old {
+            return Ok(rule);
+        }
+        tracing::info!(rule = %r.rule, "a DeviceTaintRule left at None by an earlier fault: made again");
+        let dev = r.device_ref();
+        match dra.release(&dev).await {
+            Ok(_) | Err(QuarantineError::NotOurs(_)) => {}
+            Err(e) => return Err(quarantine_error(e)),
+        }
+        dra.propose(&dev, &r.uuid, reason, sequence, shard)
+            .await
+            .map_err(quarantine_error)
+    }
+
     /// The controller's prediction for `dev`'s rule (as proposed: `rule`) against
     /// faultline's count from `claims` of `pods`: waits up to `wait` for it, asks once
     /// more on a disagreement. `Pending` when none came in time.

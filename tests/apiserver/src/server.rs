@@ -67,6 +67,10 @@ pub struct Faults {
     /// The disruption controller is stopped: PodDisruptionBudgets' status is not
     /// updated, so a new or changed budget is "still being processed" (eviction.go).
     pub disruption_controller_paused: bool,
+    /// The device-taint eviction controller is stopped (kube-controller-manager down,
+    /// or its `DRADeviceTaints` gate off): a rule at effect `None` never gets a
+    /// prediction.
+    pub taint_eviction_paused: bool,
     /// Seed of the fault dice.
     pub seed: u64,
 }

@@ -424,8 +424,11 @@ pub(crate) fn start(
         let Some(inner) = inner.upgrade() else {
             return false;
         };
-        let rv = inner.lock().unwrap_or_else(|p| p.into_inner()).rv;
-        if rv == seen {
+        let (rv, paused) = {
+            let g = inner.lock().unwrap_or_else(|p| p.into_inner());
+            (g.rv, g.faults.taint_eviction_paused)
+        };
+        if rv == seen || paused {
             return true;
         }
         let s = ApiServer {
