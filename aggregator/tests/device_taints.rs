@@ -928,6 +928,76 @@ mod passes {
         assert_ne!(rule["metadata"]["uid"], old_uid, "made again, not reused");
     }
 
+    /// A pod that asked for `nvidia.com/gpu` on a DRA node (KEP-5004, GA in 1.37) names
+    /// no claim in its spec: the scheduler made one, named only in the pod's
+    /// `status.extendedResourceClaimStatus`. Its holder was missed: faultline counted
+    /// nobody on gpu-3 while the controller counted the pod, so the prediction never
+    /// agreed and the GPU stayed in service.
+    #[tokio::test]
+    async fn a_pod_holding_a_gpu_through_an_extended_resource_is_counted() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        server.delete("resourceclaims", "train", "p3-gpu").unwrap();
+        server.delete("pods", "train", "p3").unwrap();
+        let pod = server
+            .create(
+                "pods",
+                "train",
+                json!({"metadata": {"name": "ext", "labels": {"app": "train"}},
+                    "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                    "status": {"phase": "Running",
+                        "extendedResourceClaimStatus": {
+                            "resourceClaimName": "ext-extended-resources-x7k2p",
+                            "requestMappings": [{"containerName": "c",
+                                "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]}}}),
+            )
+            .unwrap();
+        let mut claim = fixtures::claim_for(&pod, "gpu-3", json!([]));
+        claim["metadata"]["name"] = json!("ext-extended-resources-x7k2p");
+        server.create("resourceclaims", "train", claim).unwrap();
+        gpu_3_quarantined_alone(&server, &r).await;
+    }
+
+    /// Dynamic MIG: NVIDIA's driver publishes a GPU's partitions beside it, each a
+    /// device of its own (`uuid`, and `parentUUID` the GPU's). When the GPU fails, its
+    /// partitions fail with it: each gets a rule of its own, and a pod holding one is
+    /// counted as a holder. Before, the partitions stayed allocatable.
+    #[tokio::test]
+    async fn a_failed_gpus_mig_partitions_are_quarantined_with_it() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let name = "n1-gpu.nvidia.com-0";
+        let mut slice = server.get("resourceslices", "", name).unwrap();
+        slice["spec"]["devices"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({
+            "name": "gpu-3-mig-1g18gb-0",
+            "attributes": {"uuid": {"string": "MIG-3-0"}, "type": {"string": "mig"},
+                "parentUUID": {"string": fixtures::gpu_uuid("n1", 3)}}}));
+        server
+            .update("resourceslices", "", name, slice, None)
+            .unwrap();
+        let pod = server
+            .create("pods", "train", fixtures::dra_pod("m0", "n1"))
+            .unwrap();
+        let claim = fixtures::claim_for(&pod, "gpu-3-mig-1g18gb-0", json!([]));
+        server.create("resourceclaims", "train", claim).unwrap();
+        gpu_3_quarantined_alone(&server, &r).await;
+        let part = DeviceRef {
+            driver: "gpu.nvidia.com".into(),
+            pool: "n1".into(),
+            device: "gpu-3-mig-1g18gb-0".into(),
+        };
+        let rule = server
+            .get("devicetaintrules", "", &rule_name(&part))
+            .expect("the partition's own rule");
+        assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+        assert_eq!(
+            rule["spec"]["deviceSelector"]["device"],
+            "gpu-3-mig-1g18gb-0"
+        );
+    }
+
     /// 1.33 and 1.34 serve DeviceTaintRule (alpha, `v1alpha3`) without effect `None`:
     /// the proposal is refused (422). Every pass failed on it before and the node was
     /// never tainted; now the node path is taken, and the record says why.

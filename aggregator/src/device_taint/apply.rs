@@ -192,7 +192,19 @@ impl Dra {
                     .iter()
                     .flat_map(|s| s.resource_claim_statuses.iter().flatten())
                     .filter_map(|c| c.resource_claim_name.clone());
-                direct.chain(made).map(|n| (ns.clone(), n)).collect()
+                // A pod that asked for an extended resource (`nvidia.com/gpu`) on a DRA
+                // node: the scheduler made its claim, named only here (KEP-5004).
+                let extended = p
+                    .status
+                    .iter()
+                    .filter_map(|s| s.extended_resource_claim_status.as_ref())
+                    .map(|e| e.resource_claim_name.clone())
+                    .filter(|n| !n.is_empty());
+                direct
+                    .chain(made)
+                    .chain(extended)
+                    .map(|n| (ns.clone(), n))
+                    .collect()
             })
             .collect();
         // Round robin over the pods: each pod's first claim before any pod's second, so

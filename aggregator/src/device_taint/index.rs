@@ -37,6 +37,8 @@ pub struct SliceDevice {
     pub name: String,
     /// The `uuid` attribute (NVIDIA: `GPU-…`), with or without the driver's domain.
     pub uuid: Option<String>,
+    /// The `parentUUID` attribute: the GPU a MIG partition is carved from.
+    pub parent: Option<String>,
     pub taints: Vec<SliceTaint>,
 }
 
@@ -91,6 +93,7 @@ impl SliceDevice {
         Some(SliceDevice {
             name: text(d, "/name")?,
             uuid: attribute(d, driver, "uuid"),
+            parent: attribute(d, driver, "parentUUID"),
             taints: items(d, "taints")
                 .filter_map(SliceTaint::from_json)
                 .collect(),
@@ -133,6 +136,8 @@ pub struct Indexed {
 #[derive(Debug, Default, Clone)]
 pub struct DeviceIndex {
     by_uuid: HashMap<String, Indexed>,
+    /// MIG partitions by their parent GPU's UUID: (the partition's UUID, the device).
+    partitions: HashMap<String, Vec<(String, Indexed)>>,
     /// Pools left out: incomplete at their newest generation.
     incomplete: BTreeSet<(String, String)>,
     /// UUIDs published by two devices: neither is indexed (a guess is no quarantine).
@@ -174,6 +179,12 @@ impl DeviceIndex {
                     if ix.ambiguous.contains(uuid) {
                         continue;
                     }
+                    if let Some(parent) = &d.parent {
+                        ix.partitions
+                            .entry(parent.clone())
+                            .or_default()
+                            .push((uuid.clone(), entry.clone()));
+                    }
                     if ix.by_uuid.insert(uuid.clone(), entry).is_some() {
                         ix.by_uuid.remove(uuid);
                         ix.ambiguous.insert(uuid.clone());
@@ -187,6 +198,12 @@ impl DeviceIndex {
     /// The device that publishes `uuid`, in a complete pool.
     pub fn by_uuid(&self, uuid: &str) -> Option<&Indexed> {
         self.by_uuid.get(uuid)
+    }
+
+    /// The MIG partitions carved from GPU `uuid` (dynamic MIG publishes them beside
+    /// the whole GPU): each its own device, allocatable, and failed with its GPU.
+    pub fn partitions_of(&self, uuid: &str) -> &[(String, Indexed)] {
+        self.partitions.get(uuid).map_or(&[], Vec::as_slice)
     }
 
     /// How many devices are indexed.
@@ -418,6 +435,33 @@ mod tests {
         assert_eq!(ix.len(), 2);
         assert!(ix.by_uuid("GPU-z").is_none());
         assert_eq!(ix.by_uuid("GPU-b").unwrap().device.device, "gpu-1");
+    }
+
+    #[test]
+    fn a_gpus_mig_partitions_are_found_by_its_uuid() {
+        let s = Slice::from_json(&json!({"metadata": {"name": "s"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1",
+                "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-a"}}},
+                    {"name": "gpu-0-mig-0", "attributes": {"uuid": {"string": "MIG-a0"},
+                        "gpu.nvidia.com/parentUUID": {"string": "GPU-a"}}},
+                    {"name": "gpu-0-mig-1", "attributes": {"uuid": {"string": "MIG-a1"},
+                        "parentUUID": {"string": "GPU-a"}}},
+                    {"name": "gpu-1", "attributes": {"uuid": {"string": "GPU-b"}}}]}}))
+        .unwrap();
+        let ix = DeviceIndex::build([&s], &["gpu.nvidia.com".to_string()]);
+        let parts: Vec<(&str, &str)> = ix
+            .partitions_of("GPU-a")
+            .iter()
+            .map(|(u, d)| (u.as_str(), d.device.device.as_str()))
+            .collect();
+        assert_eq!(
+            parts,
+            [("MIG-a0", "gpu-0-mig-0"), ("MIG-a1", "gpu-0-mig-1")]
+        );
+        assert!(ix.partitions_of("GPU-b").is_empty());
+        assert_eq!(ix.by_uuid("MIG-a1").unwrap().device.device, "gpu-0-mig-1");
     }
 
     #[test]

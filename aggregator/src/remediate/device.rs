@@ -116,16 +116,25 @@ impl Remediator {
                 let mut picked = Vec::new();
                 for (d, f) in devices.iter().zip(&failed) {
                     if let Some(ix) = index.by_uuid(f.id) {
-                        picked.push(DeviceRule {
-                            id: d.id.clone(),
-                            uuid: f.id.to_string(),
-                            driver: ix.device.driver.clone(),
-                            pool: ix.device.pool.clone(),
-                            device: ix.device.device.clone(),
-                            rule: rule_name(&ix.device),
-                            effect: Effect::None.as_str().into(),
-                            predicted: None,
-                        });
+                        // The GPU, and every MIG partition carved from it: each is
+                        // allocatable on its own, and each fails with it.
+                        let whole = std::iter::once((f.id.to_string(), ix));
+                        let parts = index
+                            .partitions_of(f.id)
+                            .iter()
+                            .map(|(u, p)| (u.clone(), p));
+                        for (uuid, ix) in whole.chain(parts) {
+                            picked.push(DeviceRule {
+                                id: d.id.clone(),
+                                uuid,
+                                driver: ix.device.driver.clone(),
+                                pool: ix.device.pool.clone(),
+                                device: ix.device.device.clone(),
+                                rule: rule_name(&ix.device),
+                                effect: Effect::None.as_str().into(),
+                                predicted: None,
+                            });
+                        }
                     }
                 }
                 // A rule of another owner under faultline's name is never touched.
@@ -545,12 +554,17 @@ impl Remediator {
             })
             .collect();
         if refs.is_empty() {
-            // The node path on a DRA cluster: the failed devices by their UUIDs.
+            // The node path on a DRA cluster: the failed devices by their UUIDs, and
+            // the MIG partitions carved from them.
             let index = dra.index_node(node).await.map_err(quarantine_error)?;
             refs = record
                 .devices
                 .iter()
-                .filter_map(|d| index.by_uuid(d.uuid.as_deref()?))
+                .filter_map(|d| d.uuid.as_deref())
+                .flat_map(|u| {
+                    let parts = index.partitions_of(u).iter().map(|(_, p)| p);
+                    index.by_uuid(u).into_iter().chain(parts)
+                })
                 .map(|ix| (ix.device.clone(), None))
                 .collect();
         }

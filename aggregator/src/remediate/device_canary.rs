@@ -25,7 +25,13 @@ pub fn canary_claim(
             serde_json::json!({"name": format!("device-{i}"), "exactly": {
                 "deviceClassName": class,
                 "selectors": [{"cel": {"expression": cel}}],
-                "tolerations": [{"key": crate::device_taint::rule::TAINT_KEY, "operator": "Exists"}],
+                // Any effect for the scheduler; `NoExecute` written out for the
+                // device-taint eviction controller, which honours no other (it deleted
+                // a canary under `--device-taint-effect NoExecute`).
+                "tolerations": [
+                    {"key": crate::device_taint::rule::TAINT_KEY, "operator": "Exists"},
+                    {"key": crate::device_taint::rule::TAINT_KEY, "operator": "Exists", "effect": "NoExecute"},
+                ],
             }})
         })
         .collect();
@@ -100,5 +106,49 @@ impl Remediator {
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device_taint::{tolerates_forever, TAINT_KEY};
+
+    /// Under `--device-taint-effect NoExecute` the device-taint eviction controller
+    /// spares only a claim whose allocation tolerates the taint with effect `NoExecute`
+    /// written out. The canary's toleration had no effect: the controller deleted the
+    /// canary's pod, and an auto release never succeeded.
+    #[test]
+    fn the_canary_tolerates_its_taint_as_the_eviction_controller_reads_it() {
+        let r = DeviceRule {
+            id: "gpu3".into(),
+            uuid: "GPU-3".into(),
+            driver: "gpu.nvidia.com".into(),
+            pool: "n1".into(),
+            device: "gpu-3".into(),
+            rule: "faultline-gpu-3-n1".into(),
+            effect: "NoExecute".into(),
+            predicted: None,
+        };
+        let claim = canary_claim(std::slice::from_ref(&r), "gpu.nvidia.com", "canary", "u1");
+        // Allocated as the scheduler allocates it: the request's tolerations copied
+        // into the result for the device.
+        let tolerations = claim["spec"]["devices"]["requests"][0]["exactly"]["tolerations"].clone();
+        let allocated = serde_json::json!({"status": {"allocation": {"devices": {"results": [{
+            "request": "device-0", "driver": r.driver, "pool": r.pool, "device": r.device,
+            "tolerations": tolerations,
+        }]}}}});
+        assert!(tolerates_forever(
+            &allocated,
+            &r.device_ref(),
+            TAINT_KEY,
+            "xid-79"
+        ));
+        // And the scheduler's view: a toleration of any effect is there too.
+        assert!(tolerations
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t.get("effect").is_none() && t["operator"] == "Exists"));
     }
 }
