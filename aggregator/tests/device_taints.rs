@@ -998,6 +998,51 @@ mod passes {
         );
     }
 
+    /// NVIDIA's driver republishes only healthy devices: once gpu-3 left the slice, no
+    /// index names it, and its pods were never found, so never evicted. The kubelet's
+    /// own DRA health report (KEP-4680: `claim:<claim>/<request>`, resource
+    /// `<driver>/<pool>/<device>`, Unhealthy) names the pod and the device: it is
+    /// taken as evidence, and the pod is evicted on the node path.
+    #[tokio::test]
+    async fn the_kubelets_dra_health_finds_the_holder_of_a_device_gone_from_its_slice() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let name = "n1-gpu.nvidia.com-0";
+        let mut slice = server.get("resourceslices", "", name).unwrap();
+        slice["spec"]["devices"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|d| d["name"] != "gpu-3");
+        slice["spec"]["pool"]["generation"] = json!(2);
+        server
+            .update("resourceslices", "", name, slice, None)
+            .unwrap();
+        let mut p3 = server.get("pods", "train", "p3").unwrap();
+        p3["status"]["containerStatuses"] = json!([{"name": "c", "ready": true, "restartCount": 0,
+            "image": "x", "imageID": "",
+            "allocatedResourcesStatus": [{"name": "claim:p3-gpu/gpu",
+                "resources": [{"resourceID": "gpu.nvidia.com/n1/gpu-3", "health": "Unhealthy"}]}]}]);
+        server
+            .update("pods", "train", "p3", p3, Some("status"))
+            .unwrap();
+        let f = Fence::unfenced();
+        let out = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &f)
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated);
+        assert_eq!(
+            node_taints(&server).len(),
+            1,
+            "not published: the node path"
+        );
+        let e = r.evict("n1", &[], &f).await.unwrap();
+        assert!(
+            e.evicted.iter().any(|p| p.starts_with("train/p3/")),
+            "{e:?}"
+        );
+        assert_eq!(alive(&server).len(), 7, "p3 alone");
+    }
+
     /// 1.33 and 1.34 serve DeviceTaintRule (alpha, `v1alpha3`) without effect `None`:
     /// the proposal is refused (422). Every pass failed on it before and the node was
     /// never tainted; now the node path is taken, and the record says why.

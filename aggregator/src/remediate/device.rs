@@ -568,8 +568,11 @@ impl Remediator {
                 .map(|ix| (ix.device.clone(), None))
                 .collect();
         }
+        let node_path = record.rules().is_empty();
         if refs.is_empty() {
-            return Ok(BTreeSet::new());
+            // Nothing published names the failed devices (the driver took them out):
+            // the kubelet's own report still does.
+            return Ok(super::kubelet_dra::holders(pods, &[], node_path, &[]));
         }
         let claims = dra.claims_of(pods).await.map_err(quarantine_error)?;
         // A claim that tolerates its device's taint for ever (NoExecute, no seconds) is
@@ -591,6 +594,7 @@ impl Remediator {
                 }
             }
         }
+        out.extend(super::kubelet_dra::holders(pods, &refs, node_path, &claims));
         Ok(out)
     }
 }

@@ -31,6 +31,7 @@ pub mod grace;
 pub mod guards;
 mod holders;
 pub mod isolate;
+mod kubelet_dra;
 pub mod patch;
 pub mod policy;
 mod prediction;
