@@ -72,6 +72,11 @@ pub struct RecordDevice {
     /// names chips by it: `ManuallySeparateNPU` is matched on it alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phy_id: Option<u32>,
+    /// The DRA device that published its UUID when the node path recorded it
+    /// (`<driver>/<pool>/<device>`): its holders are found by it once the driver no
+    /// longer publishes the device (NVIDIA's republishes only healthy ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra: Option<String>,
 }
 
 impl RecordDevice {
@@ -83,6 +88,7 @@ impl RecordDevice {
             pci_bus_id: None,
             recovery_action: None,
             phy_id: None,
+            dra: None,
             reason: reason.into(),
             source: None,
             metric: None,

@@ -1043,6 +1043,51 @@ mod passes {
         assert_eq!(alive(&server).len(), 7, "p3 alone");
     }
 
+    /// The node path keeps, for each failed GPU, the DRA device that published its UUID
+    /// when it was recorded: after NVIDIA's driver took the failed GPUs out of the slice
+    /// (it republishes only healthy ones), their holders are still found by their
+    /// claims and evicted. Before, nothing named them any more.
+    #[tokio::test]
+    async fn the_record_keeps_each_devices_dra_name_for_its_holders() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let f = Fence::unfenced();
+        let out = r
+            .isolate(
+                "n1",
+                vec![gpu(3, "row-remap-failure"), gpu(4, "row-remap-failure")],
+                &f,
+            )
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated);
+        assert_eq!(node_taints(&server).len(), 1, "two devices: the node path");
+        let node = server.get("nodes", "", "n1").unwrap();
+        let record = node["metadata"]["annotations"]["faultline.io/quarantine"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(record.contains("gpu.nvidia.com/n1/gpu-3"), "{record}");
+        // The driver republishes the healthy GPUs only.
+        let name = "n1-gpu.nvidia.com-0";
+        let mut slice = server.get("resourceslices", "", name).unwrap();
+        slice["spec"]["devices"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|d| d["name"] != "gpu-3" && d["name"] != "gpu-4");
+        slice["spec"]["pool"]["generation"] = json!(2);
+        server
+            .update("resourceslices", "", name, slice, None)
+            .unwrap();
+        let e = r.evict("n1", &[], &f).await.unwrap();
+        let mut evicted: Vec<&str> = e
+            .evicted
+            .iter()
+            .map(|p| p.split('/').nth(1).unwrap_or(""))
+            .collect();
+        evicted.sort();
+        assert_eq!(evicted, ["p3", "p4"], "{e:?}");
+    }
+
     /// 1.33 and 1.34 serve DeviceTaintRule (alpha, `v1alpha3`) without effect `None`:
     /// the proposal is refused (422). Every pass failed on it before and the node was
     /// never tainted; now the node path is taken, and the record says why.

@@ -216,6 +216,7 @@ fn device() -> RecordDevice {
         value: None,
         recovery_action: None,
         phy_id: None,
+        dra: None,
     }
 }
 

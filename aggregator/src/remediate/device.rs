@@ -554,19 +554,8 @@ impl Remediator {
             })
             .collect();
         if refs.is_empty() {
-            // The node path on a DRA cluster: the failed devices by their UUIDs, and
-            // the MIG partitions carved from them.
             let index = dra.index_node(node).await.map_err(quarantine_error)?;
-            refs = record
-                .devices
-                .iter()
-                .filter_map(|d| d.uuid.as_deref())
-                .flat_map(|u| {
-                    let parts = index.partitions_of(u).iter().map(|(_, p)| p);
-                    index.by_uuid(u).into_iter().chain(parts)
-                })
-                .map(|ix| (ix.device.clone(), None))
-                .collect();
+            refs = super::holders::node_path_refs(&index, &record.devices);
         }
         let node_path = record.rules().is_empty();
         if refs.is_empty() {

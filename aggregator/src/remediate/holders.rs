@@ -9,7 +9,56 @@ use super::policy::{wants_device_eviction, Mode};
 use super::record::QuarantineRecord;
 use super::remediator::Remediator;
 use super::view::PodView;
+use crate::device_taint::{DeviceIndex, DeviceRef};
 use crate::metrics::{Action, ActionResult};
+use crate::model::RecordDevice;
+
+/// The node path on a DRA cluster: the failed devices by their UUIDs (or, where the
+/// driver no longer publishes one, by the device the record kept), and the MIG
+/// partitions carved from them.
+pub(super) fn node_path_refs(
+    index: &DeviceIndex,
+    devices: &[RecordDevice],
+) -> Vec<(DeviceRef, Option<String>)> {
+    let mut refs = Vec::new();
+    for d in devices {
+        let Some(u) = d.uuid.as_deref() else {
+            continue;
+        };
+        match index.by_uuid(u) {
+            Some(ix) => refs.push((ix.device.clone(), None)),
+            None => refs.extend(d.dra.as_deref().and_then(parse_ref).map(|r| (r, None))),
+        }
+        refs.extend(
+            index
+                .partitions_of(u)
+                .iter()
+                .map(|(_, p)| (p.device.clone(), None)),
+        );
+    }
+    refs
+}
+
+/// `<driver>/<pool>/<device>` (a pool may hold slashes; driver and device do not).
+fn parse_ref(s: &str) -> Option<DeviceRef> {
+    let (driver, rest) = s.split_once('/')?;
+    let (pool, device) = rest.rsplit_once('/')?;
+    Some(DeviceRef {
+        driver: driver.into(),
+        pool: pool.into(),
+        device: device.into(),
+    })
+}
+
+/// `devices`, each with the DRA device that publishes its UUID now, where one does.
+pub(super) fn map_devices(index: &DeviceIndex, devices: &mut [RecordDevice]) {
+    for d in devices.iter_mut().filter(|d| d.dra.is_none()) {
+        if let Some(ix) = d.uuid.as_deref().and_then(|u| index.by_uuid(u)) {
+            let r = &ix.device;
+            d.dra = Some(format!("{}/{}/{}", r.driver, r.pool, r.device));
+        }
+    }
+}
 
 impl Remediator {
     /// Dry run: announce the pods an eviction pass would evict for `devices` (a dry run
@@ -106,5 +155,21 @@ impl Remediator {
                 std::slice::from_ref(device),
             )
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_dra_name_reads_back_a_pool_with_slashes() {
+        let r = parse_ref("gpu.nvidia.com/rack-7/n1/gpu-3").unwrap();
+        assert_eq!(
+            (r.driver.as_str(), r.pool.as_str(), r.device.as_str()),
+            ("gpu.nvidia.com", "rack-7/n1", "gpu-3")
+        );
+        assert!(parse_ref("gpu-3").is_none());
+        assert!(parse_ref("gpu.nvidia.com/gpu-3").is_none());
     }
 }

@@ -94,6 +94,18 @@ impl Remediator {
             DevicePath::Done(outcome) => return Ok(outcome),
             DevicePath::Node(why) => why,
         };
+        // On a DRA cluster, the device that publishes each failed UUID while its slice
+        // still does: kept in the record, it finds the holders after the driver took
+        // the device out.
+        // Read once per new fault (the record's fingerprint), not every pass.
+        let new_fault = existing
+            .as_ref()
+            .is_none_or(|r| r.fingerprint != fingerprint(node, &devices));
+        if let Some(dra) = self.dra().filter(|_| new_fault) {
+            if let Ok(index) = dra.index_node(node).await {
+                super::holders::map_devices(&index, &mut devices);
+            }
+        }
         let fp = fingerprint(node, &devices);
         let taints = live.taints();
         let has_taint = taints
