@@ -896,10 +896,11 @@ mod passes {
     }
 
     /// A rule left at `None` by an earlier fault (its device recovered before any
-    /// agreement, its replica went) carries a prediction of other pods. A later fault
-    /// on the device reused it before; now a rule unrecorded at `None` for over twice
-    /// the deadline is made again (a new uid: a fresh prediction, on 1.35 too), and
-    /// the GPU is quarantined alone on it.
+    /// agreement, its replica went) carries a prediction of other pods, and stayed for
+    /// ever. A later fault on the device reused it. Now a rule of faultline's at `None`
+    /// for over twice the deadline is deleted when a device quarantine asks the budget:
+    /// the failed device's is made again (a new uid: a fresh prediction, on 1.35 too),
+    /// and the other device's is gone.
     #[tokio::test]
     async fn a_rule_left_at_none_by_an_earlier_fault_is_made_again() {
         let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
@@ -921,11 +922,28 @@ mod passes {
         });
         let old_uid =
             server.create("devicetaintrules", "", orphan).unwrap()["metadata"]["uid"].clone();
+        // And one of a device that never failed again.
+        let gone = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": "faultline-gpu-0-gone",
+                "labels": {"app.kubernetes.io/managed-by": "faultline"}},
+            "spec": {
+                "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "gone", "device": "gpu-0"},
+                "taint": {"key": "faultline.io/unhealthy", "value": "xid-79", "effect": "None"},
+            },
+        });
+        server.create("devicetaintrules", "", gone).unwrap();
         // Three deadlines (60 s by default) later, gpu-3 fails again.
         clock.advance(std::time::Duration::from_secs(180));
         gpu_3_quarantined_alone(&server, &r).await;
         let rule = rule_of(&server, 3).unwrap();
         assert_ne!(rule["metadata"]["uid"], old_uid, "made again, not reused");
+        assert!(
+            server
+                .get("devicetaintrules", "", "faultline-gpu-0-gone")
+                .is_none(),
+            "no rule left at None"
+        );
     }
 
     /// A pod that asked for `nvidia.com/gpu` on a DRA node (KEP-5004, GA in 1.37) names

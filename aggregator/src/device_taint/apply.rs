@@ -249,13 +249,56 @@ impl Dra {
     /// waiting) keeps nothing from new work and counts for nothing; before, 64 of them
     /// held every later device quarantine in the cluster back.
     pub async fn ours(&self) -> Result<usize, QuarantineError> {
+        Ok(self.ours_and_idle(u64::MAX).await?.0)
+    }
+
+    /// [`Dra::ours`], and faultline's rules at `None` made before `made_before_ms`
+    /// (each as read: its name, uid and resourceVersion are a delete's preconditions).
+    pub async fn ours_and_idle(
+        &self,
+        made_before_ms: u64,
+    ) -> Result<(usize, Vec<Value>), QuarantineError> {
         let lp = ListParams::default().labels("app.kubernetes.io/managed-by=faultline");
         let rules = self.rules()?.list(&lp).await?;
-        Ok(rules
+        let none = |r: &&DynamicObject| r.data["spec"]["taint"]["effect"] == Effect::None.as_str();
+        let enforced = rules.items.iter().filter(|r| !none(r)).count();
+        let idle = rules
             .items
             .iter()
-            .filter(|r| r.data["spec"]["taint"]["effect"] != Effect::None.as_str())
-            .count())
+            .filter(none)
+            .filter(|r| {
+                r.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .is_some_and(|t| (t.0.as_millisecond().max(0) as u64) < made_before_ms)
+            })
+            .map(as_json)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((enforced, idle))
+    }
+
+    /// Delete `rule` (as read), if it is still that object at that version and ours.
+    /// `Ok(false)`: it changed or went meanwhile, and is left.
+    pub async fn delete_as_read(&self, rule: &Value) -> Result<bool, QuarantineError> {
+        if !is_ours(rule) {
+            return Ok(false);
+        }
+        let Some(name) = rule.pointer("/metadata/name").and_then(Value::as_str) else {
+            return Ok(false);
+        };
+        let text = |p: &str| rule.pointer(p).and_then(Value::as_str).map(str::to_string);
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: text("/metadata/uid"),
+                resource_version: text("/metadata/resourceVersion"),
+            }),
+            ..DeleteParams::default()
+        };
+        match self.rules()?.delete(name, &dp).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The allowlisted drivers' devices, from every ResourceSlice (`resource.k8s.io/v1`,

@@ -291,7 +291,7 @@ impl Remediator {
             .count();
         let _budget_turn = if new > 0 && self.mode == Mode::Enforce {
             let turn = self.budget.turn().await;
-            let now = dra.ours().await.map_err(quarantine_error)?;
+            let now = self.ours_swept(dra).await?;
             if now + new > q.max_devices {
                 let why = format!(
                     "device budget: {now} devices quarantined alone, at most {}",
@@ -352,10 +352,6 @@ impl Remediator {
                 r.effect = effect;
                 continue;
             }
-            let known_rule = known.iter().any(|k| k.rule == r.rule);
-            let rule = self
-                .fresh(dra, rule, r, known_rule, (reason, sequence, shard))
-                .await?;
             // When it was proposed (a rule of an earlier pass keeps its first time).
             let proposed_ms = created_ms(&rule);
             let verdict = self

@@ -16,11 +16,9 @@ use serde_json::Value;
 
 use super::error::quarantine_error;
 use super::error::RemediateError;
-use super::record::DeviceRule;
 use super::remediator::Remediator;
 use crate::device_taint::{
-    judge, would_be_evicted, would_evict, DeviceRef, Dra, Holder, Prediction, QuarantineError,
-    Watched, TAINT_KEY,
+    judge, would_be_evicted, would_evict, DeviceRef, Dra, Holder, Prediction, Watched, TAINT_KEY,
 };
 use crate::shard::Fence;
 
@@ -48,36 +46,31 @@ pub(super) fn created_ms(rule: &Value) -> Option<u64> {
 }
 
 impl Remediator {
-    /// `rule`, as proposed for `r` (`recorded`: a record holds it), made again when an
-    /// earlier fault left it: at `None`, unrecorded, over twice the deadline old, it has
-    /// had no pass (its device recovered first, its replica went), and its prediction is
-    /// of other pods. Made again, fresh (on 1.35 the only way to a new prediction).
-    pub(super) async fn fresh(
-        &self,
-        dra: &Dra,
-        rule: Value,
-        r: &DeviceRule,
-        recorded: bool,
-        (reason, sequence, shard): (&str, u64, u32),
-    ) -> Result<Value, RemediateError> {
+    /// How many devices faultline's rules quarantine now (the device budget's count),
+    /// deleting on the way every rule of faultline's left at `None` more than twice the
+    /// deadline ago: no pass waits on it any more (a pass decides by the deadline), so
+    /// it is an earlier fault's, left when its device recovered or its replica went. A
+    /// `None` rule evicts nothing: deleting it is safe, and leaves no rule waiting.
+    pub(super) async fn ours_swept(&self, dra: &Dra) -> Result<usize, RemediateError> {
         let Some(q) = self.devices.as_ref() else {
-            return Ok(rule);
+            return dra.ours().await.map_err(quarantine_error);
         };
         let orphan = 2 * q.prediction_deadline.as_millis() as u64;
-        let old =
-            created_ms(&rule).is_some_and(|p| self.clock.now_ms().saturating_sub(p) >= orphan);
-        if recorded || !old {
-            return Ok(rule);
+        let before = self.clock.now_ms().saturating_sub(orphan);
+        let (enforced, idle) = dra.ours_and_idle(before).await.map_err(quarantine_error)?;
+        for rule in &idle {
+            let name = rule.pointer("/metadata/name").and_then(Value::as_str);
+            match dra.delete_as_read(rule).await {
+                Ok(true) => {
+                    tracing::info!(rule = ?name, "a DeviceTaintRule left at None by an earlier fault: deleted")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(rule = ?name, error = %e, "cannot delete a DeviceTaintRule left at None; the next sweep tries again")
+                }
+            }
         }
-        tracing::info!(rule = %r.rule, "a DeviceTaintRule left at None by an earlier fault: made again");
-        let dev = r.device_ref();
-        match dra.release(&dev).await {
-            Ok(_) | Err(QuarantineError::NotOurs(_)) => {}
-            Err(e) => return Err(quarantine_error(e)),
-        }
-        dra.propose(&dev, &r.uuid, reason, sequence, shard)
-            .await
-            .map_err(quarantine_error)
+        Ok(enforced)
     }
 
     /// The controller's prediction for `dev`'s rule (as proposed: `rule`) against
