@@ -13,7 +13,9 @@ is not caught (a test that cannot fail). The source is restored after each mutat
 also on Ctrl-C. CI runs it after the tests (.ci/run); each mutation rebuilds one crate.
 """
 import pathlib
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +23,10 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # (guardrail, file, the code, the code without the guardrail, cargo test arguments)
+# The longest one mutant's build and test may take (the slowest baseline is ~1 min
+# warm; a cold build of the aggregator's tests ~8).
+MUTANT_TIMEOUT = 900
+
 MUTATIONS = [
     ("1 default dry-run: a default install acts",
      "aggregator/src/config/checked.rs",
@@ -316,8 +322,19 @@ def cargo_test(args):
     ran, none failed), 'failed' (a test failed), or why it means nothing: 'no build',
     'no target', 'no test ran'."""
     t0 = time.time()
-    r = subprocess.run(["cargo", "test", "--locked"] + args[:-1] + ["--", args[-1]],
-                       cwd=ROOT, capture_output=True, text=True)
+    # Each run is bounded: a mutation that makes its test hang is stopped (with every
+    # process cargo started) after MUTANT_TIMEOUT, and counts as caught, as
+    # cargo-mutants counts a timeout.
+    p = subprocess.Popen(["cargo", "test", "--locked"] + args[:-1] + ["--", args[-1]],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=MUTANT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        stdout, stderr = p.communicate()
+        return "timed out", time.time() - t0, stdout + stderr
+    r = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
     took = time.time() - t0
     out = r.stdout + r.stderr
     if "could not compile" in r.stderr or "error[" in r.stderr:
@@ -356,6 +373,8 @@ def run(name, path, old, new, args):
         outcome, took, out = cargo_test(args)
         if outcome == "failed":
             return f"caught (the test fails), {took:.0f} s"
+        if outcome == "timed out":
+            return f"caught (the test hangs: stopped after {took:.0f} s)"
         if outcome == "passed":
             return f"NOT CAUGHT (the test passes), {took:.0f} s"
         return f"NOT COUNTED ({outcome}: fix the mutation)\n" + out[-2000:]

@@ -277,28 +277,44 @@ impl Dra {
         Ok((enforced, idle))
     }
 
-    /// Delete `rule` (as read), if it is still that object at that version and ours.
-    /// `Ok(false)`: it changed or went meanwhile, and is left.
+    /// Delete `rule` (as read, at effect `None`), if it is still that object, still
+    /// ours and still at `None`: preconditioned on its uid and resourceVersion; a 409
+    /// (the controller wrote its status meanwhile) reads it and judges again, three
+    /// times at most. `Ok(false)`: it changed or went meanwhile, and is left.
     pub async fn delete_as_read(&self, rule: &Value) -> Result<bool, QuarantineError> {
-        if !is_ours(rule) {
-            return Ok(false);
-        }
-        let Some(name) = rule.pointer("/metadata/name").and_then(Value::as_str) else {
+        let text = |r: &Value, p: &str| r.pointer(p).and_then(Value::as_str).map(str::to_string);
+        let Some(name) = text(rule, "/metadata/name") else {
             return Ok(false);
         };
-        let text = |p: &str| rule.pointer(p).and_then(Value::as_str).map(str::to_string);
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: text("/metadata/uid"),
-                resource_version: text("/metadata/resourceVersion"),
-            }),
-            ..DeleteParams::default()
-        };
-        match self.rules()?.delete(name, &dp).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
-            Err(e) => Err(e.into()),
+        let uid = text(rule, "/metadata/uid");
+        let mut now = rule.clone();
+        for _ in 0..3 {
+            let still = is_ours(&now)
+                && text(&now, "/metadata/uid") == uid
+                && now["spec"]["taint"]["effect"] == Effect::None.as_str();
+            if !still {
+                return Ok(false);
+            }
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: uid.clone(),
+                    resource_version: text(&now, "/metadata/resourceVersion"),
+                }),
+                ..DeleteParams::default()
+            };
+            match self.rules()?.delete(&name, &dp).await {
+                Ok(_) => return Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    match self.rules()?.get_opt(&name).await? {
+                        Some(o) => now = as_json(&o)?,
+                        None => return Ok(false),
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
+        Ok(false)
     }
 
     /// The allowlisted drivers' devices, from every ResourceSlice (`resource.k8s.io/v1`,
