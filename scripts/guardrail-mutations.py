@@ -306,8 +306,8 @@ MUTATIONS = [
      ['-p', 'faultline-aggregator', '--test', 'device_taints', 'the_kubelets_dra_health_finds_the_holder_of_a_device_gone_from_its_slice']),
     ("18 device path: the record's DRA name of a device not used for its holders",
      'aggregator/src/remediate/holders.rs',
-     '            None => refs.extend(d.dra.as_deref().and_then(parse_ref).map(|r| (r, None))),',
-     '            None => {}',
+     '                    .and_then(DeviceRef::from_resource_id)',
+     '                    .and_then(|_: &str| None::<DeviceRef>)',
      ['-p', 'faultline-aggregator', '--test', 'device_taints', 'the_record_keeps_each_devices_dra_name_for_its_holders']),
     ('15 supervision: a discovery loop that panics leaves the replica running',
      'common/src/supervise.rs',
@@ -383,6 +383,9 @@ def run(name, path, old, new, args):
 
 
 def main():
+    # Stopped from outside (CI's bound, a person's kill): the mutated file is restored
+    # by run()'s `finally`, not left in the tree.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     only = sys.argv[1] if len(sys.argv) > 1 else ""
     chosen = [m for m in MUTATIONS if only in m[0]]
     stale = [m[0] for m in chosen if (ROOT / m[1]).read_text().count(m[2]) != 1]

@@ -867,10 +867,13 @@ mod passes {
             faults,
             |q| {
                 q.prediction_wait = std::time::Duration::from_millis(200);
-                q.prediction_deadline = std::time::Duration::from_millis(1_500);
+                q.prediction_deadline = std::time::Duration::from_secs(10);
             },
         )
         .await;
+        // The remediator's clock moves; the rule's creationTimestamp is the server's.
+        let clock = faultline_common::time::Clock::manual(faultline_common::time::now_ms());
+        let r = r.with_clock(clock.clone());
         let first = r
             .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
             .await
@@ -879,7 +882,9 @@ mod passes {
         let rule = rule_of(&server, 3).expect("proposed");
         assert_eq!(rule["spec"]["taint"]["effect"], "None");
         assert!(node_taints(&server).is_empty());
-        tokio::time::sleep(std::time::Duration::from_millis(1_600)).await;
+        // Past the deadline, short of twice it (when the budget count would sweep the
+        // rule as an earlier fault's).
+        clock.advance(std::time::Duration::from_secs(15));
         let late = r
             .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
             .await

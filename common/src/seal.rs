@@ -33,6 +33,10 @@ pub const SIGNATURE_HEADER: &str = "faultline-signature";
 const SCHEME: &str = "ed25519=";
 /// Most public keys one file may hold (a rotation needs two).
 const MAX_KEYS: usize = 8;
+/// How often a [`Reloaded`] file is looked at (its metadata) at most: a Secret's or
+/// ConfigMap's volume changes once per kubelet sync (60-90 s), and the agent asks on
+/// every request.
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 /// Largest key file read.
 const MAX_KEY_FILE: u64 = 64 << 10;
 /// DER of an Ed25519 SubjectPublicKeyInfo up to the key (RFC 8410).
@@ -226,7 +230,9 @@ fn stamp(path: &Path) -> Option<Stamp> {
 pub struct Reloaded<T> {
     path: PathBuf,
     parse: fn(&str) -> Result<T, KeyError>,
-    held: Mutex<(Option<Stamp>, Arc<T>)>,
+    every: std::time::Duration,
+    /// The file's version read, its value, and when the file was last looked at.
+    held: Mutex<(Option<Stamp>, Arc<T>, std::time::Instant)>,
 }
 
 impl<T> Reloaded<T> {
@@ -237,8 +243,15 @@ impl<T> Reloaded<T> {
         Ok(Reloaded {
             path: path.to_path_buf(),
             parse,
-            held: Mutex::new((s, Arc::new(value))),
+            every: RECHECK,
+            held: Mutex::new((s, Arc::new(value), std::time::Instant::now())),
         })
+    }
+
+    /// Look at the file at most every `every` (tests: zero, every call).
+    pub fn checking_every(mut self, every: std::time::Duration) -> Self {
+        self.every = every;
+        self
     }
 
     /// A value that never changes (tests, and values given on the command line).
@@ -246,7 +259,8 @@ impl<T> Reloaded<T> {
         Reloaded {
             path: PathBuf::new(),
             parse: |_| Err(KeyError::NoBlock("fixed")),
-            held: Mutex::new((None, Arc::new(value))),
+            every: RECHECK,
+            held: Mutex::new((None, Arc::new(value), std::time::Instant::now())),
         }
     }
 
@@ -255,14 +269,16 @@ impl<T> Reloaded<T> {
         &self.path
     }
 
-    /// The current value: read again when the file changed since. A changed file that
-    /// cannot be used keeps the last good value, and says why (once per change).
+    /// The current value: read again when the file changed since it was last looked
+    /// at (at most every second). A changed file that cannot be used keeps the last good
+    /// value, and says why (once per change).
     pub fn get(&self) -> (Arc<T>, Option<KeyError>) {
-        if self.path.as_os_str().is_empty() {
-            return (self.held.locked().1.clone(), None);
-        }
-        let now = stamp(&self.path);
         let mut held = self.held.locked();
+        if self.path.as_os_str().is_empty() || held.2.elapsed() < self.every {
+            return (held.1.clone(), None);
+        }
+        held.2 = std::time::Instant::now();
+        let now = stamp(&self.path);
         if now == held.0 {
             return (held.1.clone(), None);
         }
@@ -373,7 +389,9 @@ MCowBQYDK2VwAyEA6kej05U8isctRfDAcbTlaNx2+0+FCSi2u1hgIHH8GOM=
         let dir = tempdir();
         let path = dir.join("token");
         std::fs::write(&path, "one\n").unwrap();
-        let r = Reloaded::load(&path, token).unwrap();
+        let r = Reloaded::load(&path, token)
+            .unwrap()
+            .checking_every(std::time::Duration::ZERO);
         assert_eq!(*r.get().0, b"one");
         std::fs::write(&path, "second\n").unwrap();
         assert_eq!(*r.get().0, b"second");
@@ -383,6 +401,12 @@ MCowBQYDK2VwAyEA6kej05U8isctRfDAcbTlaNx2+0+FCSi2u1hgIHH8GOM=
         assert!(e.is_some());
         // Said once per change.
         assert!(r.get().1.is_none());
+        // By default the file is looked at once a second at most: a change this instant
+        // is not read yet.
+        std::fs::write(&path, "third\n").unwrap();
+        let slow = Reloaded::load(&path, token).unwrap();
+        std::fs::write(&path, "fourth\n").unwrap();
+        assert_eq!(*slow.get().0, b"third");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -747,19 +747,20 @@ mod tests {
             Some(trust),
             std::future::pending(),
         ));
-        let mut plain = TcpStream::connect(addr).await.unwrap();
+        // The trusted one answered first: with one head timeout for both (hyper's, before),
+        // it is closed by the time the plain one is.
         let mut trusted = TcpStream::connect(addr).await.unwrap();
-        assert!(ask(&mut plain, "")
-            .await
-            .unwrap()
-            .starts_with("HTTP/1.1 200"));
+        let mut plain = TcpStream::connect(addr).await.unwrap();
         assert!(ask(&mut trusted, "x-trusted: yes\r\n")
             .await
             .unwrap()
             .starts_with("HTTP/1.1 200"));
-        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        assert!(ask(&mut plain, "")
+            .await
+            .unwrap()
+            .starts_with("HTTP/1.1 200"));
         assert!(
-            closed_within(&mut plain, Duration::from_millis(100)).await,
+            closed_within(&mut plain, Duration::from_secs(5)).await,
             "an untrusted connection waits header_timeout at most"
         );
         let again = ask(&mut trusted, "x-trusted: yes\r\n").await;

@@ -247,13 +247,9 @@ impl Dra {
     /// budget counts them on every replica alike): its rules with an effect. A rule
     /// left at `None` (a proposal whose prediction never came, a replica that died
     /// waiting) keeps nothing from new work and counts for nothing; before, 64 of them
-    /// held every later device quarantine in the cluster back.
-    pub async fn ours(&self) -> Result<usize, QuarantineError> {
-        Ok(self.ours_and_idle(u64::MAX).await?.0)
-    }
-
-    /// [`Dra::ours`], and faultline's rules at `None` made before `made_before_ms`
-    /// (each as read: its name, uid and resourceVersion are a delete's preconditions).
+    /// held every later device quarantine in the cluster back. And faultline's rules at
+    /// `None` made before `made_before_ms` (each as read: its name, uid and
+    /// resourceVersion are a delete's preconditions).
     pub async fn ours_and_idle(
         &self,
         made_before_ms: u64,
@@ -277,44 +273,25 @@ impl Dra {
         Ok((enforced, idle))
     }
 
-    /// Delete `rule` (as read, at effect `None`), if it is still that object, still
-    /// ours and still at `None`: preconditioned on its uid and resourceVersion; a 409
-    /// (the controller wrote its status meanwhile) reads it and judges again, three
-    /// times at most. `Ok(false)`: it changed or went meanwhile, and is left.
+    /// Delete `rule` (as read, at effect `None`) if it is still that object, still ours
+    /// and still at `None` ([`Dra::delete_judged`]). `Ok(false)`: it changed or went
+    /// meanwhile, and is left.
     pub async fn delete_as_read(&self, rule: &Value) -> Result<bool, QuarantineError> {
-        let text = |r: &Value, p: &str| r.pointer(p).and_then(Value::as_str).map(str::to_string);
-        let Some(name) = text(rule, "/metadata/name") else {
+        let uid = |r: &Value| {
+            r.pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        let Some(name) = rule.pointer("/metadata/name").and_then(Value::as_str) else {
             return Ok(false);
         };
-        let uid = text(rule, "/metadata/uid");
-        let mut now = rule.clone();
-        for _ in 0..3 {
-            let still = is_ours(&now)
-                && text(&now, "/metadata/uid") == uid
-                && now["spec"]["taint"]["effect"] == Effect::None.as_str();
-            if !still {
-                return Ok(false);
-            }
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: uid.clone(),
-                    resource_version: text(&now, "/metadata/resourceVersion"),
-                }),
-                ..DeleteParams::default()
-            };
-            match self.rules()?.delete(&name, &dp).await {
-                Ok(_) => return Ok(true),
-                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    match self.rules()?.get_opt(&name).await? {
-                        Some(o) => now = as_json(&o)?,
-                        None => return Ok(false),
-                    }
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(false)
+        let first = uid(rule);
+        self.delete_judged(name, Some(rule.clone()), |r| {
+            Ok(is_ours(r)
+                && uid(r) == first
+                && r["spec"]["taint"]["effect"] == Effect::None.as_str())
+        })
+        .await
     }
 
     /// The allowlisted drivers' devices, from every ResourceSlice (`resource.k8s.io/v1`,
@@ -562,31 +539,52 @@ impl Dra {
         as_json(&done)
     }
 
-    /// Release: delete the device's rule, only if it is ours, preconditioned on the uid
-    /// and resourceVersion it was judged ours at. A 409 (the controller wrote its
-    /// status meanwhile) reads and judges again, three times at most. `Ok(false)`:
-    /// there was none.
+    /// Release: delete the device's rule, only if it is ours ([`Dra::delete_judged`]).
+    /// `Ok(false)`: there was none.
     pub async fn release(&self, device: &DeviceRef) -> Result<bool, QuarantineError> {
         let name = rule_name(device);
+        self.delete_judged(&name, None, |r| {
+            if is_ours(r) {
+                Ok(true)
+            } else {
+                Err(QuarantineError::NotOurs(name.clone()))
+            }
+        })
+        .await
+    }
+
+    /// Delete rule `name` while `judge` keeps it (as read: `read`, else read now),
+    /// preconditioned on the uid and resourceVersion it was judged at. A 409 (the
+    /// controller wrote its status meanwhile) reads and judges again, three times at
+    /// most. `Ok(false)`: there was none, or `judge` left it.
+    async fn delete_judged(
+        &self,
+        name: &str,
+        mut read: Option<Value>,
+        judge: impl Fn(&Value) -> Result<bool, QuarantineError>,
+    ) -> Result<bool, QuarantineError> {
         let mut tries = 0;
         loop {
-            let Some(r) = self.rule(device).await? else {
-                return Ok(false);
+            let r = match read.take() {
+                Some(r) => r,
+                None => match self.rules()?.get_opt(name).await? {
+                    Some(o) => as_json(&o)?,
+                    None => return Ok(false),
+                },
             };
-            if !is_ours(&r) {
-                return Err(QuarantineError::NotOurs(name));
+            if !judge(&r)? {
+                return Ok(false);
             }
+            let text = |p: &str| r.pointer(p).and_then(Value::as_str).map(str::to_string);
             let dp = DeleteParams {
                 preconditions: Some(Preconditions {
-                    uid: r["metadata"]["uid"].as_str().map(str::to_string),
-                    resource_version: r["metadata"]["resourceVersion"]
-                        .as_str()
-                        .map(str::to_string),
+                    uid: text("/metadata/uid"),
+                    resource_version: text("/metadata/resourceVersion"),
                 }),
                 ..DeleteParams::default()
             };
             tries += 1;
-            match self.rules()?.delete(&name, &dp).await {
+            match self.rules()?.delete(name, &dp).await {
                 Ok(_) => return Ok(true),
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
                 Err(kube::Error::Api(s)) if s.code == 409 && tries < 3 => continue,

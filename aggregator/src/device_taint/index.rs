@@ -23,6 +23,26 @@ pub struct DeviceRef {
     pub device: String,
 }
 
+impl DeviceRef {
+    /// `<driver>/<pool>/<device>`: how the kubelet names a DRA device in
+    /// `allocatedResourcesStatus` (KEP-4680), and how a record keeps it.
+    pub fn resource_id(&self) -> String {
+        format!("{}/{}/{}", self.driver, self.pool, self.device)
+    }
+
+    /// The device of a [`DeviceRef::resource_id`] (a pool may hold slashes; a driver
+    /// and a device do not).
+    pub fn from_resource_id(id: &str) -> Option<DeviceRef> {
+        let (driver, rest) = id.split_once('/')?;
+        let (pool, device) = rest.rsplit_once('/')?;
+        Some(DeviceRef {
+            driver: driver.into(),
+            pool: pool.into(),
+            device: device.into(),
+        })
+    }
+}
+
 /// A taint a slice carries on a device (the driver's own, e.g. `gpu.nvidia.com/xid`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceTaint {
@@ -602,6 +622,15 @@ mod tests {
             pool: "n1".into(),
             device: device.into(),
         }
+    }
+
+    #[test]
+    fn a_resource_id_reads_back_a_pool_with_slashes() {
+        let r = DeviceRef::from_resource_id("gpu.nvidia.com/rack-7/n1/gpu-3").unwrap();
+        assert_eq!(r.pool, "rack-7/n1");
+        assert_eq!(r.resource_id(), "gpu.nvidia.com/rack-7/n1/gpu-3");
+        assert!(DeviceRef::from_resource_id("gpu-3").is_none());
+        assert!(DeviceRef::from_resource_id("gpu.nvidia.com/gpu-3").is_none());
     }
 
     /// Each toleration that the controller honours, and each it does not.

@@ -27,7 +27,12 @@ pub(super) fn node_path_refs(
         };
         match index.by_uuid(u) {
             Some(ix) => refs.push((ix.device.clone(), None)),
-            None => refs.extend(d.dra.as_deref().and_then(parse_ref).map(|r| (r, None))),
+            None => refs.extend(
+                d.dra
+                    .as_deref()
+                    .and_then(DeviceRef::from_resource_id)
+                    .map(|r| (r, None)),
+            ),
         }
         refs.extend(
             index
@@ -39,23 +44,11 @@ pub(super) fn node_path_refs(
     refs
 }
 
-/// `<driver>/<pool>/<device>` (a pool may hold slashes; driver and device do not).
-fn parse_ref(s: &str) -> Option<DeviceRef> {
-    let (driver, rest) = s.split_once('/')?;
-    let (pool, device) = rest.rsplit_once('/')?;
-    Some(DeviceRef {
-        driver: driver.into(),
-        pool: pool.into(),
-        device: device.into(),
-    })
-}
-
 /// `devices`, each with the DRA device that publishes its UUID now, where one does.
 pub(super) fn map_devices(index: &DeviceIndex, devices: &mut [RecordDevice]) {
     for d in devices.iter_mut().filter(|d| d.dra.is_none()) {
         if let Some(ix) = d.uuid.as_deref().and_then(|u| index.by_uuid(u)) {
-            let r = &ix.device;
-            d.dra = Some(format!("{}/{}/{}", r.driver, r.pool, r.device));
+            d.dra = Some(ix.device.resource_id());
         }
     }
 }
@@ -155,21 +148,5 @@ impl Remediator {
                 std::slice::from_ref(device),
             )
             .await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_kept_dra_name_reads_back_a_pool_with_slashes() {
-        let r = parse_ref("gpu.nvidia.com/rack-7/n1/gpu-3").unwrap();
-        assert_eq!(
-            (r.driver.as_str(), r.pool.as_str(), r.device.as_str()),
-            ("gpu.nvidia.com", "rack-7/n1", "gpu-3")
-        );
-        assert!(parse_ref("gpu-3").is_none());
-        assert!(parse_ref("gpu.nvidia.com/gpu-3").is_none());
     }
 }

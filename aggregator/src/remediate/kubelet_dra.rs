@@ -48,10 +48,6 @@ pub(super) fn entries(pod: &Pod) -> Vec<Entry> {
         .collect()
 }
 
-fn id(d: &DeviceRef) -> String {
-    format!("{}/{}/{}", d.driver, d.pool, d.device)
-}
-
 /// The uids of `pods` the kubelet says hold one of `refs` (each with its rule's taint
 /// value, none on the node path), or, on the node path, any device its driver calls
 /// unhealthy. A claim of `claims` that tolerates its rule's taint for ever is left, as
@@ -68,7 +64,7 @@ pub(super) fn holders(
             continue;
         };
         for e in entries(p) {
-            let named = refs.iter().find(|(r, _)| id(r) == e.device);
+            let named = refs.iter().find(|(r, _)| r.resource_id() == e.device);
             if named.is_none() && !(node_path && e.unhealthy) {
                 continue;
             }

@@ -52,11 +52,12 @@ impl Remediator {
     /// it is an earlier fault's, left when its device recovered or its replica went. A
     /// `None` rule evicts nothing: deleting it is safe, and leaves no rule waiting.
     pub(super) async fn ours_swept(&self, dra: &Dra) -> Result<usize, RemediateError> {
-        let Some(q) = self.devices.as_ref() else {
-            return dra.ours().await.map_err(quarantine_error);
-        };
-        let orphan = 2 * q.prediction_deadline.as_millis() as u64;
-        let before = self.clock.now_ms().saturating_sub(orphan);
+        // Without the device path's settings nothing is old enough (0: made before
+        // the epoch).
+        let before = self.devices.as_ref().map_or(0, |q| {
+            let orphan = 2 * q.prediction_deadline.as_millis() as u64;
+            self.clock.now_ms().saturating_sub(orphan)
+        });
         let (enforced, idle) = dra.ours_and_idle(before).await.map_err(quarantine_error)?;
         for rule in &idle {
             let name = rule.pointer("/metadata/name").and_then(Value::as_str);

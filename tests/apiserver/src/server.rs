@@ -69,7 +69,11 @@ pub struct Faults {
     pub disruption_controller_paused: bool,
     /// The device-taint eviction controller is stopped (kube-controller-manager down,
     /// or its `DRADeviceTaints` gate off): a rule at effect `None` never gets a
-    /// prediction.
+    /// prediction. Injected, as `disruption_controller_paused` is: upstream's
+    /// controller (pkg/controller/devicetainteviction/device_taint_eviction.go) writes
+    /// the `EvictionInProgress` condition only while it runs, and kube-apiserver writes
+    /// none of a rule's status itself
+    /// (pkg/registry/resource/devicetaintrule/strategy.go).
     pub taint_eviction_paused: bool,
     /// Seed of the fault dice.
     pub seed: u64,

@@ -428,6 +428,8 @@ pub(crate) fn start(
             let g = inner.lock().unwrap_or_else(|p| p.into_inner());
             (g.rv, g.faults.taint_eviction_paused)
         };
+        // Paused (a fault): nothing is simulated, as when kube-controller-manager
+        // is down; the tick goes on, and picks up every change once resumed.
         if rv == seen || paused {
             return true;
         }
