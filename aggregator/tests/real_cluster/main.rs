@@ -14,7 +14,8 @@
 //!   run by the real Job controller;
 //! - `delivery`: node-local delivery and the drain handshake, from the pods' own
 //!   addresses;
-//! - `replicas`: two replicas, one killed, the other taking its Leases over.
+//! - `replicas`: two replicas, one killed, the other taking its Leases over;
+//! - `churn`: fifty GPU faults at once amid pod churn, both paths, on 1.37.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -90,6 +91,7 @@ async fn until<T>(within: Duration, what: &str, mut check: impl FnMut() -> Resul
     }
 }
 
+mod churn;
 mod delivery;
 mod device;
 mod healing;
