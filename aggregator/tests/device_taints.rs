@@ -900,6 +900,58 @@ mod passes {
         assert!(record.contains("no agreement"), "{record}");
     }
 
+    /// The controller's report in words faultline cannot read (upstream: the message
+    /// "may change"). Before, it read as "no prediction yet" and the rule waited at
+    /// `None` until the deadline, the GPU in service meanwhile; now the pass that reads
+    /// it deletes the rule and taints the node, saying why, with no clock moved.
+    #[tokio::test]
+    async fn a_prediction_that_cannot_be_read_takes_the_node_path_at_once() {
+        let faults = faultline_test_apiserver::Faults {
+            taint_eviction_paused: true,
+            ..Default::default()
+        };
+        let (server, r) = cluster_with(
+            Mode::Enforce,
+            Release::parse("1.37").unwrap(),
+            (8, false),
+            |m| m,
+            faults,
+            |q| q.prediction_wait = std::time::Duration::from_millis(200),
+        )
+        .await;
+        let first = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert!(matches!(first, Outcome::Waiting(_)), "{first:?}");
+        // The controller reports this generation, in words of a later release.
+        let mut rule = rule_of(&server, 3).expect("proposed");
+        let name = rule["metadata"]["name"].as_str().unwrap().to_string();
+        rule["status"] = json!({"conditions": [{"type": "EvictionInProgress", "status": "False",
+            "reason": "NoEffect", "message": "Simulated: 2 Pods (2 namespaces) to evict on NoExecute.",
+            "lastTransitionTime": "2026-12-06T00:00:00Z",
+            "observedGeneration": rule["metadata"]["generation"]}]});
+        server
+            .update("devicetaintrules", "", &name, rule, Some("status"))
+            .unwrap();
+        let next = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(next, Outcome::Isolated);
+        assert!(rule_of(&server, 3).is_none(), "no rule left at None");
+        assert_eq!(node_taints(&server).len(), 1, "the node tainted");
+        let node = server.get("nodes", "", "n1").unwrap();
+        let record = node["metadata"]["annotations"]["faultline.io/quarantine"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(
+            record.contains("cannot be read") && record.contains("2 Pods (2 namespaces)"),
+            "{record}"
+        );
+    }
+
     /// A rule left at `None` by an earlier fault (its device recovered before any
     /// agreement, its replica went) carries a prediction of other pods, and stayed for
     /// ever. A later fault on the device reused it. Now a rule of faultline's at `None`
@@ -1171,21 +1223,15 @@ mod passes {
         assert_eq!(writes, 0);
     }
 
-    /// An auto release after positive evidence runs a canary whose own claim selects
-    /// that very GPU (its UUID) and tolerates faultline's taint; the rule is deleted
-    /// only once the canary succeeded.
-    #[tokio::test]
-    async fn a_release_deletes_the_rule_after_the_canary() {
-        use faultline_aggregator::model::DeviceView;
+    /// `r` releasing on its own after 3 clean samples and a canary Job.
+    fn auto_release(r: Remediator) -> Remediator {
         use faultline_aggregator::remediate::{CanarySpec, ReleasePolicy};
-        use faultline_common::DeviceStatus;
-        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
         let template: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
             "metadata": {"name": "probe"},
             "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "probe"}]}}}
         }))
         .unwrap();
-        let r = r.with_release(ReleasePolicy {
+        r.with_release(ReleasePolicy {
             auto: true,
             healthy_samples: 3,
             cooldown: std::time::Duration::ZERO,
@@ -1195,19 +1241,70 @@ mod passes {
                 timeout: std::time::Duration::from_secs(600),
             }),
             ..ReleasePolicy::default()
-        });
-        let f = Fence::unfenced();
+        })
+    }
+
+    /// gpu3 of n1 quarantined alone, healthy since: the views of a release pass.
+    async fn quarantined_then_healthy(
+        r: &Remediator,
+    ) -> [faultline_aggregator::model::DeviceView; 1] {
         let bad = gpu(3, "row-remap-failure");
+        let f = Fence::unfenced();
         assert_eq!(
             r.isolate("n1", vec![bad.clone()], &f).await.unwrap(),
             Outcome::Isolated
         );
-        let views = [DeviceView {
+        [faultline_aggregator::model::DeviceView {
             device: bad,
-            status: DeviceStatus::Healthy,
+            status: faultline_common::DeviceStatus::Healthy,
             clean_streak: 10,
             since_ms: 0,
-        }];
+        }]
+    }
+
+    /// The GPU in the quarantined slot was swapped (the driver publishes gpu-3 under a
+    /// new UUID). The canary's claim selected the old UUID: nothing could be allocated
+    /// to it, and the automatic release never came. It now asks for the device in the
+    /// slot, the new GPU.
+    #[tokio::test]
+    async fn after_a_gpu_swap_the_canary_tests_the_new_gpu_in_the_slot() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let r = auto_release(r);
+        let views = quarantined_then_healthy(&r).await;
+        let mut slice = server.list("resourceslices", "").remove(0);
+        let name = slice["metadata"]["name"].as_str().unwrap().to_string();
+        slice["spec"]["devices"][3]["attributes"]["uuid"]["string"] = json!("GPU-swapped-in");
+        server
+            .update("resourceslices", "", &name, slice, None)
+            .unwrap();
+        let now = r.clock().now_ms();
+        let out = r
+            .release_pass("n1", &views, now, &Fence::unfenced())
+            .await
+            .unwrap();
+        assert!(
+            matches!(&out, Outcome::Waiting(w) if w.contains("started")),
+            "{out:?}"
+        );
+        let claim = server.list("resourceclaims", super::support::NS).remove(0);
+        let cel = claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]
+            ["expression"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(cel.contains("GPU-swapped-in"), "{cel}");
+        assert!(!cel.contains(&fixtures::gpu_uuid("n1", 3)), "{cel}");
+    }
+
+    /// An auto release after positive evidence runs a canary whose own claim selects
+    /// that very GPU (its UUID) and tolerates faultline's taint; the rule is deleted
+    /// only once the canary succeeded.
+    #[tokio::test]
+    async fn a_release_deletes_the_rule_after_the_canary() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let r = auto_release(r);
+        let views = quarantined_then_healthy(&r).await;
+        let f = Fence::unfenced();
         let now = r.clock().now_ms();
         let out = r.release_pass("n1", &views, now, &f).await.unwrap();
         assert!(

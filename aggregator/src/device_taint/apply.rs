@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use super::api::{TaintApi, GROUP};
 use super::index::{holders, DeviceIndex, DeviceRef, Holder, Slice};
-use super::rule::{is_ours, rule_name, rule_object, would_evict, Effect};
+use super::rule::{is_ours, rule_name, rule_object, would_evict, Effect, Reported};
 
 /// Why a write was not made.
 #[derive(Debug, thiserror::Error)]
@@ -58,15 +58,18 @@ pub enum Prediction {
     Agrees(u64),
     /// It would evict another number: act on neither, announce.
     Disagrees { controller: u64, faultline: u64 },
+    /// It reported, in words faultline cannot read: act on neither; the node path.
+    Unreadable(String),
 }
 
 /// Compare the controller's prediction with faultline's holders of the device.
-pub fn judge(predicted: Option<u64>, ours: &[Holder]) -> Prediction {
+pub fn judge(predicted: Reported, ours: &[Holder]) -> Prediction {
     let faultline = ours.len() as u64;
     match predicted {
-        None => Prediction::Pending,
-        Some(n) if n == faultline => Prediction::Agrees(n),
-        Some(controller) => Prediction::Disagrees {
+        Reported::NotYet => Prediction::Pending,
+        Reported::Unreadable(words) => Prediction::Unreadable(words),
+        Reported::Pods(n) if n == faultline => Prediction::Agrees(n),
+        Reported::Pods(controller) => Prediction::Disagrees {
             controller,
             faultline,
         },
@@ -610,22 +613,26 @@ mod tests {
     #[test]
     fn the_prediction_is_acted_on_only_when_it_agrees() {
         let ours = [holder("a"), holder("b")];
-        assert_eq!(judge(None, &ours), Prediction::Pending);
-        assert_eq!(judge(Some(2), &ours), Prediction::Agrees(2));
+        assert_eq!(judge(Reported::NotYet, &ours), Prediction::Pending);
+        assert_eq!(judge(Reported::Pods(2), &ours), Prediction::Agrees(2));
         assert_eq!(
-            judge(Some(3), &ours),
+            judge(Reported::Pods(3), &ours),
             Prediction::Disagrees {
                 controller: 3,
                 faultline: 2
             }
         );
-        assert_eq!(judge(Some(0), &[]), Prediction::Agrees(0));
+        assert_eq!(judge(Reported::Pods(0), &[]), Prediction::Agrees(0));
         assert_eq!(
-            judge(Some(1), &[]),
+            judge(Reported::Pods(1), &[]),
             Prediction::Disagrees {
                 controller: 1,
                 faultline: 0
             }
+        );
+        assert_eq!(
+            judge(Reported::Unreadable("x".into()), &ours),
+            Prediction::Unreadable("x".into())
         );
     }
 }

@@ -220,6 +220,15 @@ impl DeviceIndex {
         self.by_uuid.get(uuid)
     }
 
+    /// The UUID `device` publishes now, if it is indexed: after a GPU was swapped in
+    /// its slot, the new one's.
+    pub fn uuid_of(&self, device: &DeviceRef) -> Option<&str> {
+        self.by_uuid
+            .iter()
+            .find(|(_, i)| &i.device == device)
+            .map(|(uuid, _)| uuid.as_str())
+    }
+
     /// The MIG partitions carved from GPU `uuid` (dynamic MIG publishes them beside
     /// the whole GPU): each its own device, allocatable, and failed with its GPU.
     pub fn partitions_of(&self, uuid: &str) -> &[(String, Indexed)] {

@@ -32,6 +32,8 @@ pub use index::{
     holders, tolerates_forever, would_be_evicted, DeviceIndex, DeviceRef, Holder, Slice,
 };
 pub use plugin::{plugin_scope, rejections, taken_out, PluginScope, REJECTION_WINDOW_MS};
-pub use rule::{is_ours, rule_name, rule_object, taint_value, would_evict, Effect, TAINT_KEY};
+pub use rule::{
+    is_ours, rule_name, rule_object, taint_value, would_evict, Effect, Reported, TAINT_KEY,
+};
 pub use scope::{node_fault, rejecting, scope, Failed, NodeWhy, Scope};
 pub use settings::DeviceQuarantine;

@@ -122,34 +122,56 @@ pub fn is_ours(rule: &Value) -> bool {
         == Some(MANAGED_BY.1)
 }
 
+/// What the device-taint eviction controller reported on a rule at effect `None`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reported {
+    /// Nothing for the rule's current generation yet: the controller has not simulated
+    /// it (or does not run), or the rule is not at `None`.
+    NotYet,
+    /// The pods it would evict if the effect were `NoExecute`.
+    Pods(u64),
+    /// A report for this generation in words faultline cannot read (`message`, and the
+    /// reason it came with): upstream says the message "may change". Never guessed at.
+    Unreadable(String),
+}
+
 /// What the device-taint eviction controller reported for a `None` rule at its current
-/// generation: the pods it would evict, from the `EvictionInProgress` condition with
-/// reason `NoEffect` (pkg/controller/devicetainteviction/device_taint_eviction.go
-/// writes "N pods would be evicted in …", "1 pod would be evicted in …"). `None` while
-/// no such condition is there for this generation: the controller has not simulated
-/// it yet (or does not run).
-pub fn would_evict(rule: &Value) -> Option<u64> {
-    let generation = rule
-        .pointer("/metadata/generation")
-        .and_then(Value::as_i64)?;
+/// generation: the `EvictionInProgress` condition with that `observedGeneration`, its
+/// reason `NoEffect` and its message "… N pods would be evicted in …" ("1 pod would be
+/// evicted in …"), as pkg/controller/devicetainteviction/device_taint_eviction.go
+/// writes them in 1.35, 1.36 and 1.37 alike. A report for this generation in other
+/// words is [`Reported::Unreadable`].
+pub fn would_evict(rule: &Value) -> Reported {
+    let generation = rule.pointer("/metadata/generation").and_then(Value::as_i64);
+    let at_none = rule.pointer("/spec/taint/effect").and_then(Value::as_str) == Some("None");
     let c = rule
         .pointer("/status/conditions")
-        .and_then(Value::as_array)?
-        .iter()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some("EvictionInProgress"))?;
-    if c.get("reason").and_then(Value::as_str) != Some("NoEffect")
-        || c.get("observedGeneration").and_then(Value::as_i64) != Some(generation)
-    {
-        return None;
-    }
-    let msg = c.get("message").and_then(Value::as_str)?;
-    let at = msg
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some("EvictionInProgress"));
+    let Some(c) = c.filter(|c| {
+        at_none
+            && generation.is_some()
+            && c.get("observedGeneration").and_then(Value::as_i64) == generation
+    }) else {
+        return Reported::NotYet;
+    };
+    let reason = c.get("reason").and_then(Value::as_str).unwrap_or("");
+    let msg = c.get("message").and_then(Value::as_str).unwrap_or("");
+    let count = msg
         .find(" pods would be evicted in ")
-        .or_else(|| msg.find(" pod would be evicted in "))?;
-    let start = msg[..at]
-        .rfind(|c: char| !c.is_ascii_digit())
-        .map_or(0, |i| i + 1);
-    msg[start..at].parse().ok()
+        .or_else(|| msg.find(" pod would be evicted in "))
+        .and_then(|at| {
+            let start = msg[..at]
+                .rfind(|c: char| !c.is_ascii_digit())
+                .map_or(0, |i| i + 1);
+            msg[start..at].parse().ok()
+        });
+    match count {
+        Some(n) if reason == "NoEffect" => Reported::Pods(n),
+        _ => Reported::Unreadable(format!("{reason}: {msg}")),
+    }
 }
 
 #[cfg(test)]
@@ -238,7 +260,7 @@ mod tests {
     }
 
     fn simulated(generation: i64, observed: i64, reason: &str, message: &str) -> Value {
-        json!({"metadata": {"generation": generation},
+        json!({"metadata": {"generation": generation}, "spec": {"taint": {"effect": "None"}},
             "status": {"conditions": [{"type": "EvictionInProgress", "status": "False", "reason": reason,
                 "message": message, "observedGeneration": observed}]}})
     }
@@ -247,23 +269,57 @@ mod tests {
     fn the_controllers_prediction_is_read_from_its_own_words() {
         // The messages as device_taint_eviction.go writes them (and its tests expect).
         let m = "0 published devices selected. 3 allocated devices selected. 2 pods would be evicted in 2 different namespaces if the effect was NoExecute. This information will not be updated again. Recreate the DeviceTaintRule to trigger an update.";
-        assert_eq!(would_evict(&simulated(1, 1, "NoEffect", m)), Some(2));
-        let one = "1 published device selected. 1 allocated device selected. 1 pod would be evicted in 1 namespace if the effect was NoExecute. This information will not be updated again. Recreate the DeviceTaintRule to trigger an update.";
-        assert_eq!(would_evict(&simulated(1, 1, "NoEffect", one)), Some(1));
-        let none = "1 published device selected. 0 allocated devices selected. 0 pods would be evicted in 0 different namespaces if the effect was NoExecute. This information will not be updated again. Recreate the DeviceTaintRule to trigger an update.";
-        assert_eq!(would_evict(&simulated(1, 1, "NoEffect", none)), Some(0));
-        // Not for this generation, not a simulation, or nothing there: no prediction.
-        assert_eq!(would_evict(&simulated(2, 1, "NoEffect", m)), None);
         assert_eq!(
-            would_evict(&simulated(
-                1,
-                1,
-                "OtherEffect",
-                "Eviction only happens for the NoExecute effect."
-            )),
-            None
+            would_evict(&simulated(1, 1, "NoEffect", m)),
+            Reported::Pods(2)
         );
-        assert_eq!(would_evict(&json!({"metadata": {"generation": 1}})), None);
-        assert_eq!(would_evict(&simulated(1, 1, "NoEffect", "garbled")), None);
+        let one = "1 published device selected. 1 allocated device selected. 1 pod would be evicted in 1 namespace if the effect was NoExecute. This information will not be updated again. Recreate the DeviceTaintRule to trigger an update.";
+        assert_eq!(
+            would_evict(&simulated(1, 1, "NoEffect", one)),
+            Reported::Pods(1)
+        );
+        let none = "1 published device selected. 0 allocated devices selected. 0 pods would be evicted in 0 different namespaces if the effect was NoExecute. This information will not be updated again. Recreate the DeviceTaintRule to trigger an update.";
+        assert_eq!(
+            would_evict(&simulated(1, 1, "NoEffect", none)),
+            Reported::Pods(0)
+        );
+        // After a NoExecute period the controller adds what it evicted.
+        let after = format!("{m} 3 pods evicted since starting the controller.");
+        assert_eq!(
+            would_evict(&simulated(1, 1, "NoEffect", &after)),
+            Reported::Pods(2)
+        );
+        // Not for this generation, or nothing there: not yet.
+        assert_eq!(
+            would_evict(&simulated(2, 1, "NoEffect", m)),
+            Reported::NotYet
+        );
+        assert_eq!(
+            would_evict(
+                &json!({"metadata": {"generation": 1}, "spec": {"taint": {"effect": "None"}}})
+            ),
+            Reported::NotYet
+        );
+        // A rule no longer at None: its condition is no prediction.
+        let mut enforced = simulated(
+            1,
+            1,
+            "OtherEffect",
+            "Eviction only happens for the NoExecute effect.",
+        );
+        enforced["spec"]["taint"]["effect"] = json!("NoSchedule");
+        assert_eq!(would_evict(&enforced), Reported::NotYet);
+        // This generation's report in other words: unreadable, never a count guessed
+        // (before, it read as "not yet", and the rule waited).
+        for (reason, msg) in [
+            ("NoEffect", "garbled"),
+            ("NoEffect", "2 Pods würden entfernt"),
+            ("Simulated", m),
+        ] {
+            assert_eq!(
+                would_evict(&simulated(1, 1, reason, msg)),
+                Reported::Unreadable(format!("{reason}: {msg}"))
+            );
+        }
     }
 }

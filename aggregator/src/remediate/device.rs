@@ -381,8 +381,14 @@ impl Remediator {
                     waiting.push(r.rule.clone());
                 }
                 Prediction::Pending => {
-                    last = "no prediction that could be read (the controller does not run, or wrote none for this generation)".into();
+                    last = "no prediction (the controller does not run, or wrote none for this generation)".into();
                     waiting.push(r.rule.clone());
+                }
+                // Never guessed at: the node path now, not at the deadline.
+                Prediction::Unreadable(words) => {
+                    waiting.push(r.rule.clone());
+                    let why = format!("the controller's prediction cannot be read: {words:?}");
+                    overdue.get_or_insert((r.id.clone(), r.rule.clone(), why));
                 }
             }
             let age_ms = proposed_ms.map(|p| self.clock.now_ms().saturating_sub(p));

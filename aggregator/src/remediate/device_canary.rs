@@ -1,7 +1,8 @@
 //! A device canary: the probe Job of a device quarantine asks, through a ResourceClaim
-//! of its own, for the very devices the record quarantines, tolerating their taint.
+//! of its own, for the very devices the record quarantines (the devices in their slots
+//! now), tolerating their taint.
 
-use super::error::RemediateError;
+use super::error::{quarantine_error, RemediateError};
 use super::record::{DeviceRule, QuarantineRecord};
 use super::remediator::Remediator;
 
@@ -89,7 +90,26 @@ impl Remediator {
         let Some(q) = self.devices.as_ref().filter(|_| !record.rules().is_empty()) else {
             return Ok(());
         };
-        let claim = canary_claim(record.rules(), &q.device_class, name, job_uid);
+        // The device in the rule's slot now: a GPU swapped there since the fault
+        // publishes another UUID, and the canary tests the new one (selected by the old
+        // UUID it would never be allocated, and the release never come).
+        let mut rules = record.rules().to_vec();
+        if let Some(dra) = self.dra() {
+            let index = dra
+                .index_node(&record.node)
+                .await
+                .map_err(quarantine_error)?;
+            for r in &mut rules {
+                match index.uuid_of(&r.device_ref()) {
+                    Some(now) if now != r.uuid => {
+                        tracing::info!(node = %record.node, device = %r.device, was = %r.uuid, now, "a GPU swapped in the quarantined slot: the canary tests the new one");
+                        r.uuid = now.to_string();
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let claim = canary_claim(&rules, &q.device_class, name, job_uid);
         let ar = kube::api::ApiResource {
             group: "resource.k8s.io".into(),
             version: "v1".into(),
