@@ -304,6 +304,94 @@ async fn a_neighbours_credentials_cannot_set_a_verdict_and_keys_rotate_live() {
     }
 }
 
+/// The flood: 20 loopback addresses, 20 connections each to `to`, every one sending
+/// half a request head and holding on until closed, then again, until `stop`;
+/// `opened` counts its connections.
+fn flood(
+    to: std::net::SocketAddr,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    opened: &std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut flood = Vec::new();
+    for a in 2..22u8 {
+        for _ in 0..20 {
+            let (stop, opened) = (stop.clone(), opened.clone());
+            flood.push(tokio::spawn(async move {
+                let from = std::net::SocketAddr::from(([127, 0, 0, a], 0));
+                while !stop.load(Ordering::Relaxed) {
+                    let s = tokio::net::TcpSocket::new_v4().unwrap();
+                    if s.bind(from).is_err() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                    let Ok(Ok(mut c)) =
+                        tokio::time::timeout(Duration::from_secs(1), s.connect(to)).await
+                    else {
+                        continue;
+                    };
+                    opened.fetch_add(1, Ordering::Relaxed);
+                    let _ = c.write_all(b"GET /v1/health HTTP/1.1\r\nhost: x\r\n").await;
+                    let mut b = [0u8; 256];
+                    let _ = tokio::time::timeout(Duration::from_secs(5), c.read(&mut b)).await;
+                }
+            }));
+        }
+    }
+    flood
+}
+
+/// The same flood on the pods' port (`--fault-listen`): a pod reading its node's
+/// `fault.json` from its own address is answered every time (half of such reads
+/// failed: the crowd held every slot, and a newcomer was refused; now it takes the
+/// slot of a crowd connection waiting for its head, its peer holding more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pods_port_answers_its_pods_through_a_connection_flood() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let agent = agent_with(
+        "n1",
+        &[
+            "--fault-listen",
+            "127.0.0.1:0",
+            "--http-max-connections",
+            "32",
+            "--http-header-timeout",
+            "1s",
+        ],
+    )
+    .await;
+    let pod_port = agent.fault_addr.expect("--fault-listen bound");
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let opened = std::sync::Arc::new(AtomicU64::new(0));
+    let crowd = flood(pod_port, &stop, &opened);
+    while opened.load(Ordering::Relaxed) < 400 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut answered = 0;
+    for _ in 0..50 {
+        let (code, body) =
+            support::real::request_from("127.0.0.99", "GET", pod_port, "/v1/fault", "").await;
+        answered += usize::from(code == 200 && body.contains("\"node\":\"n1\""));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for f in crowd {
+        f.abort();
+    }
+    let m = metrics(agent.addr).await;
+    eprintln!(
+        "pod port flood: {} connections opened; {answered} of 50 reads answered; {}",
+        opened.load(Ordering::Relaxed),
+        m.lines()
+            .filter(|l| l.starts_with("faultline_agent_http_connections_"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    assert_eq!(answered, 50, "every read of a pod answered");
+    agent.shutdown().await;
+}
+
 /// 400 slow connections from 20 addresses, each under the per-peer cap, keep every
 /// slot of the agent's port (and of those kept for the aggregator) taken. Deliveries
 /// ride the aggregator's established connection: none fails, the verdict stays fresh,
@@ -311,7 +399,6 @@ async fn a_neighbours_credentials_cannot_set_a_verdict_and_keys_rotate_live() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_ride_their_connection_through_a_connection_flood() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let tmp = tempfile::tempdir().unwrap();
     let token = tmp.path().join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
@@ -360,35 +447,9 @@ async fn deliveries_ride_their_connection_through_a_connection_flood() {
     })
     .await;
 
-    // The flood: 20 loopback addresses, 20 connections each, every one sending half a
-    // request head and holding on until closed, then again.
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let opened = std::sync::Arc::new(AtomicU64::new(0));
-    let mut flood = Vec::new();
-    for a in 2..22u8 {
-        for _ in 0..20 {
-            let (stop, opened, to) = (stop.clone(), opened.clone(), agent.addr);
-            flood.push(tokio::spawn(async move {
-                let from = std::net::SocketAddr::from(([127, 0, 0, a], 0));
-                while !stop.load(Ordering::Relaxed) {
-                    let s = tokio::net::TcpSocket::new_v4().unwrap();
-                    if s.bind(from).is_err() {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                    let Ok(Ok(mut c)) =
-                        tokio::time::timeout(Duration::from_secs(1), s.connect(to)).await
-                    else {
-                        continue;
-                    };
-                    opened.fetch_add(1, Ordering::Relaxed);
-                    let _ = c.write_all(b"GET /v1/health HTTP/1.1\r\nhost: x\r\n").await;
-                    let mut b = [0u8; 256];
-                    let _ = tokio::time::timeout(Duration::from_secs(5), c.read(&mut b)).await;
-                }
-            }));
-        }
-    }
+    let flood = flood(agent.addr, &stop, &opened);
     let count = |text: &str, result: &str| -> f64 {
         text.lines()
             .filter(|l| {
