@@ -15,6 +15,7 @@
 use std::cmp::Ordering;
 
 use faultline_common::sync::Locked;
+use kube::api::ApiResource;
 use kube::Client;
 
 /// The group of Dynamic Resource Allocation.
@@ -170,6 +171,17 @@ pub fn following(
         RETRY,
         cancel.clone(),
     )
+}
+
+/// The `resource.k8s.io` resource `kind` (`plural`) at `version`.
+pub(super) fn resource(version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: version.into(),
+        api_version: format!("{GROUP}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
 }
 
 #[cfg(test)]

@@ -7,15 +7,16 @@
 //! The caller decides (budgets, breaker, dry-run, the shard's fence); this module only
 //! writes what it is told, and refuses what would touch another owner's rule.
 
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::TryStreamExt;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-    Preconditions, WatchEvent, WatchParams,
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
+    WatchEvent, WatchParams,
 };
 use kube::Client;
 use serde_json::{json, Value};
 
-use super::api::{TaintApi, GROUP};
+use super::api::{resource, TaintApi};
+use super::claims::{self, MissingClaims};
 use super::index::{holders, DeviceIndex, DeviceRef, Holder, Slice};
 use super::rule::{is_ours, rule_name, rule_object, would_evict, Effect, Reported};
 
@@ -31,12 +32,6 @@ pub enum QuarantineError {
     #[error("the cluster serves no DeviceTaintRule")]
     NoApi,
 }
-
-/// Claims read at most per call of [`Dra::claims_of`] (a node's pods; 8 GPUs and a few
-/// claims per pod need a few dozen).
-pub const MAX_CLAIM_READS: usize = 256;
-/// Claim reads in flight at once.
-pub const CLAIM_READS_AT_ONCE: usize = 16;
 
 /// What became of a rule watched for a change.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,16 +77,7 @@ pub struct Dra {
     client: Client,
     taints: Option<TaintApi>,
     drivers: Vec<String>,
-}
-
-fn resource(version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: GROUP.into(),
-        version: version.into(),
-        api_version: format!("{GROUP}/{version}"),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
+    missing: MissingClaims,
 }
 
 fn as_json(o: &DynamicObject) -> Result<Value, QuarantineError> {
@@ -105,11 +91,7 @@ impl Dra {
     /// `taints`: where DeviceTaintRules are served ([`super::discover`]); `drivers`:
     /// the DRA drivers whose devices faultline may quarantine (`gpu.nvidia.com`, …).
     pub fn new(client: Client, taints: TaintApi, drivers: Vec<String>) -> Self {
-        Dra {
-            client,
-            taints: Some(taints),
-            drivers,
-        }
+        Dra::maybe(client, Some(taints), drivers)
     }
 
     /// Slices and claims only, where no DeviceTaintRule is served (`taints` `None`):
@@ -119,7 +101,14 @@ impl Dra {
             client,
             taints,
             drivers,
+            missing: MissingClaims::default(),
         }
+    }
+
+    /// Remember claims found missing in `missing` (a replica's, across passes).
+    pub fn remembering(mut self, missing: MissingClaims) -> Self {
+        self.missing = missing;
+        self
     }
 
     /// Whether DeviceTaintRules can be written.
@@ -162,88 +151,17 @@ impl Dra {
         Ok(DeviceIndex::build(&slices, &self.drivers))
     }
 
-    /// The claims `pods` use (`spec.resourceClaims[].resourceClaimName`, and
-    /// `status.resourceClaimStatuses` for claims made from a template), each read once:
-    /// a node's pods, not every claim of the cluster. At most [`MAX_CLAIM_READS`] per
-    /// call, [`CLAIM_READS_AT_ONCE`] at a time: one pod that names 2,000 claims that do
-    /// not exist cost 700-800 GETs a second for as long as its node stayed quarantined,
-    /// all at once. The claims are taken round robin over the pods, running pods first,
-    /// so one pod that names thousands crowds no other pod's out; past the bound the
-    /// rest are left, logged.
+    /// The claims `pods` use, as [`claims::read`] reads them (bounded, those found
+    /// missing remembered).
     pub async fn claims_of(
         &self,
         pods: &[k8s_openapi::api::core::v1::Pod],
     ) -> Result<Vec<Value>, QuarantineError> {
-        // Running pods first: their claims are the ones that hold devices now.
-        let mut pods: Vec<&k8s_openapi::api::core::v1::Pod> = pods.iter().collect();
-        pods.sort_by_key(|p| {
-            let running = p.metadata.deletion_timestamp.is_none()
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            !running
-        });
-        let per_pod: Vec<Vec<(String, String)>> = pods
+        claims::read(&self.client, &self.missing, pods)
+            .await?
             .iter()
-            .map(|p| {
-                let ns = p.metadata.namespace.clone().unwrap_or_default();
-                let direct = p
-                    .spec
-                    .iter()
-                    .flat_map(|s| s.resource_claims.iter().flatten())
-                    .filter_map(|c| c.resource_claim_name.clone());
-                let made = p
-                    .status
-                    .iter()
-                    .flat_map(|s| s.resource_claim_statuses.iter().flatten())
-                    .filter_map(|c| c.resource_claim_name.clone());
-                // A pod that asked for an extended resource (`nvidia.com/gpu`) on a DRA
-                // node: the scheduler made its claim, named only here (KEP-5004).
-                let extended = p
-                    .status
-                    .iter()
-                    .filter_map(|s| s.extended_resource_claim_status.as_ref())
-                    .map(|e| e.resource_claim_name.clone())
-                    .filter(|n| !n.is_empty());
-                direct
-                    .chain(made)
-                    .chain(extended)
-                    .map(|n| (ns.clone(), n))
-                    .collect()
-            })
-            .collect();
-        // Round robin over the pods: each pod's first claim before any pod's second, so
-        // one pod that names thousands cannot crowd the others' out of the bound.
-        let mut seen = std::collections::BTreeSet::new();
-        let mut order = Vec::new();
-        let longest = per_pod.iter().map(Vec::len).max().unwrap_or(0);
-        for i in 0..longest {
-            for c in per_pod.iter().filter_map(|l| l.get(i)) {
-                if seen.insert(c.clone()) {
-                    order.push(c.clone());
-                }
-            }
-        }
-        if order.len() > MAX_CLAIM_READS {
-            tracing::warn!(
-                claims = order.len(),
-                read = MAX_CLAIM_READS,
-                "the node's pods name more claims than are read in one pass; the rest are left"
-            );
-            order.truncate(MAX_CLAIM_READS);
-        }
-        // A node's 8 claims in one round trip's time, not 8; a bounded number at once.
-        let reads = order.into_iter().map(|(ns, name)| {
-            let api: Api<DynamicObject> = Api::namespaced_with(
-                self.client.clone(),
-                &ns,
-                &resource("v1", "ResourceClaim", "resourceclaims"),
-            );
-            async move { api.get_opt(&name).await }
-        });
-        let read: Vec<Option<DynamicObject>> = futures_util::stream::iter(reads)
-            .buffer_unordered(CLAIM_READS_AT_ONCE)
-            .try_collect()
-            .await?;
-        read.iter().flatten().map(as_json).collect()
+            .map(as_json)
+            .collect()
     }
 
     /// How many devices faultline's rules quarantine now, cluster-wide (the device
@@ -486,8 +404,9 @@ impl Dra {
     /// Ask the controller for a fresh prediction: the rule's `spec.taint.timeAdded`
     /// moves on (to `now_secs`, or a second past its own), a spec change, after which
     /// the device-taint eviction controller simulates `NoExecute` again and writes the
-    /// condition for the new generation (1.36 and later; 1.35's controller writes it
-    /// once per rule).
+    /// condition for the new generation (1.35, 1.36 and 1.37 alike:
+    /// `maybeUpdateRuleStatus` compares the condition's `observedGeneration`; the
+    /// real-cluster test `a_stale_prediction_is_asked_again` on each).
     pub async fn resimulate(
         &self,
         device: &DeviceRef,

@@ -14,12 +14,14 @@
 //! - `ascend` (pure): the chips Huawei's device plugin already separated by hand
 //!   (`ManuallySeparateNPU`), never isolated a second time;
 //! - `settings`: what the device path of remediation is told;
+//! - `claims`: the claims of a node's pods, bounded, those found missing remembered;
 //! - `apply`: the writes (propose with `None`, read the prediction, enforce, release),
 //!   never to a rule without faultline's label.
 
 pub mod api;
 pub mod apply;
 pub mod ascend;
+pub mod claims;
 pub mod index;
 pub mod plugin;
 pub mod rule;

@@ -36,6 +36,9 @@ pub struct DeviceQuarantine {
     /// (`kube-system/mindx-dl-deviceinfo-<node>`): chips it lists in
     /// `ManuallySeparateNPU` are isolated already, and faultline adds nothing.
     pub ascend_device_info: bool,
+    /// Claims found missing that no running pod names: not asked for again for a
+    /// while ([`super::claims::MISSING_CLAIM_TTL`]).
+    pub missing_claims: super::claims::MissingClaims,
 }
 
 impl DeviceQuarantine {
@@ -52,6 +55,7 @@ impl DeviceQuarantine {
             prediction_deadline: Duration::from_secs(60),
             device_class: "gpu.nvidia.com".into(),
             ascend_device_info: false,
+            missing_claims: Arc::default(),
         }
     }
 }

@@ -67,7 +67,8 @@ impl Remediator {
     pub(super) fn dra(&self) -> Option<Dra> {
         let q = self.devices.as_ref()?;
         let api = q.api.locked().clone();
-        Some(Dra::maybe(self.client.clone(), api, q.drivers.clone()))
+        let dra = Dra::maybe(self.client.clone(), api, q.drivers.clone());
+        Some(dra.remembering(q.missing_claims.clone()))
     }
 
     /// The device path for `devices` (all failed) of `live`, when it applies.
