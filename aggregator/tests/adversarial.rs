@@ -140,6 +140,10 @@ async fn every_hostile_input_at_once_moves_nothing_but_the_real_fault() {
         assert!(code < 500, "bystander batch {batch}: {code}");
     }
     eprintln!("the floods sent in {:?}", started.elapsed());
+    // Each ghost name cost a Node GET (4,561 a second, sustained); the checks of nodes
+    // not followed are now 5 a second after a burst of 20, those found missing
+    // remembered.
+    let flood_s = started.elapsed().as_secs_f64();
 
     // The real fault, beside the churn and the floods.
     let at = Instant::now();
@@ -187,6 +191,17 @@ async fn every_hostile_input_at_once_moves_nothing_but_the_real_fault() {
         })
         .count();
     assert_eq!(ghost_events, 0, "Events about nodes that do not exist");
+    let ghost_gets = server
+        .calls()
+        .iter()
+        .filter(|c| c.method == "GET" && c.uri.starts_with("/api/v1/nodes/ghost-"))
+        .count();
+    let bound = 20.0 + 5.0 * (flood_s + at.elapsed().as_secs_f64()) + 5.0;
+    eprintln!("Node GETs for ghost names: {ghost_gets} (bound {bound:.0})");
+    assert!(
+        (ghost_gets as f64) <= bound,
+        "{ghost_gets} Node GETs for nodes that do not exist, over {bound:.0}"
+    );
     assert_eq!(
         events_on(server, "bystander", "FaultlineAlertUnattributed"),
         1,

@@ -211,6 +211,11 @@ pub struct Escalator {
 const MAX_CHIPS: usize = 256;
 
 impl Escalator {
+    /// The (chip, code) histories kept now.
+    pub fn histories(&self) -> usize {
+        self.chips.values().map(BTreeMap::len).sum()
+    }
+
     /// Look at chip `chip`'s codes of this sample (`graded`, as graded by the table) at
     /// `now_ms`, and raise the level of the codes the rules escalate. A code a rule
     /// escalates keeps its reason's level-named form (`ascend-manually-separate-npu`).
@@ -233,8 +238,15 @@ impl Escalator {
             .chain(rules.duration.iter().flat_map(|r| r.codes.iter()));
         let timed = |code: u32| rules.duration.iter().any(|r| r.codes.contains(&code));
         for code in watched {
-            let s = state.entry(*code).or_default();
             let present = now.contains(code);
+            // State only for codes seen: a site file watching thousands of codes kept
+            // a state for each on every chip from the first sample on (a 0.96 MB file
+            // took an 8-chip agent to 128 MB, against its 64 Mi limit).
+            let s = match state.get_mut(code) {
+                Some(s) => s,
+                None if present => state.entry(*code).or_default(),
+                None => continue,
+            };
             // A code a duration rule times counts once each time that rule trips
             // (`handleFaultQueue`), not on every appearance.
             if present && !s.present && !timed(*code) {
@@ -307,6 +319,10 @@ impl Escalator {
                 }
             }
         }
+        // A code gone, counted nowhere and raising nothing has no history left to keep.
+        state.retain(|_, s| {
+            s.present || s.by_frequency || s.by_duration || !s.occurrences.is_empty()
+        });
         for g in graded.iter_mut() {
             let Some(level) = parse_code(&g.code).and_then(|c| raise.get(&c)) else {
                 continue;
@@ -500,6 +516,34 @@ mod tests {
             sample(&mut e, &[], recovered + 48 * H + S).1,
             DeviceStatus::Healthy
         );
+    }
+
+    /// A site file that watches 20,000 codes: the escalator keeps a history only for
+    /// the codes its chips show, and drops it once nothing is left to count. It kept
+    /// one for every watched code on every chip from the first sample on.
+    #[test]
+    fn histories_are_kept_only_for_codes_seen() {
+        let ids: Vec<String> = (0..20_000u32)
+            .map(|i| format!("\"{:08X}\"", 0x8000_0000 + i))
+            .collect();
+        let file = format!(
+            r#"{{"FaultFrequency": [{{"EventId": [{}], "TimeWindow": 3600, "Times": 2,
+                "FaultHandling": "SeparateNPU", "ReleaseTimeWindow": 600}}]}}"#,
+            ids.join(",")
+        );
+        let rules = Escalation::parse(&file).unwrap();
+        let mut e = Escalator::default();
+        for chip in 0..8 {
+            let mut g = Catalog::builtin().grade_all(["80000001"]);
+            e.apply(&rules, &format!("npu{chip}"), &mut g, 0);
+        }
+        assert_eq!(e.histories(), 8, "one code seen on each of 8 chips");
+        // Counted once, it is kept for its window; past it, with the code gone, dropped.
+        for chip in 0..8 {
+            let mut g = Catalog::builtin().grade_all(std::iter::empty::<&str>());
+            e.apply(&rules, &format!("npu{chip}"), &mut g, 2 * H);
+        }
+        assert_eq!(e.histories(), 0);
     }
 
     #[test]

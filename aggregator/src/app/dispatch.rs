@@ -449,8 +449,14 @@ impl NodePass {
             return true;
         }
         match self.remediator.node_exists(&self.node).await {
-            Ok(true) => true,
-            Ok(false) => {
+            Ok(Some(true)) => true,
+            // Over the rate of such checks: the verdict waits (the unfollowed ones
+            // pending are bounded) for a later pass.
+            Ok(None) => {
+                tracing::debug!(node = %self.node, "existence checks over their rate: the verdict waits");
+                false
+            }
+            Ok(Some(false)) => {
                 self.metrics.intake_alert(IntakeResult::NoSuchNode);
                 tracing::debug!(node = %self.node, "verdicts for a node that does not exist: dropped");
                 let _ = self.settled.send(Settled {

@@ -71,6 +71,61 @@ pub struct Remediator {
     /// The last `fault.json` sequence this replica wrote (a DeviceTaintRule is
     /// annotated with the one current when it was decided).
     sequence: Arc<std::sync::atomic::AtomicU64>,
+    /// Nodes found missing, and the allowance of existence checks.
+    ghosts: Mutex<Ghosts>,
+}
+
+/// How long a node found missing is taken for missing without asking again.
+const GHOST_TTL_MS: u64 = 300_000;
+/// Existence checks of nodes this replica does not follow, per second, and at once.
+const CHECKS_PER_S: f64 = 5.0;
+const CHECK_BURST: f64 = 20.0;
+/// Nodes found missing remembered at most (the oldest forgotten first).
+const GHOSTS_KEPT: usize = 4096;
+
+/// Nodes found missing (when, ms), and the token bucket of existence checks: alerts
+/// naming a new node each cost one Node GET each, 4,561 a second, sustained, on the
+/// aggregator's own identity.
+#[derive(Debug, Default)]
+struct Ghosts {
+    missing: std::collections::HashMap<String, u64>,
+    allowance: Option<(f64, u64)>,
+}
+
+impl Ghosts {
+    /// Whether `node` was found missing within the TTL.
+    fn known(&self, node: &str, now_ms: u64) -> bool {
+        self.missing
+            .get(node)
+            .is_some_and(|at| now_ms.saturating_sub(*at) < GHOST_TTL_MS)
+    }
+
+    /// Take one check from the bucket, if one is left.
+    fn take(&mut self, now_ms: u64) -> bool {
+        let (tokens, at) = self.allowance.unwrap_or((CHECK_BURST, now_ms));
+        let refilled =
+            (tokens + now_ms.saturating_sub(at) as f64 / 1000.0 * CHECKS_PER_S).min(CHECK_BURST);
+        let ok = refilled >= 1.0;
+        self.allowance = Some((if ok { refilled - 1.0 } else { refilled }, now_ms));
+        ok
+    }
+
+    fn found_missing(&mut self, node: &str, now_ms: u64) {
+        self.missing
+            .retain(|_, at| now_ms.saturating_sub(*at) < GHOST_TTL_MS);
+        while self.missing.len() >= GHOSTS_KEPT {
+            let oldest = self
+                .missing
+                .iter()
+                .min_by_key(|(_, at)| **at)
+                .map(|(n, _)| n.clone());
+            match oldest {
+                Some(n) => self.missing.remove(&n),
+                None => break,
+            };
+        }
+        self.missing.insert(node.to_string(), now_ms);
+    }
 }
 
 impl Remediator {
@@ -108,6 +163,7 @@ impl Remediator {
             clock: Default::default(),
             devices: None,
             sequence: Arc::default(),
+            ghosts: Mutex::default(),
         }
     }
 
@@ -210,8 +266,26 @@ impl Remediator {
     }
 
     /// Whether Node `node` exists (its metadata only: a real GPU Node is 15-40 KB).
-    pub async fn node_exists(&self, node: &str) -> Result<bool, RemediateError> {
-        Ok(self.nodes.get_metadata_opt(node).await?.is_some())
+    /// `None`: not asked now; the checks of nodes not followed are over their rate
+    /// ([`CHECKS_PER_S`]). A node found missing is taken for missing for
+    /// [`GHOST_TTL_MS`] without asking.
+    pub async fn node_exists(&self, node: &str) -> Result<Option<bool>, RemediateError> {
+        let now = self.clock.now_ms();
+        {
+            let mut g = self.ghosts.lock().unwrap_or_else(|p| p.into_inner());
+            if g.known(node, now) {
+                return Ok(Some(false));
+            }
+            if !g.take(now) {
+                return Ok(None);
+            }
+        }
+        let exists = self.nodes.get_metadata_opt(node).await?.is_some();
+        if !exists {
+            let mut g = self.ghosts.lock().unwrap_or_else(|p| p.into_inner());
+            g.found_missing(node, now);
+        }
+        Ok(Some(exists))
     }
 
     /// Nodes held back by the budget now.

@@ -86,6 +86,42 @@ pub struct Intake {
         hyper_util::client::legacy::connect::HttpConnector,
         http_body_util::Full<hyper::body::Bytes>,
     >,
+    /// The log lines of alerts that reached the threshold, throttled: one per alert
+    /// wrote 933 MB in 70 s under a flood of alerts for nodes that do not exist, and
+    /// rotated the audit lines out of the container log. (Audit lines, of actions
+    /// taken, are never throttled.)
+    logged: Mutex<Throttle>,
+}
+
+/// At most [`LOG_LINES`] lines per [`LOG_PERIOD`]; the lines left out are counted into
+/// the next one written.
+#[derive(Debug, Default)]
+struct Throttle {
+    since: Option<std::time::Instant>,
+    lines: u32,
+    left_out: u64,
+}
+
+const LOG_LINES: u32 = 20;
+const LOG_PERIOD: Duration = Duration::from_secs(10);
+
+impl Throttle {
+    /// Whether to write a line now: `Some(lines left out since the last one)`.
+    fn allow(&mut self, now: std::time::Instant) -> Option<u64> {
+        if self
+            .since
+            .is_none_or(|s| now.duration_since(s) >= LOG_PERIOD)
+        {
+            self.since = Some(now);
+            self.lines = 0;
+        }
+        if self.lines >= LOG_LINES {
+            self.left_out += 1;
+            return None;
+        }
+        self.lines += 1;
+        Some(std::mem::take(&mut self.left_out))
+    }
 }
 
 /// Largest reply accepted from the holder a request was handed to.
@@ -122,6 +158,7 @@ impl Intake {
                 hyper_util::rt::TokioExecutor::new(),
             )
             .build_http(),
+            logged: Mutex::default(),
         }
     }
 
@@ -460,7 +497,10 @@ impl Intake {
                 ..RecordDevice::new(device, format!("alert:{}", a.metric))
             },
         };
-        tracing::warn!(node = %a.node, metric = %a.metric, value = ?a.value, threshold = self.cfg.threshold, "alerts reached the threshold: device judged failed");
+        let allowed = self.logged.locked().allow(std::time::Instant::now());
+        if let Some(left_out) = allowed {
+            tracing::warn!(node = %a.node, metric = %a.metric, value = ?a.value, threshold = self.cfg.threshold, left_out, "alerts reached the threshold: device judged failed (20 such lines per 10 s at most; left_out: those not written since the last)");
+        }
         if self.tx.send(verdict).await.is_err() {
             tracing::error!("the core loop is gone: verdict dropped");
         }

@@ -308,3 +308,15 @@ async fn a_request_of_too_many_alerts_is_refused() {
         "{r:?}"
     );
 }
+
+/// The lines of alerts that reached the threshold: 20 per 10 s at most, the ones left
+/// out counted into the next line written.
+#[test]
+fn threshold_lines_are_throttled_and_the_rest_counted() {
+    let mut t = Throttle::default();
+    let start = std::time::Instant::now();
+    let written: Vec<Option<u64>> = (0..100).map(|_| t.allow(start)).collect();
+    assert_eq!(written.iter().filter(|w| w.is_some()).count(), 20);
+    assert!(written[..20].iter().all(|w| *w == Some(0)));
+    assert_eq!(t.allow(start + LOG_PERIOD), Some(80));
+}
