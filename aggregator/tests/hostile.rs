@@ -41,8 +41,13 @@ async fn a_churning_agent_stops_no_other_nodes_fault() {
     .await;
     // The churning node kept no more than its first document's devices; the shard's
     // ConfigMap stays small.
-    let evil_entry = node_entry(server, 1, "evil");
-    let kept = evil_entry.map_or(0, |e| e.npus.len());
+    // Published (it passed vacuously when the node never was).
+    let evil_entry = node_entry(server, 1, "evil").expect("the churning node published");
+    let kept = evil_entry.npus.len();
+    eprintln!(
+        "the churning node: {kept} devices kept, {:?}",
+        evil_entry.summary
+    );
     assert!(kept <= 64, "{kept} devices kept for the churning node");
     let cm = server.get("configmaps", NS, "faultline-shard-0").unwrap();
     let bytes = serde_json::to_vec(&cm["data"]).unwrap().len();

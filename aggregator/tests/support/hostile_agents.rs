@@ -22,10 +22,12 @@ pub async fn churning_agent(node: &'static str) -> SocketAddr {
                 let doc = testing::node(node)
                     .generation(r + 1)
                     .npus((0..512).map(|i| {
-                        Device::nvml(i)
+                        let d = Device::nvml(i)
                             .reading(|d| d.id = format!("x{r}-{i}"))
-                            .temperature(40.0)
-                            .build()
+                            .temperature(40.0);
+                        // Every eighth failed: a refused document acts on nothing (with
+                        // only healthy devices, "not tainted" could not fail).
+                        if i % 8 == 0 { d.failed("xid-79") } else { d }.build()
                     }))
                     .build();
                 axum::Json(doc)
