@@ -194,6 +194,65 @@ fn pod(name: &str, gpu: bool, allocated: Option<&str>) -> PodFixture {
     p
 }
 
+/// An eviction that lands late, past the replica's hold (the API took 3 s to apply
+/// it): meanwhile the pod it judged was evicted by the shard's new holder, and its
+/// StatefulSet made it again under the same name on a healthy node. Without a uid
+/// precondition the late eviction evicted the successor; with one the API refuses it
+/// (409) and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_that_lands_late_never_evicts_the_pods_successor() {
+    let (server, client) = setup().await;
+    pod("train-0", true, Some("GPU-1234")).create(&server);
+    let r = remediator(client, Mode::Enforce);
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    server.set_faults(Faults {
+        latency_ms: 3000,
+        latency_match: "/pods/train-0/eviction".into(),
+        ..Default::default()
+    });
+    let late = tokio::spawn(async move { r.evict("gpu-1", &[], &Fence::unfenced()).await });
+    // The eviction is in the server, its processing delayed.
+    let start = std::time::Instant::now();
+    while !server
+        .received()
+        .iter()
+        .any(|c| c.uri.contains("/pods/train-0/eviction"))
+    {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "no eviction sent"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // The new holder's eviction, and the StatefulSet's new pod on a healthy node.
+    server.delete("pods", "default", "train-0").unwrap();
+    PodFixture::new("train-0", "gpu-2").gpu().create(&server);
+    let successor = server.get("pods", "default", "train-0").unwrap()["metadata"]["uid"].clone();
+    late.await.unwrap().unwrap();
+    let now = server
+        .get("pods", "default", "train-0")
+        .expect("the successor was evicted");
+    assert_eq!(now["metadata"]["uid"], successor);
+    let evictions: Vec<_> = server
+        .calls()
+        .into_iter()
+        .filter(|c| c.uri.contains("/eviction"))
+        .map(|c| (c.uri, c.status))
+        .collect();
+    assert!(
+        now["metadata"]["deletionTimestamp"].is_null(),
+        "the successor evicted: {evictions:?}"
+    );
+    let refused = server
+        .calls()
+        .iter()
+        .filter(|c| c.uri.contains("/pods/train-0/eviction") && c.status == 409)
+        .count();
+    assert_eq!(refused, 1, "the late eviction refused on the uid");
+}
+
 #[tokio::test]
 async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
     let (server, client) = setup().await;

@@ -4,7 +4,8 @@
 //! (`policy::wants_eviction`). Within the eviction rate and the breaker.
 //!
 //! What an answer means (pkg/registry/core/pod/storage/eviction.go):
-//! - 201 or 404: gone;
+//! - 201 or 404: gone; 409: the uid precondition failed, the name is another pod's
+//!   now (the pod judged is gone: never the new one evicted);
 //! - 429 with the cause `DisruptionBudget`: a budget refuses; retried by later passes
 //!   until `--eviction-deadline`, then announced and left (or deleted, with
 //!   `--force-delete-after-deadline`);
@@ -22,7 +23,7 @@ use std::time::Duration;
 use faultline_common::fault::DrainNotice;
 use faultline_common::time::rfc3339_ms;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, EvictParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 use super::announce::audit;
 use super::drain::{acknowledged, drain_step, notice, DrainStep, Drained};
@@ -434,9 +435,26 @@ impl Remediator {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        match api.evict(name, &EvictParams::default()).await {
+        // Only the pod judged, by its uid: an eviction that lands late (past the
+        // Lease's hold, a slow API) must not evict the pod made since under the same
+        // name (a StatefulSet's), which may hold a healthy GPU elsewhere. Written out:
+        // kube's `EvictParams` sends its delete options as `delete_options`, a field
+        // the API server does not know and drops.
+        let eviction = serde_json::json!({
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": ns},
+            "deleteOptions": {"preconditions": {"uid": pod.metadata.uid}},
+        });
+        let sent: Result<serde_json::Value, _> = api
+            .create_subresource("eviction", name, &PostParams::default(), &eviction)
+            .await;
+        match sent {
             Ok(_) => return Ok(PodEviction::Evicted),
-            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(PodEviction::Evicted),
+            // Gone, or replaced by another pod of the name (409: "The object might have
+            // been deleted and then recreated"): the pod judged is gone either way.
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+                return Ok(PodEviction::Evicted)
+            }
             Err(kube::Error::Api(e)) if e.code == 429 && is_budget_refusal(&e) => {}
             Err(kube::Error::Api(e)) if e.code == 429 => {
                 self.announce.metric(Action::Evict, ActionResult::Throttled);

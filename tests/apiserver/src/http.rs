@@ -289,10 +289,14 @@ async fn handle(
             Ok((StatusCode::CREATED, Json(conv(obj))).into_response())
         }
         (Method::POST, Some(n), Some("eviction")) if k.plural == "pods" => {
-            let grace = parse_json(&body)?
+            let b = parse_json(&body)?;
+            let grace = b
                 .pointer("/deleteOptions/gracePeriodSeconds")
                 .and_then(Value::as_i64);
-            Ok((StatusCode::CREATED, Json(s.evict(&ns, &n, grace)?)).into_response())
+            let uid = b
+                .pointer("/deleteOptions/preconditions/uid")
+                .and_then(Value::as_str);
+            Ok((StatusCode::CREATED, Json(s.evict(&ns, &n, grace, uid)?)).into_response())
         }
         (Method::PUT, Some(n), sub @ (None | Some("status"))) => Ok(Json(conv(s.update(
             k.plural,

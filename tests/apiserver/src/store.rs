@@ -344,7 +344,13 @@ impl ApiServer {
     /// allowed, the unready-pod rule), and an allowed eviction uses one disruption
     /// before the pod is deleted gracefully with `grace` (the Eviction's
     /// `deleteOptions.gracePeriodSeconds`).
-    pub fn evict(&self, ns: &str, name: &str, grace: Option<i64>) -> Result<Value, ApiError> {
+    pub fn evict(
+        &self,
+        ns: &str,
+        name: &str,
+        grace: Option<i64>,
+        uid: Option<&str>,
+    ) -> Result<Value, ApiError> {
         let pod = self
             .get("pods", ns, name)
             .ok_or_else(|| ApiError::not_found("pods", name))?;
@@ -385,6 +391,20 @@ impl ApiServer {
                     lifecycle::write_status(&mut g, &self.events, key, (*pdb).clone(), status);
                 }
             }
+        }
+        // The uid precondition (`deleteOptions.preconditions.uid`), as eviction.go's
+        // addConditionAndDeletePod checks it against the pod in store: after the budget's
+        // judgement (a decrement stands, as upstream's does).
+        let stored = pod.pointer("/metadata/uid").and_then(Value::as_str);
+        if let Some(u) = uid.filter(|u| !u.is_empty() && Some(*u) != stored) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on Pod \"{name}\": the UID in the precondition ({u}) does not match the UID in record ({}). The object might have been deleted and then recreated",
+                    stored.unwrap_or("")
+                ),
+            ));
         }
         self.delete_with_grace("pods", ns, name, grace)?;
         Ok(status_body(StatusCode::CREATED, "", ""))

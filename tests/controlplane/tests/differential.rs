@@ -224,6 +224,15 @@ fn script() -> Vec<Step> {
     };
     let (p, b) = evict("guarded");
     s.push(step("eviction a minAvailable budget forbids", "POST", p, b));
+    let (p, mut b) = evict("free");
+    b.as_mut().unwrap()["deleteOptions"] =
+        json!({"preconditions": {"uid": "00000000-0000-0000-0000-000000000000"}});
+    s.push(step(
+        "eviction whose uid precondition names another pod",
+        "POST",
+        p,
+        b,
+    ));
     let (p, b) = evict("free");
     s.push(step("eviction of a pod no budget covers", "POST", p, b));
     let (p, b) = evict("missing");
