@@ -582,9 +582,10 @@ async fn a_syslog_kernel_tag_degrades_at_most() {
         status_of(d, "gpu1").0 == "degraded"
     })
     .await;
+    // Its reason says where it came from: the aggregator never fails it by time.
     assert_eq!(
         status_of(&doc, "gpu1"),
-        ("degraded".into(), Some("xid-79".into()))
+        ("degraded".into(), Some("xid-79-text-log".into()))
     );
     assert_eq!(doc.summary.failed, 0, "text never fails a GPU by default");
     let metrics = request("GET", &agent.url("/metrics"), None).await.body;

@@ -145,7 +145,9 @@ pub fn step(
             match prev.status {
                 Failed => s,
                 Degraded => {
-                    if now_ms.saturating_sub(prev.since_ms) >= cfg.failed_after_ms {
+                    // A reason a source may only degrade never turns failed by time.
+                    let may_fail = !reasons.iter().all(|r| crate::xid::degrade_only(r));
+                    if may_fail && now_ms.saturating_sub(prev.since_ms) >= cfg.failed_after_ms {
                         let r = prev.reason.clone().or(reason);
                         s.to(
                             Failed,
@@ -220,6 +222,24 @@ mod tests {
 
     fn n(o: Observation, k: usize) -> Vec<Observation> {
         vec![o; k]
+    }
+
+    /// A reason a source may only degrade (an Xid of an untrusted text log) holds the
+    /// device degraded for as long as it lasts, never failed by time alone; with
+    /// another soft reason beside it, time escalates as before. Three `logger -t kernel`
+    /// lines failed a GPU, tainted its node and evicted its pod 245 s later.
+    #[test]
+    fn a_reason_that_may_only_degrade_never_fails_by_time() {
+        let text = Observation::Soft(vec!["xid-79-text-log".into()]);
+        let s = run(&n(text.clone(), 1_000));
+        assert_eq!(
+            (s.status, s.reason.as_deref()),
+            (Degraded, Some("xid-79-text-log"))
+        );
+        let both = Observation::Soft(vec!["xid-79-text-log".into(), "high-temp".into()]);
+        assert_eq!(run(&n(both, 1_000)).status, Failed);
+        assert!(crate::xid::degrade_only("xid-13-text-log"));
+        assert!(!crate::xid::degrade_only("xid-79") && !crate::xid::degrade_only("text-log"));
     }
 
     #[test]

@@ -197,6 +197,21 @@ impl Default for XidPolicy {
     }
 }
 
+/// The `source` of an Xid read from a text log the agent does not trust (a line
+/// without the kernel's facility: `logger -t kernel` writes those); its reason carries
+/// the same suffix (`xid-79-text-log`).
+pub const TEXT_LOG: &str = "text-log";
+
+/// Whether `reason` may only degrade a device: a finding of an untrusted text log
+/// (`xid-79-text-log`). Time alone never turns it failed (the aggregator's state
+/// machine turned three `logger` lines, degraded for 180 s, into a failed GPU, a taint
+/// and an eviction).
+pub fn degrade_only(reason: &str) -> bool {
+    reason
+        .strip_suffix(TEXT_LOG)
+        .is_some_and(|r| r.ends_with('-'))
+}
+
 /// What an Xid history means right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XidVerdict {
@@ -254,7 +269,11 @@ impl XidPolicy {
                 if worse {
                     best = Some(XidVerdict {
                         status,
-                        reason: format!("xid-{}", e.xid),
+                        reason: if e.source.ends_with(TEXT_LOG) {
+                            format!("xid-{}-{TEXT_LOG}", e.xid)
+                        } else {
+                            format!("xid-{}", e.xid)
+                        },
                         detail: format!(
                             "Xid {} ({}) seen {} time(s) within {}s",
                             e.xid,
@@ -273,6 +292,20 @@ impl XidPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An Xid of an untrusted text log gives a reason that says so, which may only
+    /// degrade (the state machine never fails it by time).
+    #[test]
+    fn a_text_logs_xid_reason_says_so() {
+        let mut e = ev(13, 1_000);
+        e.source = format!("kmsg-{TEXT_LOG}");
+        let p = XidPolicy::default();
+        let v = p.evaluate(&[e.clone(), e.clone(), e], 2_000).unwrap();
+        assert_eq!(v.reason, "xid-13-text-log");
+        assert!(degrade_only(&v.reason));
+        let v = p.evaluate(&[ev(13, 1_000), ev(13, 1_000), ev(13, 1_000)], 2_000);
+        assert_eq!(v.unwrap().reason, "xid-13");
+    }
 
     fn ev(xid: u32, at_ms: u64) -> XidEvent {
         XidEvent {

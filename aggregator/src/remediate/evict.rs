@@ -23,7 +23,7 @@ use std::time::Duration;
 use faultline_common::fault::DrainNotice;
 use faultline_common::time::rfc3339_ms;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 
 use super::announce::audit;
 use super::drain::{acknowledged, drain_step, notice, DrainStep, Drained};
@@ -490,9 +490,17 @@ impl Remediator {
             Blocked::Delete => {
                 // Explicitly configured: past the deadline the pod is deleted (with its
                 // grace period), its budget notwithstanding.
-                match api.delete(name, &DeleteParams::default()).await {
+                // Only the pod judged (its uid), as the eviction.
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: pod.metadata.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match api.delete(name, &dp).await {
                     Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                     Err(e) => return Err(e.into()),
                 }
                 audit("delete", node, &record.devices, &self.actor, key);

@@ -178,7 +178,12 @@ impl LineHandler {
             class,
             pci_bus_id: bus,
             at_ms,
-            source: SOURCE.into(),
+            // An untrusted text line's Xid may only degrade, by time too.
+            source: if capped {
+                format!("{SOURCE}-{}", faultline_common::xid::TEXT_LOG)
+            } else {
+                SOURCE.into()
+            },
             message: message.chars().take(300).collect(),
         });
     }
@@ -474,7 +479,11 @@ mod tests {
         let mut h = LineHandler::new(rec.clone(), metrics.clone(), None);
         h.line("NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.");
         h.line("usb 1-1: new high-speed USB device");
-        assert_eq!(*rec.0.lock().unwrap(), vec!["xid 79 0000:3b:00.0 kmsg"]);
+        // A text line (no kernel facility), untrusted by default: its source says so.
+        assert_eq!(
+            *rec.0.lock().unwrap(),
+            vec!["xid 79 0000:3b:00.0 kmsg-text-log"]
+        );
         let m = metrics.encode();
         assert!(
             m.contains("faultline_agent_kmsg_lines_total{result=\"xid\"} 1"),
@@ -494,11 +503,11 @@ mod tests {
     #[test]
     fn a_text_log_degrades_at_most_unless_trusted() {
         #[derive(Default)]
-        struct Classes(Mutex<Vec<(u32, XidClass)>>);
+        struct Classes(Mutex<Vec<(u32, XidClass, String)>>);
         impl EventSink for Classes {
             fn register_stream(&self, _: &'static str) {}
             fn event(&self, e: XidEvent) {
-                self.0.lock().unwrap().push((e.xid, e.class));
+                self.0.lock().unwrap().push((e.xid, e.class, e.source));
             }
             fn stream_up(&self, _: &'static str) {}
             fn stream_down(&self, _: &'static str, _: &ProbeError) {}
@@ -515,16 +524,27 @@ mod tests {
             (classes, metrics.encode())
         };
         let (classes, m) = seen(TextTrust::Degraded);
+        // The text's Xid is marked for what it is: its reason (`xid-79-text-log`)
+        // may only degrade, by time too.
         assert_eq!(
             classes,
-            vec![(79, XidClass::RestartApp), (48, XidClass::Fatal)]
+            vec![
+                (79, XidClass::RestartApp, "kmsg-text-log".into()),
+                (48, XidClass::Fatal, "kmsg".into())
+            ]
         );
         assert!(
             m.contains("faultline_agent_kmsg_lines_total{result=\"capped\"} 1"),
             "{m}"
         );
         let (classes, _) = seen(TextTrust::Full);
-        assert_eq!(classes, vec![(79, XidClass::Fatal), (48, XidClass::Fatal)]);
+        assert_eq!(
+            classes,
+            vec![
+                (79, XidClass::Fatal, "kmsg".into()),
+                (48, XidClass::Fatal, "kmsg".into())
+            ]
+        );
     }
 
     #[test]
