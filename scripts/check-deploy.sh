@@ -65,6 +65,27 @@ for o in "${overlays[@]}"; do
   expect "$o" "name: faultline-delivery-key"
   expect "$o" "port: 8082"
 done
+# Start everywhere: the agent's delivery Secret and key ConfigMap are optional (without
+# them it did not start at all), and the workload example's hostPath cannot hang a pod
+# on a node the agent has not reached.
+python3 - "$out" "${overlays[@]}" <<'PY'
+import sys, yaml
+out, overlays = sys.argv[1], sys.argv[2:]
+for o in overlays:
+    name = o.rsplit("/", 1)[-1]
+    for doc in yaml.safe_load_all(open(f"{out}/{name}.yaml")):
+        if not doc or doc.get("kind") != "DaemonSet":
+            continue
+        for v in doc["spec"]["template"]["spec"].get("volumes", []):
+            src = v.get("secret") or v.get("configMap")
+            ref = src and (src.get("secretName") or src.get("name"))
+            if ref in ("faultline-delivery", "faultline-delivery-key") and not src.get("optional"):
+                sys.exit(f"check-deploy: {name}: the agent's volume {v['name']} ({ref}) is not optional")
+for doc in yaml.safe_load_all(open("deploy/workload-example.yaml")):
+    for v in (doc or {}).get("spec", {}).get("volumes", []):
+        if v.get("hostPath", {}).get("type") == "Directory":
+            sys.exit(f"check-deploy: deploy/workload-example.yaml: hostPath {v['name']} of type Directory hangs a pod where the agent has not been")
+PY
 # RBAC follows the flags: in the base (the RBAC the end-to-end tests load) and in every
 # overlay, each publish namespace's Role names exactly the ConfigMaps that the
 # Deployment's --name, --shards and --pages make (common/src/fault.rs page_name), and

@@ -168,13 +168,17 @@ impl Verdicts {
     }
 
     /// The token of `path`, read again when the file changes.
+    /// While there is no file (the Secret is optional, not made yet), no token: every
+    /// delivery is refused until it appears, and the agent serves its health meanwhile
+    /// (it did not start at all).
     pub fn read_token(path: &Path) -> Result<Reloaded<Vec<u8>>, KeyError> {
-        Reloaded::load(path, faultline_common::seal::token)
+        Reloaded::load_or(path, faultline_common::seal::token, Vec::new())
     }
 
-    /// The public keys of `path`, read again when the file changes.
+    /// The public keys of `path`, read again when the file changes; none while there
+    /// is no file (every signed delivery refused until it appears).
     pub fn read_keys(path: &Path) -> Result<Reloaded<VerifyingKeys>, KeyError> {
-        Reloaded::load(path, VerifyingKeys::from_pem)
+        Reloaded::load_or(path, VerifyingKeys::from_pem, VerifyingKeys::none())
     }
 
     /// Whether a token is set (deliveries can be authorized at all).
@@ -184,10 +188,11 @@ impl Verdicts {
 
     /// Whether the token is `got` (a bearer token's bytes).
     pub fn is_token(&self, got: &[u8]) -> bool {
-        self.trust
-            .token
-            .as_ref()
-            .is_some_and(|t| same_secret(got, &current(t)))
+        self.trust.token.as_ref().is_some_and(|t| {
+            let held = current(t);
+            // No token yet (its file not there): nothing matches, "" neither.
+            !held.is_empty() && same_secret(got, &held)
+        })
     }
 
     /// Whether `authorization` (the header's value) carries the token and, where keys
@@ -536,6 +541,33 @@ mod tests {
         }
         e.npus[1].status = status;
         e
+    }
+
+    /// The delivery Secret is optional: without its file the agent starts (it did not
+    /// start at all, health included), refuses every token, an empty one too, and
+    /// takes the token once the kubelet mounts it.
+    #[test]
+    fn a_token_file_not_there_yet_refuses_all_until_it_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        let token = Verdicts::read_token(&path)
+            .unwrap()
+            .checking_every(Duration::ZERO);
+        let v = Verdicts::trusting(
+            NODE,
+            Trust {
+                token: Some(token),
+                keys: None,
+            },
+            Duration::from_secs(60),
+        );
+        assert!(!v.is_token(b"s3cret") && !v.is_token(b""));
+        std::fs::write(&path, "s3cret\n").unwrap();
+        assert!(v.is_token(b"s3cret"));
+        // A file there that cannot be used is still a start-up error.
+        std::fs::write(&path, "\n").unwrap();
+        assert!(Verdicts::read_token(&path).is_err());
+        assert!(Verdicts::read_keys(&dir.path().join("keys")).is_ok());
     }
 
     fn delivery(writer: &str, sequence: u64, entry: Option<NodeFaults>) -> Delivery {

@@ -246,6 +246,13 @@ impl Parts<'_> {
     /// `--fault-dir`.
     fn verdicts(&self) -> anyhow::Result<Arc<verdict::Verdicts>> {
         let cfg = self.cfg;
+        for p in [&cfg.delivery_token_file, &cfg.delivery_key_file]
+            .into_iter()
+            .flatten()
+            .filter(|p| !p.exists())
+        {
+            tracing::warn!(path = %p.display(), "no such file yet (an optional Secret or ConfigMap not made): deliveries are refused until it appears");
+        }
         let token = match &cfg.delivery_token_file {
             Some(p) => Some(
                 verdict::Verdicts::read_token(p)

@@ -127,6 +127,11 @@ impl SigningKey {
 pub struct VerifyingKeys(Vec<[u8; 32]>);
 
 impl VerifyingKeys {
+    /// No key: nothing verifies.
+    pub fn none() -> Self {
+        VerifyingKeys(Vec::new())
+    }
+
     /// From one or more PEM `PUBLIC KEY` blocks (SubjectPublicKeyInfo, Ed25519).
     pub fn from_pem(text: &str) -> Result<Self, KeyError> {
         let blocks = pem_blocks(text, "PUBLIC KEY")?;
@@ -246,6 +251,26 @@ impl<T> Reloaded<T> {
             every: RECHECK,
             held: Mutex::new((s, Arc::new(value), std::time::Instant::now())),
         })
+    }
+
+    /// [`Reloaded::load`], or `missing` while there is no file at `path` (an optional
+    /// Secret or ConfigMap not made yet): the file is looked for again as it would be
+    /// on a change, and read once it appears. A file there that cannot be used is
+    /// still a start-up error.
+    pub fn load_or(
+        path: &Path,
+        parse: fn(&str) -> Result<T, KeyError>,
+        missing: T,
+    ) -> Result<Self, KeyError> {
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Reloaded {
+                path: path.to_path_buf(),
+                parse,
+                every: RECHECK,
+                held: Mutex::new((None, Arc::new(missing), std::time::Instant::now())),
+            }),
+            _ => Self::load(path, parse),
+        }
     }
 
     /// Look at the file at most every `every` (tests: zero, every call).
