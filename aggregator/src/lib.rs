@@ -3,6 +3,7 @@
 //! failed accelerators.
 //!
 //! The layout follows the data:
+//! - `aged`: a map bounded and expired by when each key was last touched;
 //! - `agents`: everything that talks to the agents: following them, the one gate their
 //!   documents pass, and the delivery of each node's entry;
 //! - `ingest`: what else comes in (which agents to follow, alerts, the kubelet);
@@ -17,6 +18,7 @@
 //!   `rules_file`, `model` (the shared vocabulary).
 #![forbid(unsafe_code)]
 
+pub mod aged;
 pub mod agents;
 pub mod api;
 pub mod app;

@@ -864,12 +864,12 @@ mod passes {
         assert!(per_pass[9] <= 8, "only the 8 holders' claims: {per_pass:?}");
     }
 
-    /// The device-taint controller does not run (kube-controller-manager down): no
-    /// prediction ever comes. Before, the rule waited at `None` for ever, unrecorded,
-    /// and the failed GPU stayed in service; now, past `--device-prediction-deadline`
-    /// after the proposal, the rule is deleted and the node tainted, saying why.
-    #[tokio::test]
-    async fn a_prediction_that_never_comes_takes_the_node_path_at_its_deadline() {
+    /// n1 with 8 GPUs on 1.37 whose device-taint controller does not run (no
+    /// prediction comes unless the test writes one), waits of 200 ms for it, a 10 s
+    /// deadline; gpu3 failed and its rule proposed (the first pass waits on it).
+    async fn proposed_without_the_controller(
+        clock: faultline_common::time::Clock,
+    ) -> (ApiServer, Remediator) {
         let faults = faultline_test_apiserver::Faults {
             taint_eviction_paused: true,
             ..Default::default()
@@ -886,32 +886,48 @@ mod passes {
             },
         )
         .await;
-        // The remediator's clock moves; the rule's creationTimestamp is the server's.
-        let clock = faultline_common::time::Clock::manual(faultline_common::time::now_ms());
-        let r = r.with_clock(clock.clone());
+        let r = r.with_clock(clock);
         let first = r
             .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
             .await
             .unwrap();
         assert!(matches!(first, Outcome::Waiting(_)), "{first:?}");
+        (server, r)
+    }
+
+    /// The next pass on gpu3 took the node path: no rule left, n1 tainted, and its
+    /// record says why; the record.
+    async fn node_path_taken(server: &ApiServer, r: &Remediator) -> String {
+        let next = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(next, Outcome::Isolated);
+        assert!(rule_of(server, 3).is_none(), "no rule left at None");
+        assert_eq!(node_taints(server).len(), 1, "the node tainted");
+        let node = server.get("nodes", "", "n1").unwrap();
+        node["metadata"]["annotations"]["faultline.io/quarantine"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+
+    /// The device-taint controller does not run (kube-controller-manager down): no
+    /// prediction ever comes. Before, the rule waited at `None` for ever, unrecorded,
+    /// and the failed GPU stayed in service; now, past `--device-prediction-deadline`
+    /// after the proposal, the rule is deleted and the node tainted, saying why.
+    #[tokio::test]
+    async fn a_prediction_that_never_comes_takes_the_node_path_at_its_deadline() {
+        // The remediator's clock moves; the rule's creationTimestamp is the server's.
+        let clock = faultline_common::time::Clock::manual(faultline_common::time::now_ms());
+        let (server, r) = proposed_without_the_controller(clock.clone()).await;
         let rule = rule_of(&server, 3).expect("proposed");
         assert_eq!(rule["spec"]["taint"]["effect"], "None");
         assert!(node_taints(&server).is_empty());
         // Past the deadline, short of twice it (when the budget count would sweep the
         // rule as an earlier fault's).
         clock.advance(std::time::Duration::from_secs(15));
-        let late = r
-            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
-            .await
-            .unwrap();
-        assert_eq!(late, Outcome::Isolated);
-        assert!(rule_of(&server, 3).is_none(), "no rule left at None");
-        assert_eq!(node_taints(&server).len(), 1, "the node tainted");
-        let node = server.get("nodes", "", "n1").unwrap();
-        let record = node["metadata"]["annotations"]["faultline.io/quarantine"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
+        let record = node_path_taken(&server, &r).await;
         assert!(record.contains("no agreement"), "{record}");
     }
 
@@ -921,24 +937,8 @@ mod passes {
     /// it deletes the rule and taints the node, saying why, with no clock moved.
     #[tokio::test]
     async fn a_prediction_that_cannot_be_read_takes_the_node_path_at_once() {
-        let faults = faultline_test_apiserver::Faults {
-            taint_eviction_paused: true,
-            ..Default::default()
-        };
-        let (server, r) = cluster_with(
-            Mode::Enforce,
-            Release::parse("1.37").unwrap(),
-            (8, false),
-            |m| m,
-            faults,
-            |q| q.prediction_wait = std::time::Duration::from_millis(200),
-        )
-        .await;
-        let first = r
-            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
-            .await
-            .unwrap();
-        assert!(matches!(first, Outcome::Waiting(_)), "{first:?}");
+        let clock = faultline_common::time::Clock::default();
+        let (server, r) = proposed_without_the_controller(clock).await;
         // The controller reports this generation, in words of a later release.
         let mut rule = rule_of(&server, 3).expect("proposed");
         let name = rule["metadata"]["name"].as_str().unwrap().to_string();
@@ -949,18 +949,7 @@ mod passes {
         server
             .update("devicetaintrules", "", &name, rule, Some("status"))
             .unwrap();
-        let next = r
-            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
-            .await
-            .unwrap();
-        assert_eq!(next, Outcome::Isolated);
-        assert!(rule_of(&server, 3).is_none(), "no rule left at None");
-        assert_eq!(node_taints(&server).len(), 1, "the node tainted");
-        let node = server.get("nodes", "", "n1").unwrap();
-        let record = node["metadata"]["annotations"]["faultline.io/quarantine"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
+        let record = node_path_taken(&server, &r).await;
         assert!(
             record.contains("cannot be read") && record.contains("2 Pods (2 namespaces)"),
             "{record}"

@@ -527,8 +527,16 @@ mod tests {
     use tokio::net::TcpStream;
 
     async fn start(limits: Limits) -> (SocketAddr, Arc<Stats>) {
+        let (addr, stats, _) = start_counting(limits).await;
+        (addr, stats)
+    }
+
+    /// [`start`], and how many `/slow` requests its handler has taken up.
+    async fn start_counting(limits: Limits) -> (SocketAddr, Arc<Stats>, Arc<AtomicUsize>) {
         let listener = bind("127.0.0.1:0".parse().unwrap(), limits.backlog).unwrap();
         let addr = listener.local_addr().unwrap();
+        let slow = Arc::new(AtomicUsize::new(0));
+        let taken = slow.clone();
         let router = Router::new()
             .route("/ok", axum::routing::get(|| async { "ok" }))
             .route(
@@ -537,9 +545,12 @@ mod tests {
             )
             .route(
                 "/slow",
-                axum::routing::get(|| async {
-                    tokio::time::sleep(Duration::from_secs(30)).await;
-                    "late"
+                axum::routing::get(move || {
+                    taken.fetch_add(1, Ordering::Relaxed);
+                    async {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                        "late"
+                    }
                 }),
             );
         let stats = Arc::new(Stats::default());
@@ -550,7 +561,7 @@ mod tests {
             stats.clone(),
             std::future::pending(),
         ));
-        (addr, stats)
+        (addr, stats, slow)
     }
 
     async fn get(addr: SocketAddr, path: &str) -> String {
@@ -644,7 +655,7 @@ mod tests {
             max_connections: 4,
             ..Limits::default()
         };
-        let (addr, stats) = start(limits).await;
+        let (addr, stats, slow) = start_counting(limits).await;
         let mut held = Vec::new();
         for _ in 0..4 {
             held.push(TcpStream::connect(addr).await.unwrap());
@@ -671,7 +682,10 @@ mod tests {
                 .unwrap();
             busy.push(s);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // All four in flight (their handler has them): none waits for a head.
+        while slow.load(Ordering::Relaxed) < 4 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let mut extra = connect_from(3, addr).await;
         assert!(closed_within(&mut extra, Duration::from_secs(2)).await);
         assert_eq!(stats.refused.load(Ordering::Relaxed), 2);

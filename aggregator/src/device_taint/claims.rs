@@ -1,6 +1,5 @@
 //! The claims of a node's pods, read one by one and bounded: what holds a device.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,6 +8,7 @@ use kube::api::{Api, DynamicObject};
 use kube::Client;
 
 use super::api::resource;
+use crate::aged::Aged;
 
 /// Claims read at most per call of [`read`] (a node's pods; 8 GPUs and a few
 /// claims per pod need a few dozen).
@@ -23,7 +23,7 @@ const MISSING_CLAIMS_KEPT: usize = 16_384;
 
 /// Claims (namespace, name) found missing, and when: shared by the passes of a
 /// replica ([`super::DeviceQuarantine::missing_claims`]).
-pub type MissingClaims = Arc<std::sync::Mutex<HashMap<(String, String), Instant>>>;
+pub type MissingClaims = Arc<std::sync::Mutex<Aged<(String, String), ()>>>;
 
 /// The claims `pods` use (`spec.resourceClaims[].resourceClaimName`, and
 /// `status.resourceClaimStatuses` for claims made from a template), each read once:
@@ -89,14 +89,20 @@ pub async fn read(
         .flat_map(|(_, l)| l)
         .collect();
     let now = Instant::now();
-    let known_missing = |c: &(String, String)| {
-        !of_running.contains(c)
-            && missing
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(c)
-                .is_some_and(|at| now.duration_since(*at) < MISSING_CLAIM_TTL)
+    // Those found missing within the TTL, as the passes left them (one look).
+    let known: std::collections::BTreeSet<(String, String)> = {
+        let mut m = missing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.expire(now, MISSING_CLAIM_TTL);
+        per_pod
+            .iter()
+            .flatten()
+            .filter(|c| !of_running.contains(c) && m.contains_key(c))
+            .cloned()
+            .collect()
     };
+    let known_missing = |c: &(String, String)| known.contains(c);
     let mut seen = std::collections::BTreeSet::new();
     let mut order = Vec::new();
     let longest = per_pod.iter().map(Vec::len).max().unwrap_or(0);
@@ -133,25 +139,13 @@ pub async fn read(
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     for (c, found) in &read {
         match found {
-            Some(_) => {
-                missing.remove(c);
-            }
+            Some(_) => missing.remove(c),
             None if !of_running.contains(c) => {
-                missing.insert(c.clone(), now);
+                missing.make_room(MISSING_CLAIMS_KEPT);
+                missing.touch(c.clone(), now, || ());
             }
             None => {}
         }
-    }
-    missing.retain(|_, at| now.duration_since(*at) < MISSING_CLAIM_TTL);
-    while missing.len() > MISSING_CLAIMS_KEPT {
-        let oldest = missing
-            .iter()
-            .min_by_key(|(_, at)| **at)
-            .map(|(c, _)| c.clone());
-        match oldest {
-            Some(c) => missing.remove(&c),
-            None => break,
-        };
     }
     drop(missing);
     Ok(read.into_iter().filter_map(|(_, c)| c).collect())

@@ -76,55 +76,32 @@ pub struct Remediator {
 }
 
 /// How long a node found missing is taken for missing without asking again.
-const GHOST_TTL_MS: u64 = 300_000;
+const GHOST_TTL: Duration = Duration::from_secs(300);
 /// Existence checks of nodes this replica does not follow, per second, and at once.
 const CHECKS_PER_S: f64 = 5.0;
 const CHECK_BURST: f64 = 20.0;
 /// Nodes found missing remembered at most (the oldest forgotten first).
 const GHOSTS_KEPT: usize = 4096;
 
-/// Nodes found missing (when, ms), and the token bucket of existence checks: alerts
-/// naming a new node each cost one Node GET each, 4,561 a second, sustained, on the
-/// aggregator's own identity.
-#[derive(Debug, Default)]
+/// Nodes found missing, and the token bucket of existence checks: alerts naming a new
+/// node each cost one Node GET each, 4,561 a second, sustained, on the aggregator's
+/// own identity.
+#[derive(Default)]
 struct Ghosts {
-    missing: std::collections::HashMap<String, u64>,
-    allowance: Option<(f64, u64)>,
+    missing: crate::aged::Aged<String, ()>,
+    /// Checks left, and when the bucket was last filled.
+    allowance: Option<(f64, std::time::Instant)>,
 }
 
 impl Ghosts {
-    /// Whether `node` was found missing within the TTL.
-    fn known(&self, node: &str, now_ms: u64) -> bool {
-        self.missing
-            .get(node)
-            .is_some_and(|at| now_ms.saturating_sub(*at) < GHOST_TTL_MS)
-    }
-
-    /// Take one check from the bucket, if one is left.
-    fn take(&mut self, now_ms: u64) -> bool {
-        let (tokens, at) = self.allowance.unwrap_or((CHECK_BURST, now_ms));
+    /// Take one check from the bucket at `now`, if one is left.
+    fn take(&mut self, now: std::time::Instant) -> bool {
+        let (tokens, at) = self.allowance.unwrap_or((CHECK_BURST, now));
         let refilled =
-            (tokens + now_ms.saturating_sub(at) as f64 / 1000.0 * CHECKS_PER_S).min(CHECK_BURST);
+            (tokens + now.duration_since(at).as_secs_f64() * CHECKS_PER_S).min(CHECK_BURST);
         let ok = refilled >= 1.0;
-        self.allowance = Some((if ok { refilled - 1.0 } else { refilled }, now_ms));
+        self.allowance = Some((if ok { refilled - 1.0 } else { refilled }, now));
         ok
-    }
-
-    fn found_missing(&mut self, node: &str, now_ms: u64) {
-        self.missing
-            .retain(|_, at| now_ms.saturating_sub(*at) < GHOST_TTL_MS);
-        while self.missing.len() >= GHOSTS_KEPT {
-            let oldest = self
-                .missing
-                .iter()
-                .min_by_key(|(_, at)| **at)
-                .map(|(n, _)| n.clone());
-            match oldest {
-                Some(n) => self.missing.remove(&n),
-                None => break,
-            };
-        }
-        self.missing.insert(node.to_string(), now_ms);
     }
 }
 
@@ -268,12 +245,13 @@ impl Remediator {
     /// Whether Node `node` exists (its metadata only: a real GPU Node is 15-40 KB).
     /// `None`: not asked now; the checks of nodes not followed are over their rate
     /// ([`CHECKS_PER_S`]). A node found missing is taken for missing for
-    /// [`GHOST_TTL_MS`] without asking.
+    /// [`GHOST_TTL`] without asking.
     pub async fn node_exists(&self, node: &str) -> Result<Option<bool>, RemediateError> {
-        let now = self.clock.now_ms();
+        let now = self.clock.instant();
         {
-            let mut g = self.ghosts.lock().unwrap_or_else(|p| p.into_inner());
-            if g.known(node, now) {
+            let mut g = self.ghosts.locked();
+            g.missing.expire(now, GHOST_TTL);
+            if g.missing.contains_key(&node.to_string()) {
                 return Ok(Some(false));
             }
             if !g.take(now) {
@@ -282,8 +260,9 @@ impl Remediator {
         }
         let exists = self.nodes.get_metadata_opt(node).await?.is_some();
         if !exists {
-            let mut g = self.ghosts.lock().unwrap_or_else(|p| p.into_inner());
-            g.found_missing(node, now);
+            let mut g = self.ghosts.locked();
+            g.missing.make_room(GHOSTS_KEPT);
+            g.missing.touch(node.to_string(), now, || ());
         }
         Ok(Some(exists))
     }

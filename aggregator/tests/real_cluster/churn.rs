@@ -35,32 +35,12 @@ fn claims(client: &kube::Client) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), "default", &ar)
 }
 
-/// Pod `name` on `node` holding one GPU through its own claim `<name>-gpu`.
-fn gpu_pod(name: &str, node: &str) -> (DynamicObject, Pod) {
-    let claim = serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": format!("{name}-gpu"), "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.nvidia.com"}}]}},
-    });
-    let pod = serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": "train"}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [{"name": "train", "image": "train:1",
-                            "resources": {"claims": [{"name": "gpu"}]}}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": format!("{name}-gpu")}],
-        },
-    });
-    (
+async fn create(client: &kube::Client, name: &str, node: &str) {
+    let (claim, pod) = support::real::gpu_pod_objects(name, node, serde_json::json!([]));
+    let (claim, pod): (DynamicObject, Pod) = (
         serde_json::from_value(claim).unwrap(),
         serde_json::from_value(pod).unwrap(),
-    )
-}
-
-async fn create(client: &kube::Client, name: &str, node: &str) {
-    let (claim, pod) = gpu_pod(name, node);
+    );
     let pp = PostParams::default();
     claims(client).create(&pp, &claim).await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");

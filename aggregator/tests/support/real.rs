@@ -403,22 +403,9 @@ impl RealCluster {
     /// scheduler, run by the test's kubelet; the device it got, once it runs.
     pub async fn gpu_pod(&self, name: &str, node: &str, tolerations: serde_json::Value) -> String {
         let claim = format!("{name}-gpu");
-        self.apply(&serde_json::json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": claim, "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "gpu.nvidia.com", "tolerations": tolerations}}]}},
-        }));
-        self.apply(&serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "labels": {"app": "train"}},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "containers": [{"name": "train", "image": "train:1",
-                                "resources": {"claims": [{"name": "gpu"}]}}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-            },
-        }));
+        let (c, p) = gpu_pod_objects(name, node, tolerations);
+        self.apply(&c);
+        self.apply(&p);
         let start = std::time::Instant::now();
         loop {
             let running = self
@@ -476,6 +463,33 @@ impl RealCluster {
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// Pod `name` in `default` on `node` asking for one GPU through its own claim
+/// (`<name>-gpu`, with these device `tolerations`): the claim and the pod.
+pub fn gpu_pod_objects(
+    name: &str,
+    node: &str,
+    tolerations: serde_json::Value,
+) -> (serde_json::Value, serde_json::Value) {
+    let claim = format!("{name}-gpu");
+    let c = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": claim, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "tolerations": tolerations}}]}},
+    });
+    let p = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "train"}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{"name": "train", "image": "train:1",
+                            "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+        },
+    });
+    (c, p)
 }
 
 /// Each agent pod runs an agent in this process on the pod's address, port 8081, with

@@ -1,7 +1,7 @@
 //! The intake itself: the token, the bounded body, the N-within-W window per (node,
 //! device, metric), the dedup window, and each answer counted by code.
 
-use super::aged::Aged;
+use crate::aged::Aged;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

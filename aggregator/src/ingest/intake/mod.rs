@@ -7,7 +7,6 @@
 //! once acted on, the same key is a duplicate for the dedup window (default 15 min), so
 //! a burst of repeats is one action. Answers are JSON; every answer is counted by code.
 
-mod aged;
 mod alert;
 mod answer;
 mod forward;

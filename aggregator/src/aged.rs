@@ -1,4 +1,5 @@
-//! Keys with the order they were last touched in, for the intake's counts and dedup.
+//! Keys with the order they were last touched in: the intake's counts and dedup, the
+//! claims and Nodes found missing.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 /// up: the oldest key and the expired ones cost O(1) amortized.
 pub struct Aged<K, V> {
     map: HashMap<K, (V, Instant)>,
-    pub(super) order: VecDeque<(Instant, K)>,
+    pub(crate) order: VecDeque<(Instant, K)>,
 }
 
 impl<K, V> Default for Aged<K, V> {
@@ -24,9 +25,12 @@ impl<K, V> Default for Aged<K, V> {
 }
 
 impl<K: Clone + Eq + Hash, V> Aged<K, V> {
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 
     pub fn contains_key(&self, k: &K) -> bool {
