@@ -433,6 +433,52 @@ mod tests {
     use super::*;
     use crate::reading::*;
 
+    /// Every reason this file's classifier fails a device with is in `FAILED_CODES`,
+    /// the list `failed_reasons` (and the aggregator's table test) starts from: read
+    /// from the code, so a new failed finding left off the list fails here. A finding
+    /// whose status is a variable comes from one of the other catalogs, which
+    /// `failed_reasons` walks; a new one of those is named here too, to be reviewed.
+    #[test]
+    fn every_reason_the_classifier_fails_with_is_listed() {
+        let src = include_str!("classify.rs");
+        let code = &src[..src.find("#[cfg(test)]").expect("the tests")];
+        let list = code
+            .split_once("pub const FAILED_CODES")
+            .and_then(|(_, rest)| rest.split_once("= ["))
+            .and_then(|(_, rest)| rest.split_once("];"))
+            .map(|(items, _)| items)
+            .expect("the FAILED_CODES array");
+        let listed: BTreeSet<&str> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        let mut failing = BTreeSet::new();
+        let mut variable = BTreeSet::new();
+        for call in code.split("add(").skip(1) {
+            let args: Vec<&str> = call.splitn(3, ',').map(str::trim).collect();
+            let [what, status, _] = args[..] else {
+                continue;
+            };
+            if status.contains("Failed") {
+                failing.insert(what);
+            } else if !["Degraded", "Unknown", "Healthy"].contains(&status) {
+                variable.insert(what);
+            }
+        }
+        let unlisted: Vec<&&str> = failing.difference(&listed).collect();
+        assert!(
+            unlisted.is_empty(),
+            "failed findings missing from FAILED_CODES: {unlisted:?}"
+        );
+        assert_eq!(listed.len(), FAILED_CODES.len());
+        assert_eq!(
+            variable,
+            BTreeSet::from(["&code", "&reason", "&v.reason", "&x.code"]),
+            "findings of a variable status: each from a catalog failed_reasons walks"
+        );
+    }
+
     fn healthy() -> DeviceReading {
         let mut r = DeviceReading::new("gpu0", Vendor::Nvidia, "nvml");
         r.temperature_c = Some(45.0);

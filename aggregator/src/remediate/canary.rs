@@ -169,7 +169,10 @@ impl Remediator {
         record.canary_attempts += 1;
         let mut job = canary_job(&canary.template, &name, node, &self.taint.key);
         self.device_canary(&record, &mut job, &name);
-        let made = match jobs.create(&PostParams::default(), &job).await {
+        let made = match fence
+            .write(jobs.create(&PostParams::default(), &job))
+            .await?
+        {
             Ok(j) => j,
             // Created by a pass whose answer was lost: it is ours.
             Err(kube::Error::Api(e)) if e.code == 409 => jobs.get(&name).await?,

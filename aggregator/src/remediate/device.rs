@@ -331,11 +331,11 @@ impl Remediator {
         for r in &mut picked {
             let d = devices.iter().find(|d| d.id == r.id);
             let reason = d.map(|d| d.reason.as_str()).unwrap_or("failed");
-            if !fence.holds() {
-                return Err(RemediateError::NotHolder);
-            }
             let dev = r.device_ref();
-            let rule = match dra.propose(&dev, &r.uuid, reason, sequence, shard).await {
+            let proposed = fence
+                .write(dra.propose(&dev, &r.uuid, reason, sequence, shard))
+                .await?;
+            let rule = match proposed {
                 Ok(rule) => rule,
                 Err(QuarantineError::Api(kube::Error::Api(s))) if s.code == 422 => {
                     return Err(RemediateError::RuleRefused {
@@ -360,11 +360,9 @@ impl Remediator {
                 .await?;
             match verdict {
                 Prediction::Agrees(n) => {
-                    if !fence.holds() {
-                        return Err(RemediateError::NotHolder);
-                    }
-                    dra.enforce(&dev, q.effect)
-                        .await
+                    fence
+                        .write(dra.enforce(&dev, q.effect))
+                        .await?
                         .map_err(quarantine_error)?;
                     r.effect = q.effect.as_str().into();
                     r.predicted = Some(n);
@@ -412,10 +410,7 @@ impl Remediator {
             // node; faultline evicts, never the rule at NoSchedule).
             let recorded = |r: &DeviceRule| known.iter().any(|k| k.rule == r.rule);
             for r in picked.iter().filter(|r| !recorded(r)) {
-                if !fence.holds() {
-                    return Err(RemediateError::NotHolder);
-                }
-                match dra.release(&r.device_ref()).await {
+                match fence.write(dra.release(&r.device_ref())).await? {
                     Ok(_) | Err(QuarantineError::NotOurs(_)) => {}
                     Err(e) => return Err(quarantine_error(e)),
                 }
@@ -492,8 +487,14 @@ impl Remediator {
         patch.record(&record);
         self.apply(node, patch, fence).await?;
         let summary = format!("{} failed on {node}: {message}", describe(devices));
-        self.condition(node, false, "DeviceQuarantined", summary.clone(), &now)
-            .await?;
+        self.condition(
+            node,
+            (false, "DeviceQuarantined"),
+            summary.clone(),
+            &now,
+            fence,
+        )
+        .await?;
         self.held_back.release(node);
         self.announce
             .metric(Action::QuarantineDevice, ActionResult::Ok);

@@ -8,6 +8,7 @@ use super::record::{DeviceIsolation, DeviceRule, QuarantineRecord};
 use super::remediator::Remediator;
 use crate::device_taint::QuarantineError;
 use crate::model::RecordDevice;
+use crate::shard::Fence;
 
 impl Remediator {
     /// Delete the rules of `released` (records' devices by id), only faultline's. A
@@ -18,6 +19,7 @@ impl Remediator {
         node: &str,
         record: &mut QuarantineRecord,
         released: &[RecordDevice],
+        fence: &Fence,
     ) -> Result<(), RemediateError> {
         let Some(DeviceIsolation::DeviceTaintRule { rules }) = record.isolation.as_mut() else {
             return Ok(());
@@ -30,24 +32,25 @@ impl Remediator {
             .partition(|r| released.iter().any(|d| d.id == r.id));
         *rules = kept;
         for r in &gone {
-            match dra.release(&r.device_ref()).await {
-                Ok(_) => {
+            let failed = match fence.write(dra.release(&r.device_ref())).await {
+                Ok(Ok(_)) => {
                     audit("release-device", node, released, &self.actor, &r.rule);
+                    continue;
                 }
-                Err(QuarantineError::NotOurs(name)) => {
+                Ok(Err(QuarantineError::NotOurs(name))) => {
                     tracing::warn!(node, rule = %name, "DeviceTaintRule is no longer faultline's: left alone");
                     self.announce.event(node, "FaultlineRuleNotOurs", &name, format!("DeviceTaintRule {name} of {} is no longer faultline's (no managed-by label): left alone", r.id), true, released).await;
+                    continue;
                 }
-                Err(e) => {
-                    // Put it back: the next pass deletes it.
-                    if let Some(DeviceIsolation::DeviceTaintRule { rules }) =
-                        record.isolation.as_mut()
-                    {
-                        rules.push(r.clone());
-                    }
-                    return Err(quarantine_error(e));
-                }
+                Ok(Err(e)) => quarantine_error(e),
+                // The hold ended first: this replica deletes nothing more.
+                Err(lost) => RemediateError::from(lost),
+            };
+            // Put it back: the next pass deletes it.
+            if let Some(DeviceIsolation::DeviceTaintRule { rules }) = record.isolation.as_mut() {
+                rules.push(r.clone());
             }
+            return Err(failed);
         }
         if let Ok(index) = dra.index_node(node).await {
             for r in &gone {

@@ -9,6 +9,10 @@ pub enum RemediateError {
     /// This replica no longer holds the node's shard.
     #[error("not the holder of the node's shard")]
     NotHolder,
+    /// The hold ended while a write was in flight (it had this long): given up, so it
+    /// cannot land after another replica took the shard over.
+    #[error("the shard's hold ended {0:?} into a write: given up")]
+    HoldEnded(std::time::Duration),
     /// The record on the Node does not parse.
     #[error("unreadable quarantine record on {0}: {1}")]
     Record(String, String),
@@ -38,7 +42,7 @@ impl RemediateError {
                 "conflict"
             }
             RemediateError::Api(_) => "api",
-            RemediateError::NotHolder => "not-holder",
+            RemediateError::NotHolder | RemediateError::HoldEnded(_) => "not-holder",
             RemediateError::Record(..) => "record",
             RemediateError::Device(..)
             | RemediateError::RuleRefused { .. }
@@ -85,6 +89,15 @@ impl Outcome {
                 | Outcome::Announced
                 | Outcome::Off
         )
+    }
+}
+
+impl From<crate::shard::Lost> for RemediateError {
+    fn from(l: crate::shard::Lost) -> Self {
+        match l {
+            crate::shard::Lost::NotHeld => RemediateError::NotHolder,
+            crate::shard::Lost::RanOut(d) => RemediateError::HoldEnded(d),
+        }
     }
 }
 

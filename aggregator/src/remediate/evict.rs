@@ -200,7 +200,7 @@ impl Remediator {
                 continue;
             }
             touched.push(key.clone());
-            let outcome = self.evict_pod(node, pod, &key, &mut record).await?;
+            let outcome = self.evict_pod(node, pod, &key, &mut record, fence).await?;
             // Given up or deleted past the budget's deadline: its intent ends too.
             if record.evicted.contains(&key) {
                 record.drains.remove(&key);
@@ -431,6 +431,7 @@ impl Remediator {
         pod: &Pod,
         key: &str,
         record: &mut QuarantineRecord,
+        fence: &Fence,
     ) -> Result<PodEviction, RemediateError> {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
@@ -445,9 +446,10 @@ impl Remediator {
             "metadata": {"name": name, "namespace": ns},
             "deleteOptions": {"preconditions": {"uid": pod.metadata.uid}},
         });
-        let sent: Result<serde_json::Value, _> = api
-            .create_subresource("eviction", name, &PostParams::default(), &eviction)
-            .await;
+        // Sent while the shard's hold stands, given up when it ends.
+        let sent: Result<serde_json::Value, _> = fence
+            .write(api.create_subresource("eviction", name, &PostParams::default(), &eviction))
+            .await?;
         match sent {
             Ok(_) => return Ok(PodEviction::Evicted),
             // Gone, or replaced by another pod of the name (409: "The object might have
@@ -498,7 +500,7 @@ impl Remediator {
                     }),
                     ..DeleteParams::default()
                 };
-                match api.delete(name, &dp).await {
+                match fence.write(api.delete(name, &dp)).await? {
                     Ok(_) => {}
                     Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                     Err(e) => return Err(e.into()),

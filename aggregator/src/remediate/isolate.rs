@@ -213,11 +213,14 @@ impl Remediator {
         if !(same_fault && has_taint) {
             self.apply(node, patch, fence).await?;
         }
-        if !fence.holds() {
-            return Err(RemediateError::NotHolder);
-        }
-        self.condition(node, false, "AcceleratorFailed", summary.clone(), &now)
-            .await?;
+        self.condition(
+            node,
+            (false, "AcceleratorFailed"),
+            summary.clone(),
+            &now,
+            fence,
+        )
+        .await?;
         self.held_back.release(node);
         if !(same_fault && has_taint) {
             self.announce.metric(Action::Quarantine, ActionResult::Ok);

@@ -104,13 +104,10 @@ impl Remediator {
                 // pass, ask for a fresh one and count again.
                 Prediction::Disagrees { .. } if !asked_again => {
                     asked_again = true;
-                    if !fence.holds() {
-                        return Err(RemediateError::NotHolder);
-                    }
                     let now_secs = self.clock.now_ms() / 1000;
-                    rule = dra
-                        .resimulate(dev, now_secs)
-                        .await
+                    rule = fence
+                        .write(dra.resimulate(dev, now_secs))
+                        .await?
                         .map_err(quarantine_error)?;
                     let claims = dra.claims_of(pods).await.map_err(quarantine_error)?;
                     ours = would_be_evicted(&claims, dev, taint, running(pods));

@@ -201,7 +201,8 @@ impl Remediator {
         // The devices' DeviceTaintRules go first: a rule deletion that fails keeps the
         // record, and the next pass tries again.
         let released = named_or_all(&named, &record.devices);
-        self.release_rules(&node, &mut record, &released).await?;
+        self.release_rules(&node, &mut record, &released, fence)
+            .await?;
         let at = self.clock.rfc3339();
         let mut patch = NodePatch::on(&live.node);
         patch.clear_request(&live.node);
@@ -225,7 +226,8 @@ impl Remediator {
             // The record is gone already: a failure here leaves only a stale condition,
             // which the next quarantine overwrites.
             let message = format!("released by {}: {}", req.actor, req.reason);
-            if let Err(e) = self.condition(&node, true, "Released", message, &at).await {
+            let released = self.condition(&node, (true, "Released"), message, &at, fence);
+            if let Err(e) = released.await {
                 tracing::warn!(node = %node, error = %e, "released, but the condition was not updated");
             }
         }

@@ -277,7 +277,8 @@ impl Remediator {
         LiveNode::of(self.nodes.get(node).await?)
     }
 
-    /// Send a node patch, the shard Lease checked right before.
+    /// Send a node patch while the shard's hold stands (`Fence::write`: asked right
+    /// before, given up when the hold ends).
     pub(super) async fn apply(
         &self,
         node: &str,
@@ -287,32 +288,36 @@ impl Remediator {
         let p = patch
             .into_patch()
             .map_err(|e| RemediateError::Record(node.to_string(), e.to_string()))?;
-        if !fence.holds() {
-            return Err(RemediateError::NotHolder);
-        }
-        self.nodes
-            .patch(node, &PatchParams::default(), &Patch::Json::<()>(p))
-            .await?;
+        fence
+            .write(
+                self.nodes
+                    .patch(node, &PatchParams::default(), &Patch::Json::<()>(p)),
+            )
+            .await??;
         Ok(())
     }
 
     /// Set the `AcceleratorHealthy` condition (it lives in status; conditions merge by
-    /// type).
+    /// type), while the shard's hold stands.
     pub(super) async fn condition(
         &self,
         node: &str,
-        healthy: bool,
-        reason: &str,
+        (healthy, reason): (bool, &str),
         message: String,
         at: &str,
+        fence: &Fence,
     ) -> Result<(), RemediateError> {
         let condition = serde_json::json!({"status": {"conditions": [{
             "type": CONDITION, "status": if healthy { "True" } else { "False" }, "reason": reason,
             "message": message, "lastTransitionTime": at, "lastHeartbeatTime": at,
         }]}});
-        self.nodes
-            .patch_status(node, &PatchParams::default(), &Patch::Strategic(condition))
-            .await?;
+        fence
+            .write(self.nodes.patch_status(
+                node,
+                &PatchParams::default(),
+                &Patch::Strategic(condition),
+            ))
+            .await??;
         Ok(())
     }
 

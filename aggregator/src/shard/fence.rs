@@ -2,6 +2,8 @@
 //! before every write. A [`Fence`] names that right for one node; [`Shards`] hands out
 //! fences and says which nodes this replica acts for.
 
+use std::time::Duration;
+
 use faultline_common::fault::shard_of;
 
 use super::held::Held;
@@ -40,10 +42,44 @@ impl Fence {
     /// Whether a write may go now (noted: a release of the shard waits until a write
     /// that went now has landed).
     pub fn holds(&self) -> bool {
+        self.admit().is_some()
+    }
+
+    /// The fence's one decision, noted as [`Fence::holds`] says: `None` when no write
+    /// may go now, else how long one that goes now may take (`Some(None)`: unbounded,
+    /// unfenced).
+    fn admit(&self) -> Option<Option<Duration>> {
         match &self.0 {
-            Kind::Shard { held, shard } => held.admit(*shard),
-            Kind::Unfenced => true,
+            Kind::Shard { held, shard } => held.admit(*shard).map(Some),
+            Kind::Unfenced => Some(None),
         }
+    }
+}
+
+/// Why a fenced write did not land.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lost {
+    /// The hold did not stand when the write was to go: it was not sent.
+    NotHeld,
+    /// The hold ended while the call was in flight (it had this long): the call was
+    /// given up, so it cannot land after another replica took the shard over.
+    RanOut(Duration),
+}
+
+impl Fence {
+    /// `call`, sent only while the hold stands and given up when it ends: a write
+    /// needs the hold for as long as it is in flight, not only when it goes. The hold
+    /// ends the margin before the Lease does, so a write given up then, whose request
+    /// the API server sees cancelled, cannot land after another replica took the
+    /// shard; a write with a precondition (a uid, a resourceVersion) is bounded too.
+    /// Unfenced: `call` as it is.
+    pub async fn write<F: std::future::Future>(&self, call: F) -> Result<F::Output, Lost> {
+        let left = self.admit().ok_or(Lost::NotHeld)?;
+        let Some(left) = left else {
+            return Ok(call.await);
+        };
+        let given_up = tokio::time::timeout(left, call).await;
+        given_up.map_err(|_| Lost::RanOut(left))
     }
 }
 
@@ -76,7 +112,6 @@ impl Shards {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use tokio::time::Instant;
 
     #[test]
@@ -94,5 +129,22 @@ mod tests {
         shards.held.grant(shards.of("gpu-1"), Instant::now());
         assert!(!fence.holds(), "run out on this replica's clock");
         assert!(Fence::unfenced().holds());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_in_flight_when_the_hold_ends_is_given_up() {
+        let held = Held::default();
+        held.grant(3, Instant::now() + Duration::from_secs(2));
+        let fence = Fence::shard(held, 3);
+        assert_eq!(fence.write(async { 7 }).await, Ok(7));
+        let mut landed = false;
+        let slow = fence.write(async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            landed = true;
+        });
+        assert_eq!(slow.await, Err(Lost::RanOut(Duration::from_secs(2))));
+        assert!(!landed, "the write went on past the hold");
+        assert_eq!(fence.write(async { 7 }).await, Err(Lost::NotHeld));
+        assert_eq!(Fence::unfenced().write(async { 7 }).await, Ok(7));
     }
 }

@@ -70,15 +70,18 @@ impl Held {
         holding(self.inner.locked().get(&shard).copied(), Instant::now())
     }
 
-    /// Whether a write for `shard` may go now, noting when it went: what the fence asks
-    /// right before every write.
-    pub fn admit(&self, shard: u32) -> bool {
-        let ok = self.holds(shard);
-        if ok {
-            // Noted after the check: a later instant, so a release waits longer, never less.
-            self.admitted.locked().insert(shard, Instant::now());
+    /// Whether a write for `shard` may go now, noting when it went (what the fence asks
+    /// right before every write), and how long it may take: the hold left. `None`: the
+    /// hold does not stand.
+    pub fn admit(&self, shard: u32) -> Option<Duration> {
+        let now = Instant::now();
+        let until = self.inner.locked().get(&shard).copied()?;
+        if !holding(Some(until), now) {
+            return None;
         }
-        ok
+        // Noted after the check: a later instant, so a release waits longer, never less.
+        self.admitted.locked().insert(shard, Instant::now());
+        Some(until.saturating_duration_since(now))
     }
 
     /// When the writes that passed the fence of `shards` have landed, if that is still
@@ -151,11 +154,11 @@ mod tests {
     fn a_release_waits_a_margin_after_the_last_write_the_fence_let_go() {
         let held = Held::default();
         let margin = Duration::from_secs(60);
-        assert!(!held.admit(1), "not held: no write goes");
+        assert!(held.admit(1).is_none(), "not held: no write goes");
         assert_eq!(held.quiet_at(&[1], margin), None, "a refused write is none");
         held.grant(1, Instant::now() + Duration::from_secs(60));
         let before = Instant::now();
-        assert!(held.admit(1));
+        assert!(held.admit(1).is_some());
         let after = Instant::now();
         let _ = held.set(1, None);
         let q = held.quiet_at(&[0, 1], margin).expect("a write went");

@@ -9,7 +9,7 @@ pub mod plan;
 pub mod sharing;
 pub mod timing;
 
-pub use fence::{Fence, Shards};
+pub use fence::{Fence, Lost, Shards};
 pub use held::Held;
 pub use lease::{
     lease_name, LeaseConfig, SeedSource, ShardLeases, Sharing, MEMBER_LABEL, URL_ANNOTATION,

@@ -106,7 +106,18 @@ async fn dispatch(
         (write && rate > 0.0 && uri.path() != "/_faults" && g.rng.random_bool(rate.min(1.0)))
             .then(|| Duration::from_millis(if ms == 0 { 3000 } else { ms }))
     };
+    // Dropped with this future when the client goes away first (hyper drops the
+    // handler of a closed connection): the call is noted as abandoned, not carried out.
+    let mut pending = Abandoned {
+        server: &s,
+        call: Some(Received {
+            method: method.to_string(),
+            uri: uri.to_string(),
+            at_ms: received_ms,
+        }),
+    };
     let resp = handle(&s, &method, &uri, &headers, body).await;
+    pending.call = None;
     let resp = match resp {
         Ok(r) => r,
         Err(e) => e.into_response(),
@@ -129,6 +140,20 @@ async fn dispatch(
         tokio::time::sleep(d).await;
     }
     resp
+}
+
+/// A call in the server, noted as abandoned if dropped before it was carried out.
+struct Abandoned<'a> {
+    server: &'a ApiServer,
+    call: Option<Received>,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.call.take() {
+            self.server.lock().abandoned.push(c);
+        }
+    }
 }
 
 /// The faults injected into this call: a delay, and an error to answer instead.
@@ -168,7 +193,8 @@ fn injected(s: &ApiServer, method: &Method, path: &str, body: &Bytes) -> (u64, O
     } else {
         None
     };
-    let delayed = f.latency_match.is_empty() || path.contains(&f.latency_match);
+    let delayed = (f.latency_match.is_empty() || path.contains(&f.latency_match))
+        && (f.latency_method.is_empty() || f.latency_method == method.as_str());
     (if delayed { f.latency_ms } else { 0 }, fail)
 }
 

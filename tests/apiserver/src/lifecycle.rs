@@ -137,6 +137,7 @@ fn kubelet_up(g: &Inner, node: &str) -> bool {
 
 /// One look by the kubelets and the disruption controller.
 fn tick(g: &mut Inner, tx: &broadcast::Sender<WatchEvent>) {
+    g.kubelet_looks += 1;
     let now = crate::clock::now();
     let due: Vec<Key> = g
         .terminating

@@ -29,6 +29,9 @@ pub(crate) type Key = (String, String, String);
 pub struct Faults {
     /// Added to every call (or only to those whose path contains `latency_match`).
     pub latency_ms: u64,
+    /// Only calls of this method are delayed (empty: any), e.g. `PATCH` for writes that
+    /// wait on etcd while reads are served from the watch cache.
+    pub latency_method: String,
     /// Only calls whose path contains this are delayed (empty: every call). Injected,
     /// not modelled on kube-apiserver code: a slow resource, as when one kind's writes
     /// wait on etcd while others answer (what kube-apiserver reports per resource and
@@ -142,6 +145,9 @@ pub(crate) struct Inner {
     pub(crate) rng: rand::rngs::StdRng,
     pub(crate) calls: Vec<Call>,
     pub(crate) received: Vec<Received>,
+    pub(crate) abandoned: Vec<Received>,
+    /// Looks the simulated kubelets have taken.
+    pub(crate) kubelet_looks: u64,
     pub(crate) uid: u64,
     /// With RBAC on: the users by bearer token.
     pub(crate) tokens: Option<super::rbac::Tokens>,
@@ -358,6 +364,8 @@ impl ApiServer {
                 rng: rand::rngs::StdRng::seed_from_u64(0),
                 calls: Vec::new(),
                 received: Vec::new(),
+                abandoned: Vec::new(),
+                kubelet_looks: 0,
                 uid: 0,
                 tokens: None,
                 terminating: BTreeMap::new(),
@@ -418,6 +426,21 @@ impl ApiServer {
     /// `RequestReceived`, staging/src/k8s.io/apiserver/pkg/apis/audit/types.go).
     pub fn received(&self) -> Vec<Received> {
         self.lock().received.clone()
+    }
+
+    /// The calls whose client went away before they were carried out, so they never
+    /// were: kube-apiserver's request context ends when the client's connection
+    /// closes (Go's net/http), and the registry writes to etcd under that context
+    /// (staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go), so a
+    /// write given up by its client while it waits is not carried out.
+    pub fn abandoned(&self) -> Vec<Received> {
+        self.lock().abandoned.clone()
+    }
+
+    /// How many looks the simulated kubelets have taken: a test that checks a pod is
+    /// still there waits for a look after it was due, not for a time.
+    pub fn kubelet_looks(&self) -> u64 {
+        self.lock().kubelet_looks
     }
 
     /// What the server has sent and stored since it started or since the last

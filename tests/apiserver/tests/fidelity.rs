@@ -254,7 +254,12 @@ async fn pods_terminate_gracefully() {
         s.get("pods", "default", "live").is_none()
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Two more looks: the one that removed `live` may have begun before `stuck` was due.
+    let looked = s.kubelet_looks();
+    until("two more looks by the kubelets", || {
+        s.kubelet_looks() >= looked + 2
+    })
+    .await;
     assert!(
         s.get("pods", "default", "stuck").is_some(),
         "no kubelet, no removal"

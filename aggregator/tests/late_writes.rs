@@ -1,0 +1,126 @@
+//! A write that would land after the writer's hold ended. A replica's fence admits a
+//! write while its hold stands; the API server is slow, and the write is still in
+//! flight when the hold ends, the Lease runs out and another replica takes the shard.
+//! Every write that acts is sent under `Fence::write`, which gives it up when the hold
+//! ends, so it is never carried out: the new holder's count of the budget is the
+//! truth, and nothing is done twice. The slowness is injected on the one call
+//! (`Faults::latency_method`, `latency_match`); the API server drops a call whose
+//! client went away, as kube-apiserver does (`ApiServer::abandoned`).
+
+mod support;
+
+use std::time::Duration;
+
+use faultline_aggregator::model::RecordDevice;
+use faultline_aggregator::remediate::{Budget, Mode, Outcome, RemediateError, Remediator};
+use faultline_aggregator::shard::{Fence, Held};
+use faultline_test_apiserver::{ApiServer, Faults};
+use support::{kube_client, until, NodeFixture, Scenario};
+use tokio::time::Instant;
+
+const TAINT: &str = "nvidia.com/gpu-fault";
+
+fn failed() -> Vec<RecordDevice> {
+    vec![RecordDevice::new("gpu0", "xid-79")]
+}
+
+/// A replica named `actor` with a budget of one node.
+fn replica(client: &kube::Client, actor: &str) -> Remediator {
+    Remediator::new(client.clone(), Mode::Enforce, TAINT, "default", actor).with_budget(Budget {
+        max_nodes: 1,
+        max_percent: 100.0,
+        ..Budget::default()
+    })
+}
+
+fn tainted(server: &ApiServer) -> Vec<String> {
+    server
+        .list("nodes", "")
+        .iter()
+        .filter(|n| {
+            n["spec"]["taints"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT))
+        })
+        .filter_map(|n| n["metadata"]["name"].as_str().map(String::from))
+        .collect()
+}
+
+/// The fate of the first `method` call on a path ending in `path`: carried out
+/// (`Some(true)`), abandoned by its client (`Some(false)`), or still in the server.
+fn fate(server: &ApiServer, method: &str, path: &str) -> Option<bool> {
+    let ours =
+        |m: &str, u: &str| m == method && u.split('?').next().is_some_and(|p| p.ends_with(path));
+    if server.calls().iter().any(|c| ours(&c.method, &c.uri)) {
+        return Some(true);
+    }
+    server
+        .abandoned()
+        .iter()
+        .any(|c| ours(&c.method, &c.uri))
+        .then_some(false)
+}
+
+/// Replica 0 taints n1 with 1 s of its hold left; the taint takes 6 s in the server,
+/// so it would land 5 s after the hold ended. Meanwhile replica 1, the new holder,
+/// quarantines n2 (the budget is one node, and n1 is not tainted) and holds n1 back.
+/// The late taint is given up and never carried out: one node tainted, the budget
+/// kept. Without the bound it lands, and two nodes are quarantined against a budget
+/// of one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taint_due_to_land_after_the_hold_ended_changes_nothing() {
+    let w = Scenario::new().start().await;
+    let server = w.server.clone();
+    for n in ["n1", "n2"] {
+        NodeFixture::new(n).create(&server);
+    }
+    let client = kube_client(&w.kube);
+    server.set_faults(Faults {
+        latency_ms: 6_000,
+        latency_match: "/nodes/n1".into(),
+        latency_method: "PATCH".into(),
+        ..Default::default()
+    });
+    let held = Held::default();
+    let hold_ends = Instant::now() + Duration::from_secs(1);
+    held.grant(0, hold_ends);
+    let old = Fence::shard(held, 0);
+    let r0 = replica(&client, "replica-0");
+    let late = tokio::spawn(async move { r0.isolate("n1", failed(), &old).await });
+    until(
+        Duration::from_secs(10),
+        "replica 0's taint in the server",
+        || {
+            server
+                .received()
+                .iter()
+                .any(|c| c.method == "PATCH" && c.uri.contains("/nodes/n1"))
+                .then_some(())
+        },
+    )
+    .await;
+    // The hold ends; the Lease runs out a margin later, and replica 1 takes the shard.
+    tokio::time::sleep_until(hold_ends + Duration::from_millis(500)).await;
+    server.set_faults(Faults::default());
+    let r1 = replica(&client, "replica-1");
+    let fence = Fence::unfenced();
+    assert_eq!(
+        r1.isolate("n2", failed(), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    assert!(matches!(
+        r1.isolate("n1", failed(), &fence).await.unwrap(),
+        Outcome::HeldBack(_)
+    ));
+    let r = late.await.unwrap();
+    assert!(
+        matches!(r, Err(RemediateError::HoldEnded(_))),
+        "replica 0's pass: {r:?}"
+    );
+    let (carried_out, _) = until(Duration::from_secs(30), "the late taint's fate", || {
+        fate(&server, "PATCH", "/nodes/n1")
+    })
+    .await;
+    assert!(!carried_out, "the late taint was carried out");
+    assert_eq!(tainted(&server), ["n2"], "one node, as the budget allows");
+}
