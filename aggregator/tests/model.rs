@@ -21,13 +21,14 @@
 //! turn, so replicas can each pass the check once before seeing the other's write;
 //! docs/remediation.md proves the bound); no eviction on Unknown; no action without the
 //! Lease; a release never blocked by an open breaker. `sometimes` properties are the
-//! floors: each interesting thing happens in some reachable state, so a model that
-//! cannot reach them fails.
+//! floors: each interesting thing happens in some reachable state of its lab, so a lab
+//! that cannot reach them fails. Each invariant fails when its guard in product code is
+//! mutated (scripts/guardrail-mutations.py, group 19), not a flag of the model's.
 //!
-//! `cargo test -p faultline-aggregator --test model` explores two small labs (CI, about
-//! 6.5 M states); `MODEL_FULL=1 cargo test -p faultline-aggregator --test model --
-//! --nocapture the_protocol` the full one (52 M states, 8 minutes in a debug build;
-//! docs/testing.md has the figures). `MODEL_UNTIL` and `MODEL_EVENTS` set its bounds.
+//! `cargo test -p faultline-aggregator --test model` explores four labs (CI, 14.4 M
+//! states); `MODEL_FULL=1 cargo test -p faultline-aggregator --test model --
+//! --nocapture the_lease` the full one (more than 10^7 states; docs/testing.md has the
+//! figures). `MODEL_UNTIL` and `MODEL_EVENTS` set its bounds.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -40,7 +41,7 @@ use faultline_aggregator::remediate::view::PodView;
 use faultline_aggregator::shard::held::holding;
 use faultline_aggregator::shard::plan::{plan, Listing, Observer, PlanInput, Record};
 use faultline_aggregator::shard::LeaseConfig;
-use stateright::{Checker, HasDiscoveries, Model, Property};
+use stateright::{Checker, Model, Property};
 
 /// Lease timing, in virtual seconds: what the tests' replicas use, scaled.
 const DURATION: u64 = 3;
@@ -69,21 +70,6 @@ fn name(r: usize) -> String {
     format!("r{r}")
 }
 
-/// A guard the model leaves out, to show its invariant fails without it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Without {
-    /// Takes and renewals write without the compare-and-swap on the version.
-    Cas,
-    /// The write of a quarantine does not ask the fence first.
-    Fence,
-    /// No budget check before a quarantine.
-    Budget,
-    /// An unknown-only quarantine evicts like a failed one.
-    UnknownGuard,
-    /// An open breaker stops releases too.
-    ReleaseThroughBreaker,
-}
-
 #[derive(Clone)]
 struct Lab {
     replicas: usize,
@@ -98,7 +84,6 @@ struct Lab {
     budget: Budget,
     /// Distinct failed nodes that trip the breaker.
     breaker_nodes: usize,
-    without: Option<Without>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -146,6 +131,8 @@ struct Replica {
     /// A quarantine decided (budget and breaker asked) and not yet written: the
     /// replica's budget turn is held meanwhile.
     decided: Option<usize>,
+    /// Restarted after a crash (once: a new process, nothing kept but the cluster).
+    restarted: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -183,6 +170,8 @@ struct World {
     took_over: bool,
     released: bool,
     tripped: bool,
+    unknown_then_failed: bool,
+    restarted: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -201,6 +190,8 @@ enum Action {
     TurnUnknown(usize),
     Heal(usize),
     Crash(usize),
+    /// A crashed replica's process starts again (once).
+    Restart(usize),
     Stop(usize),
     CloseBreaker,
 }
@@ -242,7 +233,7 @@ impl Lab {
 
     /// What the fence lets through for a write of `node` by `r` now.
     fn fence(&self, w: &World, r: usize, node: usize) -> bool {
-        self.without == Some(Without::Fence) || self.holds(w, r, self.nodes[node])
+        self.holds(w, r, self.nodes[node])
     }
 
     fn quarantined(&self, w: &World) -> usize {
@@ -253,9 +244,6 @@ impl Lab {
     }
 
     fn breaker_stops(&self, step: Step) -> bool {
-        if step == Step::Release && self.without == Some(Without::ReleaseThroughBreaker) {
-            return true;
-        }
         policy::breaker_stops(step)
     }
 
@@ -341,8 +329,7 @@ impl Lab {
         for (s, op, read) in pass.ops {
             let i = s as usize;
             let current = w.leases[i].clone();
-            let unchanged = self.without == Some(Without::Cas)
-                || current.as_ref().map_or(0, |l| l.version) == read;
+            let unchanged = current.as_ref().map_or(0, |l| l.version) == read;
             let next = current.as_ref().map_or(1, |l| l.version + 1);
             match op {
                 Op::Renew => {
@@ -407,6 +394,7 @@ impl Model for Lab {
                     pass: None,
                     passed: false,
                     decided: None,
+                    restarted: false,
                 })
                 .collect(),
             nodes: vec![
@@ -427,6 +415,8 @@ impl Model for Lab {
             took_over: false,
             released: false,
             tripped: false,
+            unknown_then_failed: false,
+            restarted: false,
         }]
     }
 
@@ -443,6 +433,9 @@ impl Model for Lab {
         }
         for (r, rep) in w.replicas.iter().enumerate() {
             if !rep.alive {
+                if !rep.restarted {
+                    actions.push(Action::Restart(r));
+                }
                 continue;
             }
             if rep.pass.is_none() {
@@ -461,7 +454,9 @@ impl Model for Lab {
                     continue;
                 }
                 match (node.status, node.quarantine) {
-                    (Status::Failed, None) if rep.decided.is_none() => {
+                    // A node the unknown guard tainted whose device then fails is
+                    // quarantined for the failure, asking the budget as any other.
+                    (Status::Failed, None | Some(true)) if rep.decided.is_none() => {
                         actions.push(Action::Decide(r, n))
                     }
                     (Status::Unknown, None) => actions.push(Action::GuardUnknown(r, n)),
@@ -486,7 +481,12 @@ impl Model for Lab {
                         actions.push(Action::Fail(n));
                         actions.push(Action::TurnUnknown(n));
                     }
-                    _ => actions.push(Action::Heal(n)),
+                    // An unknown device that then reads failed.
+                    Status::Unknown => {
+                        actions.push(Action::Fail(n));
+                        actions.push(Action::Heal(n));
+                    }
+                    Status::Failed => actions.push(Action::Heal(n)),
                 }
             }
             if w.breaker_open {
@@ -536,11 +536,10 @@ impl Model for Lab {
                 }
                 // The budget, asked with this replica's turn held until the write.
                 let quarantined = vec![None; self.quarantined(&w)];
-                let refused = self.without != Some(Without::Budget)
-                    && self
-                        .budget
-                        .refusal(None, &quarantined, || self.nodes.len())
-                        .is_some();
+                let refused = self
+                    .budget
+                    .refusal(None, &quarantined, || self.nodes.len())
+                    .is_some();
                 if refused {
                     w.held_back = true;
                 } else {
@@ -549,8 +548,11 @@ impl Model for Lab {
             }
             Action::Quarantine(r) => {
                 let n = w.replicas[r].decided.take()?;
-                if self.fence(&w, r, n) && w.nodes[n].quarantine.is_none() {
+                if self.fence(&w, r, n) && w.nodes[n].quarantine != Some(false) {
                     self.act(&mut w, r, n);
+                    if w.nodes[n].quarantine == Some(true) {
+                        w.unknown_then_failed = true;
+                    }
                     w.nodes[n].quarantine = Some(false);
                 }
             }
@@ -563,8 +565,7 @@ impl Model for Lab {
                     return None;
                 }
                 let unknown_only = w.nodes[n].quarantine == Some(true);
-                let evicts = self.without == Some(Without::UnknownGuard)
-                    || policy::record_evicts(unknown_only);
+                let evicts = policy::record_evicts(unknown_only);
                 // The devices the quarantine recorded failed (none for an unknown-only one).
                 let failed = if unknown_only { vec![] } else { vec![device()] };
                 if !evicts || !policy::wants_eviction(&pod(), &failed) {
@@ -597,6 +598,24 @@ impl Model for Lab {
             Action::Crash(r) => {
                 w.events -= 1;
                 w.replicas[r].alive = false;
+                w.replicas[r].decided = None;
+                w.replicas[r].pass = None;
+            }
+            Action::Restart(r) => {
+                // A new process: nothing held, nothing observed; its old member
+                // Lease is still there, renewed by the new one.
+                w.replicas[r] = Replica {
+                    alive: true,
+                    observer: Observer::new(&name(r), cfg().duration),
+                    held: vec![None; self.shards as usize],
+                    joined: false,
+                    hold_off: None,
+                    pass: None,
+                    passed: true,
+                    decided: None,
+                    restarted: true,
+                };
+                w.restarted = true;
             }
             Action::Stop(r) => {
                 // SIGTERM: every shard held is released (compare-and-swap on what this
@@ -666,11 +685,17 @@ impl Model for Lab {
             Property::sometimes("a takeover", |_: &Lab, w: &World| w.took_over),
             Property::sometimes("a release", |_: &Lab, w: &World| w.released),
             Property::sometimes("the breaker trips", |_: &Lab, w: &World| w.tripped),
+            Property::sometimes("tainted unknown, then failed", |_: &Lab, w: &World| {
+                w.unknown_then_failed
+            }),
+            Property::sometimes("a restart", |_: &Lab, w: &World| w.restarted),
         ]
     }
 }
 
-fn lab(until: u64, events: u8, without: Option<Without>) -> Lab {
+/// 2 replicas, 2 shards, 3 nodes (one on shard 0, two on shard 1), a budget of
+/// `max_nodes`, a breaker at `breaker_nodes`.
+fn lab(until: u64, events: u8, max_nodes: usize, breaker_nodes: usize) -> Lab {
     Lab {
         replicas: 2,
         shards: 2,
@@ -678,14 +703,13 @@ fn lab(until: u64, events: u8, without: Option<Without>) -> Lab {
         until,
         events,
         budget: Budget {
-            max_nodes: 1,
+            max_nodes,
             max_percent: 100.0,
             per_domain: None,
             node_selector: String::new(),
             max_unknown: 1,
         },
-        breaker_nodes: 3,
-        without,
+        breaker_nodes,
     }
 }
 
@@ -704,18 +728,15 @@ fn bound(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Explores one lab; every invariant holds in every reachable state and every
-/// floor is reached in some state. Returns the number of distinct states.
-fn explore(until: u64, events: u8, floors: &[&'static str]) -> usize {
+/// Explores `lab`; every invariant holds in every reachable state and every floor is
+/// reached in some state. Returns the number of distinct states.
+fn explore(what: &str, lab: Lab, floors: &[&'static str]) -> usize {
     let started = Instant::now();
-    let checker = lab(until, events, None)
-        .checker()
-        .threads(2)
-        .spawn_dfs()
-        .join();
+    let (until, events) = (lab.until, lab.events);
+    let checker = lab.checker().threads(2).spawn_dfs().join();
     let states = checker.unique_state_count();
     eprintln!(
-        "model: {states} states ({} generated) in {:?}, {until} s, {events} events",
+        "model, {what}: {states} states ({} generated) in {:?}, {until} s, {events} events",
         checker.state_count(),
         started.elapsed()
     );
@@ -733,93 +754,72 @@ fn explore(until: u64, events: u8, floors: &[&'static str]) -> usize {
     states
 }
 
-/// The invariants hold over every reachable state; the floors are reached. Two
-/// labs: a long one with one environment event (a crash lets the other replica
-/// take over after the Lease runs out) and a short one with node events (a
-/// quarantine, the budget's bound, a hold-back, an eviction, a release).
-/// `MODEL_FULL=1` explores one lab of more than 10^7 states (7 s, 1 event by default).
+/// The Lease: a long lab with one environment event (a crash lets the other replica
+/// take over after the Lease runs out, and the crashed one restarts; or a stop; or a
+/// replica's writes go unanswered). One writer per shard and no action without the
+/// Lease hold in every state. Each fails with its guard in product code mutated
+/// (scripts/guardrail-mutations.py, "model:"): the fence's `holding`, the Observer's
+/// expiry. `MODEL_FULL=1` explores one lab of more than 10^7 states (7 s, 1 event by
+/// default).
 #[test]
-fn the_protocol_keeps_its_invariants() {
+fn the_lease_keeps_one_writer_per_shard() {
     if std::env::var_os("MODEL_FULL").is_some() {
         let until = bound("MODEL_UNTIL", 7);
         let events = bound("MODEL_EVENTS", 1) as u8;
         let states = explore(
-            until,
-            events,
-            &["a takeover", "a quarantine", "an eviction"],
+            "full",
+            lab(until, events, 1, 3),
+            &["a takeover", "a quarantine", "an eviction", "a restart"],
         );
         assert!(states > 10_000_000, "{states} states: fewer than 10^7");
         return;
     }
-    let lease = explore(5, 1, &["a takeover", "a quarantine", "an eviction"]);
-    let nodes = explore(
-        3,
-        2,
+    let states = explore(
+        "the Lease",
+        lab(5, 1, 1, 3),
+        &["a takeover", "a quarantine", "an eviction", "a restart"],
+    );
+    assert!(states > 1_000_000, "{states} states: too small to say much");
+}
+
+/// Nodes fail, turn Unknown and heal (2 events in 3 s): a quarantine, the budget's
+/// bound, a hold-back, an eviction, a node the unknown guard tainted whose device then
+/// fails. No eviction on Unknown fails with `policy::record_evicts` mutated.
+#[test]
+fn the_nodes_are_quarantined_and_unknown_never_evicts() {
+    explore(
+        "the nodes",
+        lab(3, 2, 1, 3),
         &[
             "a quarantine",
             "the budget's bound reached",
             "an eviction",
             "a budget hold-back",
+            "tainted unknown, then failed",
         ],
     );
-    assert!(
-        lease + nodes > 1_000_000,
-        "{} states: the model is too small to say much",
-        lease + nodes
-    );
 }
 
-/// Each invariant fails when its guard is left out: the checker finds the
-/// counterexample (and stops at the first one). Each mutation gets the smallest
-/// lab that can show it: the budget with one replica (its bound is then B), the
-/// breaker tripping at the second failed node (after the first is quarantined), the CAS and the fence with a replica
-/// whose Lease writes go unanswered long enough for the other to take over.
+/// Three nodes fail (3 s, 3 events), against a budget of one and a breaker at four:
+/// the budget's bound (B + R - 1 = 2) is reached and holds; without the budget's
+/// check in `Budget::refusal` all three are quarantined.
 #[test]
-fn each_invariant_fails_without_its_guard() {
-    let one_replica = Lab {
-        replicas: 1,
-        ..lab(3, 2, Some(Without::Budget))
-    };
-    let quick_breaker = Lab {
-        breaker_nodes: 2,
-        ..lab(3, 3, Some(Without::ReleaseThroughBreaker))
-    };
-    for (lab, invariant) in [
-        (
-            lab(3, 2, Some(Without::UnknownGuard)),
-            "no eviction on Unknown",
-        ),
-        (one_replica, "budget"),
-        (quick_breaker, "a release never blocked by an open breaker"),
-        (lab(7, 0, Some(Without::Cas)), "one writer per shard"),
-        (
-            lab(6, 1, Some(Without::Fence)),
-            "no action without the Lease",
-        ),
-    ] {
-        mutation_found(lab, invariant);
-    }
+fn the_budget_holds_with_three_failed_nodes() {
+    explore(
+        "the budget",
+        lab(2, 3, 1, 4),
+        &["the budget's bound reached", "a budget hold-back"],
+    );
 }
 
-fn mutation_found(lab: Lab, invariant: &'static str) {
-    let (without, until, events) = (lab.without, lab.until, lab.events);
-    let started = Instant::now();
-    let checker = lab
-        .checker()
-        .finish_when(HasDiscoveries::AnyOf([invariant].into()))
-        .threads(2)
-        .spawn_dfs()
-        .join();
-    let found = checker.discovery(invariant);
-    assert!(
-        found.is_some(),
-        "without {without:?}, nothing broke {invariant:?} ({until} s, {events} events, {} states)",
-        checker.unique_state_count()
-    );
-    eprintln!(
-        "without {without:?}: {invariant:?} broken in {} steps ({} states, {:?})",
-        found.unwrap().into_actions().len(),
-        checker.unique_state_count(),
-        started.elapsed()
+/// The breaker trips at the second failed node, and the first, healed, is released
+/// while it is open (3 s, 3 events). With `policy::breaker_stops` stopping releases
+/// too, a release waits behind the open breaker.
+#[test]
+fn the_breaker_trips_and_never_blocks_a_release() {
+    explore(
+        "the breaker",
+        lab(2, 3, 2, 2),
+        &["the breaker trips", "a release"],
     );
 }
