@@ -82,9 +82,8 @@ async fn a_taint_due_to_land_after_the_hold_ended_changes_nothing() {
         ..Default::default()
     });
     let held = Held::default();
-    let hold_ends = Instant::now() + Duration::from_secs(1);
-    held.grant(0, hold_ends);
-    let old = Fence::shard(held, 0);
+    held.grant(0, Instant::now() + Duration::from_secs(1));
+    let old = Fence::shard(held.clone(), 0);
     let r0 = replica(&client, "replica-0");
     let late = tokio::spawn(async move { r0.isolate("n1", failed(), &old).await });
     until(
@@ -100,7 +99,10 @@ async fn a_taint_due_to_land_after_the_hold_ended_changes_nothing() {
     )
     .await;
     // The hold ends; the Lease runs out a margin later, and replica 1 takes the shard.
-    tokio::time::sleep_until(hold_ends + Duration::from_millis(500)).await;
+    until(Duration::from_secs(10), "replica 0's hold ended", || {
+        (!held.holds(0)).then_some(())
+    })
+    .await;
     server.set_faults(Faults::default());
     let r1 = replica(&client, "replica-1");
     let fence = Fence::unfenced();

@@ -226,6 +226,22 @@ fn pod() -> PodView {
 }
 
 impl Lab {
+    /// Replica `r` as its process starts: nothing held, nothing observed. A restarted
+    /// one waits for the next second for its first pass, as its loop's timer does.
+    fn fresh(&self, r: usize, restarted: bool) -> Replica {
+        Replica {
+            alive: true,
+            observer: Observer::new(&name(r), cfg().duration),
+            held: vec![None; self.shards as usize],
+            joined: false,
+            hold_off: None,
+            pass: None,
+            passed: restarted,
+            decided: None,
+            restarted,
+        }
+    }
+
     fn holds(&self, w: &World, r: usize, shard: u32) -> bool {
         let rep = &w.replicas[r];
         rep.alive && holding(rep.held[shard as usize], at(w.t))
@@ -384,19 +400,7 @@ impl Model for Lab {
             t: 0,
             leases: vec![None; self.shards as usize],
             members: vec![None; self.replicas],
-            replicas: (0..self.replicas)
-                .map(|r| Replica {
-                    alive: true,
-                    observer: Observer::new(&name(r), cfg().duration),
-                    held: vec![None; self.shards as usize],
-                    joined: false,
-                    hold_off: None,
-                    pass: None,
-                    passed: false,
-                    decided: None,
-                    restarted: false,
-                })
-                .collect(),
+            replicas: (0..self.replicas).map(|r| self.fresh(r, false)).collect(),
             nodes: vec![
                 NodeState {
                     status: Status::Healthy,
@@ -604,17 +608,7 @@ impl Model for Lab {
             Action::Restart(r) => {
                 // A new process: nothing held, nothing observed; its old member
                 // Lease is still there, renewed by the new one.
-                w.replicas[r] = Replica {
-                    alive: true,
-                    observer: Observer::new(&name(r), cfg().duration),
-                    held: vec![None; self.shards as usize],
-                    joined: false,
-                    hold_off: None,
-                    pass: None,
-                    passed: true,
-                    decided: None,
-                    restarted: true,
-                };
+                w.replicas[r] = self.fresh(r, true);
                 w.restarted = true;
             }
             Action::Stop(r) => {
