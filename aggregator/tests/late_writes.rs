@@ -5,7 +5,8 @@
 //! ends, so it is never carried out: the new holder's count of the budget is the
 //! truth, and nothing is done twice. The slowness is injected on the one call
 //! (`Faults::latency_method`, `latency_match`); the API server drops a call whose
-//! client went away, as kube-apiserver does (`ApiServer::abandoned`).
+//! client went away, as kube-apiserver does (`ApiServer::abandoned`). And writes that
+//! race: two replicas of different shards isolating at once against one budget.
 
 mod support;
 
@@ -125,4 +126,62 @@ async fn a_taint_due_to_land_after_the_hold_ended_changes_nothing() {
     .await;
     assert!(!carried_out, "the late taint was carried out");
     assert_eq!(tainted(&server), ["n2"], "one node, as the budget allows");
+}
+
+/// Two replicas holding different shards isolate failed nodes at once, each under its
+/// own fence, against one budget of two nodes: each counts the quarantined nodes
+/// before its taint goes, and the taints are slow (400 ms), so both may count before
+/// either lands. The bound the design gives, B + R − 1 = 3 (docs/remediation.md), holds
+/// with six nodes failing; the budget is reached, and the nodes beyond it are held
+/// back. Without the budget's check, all six are tainted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_isolating_at_once_keep_the_budget_bound() {
+    let w = Scenario::new().start().await;
+    let server = w.server.clone();
+    let nodes = ["n1", "n2", "n3", "n4", "n5", "n6"];
+    for n in nodes {
+        NodeFixture::new(n).create(&server);
+    }
+    let client = kube_client(&w.kube);
+    server.set_faults(Faults {
+        latency_ms: 400,
+        latency_match: "/nodes/".into(),
+        latency_method: "PATCH".into(),
+        ..Default::default()
+    });
+    let replica_of = |actor: &str, shard: u32| {
+        let held = Held::default();
+        held.grant(shard, Instant::now() + Duration::from_secs(600));
+        let r = Remediator::new(client.clone(), Mode::Enforce, TAINT, "default", actor)
+            .with_budget(Budget {
+                max_nodes: 2,
+                max_percent: 100.0,
+                ..Budget::default()
+            });
+        (r, Fence::shard(held, shard))
+    };
+    let pass = |(r, fence): (Remediator, Fence), mine: [&'static str; 3]| async move {
+        let mut outcomes = Vec::new();
+        for n in mine {
+            outcomes.push((n, r.isolate(n, failed(), &fence).await.unwrap()));
+        }
+        outcomes
+    };
+    let (a, b) = tokio::join!(
+        pass(replica_of("replica-0", 0), ["n1", "n2", "n3"]),
+        pass(replica_of("replica-1", 1), ["n4", "n5", "n6"]),
+    );
+    let quarantined = tainted(&server);
+    println!("isolated at once: {a:?} {b:?}; tainted {quarantined:?}");
+    assert!(
+        (2..=3).contains(&quarantined.len()),
+        "{} nodes tainted: the budget is 2, the bound with two replicas 3 ({quarantined:?})",
+        quarantined.len()
+    );
+    let held_back = a
+        .iter()
+        .chain(&b)
+        .filter(|(_, o)| matches!(o, Outcome::HeldBack(_)))
+        .count();
+    assert_eq!(held_back, nodes.len() - quarantined.len(), "{a:?} {b:?}");
 }

@@ -115,6 +115,20 @@ impl Remediator {
         Ok(all.list(&lp).await?.items)
     }
 
+    /// Whether `pod` still runs, by a consistent read (not the watch cache): there,
+    /// the same pod (its uid), neither terminating nor finished.
+    async fn still_runs(&self, pod: &Pod) -> Result<bool, RemediateError> {
+        let (Some(name), Some(ns)) = (&pod.metadata.name, &pod.metadata.namespace) else {
+            return Ok(false);
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let Some(now) = api.get_opt(name).await? else {
+            return Ok(false);
+        };
+        let view = PodView::of(&now, &self.resources);
+        Ok(now.metadata.uid == pod.metadata.uid && !view.terminating && !view.finished)
+    }
+
     /// Evict the pods on `node` that use a failed device (see the module); a pod that
     /// asked for time to checkpoint is warned first (`drain.rs`), and evicted once
     /// `acks` (pod UID, the intent's `requested`) answer its intent or its deadline
@@ -178,6 +192,20 @@ impl Remediator {
             }
             if !fence.holds() {
                 return Err(RemediateError::NotHolder);
+            }
+            // The pods came from the watch cache, which may lag: a pod evicted by an
+            // earlier pass whose record was not written (its hold ended first, the
+            // write failed) can still be listed there as running. A consistent read
+            // decides, so no pod is asked twice.
+            if !self.still_runs(pod).await? {
+                record.evicted.push(key.clone());
+                record.act(
+                    format!("{ns}/{name} gone before its eviction"),
+                    &self.clock.rfc3339(),
+                    &self.actor,
+                );
+                touched.push(key);
+                continue;
             }
             let drained = match self
                 .drain_step(node, pod, &key, acks, &mut record, &mut namespaces)

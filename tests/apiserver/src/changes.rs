@@ -48,6 +48,7 @@ impl ApiServer {
             event: c.event,
             object: c.object,
             prev: c.prev,
+            at_ms: crate::clock::now_ms(),
         };
         g.history.push_back(e.clone());
         while g.history.len() > HISTORY {

@@ -167,7 +167,7 @@ struct Plan {
     limit: Option<usize>,
 }
 
-fn plan(g: &Inner, p: &ListParams) -> Result<Plan, ApiError> {
+fn plan(g: &mut Inner, p: &ListParams) -> Result<Plan, ApiError> {
     let rv_param = p.resource_version.as_deref().unwrap_or("");
     let limit = p.limit.filter(|l| *l > 0).map(|l| l as usize);
     let future = || {
@@ -245,11 +245,35 @@ fn plan(g: &Inner, p: &ListParams) -> Result<Plan, ApiError> {
         return Err(e);
     }
     Ok(Plan {
-        rv: g.rv,
+        rv: cached_rv(g, n),
         start: None,
         // computeListLimit: the watch cache ignores the limit for resourceVersion=0.
         limit: if rv_param == "0" { None } else { limit },
     })
+}
+
+/// The revision the watch cache serves a list from, at least `n`: the newest, or with
+/// [`crate::Faults::stale_list_ms`] the one it stood at a lag drawn up to that long ago
+/// (the last change made by then), never older than the history can rebuild.
+fn cached_rv(g: &mut Inner, n: u64) -> u64 {
+    use rand::Rng;
+    let most = g.faults.stale_list_ms;
+    if most == 0 {
+        return g.rv;
+    }
+    let lag = g.rng.random_range(0..=most);
+    let then = crate::clock::now_ms().saturating_sub(lag);
+    let newer = g
+        .history
+        .iter()
+        .rev()
+        .take_while(|e| e.at_ms > then)
+        .count();
+    let at = match g.history.len() - newer {
+        0 => g.oldest_servable(),
+        i => g.history[i - 1].rv,
+    };
+    at.max(n).max(g.oldest_servable())
 }
 
 /// The objects of kind `k` in `ns` (every namespace when empty) as they were at `rv`,
@@ -391,8 +415,8 @@ pub(crate) fn list(
     p: &ListParams,
     sel: &Selection,
 ) -> Result<Value, ApiError> {
-    let g = s.lock();
-    let Plan { rv, start, limit } = plan(&g, p)?;
+    let mut g = s.lock();
+    let Plan { rv, start, limit } = plan(&mut g, p)?;
     if rv == g.rv && start.is_none() && limit.is_none() {
         return Ok(current(&g, k, ns, rv, sel));
     }

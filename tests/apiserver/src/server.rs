@@ -78,6 +78,14 @@ pub struct Faults {
     /// none of a rule's status itself
     /// (pkg/registry/resource/devicetaintrule/strategy.go).
     pub taint_eviction_paused: bool,
+    /// The watch cache lags: a list served from it (`resourceVersion=0`, or
+    /// `NotOlderThan` a revision it has passed) shows the state as it was up to this
+    /// many ms ago, the lag drawn per list (never older than the revision asked for).
+    /// Upstream's cacher answers such a list from its store at once, however far its
+    /// watch of etcd is behind (staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go
+    /// `GetList`: only a list naming a revision newer than the cache waits, up to 3 s,
+    /// `waitUntilFreshAndBlock`); the lag is what a busy etcd watch gives it.
+    pub stale_list_ms: u64,
     /// Seed of the fault dice.
     pub seed: u64,
 }
@@ -126,6 +134,9 @@ pub(crate) struct WatchEvent {
     /// For MODIFIED and DELETED: the object before, so a watch can tell an object
     /// entering or leaving its selector and a paged list can see the past.
     pub(crate) prev: Option<Value>,
+    /// When the change was made (the server's clock, ms): where a lagging watch cache
+    /// stands ([`Faults::stale_list_ms`]).
+    pub(crate) at_ms: u64,
 }
 
 pub(crate) struct Inner {
@@ -435,6 +446,25 @@ impl ApiServer {
     /// write given up by its client while it waits is not carried out.
     pub fn abandoned(&self) -> Vec<Received> {
         self.lock().abandoned.clone()
+    }
+
+    /// The newest resourceVersion (etcd's revision): every change made until now has
+    /// one at most this.
+    pub fn revision(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// Every change made to objects of `plural` still in the history (all of them
+    /// until it holds 100,000 or is compacted), in the order made: the revision, the
+    /// watch event's type (`ADDED`, `MODIFIED`, `DELETED`) and the object after it
+    /// (as it was removed, for `DELETED`).
+    pub fn changes(&self, plural: &str) -> Vec<(u64, &'static str, Value)> {
+        self.lock()
+            .history
+            .iter()
+            .filter(|e| e.key.0 == plural)
+            .map(|e| (e.rv, e.event, e.object.clone()))
+            .collect()
     }
 
     /// How many looks the simulated kubelets have taken: a test that checks a pod is

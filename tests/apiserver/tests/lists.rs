@@ -129,6 +129,75 @@ async fn resource_version_zero_ignores_the_limit() {
     assert!(paged["metadata"]["continue"].is_string());
 }
 
+/// A lagging watch cache (`Faults::stale_list_ms`): a list at `resourceVersion=0` may
+/// show the state of an earlier revision (what a cached list is allowed to show, and
+/// what a controller reading from the cache must live with), its own resourceVersion
+/// that revision; a consistent read, and a list not older than the newest revision,
+/// never do.
+#[tokio::test]
+async fn a_lagging_watch_cache_serves_lists_of_the_past() {
+    let (s, url) = seed(1).await;
+    let first = s.get("configmaps", "default", "cm-0").unwrap()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    s.update("configmaps", "default", "cm-0", cm("cm-0", "1"), None)
+        .unwrap();
+    let newest = s.get("configmaps", "default", "cm-0").unwrap()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    s.set_faults(faultline_test_apiserver::Faults {
+        stale_list_ms: 10_000,
+        seed: 7,
+        ..Default::default()
+    });
+    let path = "/api/v1/namespaces/default/configmaps";
+    let state = |l: &Value| -> (Vec<String>, String) {
+        let vs = l["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["data"]["v"].as_str().unwrap().to_string())
+            .collect();
+        (
+            vs,
+            l["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        )
+    };
+    let mut stale = 0;
+    for _ in 0..20 {
+        let (vs, rv) = state(
+            &http(&url, "GET", &format!("{path}?resourceVersion=0"), None)
+                .await
+                .json(),
+        );
+        match vs.as_slice() {
+            [v] if v == "1" => assert_eq!(rv, newest),
+            [v] if v == "0" => {
+                assert_eq!(rv, first, "the state at cm-0's creation");
+                stale += 1;
+            }
+            [] => stale += 1,
+            other => panic!("a state that never was: {other:?} at {rv}"),
+        }
+        let (vs, rv) = state(&http(&url, "GET", path, None).await.json());
+        assert_eq!(
+            (vs, rv),
+            (vec!["1".to_string()], newest.clone()),
+            "a consistent read"
+        );
+        let q = format!("{path}?resourceVersion={newest}&resourceVersionMatch=NotOlderThan");
+        let (vs, _) = state(&http(&url, "GET", &q, None).await.json());
+        assert_eq!(vs, ["1"], "not older than the newest revision");
+    }
+    assert!(stale > 0, "no list of 20 came from the past");
+}
+
 /// etcd3/store.go: a non-zero resourceVersion with a limit (legacy) or with
 /// `resourceVersionMatch=Exact` reads exactly that revision; NotOlderThan reads the
 /// newest; the cacher's "Too large resource version" (504) and etcd's future revision
