@@ -121,6 +121,13 @@ MUTATIONS = [
      'started + self.duration.saturating_sub(self.margin)',
      'started + self.duration',
      ['-p', 'faultline-aggregator', '--lib', 'a_hold_ends_the_margin_before_the_lease']),
+    # The situation the margin is for: a holder cut off from the Lease whose clock runs
+    # behind the other replica's (the model's two-clock lab, about 2 minutes).
+    ('1 lease margin: a holder on a clock behind acts until the Lease runs out (model)',
+     'aggregator/src/shard/timing.rs',
+     'started + self.duration.saturating_sub(self.margin)',
+     'started + self.duration',
+     ['-p', 'faultline-aggregator', '--test', 'model', 'the_lease_keeps_one_writer_on_two_clocks']),
     ('1 lease margin: the aggregator configures no margin',
      'aggregator/src/shard/timing.rs',
      'margin: retry + Duration::from_secs(1),',

@@ -14,7 +14,9 @@
 //! (the resourceVersion), replicas whose Lease pass is a read and then a write with
 //! anything in between (time, the other replica, a lost answer), a crash, a graceful
 //! stop that releases, nodes that fail, turn Unknown and heal, a person who closes the
-//! breaker. One clock (virtual seconds); each replica's `Instant`s are that clock.
+//! breaker. Virtual seconds; in the four protocol labs each replica's `Instant`s are
+//! that clock. In the two-clock lab a replica's clock may fall behind the other's (by
+//! up to the margin) and a Lease write may go a second after its read.
 //!
 //! The invariants are the README's: one writer per shard; the budget (at most
 //! `max_nodes + replicas - 1` quarantined: each replica checks and writes under its own
@@ -25,7 +27,7 @@
 //! that cannot reach them fails. Each invariant fails when its guard in product code is
 //! mutated (scripts/guardrail-mutations.py, group 19), not a flag of the model's.
 //!
-//! `cargo test -p faultline-aggregator --test model` explores four labs (CI, 14.4 M
+//! `cargo test -p faultline-aggregator --test model` explores five labs (CI, 22.1 M
 //! states); `MODEL_FULL=1 cargo test -p faultline-aggregator --test model --
 //! --nocapture the_lease` the full one (more than 10^7 states; docs/testing.md has the
 //! figures). `MODEL_UNTIL` and `MODEL_EVENTS` set its bounds.
@@ -43,7 +45,8 @@ use faultline_aggregator::shard::plan::{plan, Listing, Observer, PlanInput, Reco
 use faultline_aggregator::shard::LeaseConfig;
 use stateright::{Checker, Model, Property};
 
-/// Lease timing, in virtual seconds: what the tests' replicas use, scaled.
+/// Lease timing, in virtual seconds: what the tests' replicas use, scaled (the labs
+/// on one clock).
 const DURATION: u64 = 3;
 const RETRY: u64 = 1;
 const MARGIN: u64 = 1;
@@ -66,6 +69,18 @@ fn cfg() -> LeaseConfig {
     }
 }
 
+/// The two-clock lab's Lease: a margin of two seconds, so a clock may fall behind by
+/// as much (in whole seconds, with the fence's `now < until`, a take lands no sooner
+/// than the lagging holder's hold ends), and a call may take one second (the loop gives
+/// a Lease call up at half the hold, `call_deadline`).
+fn two_clocks_cfg() -> LeaseConfig {
+    LeaseConfig {
+        duration: Duration::from_secs(4),
+        retry: Duration::from_secs(1),
+        margin: Duration::from_secs(2),
+    }
+}
+
 fn name(r: usize) -> String {
     format!("r{r}")
 }
@@ -84,6 +99,19 @@ struct Lab {
     budget: Budget,
     /// Distinct failed nodes that trip the breaker.
     breaker_nodes: usize,
+    /// The Lease's timing.
+    cfg: LeaseConfig,
+    /// How far a replica's clock may fall behind the world's (seconds): a clock that
+    /// stands still for a second now and then, as a slow one does. 0: one clock.
+    max_lag: u64,
+    /// A Lease pass's write may go in a later second than its read (within the call
+    /// deadline); else both fall within one second.
+    slow_writes: bool,
+    /// The Lease alone: the node is failed from the start (a write to make, under the
+    /// fence), nodes change no more, and instead of single lost answers a replica may
+    /// be cut off: every Lease write of its from then on is lost, while its other
+    /// writes still go (a partition; the Lease calls time out).
+    lease_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -110,6 +138,8 @@ enum Op {
 /// A Lease pass between its read and its write.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Pass {
+    /// When it read the Leases (world seconds).
+    read_at: u64,
     /// (shard, what, the version read); takes in the plan's order of preference.
     ops: Vec<(u32, Op, u32)>,
     /// How many of the takes to make at most.
@@ -133,6 +163,10 @@ struct Replica {
     decided: Option<usize>,
     /// Restarted after a crash (once: a new process, nothing kept but the cluster).
     restarted: bool,
+    /// How far this replica's clock is behind the world's (seconds).
+    lag: u64,
+    /// Its Lease writes are lost from now on (`Lab::lease_only`).
+    cut_off: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -172,11 +206,17 @@ struct World {
     tripped: bool,
     unknown_then_failed: bool,
     restarted: bool,
+    /// A renewal or take written a second after its read.
+    late_lease_write: bool,
+    /// A replica acting on a clock behind the world's.
+    lagged_holder: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Action {
     Tick,
+    /// The world's clock moves and this replica's stands still (it falls behind).
+    TickSlow(usize),
     LeaseRead(usize),
     LeaseWrite(usize),
     /// The Lease write's answer is lost: nothing known, the holds run out on their own.
@@ -192,6 +232,8 @@ enum Action {
     Crash(usize),
     /// A crashed replica's process starts again (once).
     Restart(usize),
+    /// From now on this replica's Lease writes are lost (`Lab::lease_only`).
+    CutOff(usize),
     Stop(usize),
     CloseBreaker,
 }
@@ -231,7 +273,7 @@ impl Lab {
     fn fresh(&self, r: usize, restarted: bool) -> Replica {
         Replica {
             alive: true,
-            observer: Observer::new(&name(r), cfg().duration),
+            observer: Observer::new(&name(r), self.cfg.duration),
             held: vec![None; self.shards as usize],
             joined: false,
             hold_off: None,
@@ -239,12 +281,19 @@ impl Lab {
             passed: restarted,
             decided: None,
             restarted,
+            lag: 0,
+            cut_off: false,
         }
+    }
+
+    /// Now on replica `r`'s clock.
+    fn now(&self, w: &World, r: usize) -> Instant {
+        at(w.t - w.replicas[r].lag)
     }
 
     fn holds(&self, w: &World, r: usize, shard: u32) -> bool {
         let rep = &w.replicas[r];
-        rep.alive && holding(rep.held[shard as usize], at(w.t))
+        rep.alive && holding(rep.held[shard as usize], self.now(w, r))
     }
 
     /// What the fence lets through for a write of `node` by `r` now.
@@ -277,7 +326,7 @@ impl Lab {
             renew: Some(i128::from(version)),
             acquire: None,
             transitions: None,
-            duration_secs: Some(DURATION as i32),
+            duration_secs: Some(self.cfg.duration.as_secs() as i32),
         };
         Listing {
             shards: w
@@ -298,6 +347,9 @@ impl Lab {
     }
 
     fn act(&self, w: &mut World, r: usize, node: usize) {
+        if w.replicas[r].lag > 0 {
+            w.lagged_holder = true;
+        }
         if w.leases[self.nodes[node] as usize]
             .as_ref()
             .and_then(|l| l.holder)
@@ -308,7 +360,7 @@ impl Lab {
     }
 
     fn lease_read(&self, w: &mut World, r: usize) {
-        let now = at(w.t);
+        let now = self.now(w, r);
         let listing = self.listing(w);
         let rep = &mut w.replicas[r];
         let seen = rep.observer.pass(&listing, self.shards, now);
@@ -319,7 +371,7 @@ impl Lab {
             live: Some(&seen.live),
             joined: rep.joined,
             hold_off: rep.hold_off,
-            retry: cfg().retry,
+            retry: self.cfg.retry,
             now,
         });
         rep.joined = p.joined;
@@ -329,7 +381,11 @@ impl Lab {
         ops.extend(p.renew.iter().map(|s| (*s, Op::Renew, version(*s))));
         ops.extend(p.hand_back.iter().map(|s| (*s, Op::HandBack, version(*s))));
         ops.extend(p.take.iter().map(|s| (*s, Op::Take, version(*s))));
-        w.replicas[r].pass = Some(Pass { ops, room: p.room });
+        w.replicas[r].pass = Some(Pass {
+            read_at: w.t,
+            ops,
+            room: p.room,
+        });
         w.replicas[r].passed = true;
     }
 
@@ -337,10 +393,18 @@ impl Lab {
         let Some(pass) = w.replicas[r].pass.take() else {
             return;
         };
+        if w.replicas[r].cut_off {
+            return;
+        }
+        if pass.read_at < w.t {
+            w.late_lease_write = true;
+        }
         // The member Lease is renewed with every pass, and lost with its other writes
         // when the API server's answers are (LeaseLost: a partitioned replica).
         w.members[r] = Some(w.members[r].map_or(0, |v| v + 1));
-        let now = at(w.t);
+        // Sent now: the hold counts from here, on this replica's clock (the loop's
+        // `started`, taken right before the write goes).
+        let now = self.now(w, r);
         let mut taken = 0;
         for (s, op, read) in pass.ops {
             let i = s as usize;
@@ -354,7 +418,7 @@ impl Lab {
                             holder: Some(r),
                             version: next,
                         });
-                        w.replicas[r].held[i] = Some(cfg().hold_until(now));
+                        w.replicas[r].held[i] = Some(self.cfg.hold_until(now));
                     } else {
                         w.replicas[r].held[i] = None;
                     }
@@ -382,7 +446,7 @@ impl Lab {
                             holder: Some(r),
                             version: next,
                         });
-                        w.replicas[r].held[i] = Some(cfg().hold_until(now));
+                        w.replicas[r].held[i] = Some(self.cfg.hold_until(now));
                         taken += 1;
                     }
                 }
@@ -396,14 +460,18 @@ impl Model for Lab {
     type Action = Action;
 
     fn init_states(&self) -> Vec<World> {
-        vec![World {
+        let mut w = World {
             t: 0,
             leases: vec![None; self.shards as usize],
             members: vec![None; self.replicas],
             replicas: (0..self.replicas).map(|r| self.fresh(r, false)).collect(),
             nodes: vec![
                 NodeState {
-                    status: Status::Healthy,
+                    status: if self.lease_only {
+                        Status::Failed
+                    } else {
+                        Status::Healthy
+                    },
                     quarantine: None,
                     evicted: false,
                 };
@@ -421,20 +489,41 @@ impl Model for Lab {
             tripped: false,
             unknown_then_failed: false,
             restarted: false,
-        }]
+            late_lease_write: false,
+            lagged_holder: false,
+        };
+        if self.lease_only {
+            // Replica 0 holds the shard from the start: it took it just now.
+            w.leases[0] = Some(Lease {
+                holder: Some(0),
+                version: 1,
+            });
+            w.members[0] = Some(0);
+            w.replicas[0].held[0] = Some(self.cfg.hold_until(at(0)));
+        }
+        vec![w]
     }
 
     fn actions(&self, w: &World, actions: &mut Vec<Action>) {
         // The clock moves once every live replica's Lease pass of this second is done
         // (written or its answer lost): each loop keeps its timer. A loop slower than
         // that is a lost answer, a crash or a stop, all of which happen here.
+        // With slow writes, a pass begun this second may write in the next (its write
+        // waits for the call deadline at most; the loop does not begin another pass
+        // before it is done).
         let passes_done = w
             .replicas
             .iter()
-            .all(|rep| !rep.alive || (rep.passed && rep.pass.is_none()));
+            .all(|rep| !rep.alive || (rep.passed && (self.slow_writes || rep.pass.is_none())));
         if w.t < self.until && passes_done {
             actions.push(Action::Tick);
+            // Replica 0's clock may fall behind; what counts is the skew between the
+            // two, so one clock drifting covers either running slow or fast.
+            if w.replicas[0].lag < self.max_lag {
+                actions.push(Action::TickSlow(0));
+            }
         }
+        let deadline = self.cfg.call_deadline().as_secs();
         for (r, rep) in w.replicas.iter().enumerate() {
             if !rep.alive {
                 if !rep.restarted {
@@ -447,8 +536,16 @@ impl Model for Lab {
                     actions.push(Action::LeaseRead(r));
                 }
             } else {
-                actions.push(Action::LeaseWrite(r));
-                actions.push(Action::LeaseLost(r));
+                if rep
+                    .pass
+                    .as_ref()
+                    .is_some_and(|p| w.t - p.read_at <= deadline)
+                {
+                    actions.push(Action::LeaseWrite(r));
+                }
+                if !self.lease_only {
+                    actions.push(Action::LeaseLost(r));
+                }
             }
             if rep.decided.is_some() {
                 actions.push(Action::Quarantine(r));
@@ -476,9 +573,12 @@ impl Model for Lab {
             if w.events > 0 {
                 actions.push(Action::Crash(r));
                 actions.push(Action::Stop(r));
+                if self.lease_only && !rep.cut_off {
+                    actions.push(Action::CutOff(r));
+                }
             }
         }
-        if w.events > 0 && w.on_the_second {
+        if w.events > 0 && w.on_the_second && !self.lease_only {
             for (n, node) in w.nodes.iter().enumerate() {
                 match node.status {
                     Status::Healthy => {
@@ -504,21 +604,29 @@ impl Model for Lab {
         w.on_the_second = matches!(
             action,
             Action::Tick
+                | Action::TickSlow(_)
                 | Action::Fail(_)
                 | Action::TurnUnknown(_)
                 | Action::Heal(_)
                 | Action::CloseBreaker
         );
         match action {
-            Action::Tick => {
+            Action::Tick | Action::TickSlow(_) => {
                 w.t += 1;
                 for rep in &mut w.replicas {
                     rep.passed = false;
+                }
+                if let Action::TickSlow(r) = action {
+                    w.replicas[r].lag += 1;
                 }
             }
             Action::LeaseRead(r) => self.lease_read(&mut w, r),
             Action::LeaseWrite(r) => self.lease_write(&mut w, r),
             Action::LeaseLost(r) => w.replicas[r].pass = None,
+            Action::CutOff(r) => {
+                w.events -= 1;
+                w.replicas[r].cut_off = true;
+            }
             Action::Decide(r, n) => {
                 // The breaker counts the failed node (cluster-wide, compare-and-swap).
                 let now = w.t;
@@ -608,7 +716,9 @@ impl Model for Lab {
             Action::Restart(r) => {
                 // A new process: nothing held, nothing observed; its old member
                 // Lease is still there, renewed by the new one.
+                let lag = w.replicas[r].lag;
                 w.replicas[r] = self.fresh(r, true);
+                w.replicas[r].lag = lag;
                 w.restarted = true;
             }
             Action::Stop(r) => {
@@ -683,6 +793,13 @@ impl Model for Lab {
                 w.unknown_then_failed
             }),
             Property::sometimes("a restart", |_: &Lab, w: &World| w.restarted),
+            Property::sometimes(
+                "a Lease written a second after its read",
+                |_: &Lab, w: &World| w.late_lease_write,
+            ),
+            Property::sometimes("a holder acting on a clock behind", |_: &Lab, w: &World| {
+                w.lagged_holder
+            }),
         ]
     }
 }
@@ -704,6 +821,28 @@ fn lab(until: u64, events: u8, max_nodes: usize, breaker_nodes: usize) -> Lab {
             max_unknown: 1,
         },
         breaker_nodes,
+        cfg: cfg(),
+        max_lag: 0,
+        slow_writes: false,
+        lease_only: false,
+    }
+}
+
+/// The Lease on two clocks: 2 replicas, 1 shard, 1 node failed from the start, a Lease
+/// of 4 s with a 2 s margin, replica 0 holding it; replica 0's clock may fall up to two
+/// seconds behind the world's (the other's), and a Lease write may go a second after
+/// its read. The events: a crash, a stop, a replica
+/// cut off from the Lease (its renewals lost, its other writes going on: it must stop
+/// on its own clock before the other takes the shard).
+fn two_clocks(until: u64, events: u8) -> Lab {
+    Lab {
+        shards: 1,
+        nodes: vec![0],
+        cfg: two_clocks_cfg(),
+        max_lag: 2,
+        slow_writes: true,
+        lease_only: true,
+        ..lab(until, events, 1, 3)
     }
 }
 
@@ -774,6 +913,27 @@ fn the_lease_keeps_one_writer_per_shard() {
         &["a takeover", "a quarantine", "an eviction", "a restart"],
     );
     assert!(states > 1_000_000, "{states} states: too small to say much");
+}
+
+/// The Lease on two clocks: time passes between a Lease pass's read and its write, and a
+/// replica's clock falls behind the other's by up to the 2 s margin. One writer per
+/// shard and no action without the Lease still hold in every state (7.7 M states, 97 s
+/// on 2 cores). With the margin taken out of the hold (`LeaseConfig::hold_until`), the
+/// holder cut off from the Lease, its clock behind, still holds when the other takes the
+/// shard: two writers (scripts/guardrail-mutations.py, "1 Lease margin").
+#[test]
+fn the_lease_keeps_one_writer_on_two_clocks() {
+    let states = explore(
+        "two clocks",
+        two_clocks(bound("MODEL_CLOCKS_UNTIL", 5), 1),
+        &[
+            "a takeover",
+            "a quarantine",
+            "a Lease written a second after its read",
+            "a holder acting on a clock behind",
+        ],
+    );
+    assert!(states > 100_000, "{states} states: too small to say much");
 }
 
 /// Nodes fail, turn Unknown and heal (2 events in 3 s): a quarantine, the budget's

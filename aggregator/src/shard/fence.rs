@@ -131,6 +131,41 @@ mod tests {
         assert!(Fence::unfenced().holds());
     }
 
+    /// A node's fence is its shard's, the shard its document is published in: a
+    /// replica holding one shard writes for that shard's nodes and no other's.
+    #[test]
+    fn a_fence_is_the_nodes_shards() {
+        let shards = Shards {
+            held: Held::default(),
+            count: 4,
+        };
+        let nodes: Vec<String> = (0..32).map(|i| format!("gpu-{i}")).collect();
+        for n in &nodes {
+            let s = faultline_common::fault::shard_of(n, 4);
+            assert_eq!(shards.of(n), s, "{n}");
+            assert_eq!(shards.fence(n).shard_id(), Some(s), "{n}");
+        }
+        assert_eq!(Fence::unfenced().shard_id(), None);
+        let mine = shards.of("gpu-1");
+        shards
+            .held
+            .grant(mine, Instant::now() + Duration::from_secs(60));
+        let (here, elsewhere): (Vec<&String>, Vec<&String>) =
+            nodes.iter().partition(|n| shards.of(n) == mine);
+        assert!(!elsewhere.is_empty() && here.len() < nodes.len());
+        assert!(here
+            .iter()
+            .all(|n| shards.fence(n).holds() && shards.holds_node(n)));
+        assert!(elsewhere
+            .iter()
+            .all(|n| !shards.fence(n).holds() && !shards.holds_node(n)));
+        let high = nodes
+            .iter()
+            .find(|n| shards.of(n) >= 2)
+            .expect("a node of shard 2 or 3");
+        assert!(shards.fence(high).shard_id() >= Some(2));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_write_in_flight_when_the_hold_ends_is_given_up() {
         let held = Held::default();
