@@ -105,9 +105,10 @@ for m in "${modules[@]}"; do
   cut=("${shard[@]}")
   is_acting "$file" && cut=("${acting_shard[@]}")
   echo "== $file (tests: $targets; $filters)"
+  # After the second `--`, to the test binaries: cargo test takes one name alone.
   # shellcheck disable=SC2086 # the filters are words
   cargo mutants --in-place --no-shuffle --file "$file" --minimum-test-timeout 120 \
-    "${args[@]}" "${cut[@]}" -- $filters || status=$?
+    "${args[@]}" "${cut[@]}" -- -- $filters || status=$?
   # The outcome of each module, for docs/testing.md (cargo-mutants writes mutants.out/).
   [ -d mutants.out ] && rm -rf "mutants.out.$(basename "$file" .rs)" &&
     mv mutants.out "mutants.out.$(basename "$file" .rs)"
