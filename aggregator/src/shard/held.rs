@@ -167,6 +167,34 @@ mod tests {
         assert_eq!(held.quiet_at(&[1], Duration::ZERO), None, "past: no wait");
     }
 
+    /// What a new holder and the Lease loop read back: the shards granted (a hold run
+    /// out is still granted until released), the sequence last published per shard, and
+    /// the end of a release's wait, which is over at the instant it names.
+    #[tokio::test(start_paused = true)]
+    async fn granted_shards_published_sequences_and_the_quiet_instant() {
+        let held = Held::default();
+        let s = Duration::from_secs(1);
+        held.grant(3, Instant::now() + s);
+        held.grant(5, Instant::now() + 2 * s);
+        assert_eq!(held.keys(), BTreeSet::from([3, 5]));
+        assert_eq!(held.published(3), None);
+        held.note_published(3, 41);
+        held.note_published(5, 7);
+        assert_eq!((held.published(3), held.published(5)), (Some(41), Some(7)));
+        assert!(held.admit(5).is_some());
+        tokio::time::advance(s).await;
+        assert_eq!(
+            held.keys(),
+            BTreeSet::from([3, 5]),
+            "3 ran out, still granted"
+        );
+        assert_eq!(held.quiet_at(&[5], 2 * s), Some(Instant::now() + s));
+        tokio::time::advance(s).await;
+        assert_eq!(held.quiet_at(&[5], 2 * s), None, "over at its instant");
+        let _ = held.set(3, None);
+        assert_eq!(held.keys(), BTreeSet::from([5]));
+    }
+
     /// A renewal that comes back after the hold ran out marks the shard (once); a take
     /// and a renewal in time do not.
     #[tokio::test(start_paused = true)]
