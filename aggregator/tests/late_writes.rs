@@ -25,13 +25,30 @@ fn failed() -> Vec<RecordDevice> {
     vec![RecordDevice::new("gpu0", "xid-79")]
 }
 
-/// A replica named `actor` with a budget of one node.
-fn replica(client: &kube::Client, actor: &str) -> Remediator {
+/// A replica named `actor` with a budget of `max_nodes`.
+fn replica(client: &kube::Client, actor: &str, max_nodes: usize) -> Remediator {
     Remediator::new(client.clone(), Mode::Enforce, TAINT, "default", actor).with_budget(Budget {
-        max_nodes: 1,
+        max_nodes,
         max_percent: 100.0,
         ..Budget::default()
     })
+}
+
+/// An aggregator's API server holding `nodes`, whose Node PATCHes on paths containing
+/// `path` take `ms`, and a client of it.
+async fn slow_patches(nodes: &[&str], path: &str, ms: u64) -> (support::World, kube::Client) {
+    let w = Scenario::new().start().await;
+    for n in nodes {
+        NodeFixture::new(n).create(&w.server);
+    }
+    w.server.set_faults(Faults {
+        latency_ms: ms,
+        latency_match: path.into(),
+        latency_method: "PATCH".into(),
+        ..Default::default()
+    });
+    let client = kube_client(&w.kube);
+    (w, client)
 }
 
 fn tainted(server: &ApiServer) -> Vec<String> {
@@ -70,22 +87,12 @@ fn fate(server: &ApiServer, method: &str, path: &str) -> Option<bool> {
 /// of one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taint_due_to_land_after_the_hold_ended_changes_nothing() {
-    let w = Scenario::new().start().await;
+    let (w, client) = slow_patches(&["n1", "n2"], "/nodes/n1", 6_000).await;
     let server = w.server.clone();
-    for n in ["n1", "n2"] {
-        NodeFixture::new(n).create(&server);
-    }
-    let client = kube_client(&w.kube);
-    server.set_faults(Faults {
-        latency_ms: 6_000,
-        latency_match: "/nodes/n1".into(),
-        latency_method: "PATCH".into(),
-        ..Default::default()
-    });
     let held = Held::default();
     held.grant(0, Instant::now() + Duration::from_secs(1));
     let old = Fence::shard(held.clone(), 0);
-    let r0 = replica(&client, "replica-0");
+    let r0 = replica(&client, "replica-0", 1);
     let late = tokio::spawn(async move { r0.isolate("n1", failed(), &old).await });
     until(
         Duration::from_secs(10),
@@ -105,7 +112,7 @@ async fn a_taint_due_to_land_after_the_hold_ended_changes_nothing() {
     })
     .await;
     server.set_faults(Faults::default());
-    let r1 = replica(&client, "replica-1");
+    let r1 = replica(&client, "replica-1", 1);
     let fence = Fence::unfenced();
     assert_eq!(
         r1.isolate("n2", failed(), &fence).await.unwrap(),
@@ -136,29 +143,13 @@ async fn a_taint_due_to_land_after_the_hold_ended_changes_nothing() {
 /// back. Without the budget's check, all six are tainted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_isolating_at_once_keep_the_budget_bound() {
-    let w = Scenario::new().start().await;
-    let server = w.server.clone();
     let nodes = ["n1", "n2", "n3", "n4", "n5", "n6"];
-    for n in nodes {
-        NodeFixture::new(n).create(&server);
-    }
-    let client = kube_client(&w.kube);
-    server.set_faults(Faults {
-        latency_ms: 400,
-        latency_match: "/nodes/".into(),
-        latency_method: "PATCH".into(),
-        ..Default::default()
-    });
+    let (w, client) = slow_patches(&nodes, "/nodes/", 400).await;
+    let server = w.server.clone();
     let replica_of = |actor: &str, shard: u32| {
         let held = Held::default();
         held.grant(shard, Instant::now() + Duration::from_secs(600));
-        let r = Remediator::new(client.clone(), Mode::Enforce, TAINT, "default", actor)
-            .with_budget(Budget {
-                max_nodes: 2,
-                max_percent: 100.0,
-                ..Budget::default()
-            });
-        (r, Fence::shard(held, shard))
+        (replica(&client, actor, 2), Fence::shard(held, shard))
     };
     let pass = |(r, fence): (Remediator, Fence), mine: [&'static str; 3]| async move {
         let mut outcomes = Vec::new();

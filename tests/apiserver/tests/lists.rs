@@ -134,14 +134,19 @@ async fn resource_version_zero_ignores_the_limit() {
 /// what a controller reading from the cache must live with), its own resourceVersion
 /// that revision; a consistent read, and a list not older than the newest revision,
 /// never do.
-#[tokio::test]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_lagging_watch_cache_serves_lists_of_the_past() {
-    let (s, url) = seed(1).await;
+    // On a virtual clock: the change comes 300 ms after the creation without waiting.
+    let (s, url) = faultline_test_apiserver::Bootstrap::new()
+        .virtual_time(1_767_225_600_000)
+        .spawn()
+        .await;
+    s.create("configmaps", "default", cm("cm-0", "0")).unwrap();
     let first = s.get("configmaps", "default", "cm-0").unwrap()["metadata"]["resourceVersion"]
         .as_str()
         .unwrap()
         .to_string();
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tokio::time::advance(std::time::Duration::from_millis(300)).await;
     s.update("configmaps", "default", "cm-0", cm("cm-0", "1"), None)
         .unwrap();
     let newest = s.get("configmaps", "default", "cm-0").unwrap()["metadata"]["resourceVersion"]
