@@ -279,11 +279,18 @@ impl Metrics {
     }
 
     /// How `source` learns of faults now: `events` or `polling`.
+    ///
+    /// The other mode is zeroed first, so a scrape that sees the new mode at 1 sees the
+    /// old one at 0: never both at 1, and never the 1 without its 0 beside it.
     pub fn set_fault_event_mode(&self, source: &'static str, mode: FaultEventMode) {
-        for m in [FaultEventMode::Events, FaultEventMode::Polling] {
+        let other = match mode {
+            FaultEventMode::Events => FaultEventMode::Polling,
+            FaultEventMode::Polling => FaultEventMode::Events,
+        };
+        for (m, v) in [(other, 0), (mode, 1)] {
             self.fault_event_mode
                 .get_or_create(&FaultModeLabels { source, mode: m })
-                .set(i64::from(m == mode));
+                .set(v);
         }
     }
 
