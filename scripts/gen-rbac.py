@@ -23,7 +23,8 @@ What the flags need (aggregator/src/config/args.rs; the names: common/src/fault.
   <name>-shard-<i>-page-<p> (1 <= p < --pages), create on ConfigMaps (create names no
   object) and patch on pods (nudges): a name too few is a 403 on a write, one too many a
   grant nobody uses;
-- in --namespace: get, create and update on ConfigMaps (every shard page and <name>-breaker);
+- in --namespace: get, create and update on ConfigMaps (every shard page, <name>-breaker
+  and <name>-budget, the budget's ledger);
 - ConfigMaps nowhere else and never cluster-wide (on EKS that includes kube-system/aws-auth);
 - watch on pods cluster-wide exactly when --watch-pod-health=true (deploy/components/pod-health),
   delete on pods exactly when --force-delete-after-deadline=true (deploy/components/force-delete);
@@ -287,7 +288,7 @@ def problems(objs):
     own = rules_for(objs, sa, need.namespace)
     for verb in ("get", "update") if need.sink == "configmap" else ():
         g = granted(own, verb, "configmaps")
-        missing = set() if g is None else (names | {f"{need.name}-breaker"}) - g
+        missing = set() if g is None else (names | {f"{need.name}-breaker", f"{need.name}-budget"}) - g
         if missing:
             by_name.append(f"{verb} on ConfigMaps in --namespace {need.namespace} lacks {listed(missing)}")
     if need.sink == "configmap" and granted(own, "create", "configmaps") is not None:

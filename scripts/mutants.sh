@@ -52,6 +52,7 @@ acting=(
   'aggregator/src/shard/lease_write.rs|lib,kubernetes,schedules|shard:: lease renewals a_release_waits_out_the_margin a_seed_replays'
   # the budget and the breaker's shared count
   'aggregator/src/remediate/guards.rs|lib,late_writes,remediation|'
+  'aggregator/src/remediate/ledger.rs|lib,late_writes,remediation|'
   # isolate, evict, release, the Node patch
   'aggregator/src/remediate/isolate.rs|lib,late_writes,remediation|'
   'aggregator/src/remediate/evict.rs|lib,remediation,drain|'

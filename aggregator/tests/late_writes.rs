@@ -13,7 +13,7 @@ mod support;
 use std::time::Duration;
 
 use faultline_aggregator::model::RecordDevice;
-use faultline_aggregator::remediate::{Budget, Mode, Outcome, RemediateError, Remediator};
+use faultline_aggregator::remediate::{Budget, Ledger, Mode, Outcome, RemediateError, Remediator};
 use faultline_aggregator::shard::{Fence, Held};
 use faultline_test_apiserver::{ApiServer, Faults};
 use support::{kube_client, until, NodeFixture, Scenario};
@@ -25,13 +25,18 @@ fn failed() -> Vec<RecordDevice> {
     vec![RecordDevice::new("gpu0", "xid-79")]
 }
 
-/// A replica named `actor` with a budget of `max_nodes`.
+/// A replica named `actor` with a budget of `max_nodes`, its places in the ledger.
 fn replica(client: &kube::Client, actor: &str, max_nodes: usize) -> Remediator {
-    Remediator::new(client.clone(), Mode::Enforce, TAINT, "default", actor).with_budget(Budget {
-        max_nodes,
-        max_percent: 100.0,
-        ..Budget::default()
-    })
+    Remediator::new(client.clone(), Mode::Enforce, TAINT, "default", actor)
+        .with_budget(Budget {
+            max_nodes,
+            max_percent: 100.0,
+            ..Budget::default()
+        })
+        .with_budget_ledger(Some(Ledger::new(
+            kube::Api::namespaced(client.clone(), support::NS),
+            "faultline-budget".into(),
+        )))
 }
 
 /// An aggregator's API server holding `nodes`, whose Node PATCHes on paths containing
@@ -81,10 +86,10 @@ fn fate(server: &ApiServer, method: &str, path: &str) -> Option<bool> {
 
 /// Replica 0 taints n1 with 1 s of its hold left; the taint takes 6 s in the server,
 /// so it would land 5 s after the hold ended. Meanwhile replica 1, the new holder,
-/// quarantines n2 (the budget is one node, and n1 is not tainted) and holds n1 back.
-/// The late taint is given up and never carried out: one node tainted, the budget
-/// kept. Without the bound it lands, and two nodes are quarantined against a budget
-/// of one.
+/// holds n2 back: n1's place in the budget's ledger counts (the budget is one node),
+/// for all replica 1 can know the taint may still land. The late taint is given up and
+/// never carried out; replica 1 then quarantines n1 itself: one node tainted, the
+/// budget kept. Without the bound the late taint lands, 5 s after the hold ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taint_due_to_land_after_the_hold_ended_changes_nothing() {
     let (w, client) = slow_patches(&["n1", "n2"], "/nodes/n1", 6_000).await;
@@ -114,14 +119,11 @@ async fn a_taint_due_to_land_after_the_hold_ended_changes_nothing() {
     server.set_faults(Faults::default());
     let r1 = replica(&client, "replica-1", 1);
     let fence = Fence::unfenced();
-    assert_eq!(
-        r1.isolate("n2", failed(), &fence).await.unwrap(),
-        Outcome::Isolated
+    let n2 = r1.isolate("n2", failed(), &fence).await.unwrap();
+    assert!(
+        matches!(&n2, Outcome::HeldBack(why) if why.contains("1 nodes quarantined, budget 1")),
+        "n2: {n2:?}"
     );
-    assert!(matches!(
-        r1.isolate("n1", failed(), &fence).await.unwrap(),
-        Outcome::HeldBack(_)
-    ));
     let r = late.await.unwrap();
     assert!(
         matches!(r, Err(RemediateError::HoldEnded(_))),
@@ -132,47 +134,75 @@ async fn a_taint_due_to_land_after_the_hold_ended_changes_nothing() {
     })
     .await;
     assert!(!carried_out, "the late taint was carried out");
-    assert_eq!(tainted(&server), ["n2"], "one node, as the budget allows");
+    assert_eq!(tainted(&server), Vec::<String>::new());
+    // n1's place is replica 1's now: its own, not one more.
+    assert_eq!(
+        r1.isolate("n1", failed(), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    assert_eq!(tainted(&server), ["n1"], "one node, as the budget allows");
 }
 
 /// Two replicas holding different shards isolate failed nodes at once, each under its
-/// own fence, against one budget of two nodes: each counts the quarantined nodes
-/// before its taint goes, and the taints are slow (400 ms), so both may count before
-/// either lands. The bound the design gives, B + R − 1 = 3 (docs/remediation.md), holds
-/// with six nodes failing; the budget is reached, and the nodes beyond it are held
-/// back. Without the budget's check, all six are tainted.
+/// own fence, against one budget of two nodes. Replica 0 quarantines n1; replica 1's
+/// taint of n4 is slow (2 s in the server), and while it is in flight replica 0 decides
+/// on n2. Counting the Nodes alone it sees one quarantine (n1) and takes n2 too: three
+/// tainted, the old bound B + R − 1. With each place taken in the budget's ledger (a
+/// ConfigMap written by compare-and-swap) before the taint, it counts n4's place:
+/// exactly 2 tainted, the 4 others held back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_isolating_at_once_keep_the_budget_bound() {
+async fn two_replicas_isolating_at_once_keep_the_budget_exactly() {
     let nodes = ["n1", "n2", "n3", "n4", "n5", "n6"];
-    let (w, client) = slow_patches(&nodes, "/nodes/", 400).await;
+    let (w, client) = slow_patches(&nodes, "/nodes/n4", 2_000).await;
     let server = w.server.clone();
     let replica_of = |actor: &str, shard: u32| {
         let held = Held::default();
         held.grant(shard, Instant::now() + Duration::from_secs(600));
         (replica(&client, actor, 2), Fence::shard(held, shard))
     };
-    let pass = |(r, fence): (Remediator, Fence), mine: [&'static str; 3]| async move {
-        let mut outcomes = Vec::new();
-        for n in mine {
-            outcomes.push((n, r.isolate(n, failed(), &fence).await.unwrap()));
+    let (r0, f0) = replica_of("replica-0", 0);
+    let (r1, f1) = replica_of("replica-1", 1);
+    let mut outcomes = vec![("n1", r0.isolate("n1", failed(), &f0).await.unwrap())];
+    let slow = tokio::spawn(async move {
+        let first = r1.isolate("n4", failed(), &f1).await.unwrap();
+        let mut rest = vec![("n4", first)];
+        for n in ["n5", "n6"] {
+            rest.push((n, r1.isolate(n, failed(), &f1).await.unwrap()));
         }
-        outcomes
-    };
-    let (a, b) = tokio::join!(
-        pass(replica_of("replica-0", 0), ["n1", "n2", "n3"]),
-        pass(replica_of("replica-1", 1), ["n4", "n5", "n6"]),
-    );
-    let quarantined = tainted(&server);
-    println!("isolated at once: {a:?} {b:?}; tainted {quarantined:?}");
+        rest
+    });
+    until(
+        Duration::from_secs(10),
+        "replica 1's taint in the server",
+        || {
+            server
+                .received()
+                .iter()
+                .any(|c| c.method == "PATCH" && c.uri.contains("/nodes/n4"))
+                .then_some(())
+        },
+    )
+    .await;
     assert!(
-        (2..=3).contains(&quarantined.len()),
-        "{} nodes tainted: the budget is 2, the bound with two replicas 3 ({quarantined:?})",
+        !tainted(&server).contains(&"n4".to_string()),
+        "n4's taint is still in flight"
+    );
+    for n in ["n2", "n3"] {
+        outcomes.push((n, r0.isolate(n, failed(), &f0).await.unwrap()));
+    }
+    outcomes.extend(slow.await.unwrap());
+    let quarantined = tainted(&server);
+    println!("isolated at once: {outcomes:?}; tainted {quarantined:?}");
+    assert_eq!(
+        quarantined,
+        ["n1", "n4"],
+        "{} nodes tainted against a budget of 2",
         quarantined.len()
     );
-    let held_back = a
+    let held_back: Vec<&str> = outcomes
         .iter()
-        .chain(&b)
         .filter(|(_, o)| matches!(o, Outcome::HeldBack(_)))
-        .count();
-    assert_eq!(held_back, nodes.len() - quarantined.len(), "{a:?} {b:?}");
+        .map(|(n, _)| *n)
+        .collect();
+    assert_eq!(held_back, ["n2", "n3", "n5", "n6"], "{outcomes:?}");
 }

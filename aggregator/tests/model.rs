@@ -5,7 +5,8 @@
 //! - the Lease pass: [`Observer::pass`] (others' Leases judged on this replica's clock)
 //!   and [`plan`] (renew, hand back, take up to the fair share);
 //! - the hold a renewal gives: [`LeaseConfig::hold_until`]; the fence: [`holding`];
-//! - the budget: [`Budget::refusal`]; the breaker's shared count:
+//! - the budget: [`policy::take_place`] (the ledger's places and the quarantined
+//!   Nodes, counted by [`Budget::refusal`]); the breaker's shared count:
 //!   [`policy::note_failure`]; what an open breaker stops: [`policy::breaker_stops`];
 //! - eviction: [`policy::record_evicts`] (an unknown-only quarantine never evicts) and
 //!   [`policy::wants_eviction`].
@@ -19,9 +20,9 @@
 //! up to the margin) and a Lease write may go a second after its read.
 //!
 //! The invariants are the README's: one writer per shard; the budget (at most
-//! `max_nodes + replicas - 1` quarantined: each replica checks and writes under its own
-//! turn, so replicas can each pass the check once before seeing the other's write;
-//! docs/remediation.md proves the bound); no eviction on Unknown; no action without the
+//! `max_nodes` quarantined: each quarantine takes its place in the budget's ledger by
+//! compare-and-swap before its write, so a replica counts the other's decision before
+//! it lands; docs/remediation.md proves the bound); no eviction on Unknown; no action without the
 //! Lease; a release never blocked by an open breaker. `sometimes` properties are the
 //! floors: each interesting thing happens in some reachable state of its lab, so a lab
 //! that cannot reach them fails. Each invariant fails when its guard in product code is
@@ -38,7 +39,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use faultline_aggregator::model::RecordDevice;
-use faultline_aggregator::remediate::policy::{self, Budget, Noted, Step};
+use faultline_aggregator::remediate::policy::{self, Budget, Noted, Place, Step};
 use faultline_aggregator::remediate::view::PodView;
 use faultline_aggregator::shard::held::holding;
 use faultline_aggregator::shard::plan::{plan, Listing, Observer, PlanInput, Record};
@@ -189,6 +190,9 @@ struct World {
     breaker_open: bool,
     /// The breaker's shared count: node -> when (virtual seconds, as text).
     failures: BTreeMap<String, String>,
+    /// The budget's ledger: the places taken (compare-and-swap), landed or not. They are
+    /// all younger than `PLACE_TTL` within the labs' seconds: none expires.
+    places: BTreeMap<String, Place>,
     events: u8,
     /// No replica has stepped since the clock moved: a node's health and a person's
     /// hand change only here, on the second (a reduction: what a replica does within a
@@ -479,6 +483,7 @@ impl Model for Lab {
             ],
             breaker_open: false,
             failures: BTreeMap::new(),
+            places: BTreeMap::new(),
             events: self.events,
             on_the_second: true,
             acted_without_lease: false,
@@ -646,12 +651,28 @@ impl Model for Lab {
                 if w.breaker_open && self.breaker_stops(Step::Isolate) {
                     return Some(w);
                 }
-                // The budget, asked with this replica's turn held until the write.
-                let quarantined = vec![None; self.quarantined(&w)];
-                let refused = self
-                    .budget
-                    .refusal(None, &quarantined, || self.nodes.len())
-                    .is_some();
+                // The budget, asked with this replica's turn held until the write: the
+                // quarantined Nodes and the ledger's places, the node's place taken in
+                // one compare-and-swap (a conflict reads again: one atomic step here).
+                let quarantined: BTreeMap<String, Option<String>> = (0..self.nodes.len())
+                    .filter(|m| w.nodes[*m].quarantine == Some(false))
+                    .map(|m| (format!("n{m}"), None))
+                    .collect();
+                let place = Place {
+                    at: "0".into(),
+                    by: format!("r{r}"),
+                    domain: None,
+                };
+                let refused = policy::take_place(
+                    &self.budget,
+                    &mut w.places,
+                    &quarantined,
+                    (&format!("n{n}"), None),
+                    place,
+                    |_| Some(0.0),
+                    || self.nodes.len(),
+                )
+                .is_some();
                 if refused {
                     w.held_back = true;
                 } else {
@@ -691,6 +712,8 @@ impl Model for Lab {
             }
             Action::Release(r, n) => {
                 self.act(&mut w, r, n);
+                // The node's place goes with its quarantine (`BudgetGuard::forget`).
+                w.places.remove(&format!("n{n}"));
                 w.nodes[n].quarantine = None;
                 w.nodes[n].evicted = false;
                 w.released = true;
@@ -753,7 +776,7 @@ impl Model for Lab {
                     .all(|s| (0..lab.replicas).filter(|r| lab.holds(w, *r, s)).count() <= 1)
             }),
             Property::always("budget", |lab: &Lab, w: &World| {
-                lab.quarantined(w) < lab.budget.max_nodes + lab.replicas
+                lab.quarantined(w) <= lab.budget.max_nodes
             }),
             Property::always("no eviction on Unknown", |_: &Lab, w: &World| {
                 !w.evicted_on_unknown
@@ -780,7 +803,7 @@ impl Model for Lab {
                 lab.quarantined(w) > 0
             }),
             Property::sometimes("the budget's bound reached", |lab: &Lab, w: &World| {
-                lab.quarantined(w) == lab.budget.max_nodes + lab.replicas - 1
+                lab.quarantined(w) == lab.budget.max_nodes
             }),
             Property::sometimes("an eviction", |_: &Lab, w: &World| {
                 w.nodes.iter().any(|n| n.evicted)
@@ -955,8 +978,9 @@ fn the_nodes_are_quarantined_and_unknown_never_evicts() {
 }
 
 /// Three nodes fail (3 s, 3 events), against a budget of one and a breaker at four:
-/// the budget's bound (B + R - 1 = 2) is reached and holds; without the budget's
-/// check in `Budget::refusal` all three are quarantined.
+/// the budget (B = 1) is reached and holds across the two replicas; without the
+/// ledger's places in `policy::take_place` two are quarantined (B + R − 1), without the
+/// budget's check in `Budget::refusal` all three.
 #[test]
 fn the_budget_holds_with_three_failed_nodes() {
     explore(

@@ -6,7 +6,7 @@ mod support;
 
 use faultline_aggregator::model::RecordDevice;
 use faultline_aggregator::remediate::{
-    Budget, Mode, Outcome, Remediator, CONDITION, DEVICES_LABEL, RECORD_ANNOTATION,
+    Budget, Ledger, Mode, Outcome, Remediator, CONDITION, DEVICES_LABEL, RECORD_ANNOTATION,
 };
 use faultline_aggregator::shard::Fence;
 use faultline_test_apiserver::{ApiServer, Faults};
@@ -36,7 +36,12 @@ fn failed(id: &str) -> Vec<RecordDevice> {
 }
 
 fn remediator(client: kube::Client, mode: Mode) -> Remediator {
+    let ledger = Ledger::new(
+        kube::Api::namespaced(client.clone(), support::NS),
+        "faultline-budget".into(),
+    );
     Remediator::new(client, mode, "nvidia.com/gpu-fault", "default", "replica-0")
+        .with_budget_ledger(Some(ledger))
 }
 
 fn budget(max_nodes: usize, max_percent: f64, per_domain: Option<(&str, usize)>) -> Budget {
@@ -498,6 +503,94 @@ async fn the_breaker_stops_everything_until_a_person_closes_it() {
             .unwrap(),
         Outcome::Isolated
     );
+}
+
+/// The budget's ledger (`faultline-budget`): a quarantine's place is taken before its
+/// taint and goes with its release; a place whose taint never landed (another replica's
+/// pass that failed) holds room until `PLACE_TTL`, then the next decision drops it; a
+/// ledger that does not parse stops quarantines with a clear error rather than
+/// undercount.
+#[tokio::test]
+async fn the_budget_ledger_frees_places_on_release_and_expiry() {
+    use faultline_aggregator::remediate::policy::PLACE_TTL;
+    use faultline_aggregator::remediate::{ReleaseRequest, RemediateError};
+    let (server, client) = setup().await;
+    for n in ["a", "b", "c", "d"] {
+        NodeFixture::new(n).create(&server);
+    }
+    let clock = faultline_common::time::Clock::default();
+    let r = remediator(client, Mode::Enforce)
+        .with_budget(budget(1, 100.0, None))
+        .with_clock(clock.clone());
+    let fence = Fence::unfenced();
+    let ledger = || {
+        let cm = server
+            .get("configmaps", "faultline", "faultline-budget")
+            .unwrap();
+        let places: Value = serde_json::from_str(cm["data"]["nodes"].as_str().unwrap()).unwrap();
+        (cm, places)
+    };
+    assert_eq!(
+        r.isolate("a", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    let (_, places) = ledger();
+    assert_eq!(places["a"]["by"], "replica-0", "{places}");
+    assert_eq!(places.as_object().unwrap().len(), 1);
+    let release = ReleaseRequest {
+        devices: vec![],
+        actor: "user:ann".into(),
+        reason: "repaired".into(),
+    };
+    assert_eq!(
+        r.release("a", release, &fence).await.unwrap(),
+        Outcome::Released
+    );
+    let (mut cm, places) = ledger();
+    assert_eq!(places, json!({}), "the place went with the release");
+
+    // Another replica took b's place and its taint never landed.
+    let stale = json!({"b": {"at": clock.rfc3339(), "by": "replica-1"}});
+    cm["data"]["nodes"] = json!(stale.to_string());
+    server
+        .update("configmaps", "faultline", "faultline-budget", cm, None)
+        .unwrap();
+    let held = r.isolate("c", failed("gpu0"), &fence).await.unwrap();
+    assert!(
+        matches!(&held, Outcome::HeldBack(why) if why == "1 nodes quarantined, budget 1"),
+        "{held:?}"
+    );
+    clock.advance(PLACE_TTL - std::time::Duration::from_secs(1));
+    assert!(matches!(
+        r.isolate("c", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::HeldBack(_)
+    ));
+    clock.advance(std::time::Duration::from_secs(1));
+    assert_eq!(
+        r.isolate("c", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    let (mut cm, places) = ledger();
+    assert_eq!(
+        places.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["c"],
+        "b's place expired"
+    );
+
+    // A ledger that does not parse: no quarantine, a clear error, nothing written.
+    cm["data"]["nodes"] = json!("{not json");
+    server
+        .update("configmaps", "faultline", "faultline-budget", cm, None)
+        .unwrap();
+    let r2 = r.with_budget(budget(5, 100.0, None));
+    let err = r2.isolate("d", failed("gpu0"), &fence).await.unwrap_err();
+    assert!(
+        matches!(&err, RemediateError::Record(name, why) if name == "faultline-budget" && why.contains("budget ledger nodes")),
+        "{err}"
+    );
+    assert_eq!(err.metric_label(), "record");
+    let d = server.get("nodes", "", "d").unwrap();
+    assert!(d["spec"]["taints"].is_null(), "{d}");
 }
 
 #[tokio::test]

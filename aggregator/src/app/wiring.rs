@@ -27,7 +27,7 @@ use crate::notify::Notifier;
 use crate::pipeline::Pipeline;
 use crate::publish::seed::ShardPages;
 use crate::publish::{ConfigMapSink, Nudger, Publisher};
-use crate::remediate::{Breaker, Mode, Remediator};
+use crate::remediate::{Breaker, Ledger, Mode, Remediator};
 use crate::shard::{Held, LeaseConfig, ShardLeases, Shards, Sharing};
 
 /// A running aggregator.
@@ -120,6 +120,10 @@ fn remediator(
     )
     .with_resources(cfg.resource_names.clone(), cfg.eviction_deadline)
     .with_budget(cfg.budget.clone())
+    .with_budget_ledger(Some(Ledger::new(
+        Api::namespaced(kube.clone(), &cfg.namespace),
+        format!("{}-budget", cfg.name),
+    )))
     .with_breaker(breaker, cfg.max_evictions_per_minute)
     .with_release(cfg.release.clone())
     .with_force_delete(cfg.force_delete_after_deadline)

@@ -230,6 +230,12 @@ impl Config {
         if s.lease_retry * 2 >= s.lease_duration {
             bail!("--lease-retry must be well under half of --lease-duration");
         }
+        // A write under a budget place goes within half the place's life and lasts at
+        // most a hold: the rest must cover the hold and the clocks' skew.
+        let most = crate::remediate::policy::PLACE_TTL / 4;
+        if s.lease_duration > most {
+            bail!("--lease-duration must be at most {most:?}: a budget place outlives the writes made under it");
+        }
         if p.urgent_spacing > p.write_interval {
             bail!("--urgent-spacing must not exceed --write-interval");
         }

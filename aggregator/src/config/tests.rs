@@ -148,6 +148,16 @@ fn durations_and_choices_are_checked_at_start() {
         "2s"
     ])
     .is_err());
+    // A budget place must outlive a hold: a Lease longer than a quarter of its life is
+    // refused, one within it taken.
+    let lease = |d: &str| Config::parse_from(["a", "--lease-duration", d]);
+    let e = lease("76s").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("--lease-duration must be at most 75s"),
+        "{e}"
+    );
+    assert!(lease("75s").is_ok());
     // A Node's Events are refused (422) in any other namespace.
     let e = Config::parse_from(["a", "--event-namespace", "faultline"]).unwrap_err();
     assert!(e.to_string().contains("\"default\""), "{e}");

@@ -271,7 +271,7 @@ impl Metrics {
         );
         registry.register(
             "remediation_errors",
-            "Remediation passes that failed, by kind (conflict, api, not-holder, record)",
+            "Remediation passes that failed, by kind (conflict, api, not-holder, record, budget, device)",
             m.remediation_errors.clone(),
         );
         registry.register(

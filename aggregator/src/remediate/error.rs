@@ -13,6 +13,11 @@ pub enum RemediateError {
     /// cannot land after another replica took the shard over.
     #[error("the shard's hold ended {0:?} into a write: given up")]
     HoldEnded(std::time::Duration),
+    /// The pass took this long from taking the node's place in the budget ledger to
+    /// its write: so late the place may be dropped as stale, so the write is not sent
+    /// (the next pass takes the place anew).
+    #[error("{0:?} from the budget's place to the write: not sent")]
+    PlaceExpired(std::time::Duration),
     /// The record on the Node does not parse.
     #[error("unreadable quarantine record on {0}: {1}")]
     Record(String, String),
@@ -35,7 +40,8 @@ pub enum RemediateError {
 
 impl RemediateError {
     /// The kind, as a metric label: `conflict` (409/422: the Node changed under the
-    /// pass), `api` (any other API error), `not-holder`, `record`.
+    /// pass), `api` (any other API error), `not-holder`, `record`, `budget` (a place in
+    /// the budget ledger too old to write under), `device`.
     pub fn metric_label(&self) -> &'static str {
         match self {
             RemediateError::Api(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => {
@@ -44,6 +50,7 @@ impl RemediateError {
             RemediateError::Api(_) => "api",
             RemediateError::NotHolder | RemediateError::HoldEnded(_) => "not-holder",
             RemediateError::Record(..) => "record",
+            RemediateError::PlaceExpired(_) => "budget",
             RemediateError::Device(..)
             | RemediateError::RuleRefused { .. }
             | RemediateError::NoAgreement { .. } => "device",

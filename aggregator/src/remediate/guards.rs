@@ -12,31 +12,44 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use faultline_common::sync::Locked;
+use faultline_common::time::Clock;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
 
 use super::error::RemediateError;
-use super::policy::{Budget, Noted};
+use super::ledger::{Ledger, NODES_KEY, UNKNOWN_KEY};
+use super::policy::{take_place, Budget, Noted, Place};
 use super::record::{DEVICES_LABEL, UNKNOWN_MARK};
 
 /// The quarantine budget, counted from the Nodes themselves (the devices label), so
-/// every replica sees the same count.
+/// every replica sees the same count, and from the ledger: the places taken for
+/// quarantines not yet landed, in a ConfigMap every replica writes by compare-and-swap.
+/// Without the ledger, replicas of different shards deciding at once could each see
+/// room for one more (the bound was B + R − 1); with it the budget holds exactly.
 pub struct BudgetGuard {
     /// The limits.
     pub budget: Budget,
     /// One decision (count, then write) at a time in this replica, so concurrent passes
     /// cannot all see room for one more. Held by a pass from its check to its write.
     turn: tokio::sync::Mutex<()>,
+    /// The shared ledger of places (none: the Nodes' count alone, within one replica).
+    ledger: Option<Ledger>,
 }
 
 impl BudgetGuard {
-    /// A guard of `budget`.
+    /// A guard of `budget`, counting from the Nodes alone.
     pub fn new(budget: Budget) -> Self {
         BudgetGuard {
             budget,
             turn: tokio::sync::Mutex::new(()),
+            ledger: None,
         }
+    }
+
+    /// Count the places of `ledger` too: the budget holds across replicas.
+    pub fn set_ledger(&mut self, ledger: Option<Ledger>) {
+        self.ledger = ledger;
     }
 
     /// This replica's turn to decide; hold it until the write is done.
@@ -44,59 +57,174 @@ impl BudgetGuard {
         self.turn.lock().await
     }
 
-    /// Why quarantining `node` now would exceed the budget, if it would. Nodes the
-    /// unknown guard tainted do not count: they have their own budget
-    /// ([`BudgetGuard::unknown_refusal`]). Every read is of metadata only, in pages
-    /// (a real GPU Node is 15-40 KB; a list of every Node in one answer was
-    /// 0.3-0.8 GB at 20,000 nodes).
+    /// Why quarantining `node` now would exceed the budget, if it would; else its place
+    /// is taken in the ledger (stamped `at` by `by`) before this returns, so every
+    /// replica counts it from then on. Nodes the unknown guard tainted do not count:
+    /// they have their own budget ([`BudgetGuard::unknown_refusal`]). Every read of the
+    /// Nodes is of metadata only, in pages (a real GPU Node is 15-40 KB; a list of every
+    /// Node in one answer was 0.3-0.8 GB at 20,000 nodes).
     pub async fn refusal(
         &self,
         nodes: &Api<Node>,
         node: &Node,
+        (by, clock): (&str, &Clock),
     ) -> Result<Option<String>, RemediateError> {
         // A consistent read: a count from a lagging cache could miss a quarantine just
         // made and let one more through (this list is one per new quarantine, not per
         // pass).
-        let mut quarantined: Vec<ObjectMeta> = Vec::new();
-        each_page(nodes, DEVICES_LABEL, |page| {
-            quarantined.extend(page.filter(|m| !unknown_only(m) && !device_scoped(m)));
-        })
-        .await?;
         let domain = |m: &ObjectMeta| {
             let label = self.budget.per_domain.as_ref().map(|(l, _)| l.as_str())?;
             m.labels.as_ref()?.get(label).cloned()
         };
-        let domains: Vec<Option<String>> = quarantined.iter().map(domain).collect();
-        let mine = domain(&node.metadata);
-        if quarantined.len() >= self.budget.max_nodes {
-            return Ok(self.budget.refusal(mine.as_deref(), &domains, || 0));
-        }
-        // The share's base: counted page by page, nothing kept.
-        let mut total = 0;
-        each_page(nodes, &self.budget.node_selector, |page| {
-            total += page.count()
+        let mut quarantined: BTreeMap<String, Option<String>> = BTreeMap::new();
+        each_page(nodes, DEVICES_LABEL, |page| {
+            quarantined.extend(
+                page.filter(|m| !unknown_only(m) && !device_scoped(m))
+                    .map(|m| (m.name.clone().unwrap_or_default(), domain(&m))),
+            );
         })
         .await?;
-        Ok(self.budget.refusal(mine.as_deref(), &domains, || total))
+        let mine = domain(&node.metadata);
+        let name = node.metadata.name.clone().unwrap_or_default();
+        // The share's base, asked only when the Nodes' count leaves room (else the count
+        // refuses before the share is asked): counted page by page, nothing kept; once
+        // per decision (a conflict retries with it).
+        let mut total = None;
+        let others = quarantined.len() - usize::from(quarantined.contains_key(&name));
+        if others < self.budget.max_nodes {
+            let mut n = 0;
+            each_page(nodes, &self.budget.node_selector, |page| n += page.count()).await?;
+            total = Some(n);
+        }
+        // Never asked without it; were it, no share refuses.
+        let total = || total.unwrap_or(usize::MAX);
+        let place = || Place {
+            at: clock.rfc3339(),
+            by: by.to_string(),
+            domain: mine.clone(),
+        };
+        let Some(ledger) = &self.ledger else {
+            let mut none = BTreeMap::new();
+            let why = take_place(
+                &self.budget,
+                &mut none,
+                &quarantined,
+                (&name, mine.as_deref()),
+                place(),
+                |_| None,
+                total,
+            );
+            return Ok(why);
+        };
+        ledger
+            .update(NODES_KEY, |places| {
+                match take_place(
+                    &self.budget,
+                    places,
+                    &quarantined,
+                    (&name, mine.as_deref()),
+                    place(),
+                    |at| clock.age_secs(at),
+                    total,
+                ) {
+                    Some(why) => Err(why),
+                    None => Ok(true),
+                }
+            })
+            .await
     }
 
-    /// Why the unknown guard may not taint one more node, if it may not: it has
-    /// `max_unknown` nodes tainted already (a consistent read, as above).
+    /// Why the unknown guard may not taint `node` now, if it may not: it has
+    /// `max_unknown` nodes tainted already (a consistent read, as above) or placed in
+    /// the ledger; else `node`'s place is taken by `taker` (replica, clock), as for
+    /// [`BudgetGuard::refusal`]. No taker (a dry run): the Nodes' count, nothing taken.
     pub async fn unknown_refusal(
         &self,
         nodes: &Api<Node>,
+        node: &str,
+        taker: Option<(&str, &Clock)>,
     ) -> Result<Option<String>, RemediateError> {
-        let mut tainted = 0;
+        let mut tainted: BTreeMap<String, Option<String>> = BTreeMap::new();
         each_page(nodes, &format!("{DEVICES_LABEL}={UNKNOWN_MARK}"), |page| {
-            tainted += page.count()
+            tainted.extend(page.map(|m| (m.name.unwrap_or_default(), None)))
         })
         .await?;
-        Ok((tainted >= self.budget.max_unknown).then(|| {
+        let budget = Budget {
+            max_nodes: self.budget.max_unknown,
+            max_percent: 100.0,
+            per_domain: None,
+            ..Budget::default()
+        };
+        let why = |n: usize| {
             format!(
-                "{tainted} nodes tainted for unknown devices, unknown-guard budget {}",
+                "{n} nodes tainted for unknown devices, unknown-guard budget {}",
                 self.budget.max_unknown
             )
-        }))
+        };
+        let (Some(ledger), Some((by, clock))) = (&self.ledger, taker) else {
+            let n = tainted.len();
+            return Ok((n >= self.budget.max_unknown).then(|| why(n)));
+        };
+        let place = || Place {
+            at: clock.rfc3339(),
+            by: by.to_string(),
+            domain: None,
+        };
+        ledger
+            .update(UNKNOWN_KEY, |places| {
+                match take_place(
+                    &budget,
+                    places,
+                    &tainted,
+                    (node, None),
+                    place(),
+                    |at| clock.age_secs(at),
+                    || usize::MAX,
+                ) {
+                    Some(_) => Err(why(tainted.len()
+                        + places
+                            .keys()
+                            .filter(|n| *n != node && !tainted.contains_key(*n))
+                            .count())),
+                    None => Ok(true),
+                }
+            })
+            .await
+    }
+
+    /// This replica's pass for `node` took a place and its write surely did not land (the
+    /// API server refused it with a 4xx, or it was never sent): the place goes back
+    /// now, not when it expires. Only a place `by` this replica (its budget turn is held
+    /// meanwhile, so no other pass of it took one since); best effort.
+    pub async fn give_back(&self, node: &str, by: &str) {
+        let Some(ledger) = &self.ledger else {
+            return;
+        };
+        for key in [NODES_KEY, UNKNOWN_KEY] {
+            let mine = |places: &mut BTreeMap<String, Place>| {
+                let ours = places.get(node).is_some_and(|p| p.by == by);
+                Ok(ours && places.remove(node).is_some())
+            };
+            if let Err(e) = ledger.update(key, mine).await {
+                tracing::warn!(node, error = %e, "a place in the budget ledger stays until it expires");
+            }
+        }
+    }
+
+    /// `node` was released: its places go (best effort: a place left is dropped once
+    /// [`PLACE_TTL`](super::policy::PLACE_TTL) old, its node no longer quarantined).
+    pub async fn forget(&self, node: &str) {
+        let Some(ledger) = &self.ledger else {
+            return;
+        };
+        for key in [NODES_KEY, UNKNOWN_KEY] {
+            let gone = ledger
+                .update(key, |places| Ok(places.remove(node).is_some()))
+                .await;
+            if let Err(e) = gone {
+                tracing::warn!(node, error = %e, "released, but its place in the budget ledger stays until it expires");
+            }
+        }
     }
 }
 

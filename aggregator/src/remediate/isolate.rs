@@ -8,13 +8,15 @@
 //! NoSchedule taint valued `unknown`, never an eviction) and holding a node back when a
 //! budget is spent.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Taint;
 
 use super::announce::audit;
 use super::device::DevicePath;
 use super::error::{Outcome, RemediateError};
 use super::patch::NodePatch;
-use super::policy::{breaker_stops, not_suppressed, young, Mode, Step};
+use super::policy::{breaker_stops, not_suppressed, young, Mode, Step, PLACE_TTL};
 use super::record::{
     describe, fingerprint, history_of, label_value, LiveNode, QuarantineRecord,
     ANNOUNCE_RETRY_SECS, CONDITION, DEVICES_LABEL, SCOPE_LABEL, UNKNOWN_MARK,
@@ -26,6 +28,39 @@ use crate::model::RecordDevice;
 use crate::shard::Fence;
 
 impl Remediator {
+    /// A write under a place in the budget ledger taken at `placed_ms` may go: the place
+    /// is younger than half its [`PLACE_TTL`], so no replica drops it while the write
+    /// (bounded by the hold) is in flight, whatever their clocks' skew.
+    fn place_fresh(&self, placed_ms: u64) -> Result<(), RemediateError> {
+        let took = Duration::from_millis(self.clock.now_ms().saturating_sub(placed_ms));
+        if took >= PLACE_TTL / 2 {
+            return Err(RemediateError::PlaceExpired(took));
+        }
+        Ok(())
+    }
+
+    /// What a pass that took `node`'s place in the budget does with `result`: a write
+    /// that surely did not land (never sent, or refused with a 4xx) gives the place
+    /// back. A 5xx, a timeout or a write given up at the hold's end may still land:
+    /// their place stays until it expires.
+    async fn under_place<T>(
+        &self,
+        node: &str,
+        placed: bool,
+        result: Result<T, RemediateError>,
+    ) -> Result<T, RemediateError> {
+        let surely_not = match &result {
+            Ok(_) => false,
+            Err(RemediateError::Api(kube::Error::Api(s))) => (400..500).contains(&s.code),
+            Err(RemediateError::NotHolder | RemediateError::PlaceExpired(_)) => true,
+            Err(_) => false,
+        };
+        if placed && surely_not {
+            self.budget.give_back(node, &self.actor).await;
+        }
+        result
+    }
+
     /// The devices of `devices` a person has not released within the dedup window.
     fn not_suppressed(&self, live: &LiveNode, devices: Vec<RecordDevice>) -> Vec<RecordDevice> {
         not_suppressed(
@@ -137,14 +172,17 @@ impl Remediator {
             Some(r) => r.unknown_only || !r.node_scoped(),
             None => !has_taint,
         };
+        // Across replicas the count includes the ledger's places: this node's is taken
+        // before its taint is written, so the budget holds exactly.
         let _budget_turn = if unquarantined && self.mode == Mode::Enforce {
             let turn = self.budget.turn().await;
-            if let Some(why) = self.budget.refusal(&self.nodes, &live.node).await? {
+            let me = (self.actor.as_str(), &self.clock);
+            if let Some(why) = self.budget.refusal(&self.nodes, &live.node, me).await? {
                 return self
                     .hold_back(node, why, &devices, Action::Quarantine)
                     .await;
             }
-            Some(turn)
+            Some((turn, self.clock.now_ms()))
         } else {
             None
         };
@@ -158,8 +196,11 @@ impl Remediator {
                 .map(|w| format!("; the node, not the device: {}", w.describe()))
                 .unwrap_or_default()
         );
+        let placed = _budget_turn.is_some();
         if !fence.holds() {
-            return Err(RemediateError::NotHolder);
+            return self
+                .under_place(node, placed, Err(RemediateError::NotHolder))
+                .await;
         }
         if self.mode == Mode::DryRun {
             tracing::warn!(node, devices = ?ids, taint = %self.taint.key, "dry-run: would quarantine");
@@ -209,9 +250,14 @@ impl Remediator {
             record.act("label", &now, &self.actor);
         }
         patch.record(&record);
+        if let Some((_, at)) = &_budget_turn {
+            let fresh = self.place_fresh(*at);
+            self.under_place(node, placed, fresh).await?;
+        }
         // Taint, label and record in one write, unless only the condition was missing.
         if !(same_fault && has_taint) {
-            self.apply(node, patch, fence).await?;
+            let applied = self.apply(node, patch, fence).await;
+            self.under_place(node, placed, applied).await?;
         }
         self.condition(
             node,
@@ -347,14 +393,20 @@ impl Remediator {
             return Ok(Outcome::AlreadyDone);
         }
         let _turn = self.budget.turn().await;
-        if let Some(why) = self.budget.unknown_refusal(&self.nodes).await? {
+        // A dry run asks the count and takes no place.
+        let me = (self.mode == Mode::Enforce).then_some((self.actor.as_str(), &self.clock));
+        if let Some(why) = self.budget.unknown_refusal(&self.nodes, node, me).await? {
             return self
                 .hold_back(node, why, &devices, Action::Quarantine)
                 .await;
         }
+        let placed = self.clock.now_ms();
+        let taken = self.mode == Mode::Enforce;
         let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
         if !fence.holds() {
-            return Err(RemediateError::NotHolder);
+            return self
+                .under_place(node, taken, Err(RemediateError::NotHolder))
+                .await;
         }
         if self.mode == Mode::DryRun {
             self.announce
@@ -396,7 +448,10 @@ impl Remediator {
             patch.label(DEVICES_LABEL, UNKNOWN_MARK);
         }
         patch.record(&record);
-        self.apply(node, patch, fence).await?;
+        let fresh = self.place_fresh(placed);
+        self.under_place(node, taken, fresh).await?;
+        let applied = self.apply(node, patch, fence).await;
+        self.under_place(node, taken, applied).await?;
         audit(
             "taint-unknown",
             node,

@@ -7,6 +7,7 @@
 //! - `patch.rs`: the resourceVersion-guarded Node patch;
 //! - `policy.rs`: the decisions, as pure functions with table tests;
 //! - `guards.rs`: budget, breaker, eviction rate and held-back nodes, each its own lock;
+//! - `ledger.rs`: the budget's places, a ConfigMap written by compare-and-swap;
 //! - `announce.rs`: Events, audit lines, notifications;
 //! - `remediator.rs`: what every pass needs; `isolate.rs`, `evict.rs`, `release.rs`,
 //!   `canary.rs`: the passes;
@@ -32,6 +33,7 @@ pub mod guards;
 mod holders;
 pub mod isolate;
 mod kubelet_dra;
+pub mod ledger;
 pub mod patch;
 pub mod policy;
 mod prediction;
@@ -44,6 +46,7 @@ pub use crate::device_taint::DeviceQuarantine;
 pub use error::{Outcome, RemediateError};
 pub use evict::Evictions;
 pub use guards::Breaker;
+pub use ledger::Ledger;
 pub use policy::{Budget, CanarySpec, Mode, ReleasePolicy};
 pub use record::{
     history_of, label_value, record_of, CanaryState, DeviceIsolation, DeviceRule, LiveNode,

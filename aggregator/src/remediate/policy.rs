@@ -97,6 +97,61 @@ impl Budget {
     }
 }
 
+/// A node's place in the budget, taken in the shared ledger (a ConfigMap written by
+/// compare-and-swap) before its taint is written: every replica counts it from then on,
+/// landed or not, so across replicas the budget holds exactly.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Place {
+    /// When it was taken (RFC 3339, the taker's clock).
+    pub at: String,
+    /// The replica that took it.
+    pub by: String,
+    /// The node's failure domain, where a domain budget is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+}
+
+/// How long a place whose node is not quarantined is kept: one taken by a pass whose
+/// taint never landed (the hold ended, a 500, a crash). A taint is written within this
+/// of its place or not at all (`isolate` checks before its write, and the write is bounded
+/// by the hold), so a place is never dropped while its taint may still land.
+pub const PLACE_TTL: Duration = Duration::from_secs(300);
+
+/// Take `node`'s place (failure domain `domain`) in `ledger`, within `budget`: the
+/// count is every node quarantined now (`quarantined`, read from the Nodes: name →
+/// domain) and every other place in the ledger. A place whose node is not quarantined
+/// and which is [`PLACE_TTL`] old (`age_secs` of its `at`) is dropped first. On room,
+/// `place` is `node`'s from now on (a place taken before is stamped anew) and `None`
+/// comes back; else why not, and `ledger` keeps its places (the caller writes nothing).
+pub fn take_place(
+    budget: &Budget,
+    ledger: &mut std::collections::BTreeMap<String, Place>,
+    quarantined: &std::collections::BTreeMap<String, Option<String>>,
+    (node, domain): (&str, Option<&str>),
+    place: Place,
+    age_secs: impl Fn(&str) -> Option<f64>,
+    total: impl FnOnce() -> usize,
+) -> Option<String> {
+    let ttl = PLACE_TTL.as_secs_f64();
+    ledger.retain(|n, p| {
+        n == node || quarantined.contains_key(n) || age_secs(&p.at).is_some_and(|a| a < ttl)
+    });
+    let others = quarantined
+        .iter()
+        .filter(|(n, _)| *n != node)
+        .map(|(_, d)| d.clone());
+    let reserved = ledger
+        .iter()
+        .filter(|(n, _)| *n != node && !quarantined.contains_key(*n))
+        .map(|(_, p)| p.domain.clone());
+    let domains: Vec<Option<String>> = others.chain(reserved).collect();
+    let why = budget.refusal(domain, &domains, total);
+    if why.is_none() {
+        ledger.insert(node.to_string(), place);
+    }
+    why
+}
+
 /// When a quarantine ends by itself.
 #[derive(Debug, Clone)]
 pub struct ReleasePolicy {

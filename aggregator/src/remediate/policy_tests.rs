@@ -407,6 +407,92 @@ fn budget_arithmetic() {
     );
 }
 
+/// The ledger's count: the Nodes quarantined and the places not yet landed, each once;
+/// a place whose taint never landed is dropped once it is `PLACE_TTL` old, never before.
+#[test]
+fn a_place_in_the_ledger_counts_until_it_lands_or_expires() {
+    use std::collections::BTreeMap;
+    let b = Budget {
+        max_nodes: 2,
+        max_percent: 100.0,
+        per_domain: Some(("rack".into(), 2)),
+        ..Budget::default()
+    };
+    let ttl = super::PLACE_TTL.as_secs();
+    let place = |at: u64, rack: &str| super::Place {
+        at: at.to_string(),
+        by: "replica-0".into(),
+        domain: Some(rack.into()),
+    };
+    // Ages are seconds since `at`, now being 1000.
+    let age = |at: &str| at.parse::<u64>().ok().map(|t| 1000.0 - t as f64);
+    let take = |ledger: &mut BTreeMap<String, super::Place>,
+                quarantined: &BTreeMap<String, Option<String>>,
+                node: &str,
+                rack: &str| {
+        super::take_place(
+            &b,
+            ledger,
+            quarantined,
+            (node, Some(rack)),
+            place(1000, rack),
+            age,
+            || 100,
+        )
+    };
+    let mut ledger = BTreeMap::new();
+    let none = BTreeMap::new();
+    // Two places taken, their taints not landed: a third is refused.
+    assert_eq!(take(&mut ledger, &none, "a", "r0"), None);
+    assert_eq!(take(&mut ledger, &none, "b", "r1"), None);
+    let why = take(&mut ledger, &none, "c", "r2").unwrap();
+    assert_eq!(why, "2 nodes quarantined, budget 2");
+    assert_eq!(ledger.len(), 2, "a refusal takes no place");
+    // A node that landed counts once, as a Node and as a place.
+    let landed: BTreeMap<String, Option<String>> = [("a".to_string(), Some("r0".into()))].into();
+    assert!(take(&mut ledger, &landed, "c", "r2").is_some());
+    // Taking one's own place again is stamped anew, and counts the others only.
+    ledger.insert("a".into(), place(1000 - ttl - 1, "r0"));
+    assert_eq!(take(&mut ledger, &none, "a", "r0"), None);
+    assert_eq!(ledger["a"].at, "1000");
+    // A place not landed, just under the TTL old, still counts...
+    ledger.insert("b".into(), place(1000 - ttl + 1, "r1"));
+    assert!(take(&mut ledger, &none, "c", "r2").is_some());
+    assert!(ledger.contains_key("b"));
+    // ...and at the TTL it is dropped: its taint can no longer land.
+    ledger.insert("b".into(), place(1000 - ttl, "r1"));
+    assert_eq!(take(&mut ledger, &none, "c", "r2"), None);
+    assert_eq!(ledger.keys().collect::<Vec<_>>(), ["a", "c"]);
+    // An old place whose node is quarantined stays (and counts once).
+    let mut ledger: BTreeMap<String, super::Place> = [("a".to_string(), place(0, "r0"))].into();
+    assert_eq!(take(&mut ledger, &landed, "b", "r0"), None);
+    assert!(ledger.contains_key("a"));
+    // A landed node and a place: the budget of two is spent.
+    let why = take(&mut ledger, &landed, "c", "r0").unwrap();
+    assert!(why.contains("2 nodes quarantined"), "{why}");
+    // A domain's count includes the places: the rack of two is full.
+    let b1 = Budget {
+        max_nodes: 5,
+        ..b.clone()
+    };
+    let mut ledger: BTreeMap<String, super::Place> = [
+        ("a".to_string(), place(1000, "r0")),
+        ("b".to_string(), place(1000, "r0")),
+    ]
+    .into();
+    let why = super::take_place(
+        &b1,
+        &mut ledger,
+        &none,
+        ("c", Some("r0")),
+        place(1000, "r0"),
+        age,
+        || 100,
+    )
+    .unwrap();
+    assert_eq!(why, "2 nodes of rack=r0 quarantined, budget 2");
+}
+
 fn run(state: CanaryState, started_s: u64, finished_s: Option<u64>) -> CanaryRun {
     CanaryRun {
         job: "faultline/c1".into(),

@@ -223,6 +223,8 @@ impl Remediator {
         }
         self.apply(&node, patch, fence).await?;
         if !partial {
+            // The node's place in the budget goes with its quarantine.
+            self.budget.forget(&node).await;
             // The record is gone already: a failure here leaves only a stale condition,
             // which the next quarantine overwrites.
             let message = format!("released by {}: {}", req.actor, req.reason);

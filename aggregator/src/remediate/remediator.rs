@@ -19,6 +19,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use super::announce::Announcer;
 use super::error::RemediateError;
 use super::guards::{Breaker, BudgetGuard, EvictionRate, HeldBack};
+use super::ledger::Ledger;
 use super::patch::NodePatch;
 use super::policy::{Budget, Mode, ReleasePolicy};
 use super::record::{
@@ -179,7 +180,14 @@ impl Remediator {
 
     /// The quarantine budget.
     pub fn with_budget(mut self, budget: Budget) -> Self {
-        self.budget = BudgetGuard::new(budget);
+        self.budget.budget = budget;
+        self
+    }
+
+    /// The budget's ledger: places taken by compare-and-swap before each quarantine, so
+    /// the budget holds across replicas (none: the Nodes' count alone).
+    pub fn with_budget_ledger(mut self, ledger: Option<Ledger>) -> Self {
+        self.budget.set_ledger(ledger);
         self
     }
 
