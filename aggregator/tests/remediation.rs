@@ -593,6 +593,173 @@ async fn the_budget_ledger_frees_places_on_release_and_expiry() {
     assert!(d["spec"]["taints"].is_null(), "{d}");
 }
 
+/// Two replicas take places in the budget's ledger at once: both read it at one
+/// resourceVersion, and the second write meets 409 and is made again from a fresh read
+/// (the compare-and-swap), so both quarantines land with a place each. A 500 on the
+/// ledger's write is no conflict: the pass fails with it at once, one write made,
+/// nothing tainted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn places_taken_at_once_meet_a_conflict_and_read_again() {
+    let (server, client) = setup().await;
+    for n in ["a", "b", "c"] {
+        NodeFixture::new(n).create(&server);
+    }
+    let ledger = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "faultline-budget", "namespace": "faultline"},
+        "data": {"nodes": "{}"}
+    });
+    server.create("configmaps", "faultline", ledger).unwrap();
+    let replica = |actor: &str| {
+        let ledger = Ledger::new(
+            kube::Api::namespaced(client.clone(), support::NS),
+            "faultline-budget".into(),
+        );
+        Remediator::new(
+            client.clone(),
+            Mode::Enforce,
+            "nvidia.com/gpu-fault",
+            "default",
+            actor,
+        )
+        .with_budget(budget(2, 100.0, None))
+        .with_budget_ledger(Some(ledger))
+    };
+    let (r0, r1) = (replica("replica-0"), replica("replica-1"));
+    // Both read the ledger before either write lands.
+    server.set_faults(Faults {
+        latency_ms: 500,
+        latency_method: "PUT".into(),
+        latency_match: "/configmaps/faultline-budget".into(),
+        ..Default::default()
+    });
+    let fence = Fence::unfenced();
+    let (a, b) = tokio::join!(
+        r0.isolate("a", failed("gpu0"), &fence),
+        r1.isolate("b", failed("gpu0"), &fence)
+    );
+    assert_eq!(
+        (a.unwrap(), b.unwrap()),
+        (Outcome::Isolated, Outcome::Isolated)
+    );
+    let puts: Vec<u16> = server
+        .calls()
+        .iter()
+        .filter(|c| c.method == "PUT" && c.uri.contains("/configmaps/faultline-budget"))
+        .map(|c| c.status)
+        .collect();
+    assert!(puts.contains(&409), "no conflict met: {puts:?}");
+    let cm = server
+        .get("configmaps", "faultline", "faultline-budget")
+        .unwrap();
+    let places: Value = serde_json::from_str(cm["data"]["nodes"].as_str().unwrap()).unwrap();
+    assert_eq!(places["a"]["by"], "replica-0", "{places}");
+    assert_eq!(places["b"]["by"], "replica-1", "{places}");
+
+    // A 500 on the write: no retry, no taint.
+    server.set_faults(Faults {
+        write_error_rate: 1.0,
+        ..Default::default()
+    });
+    let before = server.calls().len();
+    let r0 = r0.with_budget(budget(3, 100.0, None));
+    let err = r0.isolate("c", failed("gpu0"), &fence).await.unwrap_err();
+    assert!(
+        matches!(&err, faultline_aggregator::remediate::RemediateError::Api(kube::Error::Api(s)) if s.code == 500),
+        "{err}"
+    );
+    let writes = server.calls()[before..]
+        .iter()
+        .filter(|c| c.method == "PUT" && c.uri.contains("/configmaps/faultline-budget"))
+        .count();
+    assert_eq!(writes, 1, "one write, not retried");
+    server.set_faults(Faults::default());
+    assert!(server.get("nodes", "", "c").unwrap()["spec"]["taints"].is_null());
+}
+
+/// After an upgrade the ledger is new while Nodes are already quarantined: they count
+/// from the Nodes themselves (the devices label), except a node quarantined for its
+/// devices alone and one the unknown guard tainted. With the budget full the share's
+/// base (every accelerator Node) is not even listed; below it, the share binds through
+/// the guard as in the table test.
+#[tokio::test]
+async fn nodes_quarantined_before_the_ledger_count_and_the_share_binds() {
+    let (server, client) = setup().await;
+    let q = "faultline.io/quarantine-scope";
+    NodeFixture::new("old1")
+        .label(DEVICES_LABEL, "gpu0")
+        .create(&server);
+    NodeFixture::new("old2")
+        .label(DEVICES_LABEL, "gpu1")
+        .create(&server);
+    NodeFixture::new("dev")
+        .label(DEVICES_LABEL, "gpu0")
+        .label(q, "device")
+        .create(&server);
+    NodeFixture::new("unk")
+        .label(DEVICES_LABEL, "unknown")
+        .create(&server);
+    for n in ["new1", "new2", "new3"] {
+        NodeFixture::new(n).create(&server);
+    }
+    let r = remediator(client.clone(), Mode::Enforce).with_budget(budget(3, 100.0, None));
+    let fence = Fence::unfenced();
+    assert_eq!(
+        r.isolate("new1", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    let before = server.calls().len();
+    let held = r.isolate("new2", failed("gpu0"), &fence).await.unwrap();
+    assert!(
+        matches!(&held, Outcome::HeldBack(why) if why == "3 nodes quarantined, budget 3"),
+        "old1, old2 and new1 count; dev and unk do not: {held:?}"
+    );
+    let whole = server.calls()[before..]
+        .iter()
+        .filter(|c| {
+            c.method == "GET"
+                && c.uri.starts_with("/api/v1/nodes?")
+                && !c.uri.contains("labelSelector")
+        })
+        .count();
+    assert_eq!(whole, 0, "the budget full: no list of every Node");
+    // Below the count, the share: 8 nodes, 30%: a third of 8 would be 38%.
+    let r = remediator(client, Mode::Enforce).with_budget(budget(10, 30.0, None));
+    let held = r.isolate("new3", failed("gpu0"), &fence).await.unwrap();
+    assert!(
+        matches!(&held, Outcome::HeldBack(why) if why.contains("4 of 8 nodes would be quarantined (50%)")),
+        "{held:?}"
+    );
+}
+
+/// A pass that took a place and surely did not write gives it back at once: here the
+/// fence was lost before the taint was sent.
+#[tokio::test]
+async fn a_place_whose_taint_surely_did_not_land_is_given_back() {
+    use faultline_aggregator::remediate::RemediateError;
+    use faultline_aggregator::shard::Held;
+    let (server, client) = setup().await;
+    NodeFixture::new("a").create(&server);
+    let r = remediator(client, Mode::Enforce).with_budget(budget(1, 100.0, None));
+    let places = || {
+        let cm = server
+            .get("configmaps", "faultline", "faultline-budget")
+            .unwrap();
+        serde_json::from_str::<Value>(cm["data"]["nodes"].as_str().unwrap()).unwrap()
+    };
+    let lost = Fence::shard(Held::default(), 0);
+    let err = r.isolate("a", failed("gpu0"), &lost).await.unwrap_err();
+    assert!(matches!(err, RemediateError::NotHolder), "{err}");
+    assert_eq!(places(), json!({}), "the place went back");
+    assert_eq!(
+        r.isolate("a", failed("gpu0"), &Fence::unfenced())
+            .await
+            .unwrap(),
+        Outcome::Isolated
+    );
+    assert_eq!(places()["a"]["by"], "replica-0");
+}
+
 #[tokio::test]
 async fn evictions_are_rate_limited_and_the_rest_wait() {
     let (server, client) = setup().await;

@@ -76,22 +76,24 @@ impl BudgetGuard {
             let label = self.budget.per_domain.as_ref().map(|(l, _)| l.as_str())?;
             m.labels.as_ref()?.get(label).cloned()
         };
+        let name = node.metadata.name.clone().unwrap_or_default();
+        // The other nodes quarantined (the node itself may carry the label, set by
+        // another owner: it is the one asking).
         let mut quarantined: BTreeMap<String, Option<String>> = BTreeMap::new();
         each_page(nodes, DEVICES_LABEL, |page| {
             quarantined.extend(
                 page.filter(|m| !unknown_only(m) && !device_scoped(m))
+                    .filter(|m| m.name.as_ref() != Some(&name))
                     .map(|m| (m.name.clone().unwrap_or_default(), domain(&m))),
             );
         })
         .await?;
         let mine = domain(&node.metadata);
-        let name = node.metadata.name.clone().unwrap_or_default();
         // The share's base, asked only when the Nodes' count leaves room (else the count
         // refuses before the share is asked): counted page by page, nothing kept; once
         // per decision (a conflict retries with it).
         let mut total = None;
-        let others = quarantined.len() - usize::from(quarantined.contains_key(&name));
-        if others < self.budget.max_nodes {
+        if quarantined.len() < self.budget.max_nodes {
             let mut n = 0;
             each_page(nodes, &self.budget.node_selector, |page| n += page.count()).await?;
             total = Some(n);
@@ -149,21 +151,24 @@ impl BudgetGuard {
             tainted.extend(page.map(|m| (m.name.unwrap_or_default(), None)))
         })
         .await?;
+        // The count alone: no share (the base is unbounded) and no domain.
         let budget = Budget {
             max_nodes: self.budget.max_unknown,
-            max_percent: 100.0,
-            per_domain: None,
             ..Budget::default()
         };
-        let why = |n: usize| {
-            format!(
-                "{n} nodes tainted for unknown devices, unknown-guard budget {}",
-                self.budget.max_unknown
-            )
-        };
-        let (Some(ledger), Some((by, clock))) = (&self.ledger, taker) else {
-            let n = tainted.len();
-            return Ok((n >= self.budget.max_unknown).then(|| why(n)));
+        let refused = |why: String| format!("unknown-guard budget: {why}");
+        let Some((ledger, (by, clock))) = self.ledger.as_ref().zip(taker) else {
+            let (mut none, place) = (BTreeMap::new(), Place::default());
+            let why = take_place(
+                &budget,
+                &mut none,
+                &tainted,
+                (node, None),
+                place,
+                |_| None,
+                || usize::MAX,
+            );
+            return Ok(why.map(refused));
         };
         let place = || Place {
             at: clock.rfc3339(),
@@ -172,20 +177,17 @@ impl BudgetGuard {
         };
         ledger
             .update(UNKNOWN_KEY, |places| {
+                let age = |at: &str| clock.age_secs(at);
                 match take_place(
                     &budget,
                     places,
                     &tainted,
                     (node, None),
                     place(),
-                    |at| clock.age_secs(at),
+                    age,
                     || usize::MAX,
                 ) {
-                    Some(_) => Err(why(tainted.len()
-                        + places
-                            .keys()
-                            .filter(|n| *n != node && !tainted.contains_key(*n))
-                            .count())),
+                    Some(why) => Err(refused(why)),
                     None => Ok(true),
                 }
             })

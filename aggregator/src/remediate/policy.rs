@@ -100,7 +100,7 @@ impl Budget {
 /// A node's place in the budget, taken in the shared ledger (a ConfigMap written by
 /// compare-and-swap) before its taint is written: every replica counts it from then on,
 /// landed or not, so across replicas the budget holds exactly.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Place {
     /// When it was taken (RFC 3339, the taker's clock).
     pub at: String,
