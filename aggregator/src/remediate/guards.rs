@@ -15,7 +15,7 @@ use faultline_common::sync::Locked;
 use faultline_common::time::Clock;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 
 use super::error::RemediateError;
 use super::ledger::{Ledger, NODES_KEY, UNKNOWN_KEY};
@@ -100,40 +100,16 @@ impl BudgetGuard {
         }
         // Never asked without it; were it, no share refuses.
         let total = || total.unwrap_or(usize::MAX);
-        let place = || Place {
-            at: clock.rfc3339(),
-            by: by.to_string(),
-            domain: mine.clone(),
-        };
-        let Some(ledger) = &self.ledger else {
-            let mut none = BTreeMap::new();
-            let why = take_place(
-                &self.budget,
-                &mut none,
-                &quarantined,
-                (&name, mine.as_deref()),
-                place(),
-                |_| None,
-                total,
-            );
-            return Ok(why);
-        };
-        ledger
-            .update(NODES_KEY, |places| {
-                match take_place(
-                    &self.budget,
-                    places,
-                    &quarantined,
-                    (&name, mine.as_deref()),
-                    place(),
-                    |at| clock.age_secs(at),
-                    total,
-                ) {
-                    Some(why) => Err(why),
-                    None => Ok(true),
-                }
-            })
-            .await
+        let taker = Some((by, clock));
+        self.take(
+            NODES_KEY,
+            &self.budget,
+            &quarantined,
+            (&name, mine),
+            taker,
+            total,
+        )
+        .await
     }
 
     /// Why the unknown guard may not taint `node` now, if it may not: it has
@@ -156,38 +132,52 @@ impl BudgetGuard {
             max_nodes: self.budget.max_unknown,
             ..Budget::default()
         };
-        let refused = |why: String| format!("unknown-guard budget: {why}");
-        let Some((ledger, (by, clock))) = self.ledger.as_ref().zip(taker) else {
-            let (mut none, place) = (BTreeMap::new(), Place::default());
-            let why = take_place(
-                &budget,
-                &mut none,
-                &tainted,
-                (node, None),
+        let why = self
+            .take(UNKNOWN_KEY, &budget, &tainted, (node, None), taker, || {
+                usize::MAX
+            })
+            .await?;
+        Ok(why.map(|why| format!("unknown-guard budget: {why}")))
+    }
+
+    /// Ask `budget` for `node`'s place (failure domain `domain`) under `key`, with
+    /// `counted` the nodes the Nodes show: by a compare-and-swap on the ledger, the place
+    /// taken by `taker` (replica, clock); without a ledger or a taker (a dry run), the
+    /// Nodes' count alone, nothing taken. The refusal, if any.
+    async fn take(
+        &self,
+        key: &str,
+        budget: &Budget,
+        counted: &BTreeMap<String, Option<String>>,
+        (node, domain): (&str, Option<String>),
+        taker: Option<(&str, &Clock)>,
+        total: impl Fn() -> usize + Copy,
+    ) -> Result<Option<String>, RemediateError> {
+        let ask = |places: &mut BTreeMap<String, Place>,
+                   place: Place,
+                   age: &dyn Fn(&str) -> Option<f64>| {
+            take_place(
+                budget,
+                places,
+                counted,
+                (node, domain.as_deref()),
                 place,
-                |_| None,
-                || usize::MAX,
-            );
-            return Ok(why.map(refused));
+                age,
+                total,
+            )
         };
-        let place = || Place {
-            at: clock.rfc3339(),
-            by: by.to_string(),
-            domain: None,
+        let Some((ledger, (by, clock))) = self.ledger.as_ref().zip(taker) else {
+            return Ok(ask(&mut BTreeMap::new(), Place::default(), &|_| None));
         };
         ledger
-            .update(UNKNOWN_KEY, |places| {
-                let age = |at: &str| clock.age_secs(at);
-                match take_place(
-                    &budget,
-                    places,
-                    &tainted,
-                    (node, None),
-                    place(),
-                    age,
-                    || usize::MAX,
-                ) {
-                    Some(why) => Err(refused(why)),
+            .update(key, |places| {
+                let place = Place {
+                    at: clock.rfc3339(),
+                    by: by.to_string(),
+                    domain: domain.clone(),
+                };
+                match ask(places, place, &|at| clock.age_secs(at)) {
+                    Some(why) => Err(why),
                     None => Ok(true),
                 }
             })
@@ -379,30 +369,8 @@ impl Breaker {
                 data.entry("state".into())
                     .or_insert_with(|| "closed".into());
             }
-            let written = match cur {
-                // The resourceVersion read above makes the replace a compare-and-swap.
-                Some(mut cm) => {
-                    cm.data = Some(data);
-                    self.api
-                        .replace(&self.name, &PostParams::default(), &cm)
-                        .await
-                        .map(|_| ())
-                }
-                None => {
-                    let cm = ConfigMap {
-                        metadata: ObjectMeta {
-                            name: Some(self.name.clone()),
-                            ..Default::default()
-                        },
-                        data: Some(data),
-                        ..Default::default()
-                    };
-                    self.api
-                        .create(&PostParams::default(), &cm)
-                        .await
-                        .map(|_| ())
-                }
-            };
+            // The resourceVersion read above makes the replace a compare-and-swap.
+            let written = super::ledger::replace_or_create(&self.api, &self.name, cur, data).await;
             match written {
                 Ok(()) => {
                     if trip {

@@ -61,31 +61,9 @@ impl Ledger {
         places: &BTreeMap<String, Place>,
     ) -> Result<bool, RemediateError> {
         let text = serde_json::to_string(places).unwrap_or_default();
-        let written = match cm {
-            Some(mut cm) => {
-                cm.data
-                    .get_or_insert_with(Default::default)
-                    .insert(key.into(), text);
-                self.api
-                    .replace(&self.name, &PostParams::default(), &cm)
-                    .await
-                    .map(|_| ())
-            }
-            None => {
-                let cm = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(self.name.clone()),
-                        ..Default::default()
-                    },
-                    data: Some([(key.to_string(), text)].into()),
-                    ..Default::default()
-                };
-                self.api
-                    .create(&PostParams::default(), &cm)
-                    .await
-                    .map(|_| ())
-            }
-        };
+        let mut data = cm.as_ref().and_then(|c| c.data.clone()).unwrap_or_default();
+        data.insert(key.into(), text);
+        let written = replace_or_create(&self.api, &self.name, cm, data).await;
         match written {
             Ok(()) => Ok(true),
             // A conflict on the resourceVersion, a create that met one, or a replace of
@@ -117,5 +95,35 @@ impl Ledger {
             self.name.clone(),
             format!("budget ledger {key}: {CAS_ATTEMPTS} writes met a conflict"),
         ))
+    }
+}
+
+/// Write `data` as the ConfigMap `name`: a replace of `cur` as read (its resourceVersion
+/// makes it a compare-and-swap: 409 when another writer came first), or a create when
+/// none was read (409 when one was made meanwhile). The ledger's and the breaker's one
+/// write.
+pub(super) async fn replace_or_create(
+    api: &Api<ConfigMap>,
+    name: &str,
+    cur: Option<ConfigMap>,
+    data: BTreeMap<String, String>,
+) -> Result<(), kube::Error> {
+    let pp = PostParams::default();
+    match cur {
+        Some(mut cm) => {
+            cm.data = Some(data);
+            api.replace(name, &pp, &cm).await.map(|_| ())
+        }
+        None => {
+            let cm = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    ..Default::default()
+                },
+                data: Some(data),
+                ..Default::default()
+            };
+            api.create(&pp, &cm).await.map(|_| ())
+        }
     }
 }
