@@ -54,7 +54,7 @@ acting=(
   'aggregator/src/remediate/guards.rs|lib,late_writes,remediation|'
   'aggregator/src/remediate/ledger.rs|lib,late_writes,remediation|'
   # isolate, evict, release, the Node patch
-  'aggregator/src/remediate/isolate.rs|lib,late_writes,remediation|'
+  'aggregator/src/remediate/isolate.rs|lib,late_writes,remediation,device_taints|'
   'aggregator/src/remediate/evict.rs|lib,remediation,drain|'
   'aggregator/src/remediate/release.rs|lib,remediation,device_taints|'
   'aggregator/src/remediate/remediator.rs|lib,remediation|'

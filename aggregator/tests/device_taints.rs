@@ -1130,6 +1130,14 @@ mod passes {
     async fn the_record_keeps_each_devices_dra_name_for_its_holders() {
         let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
         let f = Fence::unfenced();
+        let lists = || {
+            server
+                .calls()
+                .iter()
+                .filter(|c| c.method == "GET" && c.uri.contains("/resourceslices"))
+                .count()
+        };
+        let before = lists();
         let out = r
             .isolate(
                 "n1",
@@ -1140,6 +1148,35 @@ mod passes {
             .unwrap();
         assert_eq!(out, Outcome::Isolated);
         assert_eq!(node_taints(&server).len(), 1, "two devices: the node path");
+        // The slices are read for the holders once per new fault, not every pass.
+        let first = lists() - before;
+        let again = r
+            .isolate(
+                "n1",
+                vec![gpu(3, "row-remap-failure"), gpu(4, "row-remap-failure")],
+                &f,
+            )
+            .await
+            .unwrap();
+        assert_eq!(again, Outcome::AlreadyDone);
+        let second = lists() - first;
+        let third_start = lists();
+        r.isolate(
+            "n1",
+            vec![gpu(3, "row-remap-failure"), gpu(4, "row-remap-failure")],
+            &f,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            lists() - third_start,
+            second,
+            "every pass of the same fault alike"
+        );
+        assert!(
+            second < first,
+            "the same fault read the slices as often as the new one ({second}, {first})"
+        );
         let node = server.get("nodes", "", "n1").unwrap();
         let record = node["metadata"]["annotations"]["faultline.io/quarantine"]
             .as_str()

@@ -760,6 +760,360 @@ async fn a_place_whose_taint_surely_did_not_land_is_given_back() {
     assert_eq!(places()["a"]["by"], "replica-0");
 }
 
+/// A taint is written under its place only while the place is younger than half its
+/// time to live, timed from before the ledger's write: here that write takes half the
+/// TTL (the compare-and-swap can take 8 reads and writes), so the pass stops before the
+/// taint, says why (metric kind `budget`), and gives the place back. A node whose place
+/// is fresh is tainted as ever.
+#[tokio::test]
+async fn a_taint_is_not_written_under_a_place_older_than_half_its_ttl() {
+    use faultline_aggregator::remediate::policy::PLACE_TTL;
+    use faultline_aggregator::remediate::RemediateError;
+    let (server, client) = setup().await;
+    for n in ["a", "b"] {
+        NodeFixture::new(n).create(&server);
+    }
+    let clock = faultline_common::time::Clock::default();
+    let r = remediator(client, Mode::Enforce)
+        .with_budget(budget(5, 100.0, None))
+        .with_clock(clock.clone());
+    let fence = Fence::unfenced();
+    assert_eq!(
+        r.isolate("a", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    // b's place: the ledger's write (a PUT now that it exists) answers after 500 ms,
+    // while the clock moves on by half the TTL.
+    server.set_faults(Faults {
+        latency_ms: 500,
+        latency_match: "/configmaps/faultline-budget".into(),
+        latency_method: "PUT".into(),
+        ..Default::default()
+    });
+    let (result, ()) = tokio::join!(r.isolate("b", failed("gpu0"), &fence), async {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        clock.advance(PLACE_TTL / 2);
+    });
+    let err = result.unwrap_err();
+    assert!(
+        matches!(err, RemediateError::PlaceExpired(took) if took >= PLACE_TTL / 2),
+        "{err}"
+    );
+    assert_eq!(err.metric_label(), "budget");
+    let b = server.get("nodes", "", "b").unwrap();
+    assert!(
+        b["spec"]["taints"].is_null(),
+        "tainted under a stale place: {b}"
+    );
+    let cm = server
+        .get("configmaps", "faultline", "faultline-budget")
+        .unwrap();
+    let places: Value = serde_json::from_str(cm["data"]["nodes"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        places.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["a"],
+        "b's place went back: {places}"
+    );
+    // The ledger fast again: b is quarantined.
+    server.set_faults(Faults::default());
+    assert_eq!(
+        r.isolate("b", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+}
+
+/// A node already quarantined takes no new place when another of its devices fails:
+/// the budget counts nodes, and this one is counted. With the budget full (two
+/// quarantined, the budget lowered to one since), the second device still joins the
+/// record, and nothing is held back.
+#[tokio::test]
+async fn a_quarantined_node_is_not_held_back_for_its_next_failed_device() {
+    let (server, client) = setup().await;
+    for n in ["a", "b"] {
+        NodeFixture::new(n).create(&server);
+    }
+    let fence = Fence::unfenced();
+    let r = remediator(client, Mode::Enforce).with_budget(budget(2, 100.0, None));
+    for n in ["a", "b"] {
+        assert_eq!(
+            r.isolate(n, failed("gpu0"), &fence).await.unwrap(),
+            Outcome::Isolated
+        );
+    }
+    let r = r.with_budget(budget(1, 100.0, None));
+    assert_eq!(
+        r.isolate("a", failed("gpu1"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    let a = server.get("nodes", "", "a").unwrap();
+    let record: Value = serde_json::from_str(
+        a["metadata"]["annotations"][RECORD_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let ids: Vec<&str> = record["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["gpu0", "gpu1"], "{record}");
+    assert_eq!(events(&server, "FaultlineHeldBack"), 0);
+}
+
+/// Someone else's `faultline.io/unhealthy-devices` label (another tool, or a person) is
+/// theirs: a quarantine neither overwrites it nor claims it, pass after pass.
+#[tokio::test]
+async fn a_devices_label_set_by_someone_else_is_left_alone() {
+    let (server, client) = setup().await;
+    NodeFixture::new("a")
+        .label(DEVICES_LABEL, "theirs")
+        .create(&server);
+    let r = remediator(client, Mode::Enforce);
+    let fence = Fence::unfenced();
+    for _ in 0..2 {
+        assert!(matches!(
+            r.isolate("a", failed("gpu0"), &fence).await.unwrap(),
+            Outcome::Isolated | Outcome::AlreadyDone
+        ));
+    }
+    let a = server.get("nodes", "", "a").unwrap();
+    assert_eq!(a["metadata"]["labels"][DEVICES_LABEL], "theirs", "{a}");
+    let record: Value = serde_json::from_str(
+        a["metadata"]["annotations"][RECORD_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["owned_label"], false, "{record}");
+}
+
+/// The quarantines counted in `remediation_actions_total`.
+fn quarantines(metrics: &faultline_aggregator::metrics::Metrics) -> u64 {
+    metrics
+        .encode()
+        .lines()
+        .find(|l| {
+            l.contains("remediation_actions_total{")
+                && l.contains("action=\"quarantine\",result=\"ok\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A pass whose Event was refused (the API server shedding load) has quarantined the
+/// node; the next pass finds it done and announces it then. The quarantine is counted
+/// once however many passes meet it, and again when another device joins it.
+#[tokio::test]
+async fn a_lost_announcement_is_made_by_the_next_pass_and_counted_once() {
+    let (server, client) = setup().await;
+    let metrics = std::sync::Arc::new(faultline_aggregator::metrics::Metrics::new());
+    let r = remediator(client, Mode::Enforce).with_reporting(None, Some(metrics.clone()));
+    let fence = Fence::unfenced();
+    server.set_faults(Faults {
+        throttle_rate: 1.0,
+        throttle_match: "/events".into(),
+        ..Default::default()
+    });
+    assert_eq!(
+        r.isolate("gpu-1", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    assert_eq!(events(&server, "FaultlineQuarantined"), 0);
+    assert_eq!(quarantines(&metrics), 1);
+    server.set_faults(Faults::default());
+    assert_eq!(
+        r.isolate("gpu-1", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::AlreadyDone
+    );
+    assert_eq!(
+        events(&server, "FaultlineQuarantined"),
+        1,
+        "announced by the next pass"
+    );
+    assert_eq!(
+        quarantines(&metrics),
+        1,
+        "the same quarantine counted twice"
+    );
+    assert_eq!(
+        r.isolate("gpu-1", failed("gpu1"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    assert_eq!(quarantines(&metrics), 2, "gpu1 joined the quarantine");
+}
+
+/// An old quarantine was announced long ago, and its Event may have expired (1 h by
+/// default): a pass that finds it done announces nothing again.
+#[tokio::test]
+async fn an_old_quarantine_is_not_announced_again() {
+    use faultline_aggregator::remediate::record::ANNOUNCE_RETRY_SECS;
+    let (server, client) = setup().await;
+    let clock = faultline_common::time::Clock::default();
+    let r = remediator(client, Mode::Enforce).with_clock(clock.clone());
+    let fence = Fence::unfenced();
+    assert_eq!(
+        r.isolate("gpu-1", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    for e in server.list("events", "default") {
+        let name = e["metadata"]["name"].as_str().unwrap();
+        server.delete("events", "default", name).unwrap();
+    }
+    clock.advance(std::time::Duration::from_secs_f64(
+        ANNOUNCE_RETRY_SECS + 1.0,
+    ));
+    assert_eq!(
+        r.isolate("gpu-1", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::AlreadyDone
+    );
+    assert_eq!(events(&server, "FaultlineQuarantined"), 0);
+}
+
+/// Our taint key on a node with no record of ours (put there by hand, or its record
+/// lost): the unknown guard leaves the node as it is.
+#[tokio::test]
+async fn the_unknown_guard_leaves_a_node_with_our_taint_and_no_record() {
+    let (server, client) = setup().await;
+    NodeFixture::new("t")
+        .taint("nvidia.com/gpu-fault", "")
+        .create(&server);
+    let b = Budget {
+        max_unknown: 5,
+        ..Budget::default()
+    };
+    let r = remediator(client, Mode::Enforce).with_budget(b);
+    let unknown = vec![RecordDevice::new("gpu0", "no-fresh-data")];
+    assert_eq!(
+        r.guard_unknown("t", unknown, &Fence::unfenced())
+            .await
+            .unwrap(),
+        Outcome::AlreadyDone
+    );
+    let t = server.get("nodes", "", "t").unwrap();
+    assert_eq!(t["spec"]["taints"].as_array().unwrap().len(), 1, "{t}");
+    assert!(
+        t["metadata"]["annotations"][RECORD_ANNOTATION].is_null(),
+        "{t}"
+    );
+}
+
+/// The unknown guard takes its place under the ledger's `unknown` key, gives it back
+/// when its taint surely did not land (the shard's Lease lost), and labels the node
+/// `unknown` only where nobody labelled it.
+#[tokio::test]
+async fn the_unknown_guard_takes_its_place_gives_it_back_and_labels_only_free_nodes() {
+    use faultline_aggregator::remediate::RemediateError;
+    use faultline_aggregator::shard::Held;
+    let (server, client) = setup().await;
+    NodeFixture::new("u1").create(&server);
+    NodeFixture::new("u2")
+        .label(DEVICES_LABEL, "theirs")
+        .create(&server);
+    NodeFixture::new("u3").create(&server);
+    let b = Budget {
+        max_unknown: 5,
+        ..Budget::default()
+    };
+    let r = remediator(client, Mode::Enforce).with_budget(b);
+    let unknown = || vec![RecordDevice::new("gpu0", "no-fresh-data")];
+    let places = || {
+        server
+            .get("configmaps", "faultline", "faultline-budget")
+            .and_then(|cm| cm["data"]["unknown"].as_str().map(String::from))
+            .map(|t| serde_json::from_str::<Value>(&t).unwrap())
+            .unwrap_or_else(|| json!({}))
+    };
+    let lost = Fence::shard(Held::default(), 0);
+    let err = r.guard_unknown("u3", unknown(), &lost).await.unwrap_err();
+    assert!(matches!(err, RemediateError::NotHolder), "{err}");
+    assert_eq!(places(), json!({}), "u3's place went back");
+    for n in ["u1", "u2"] {
+        assert_eq!(
+            r.guard_unknown(n, unknown(), &Fence::unfenced())
+                .await
+                .unwrap(),
+            Outcome::Isolated
+        );
+    }
+    let taken = places();
+    let mut names: Vec<&String> = taken.as_object().unwrap().keys().collect();
+    names.sort();
+    assert_eq!(names, ["u1", "u2"], "{taken}");
+    let label =
+        |n: &str| server.get("nodes", "", n).unwrap()["metadata"]["labels"][DEVICES_LABEL].clone();
+    assert_eq!(label("u1"), "unknown");
+    assert_eq!(label("u2"), "theirs");
+    assert!(label("u3").is_null());
+}
+
+/// Remediation off does nothing and reads nothing, whatever failed; and a pass with no
+/// device asks nothing either.
+#[tokio::test]
+async fn remediation_off_or_no_device_reads_and_writes_nothing() {
+    let (server, client) = setup().await;
+    let before = server.calls().len();
+    let off = remediator(client.clone(), Mode::Off);
+    assert_eq!(
+        off.isolate("gpu-1", failed("gpu0"), &Fence::unfenced())
+            .await
+            .unwrap(),
+        Outcome::Off
+    );
+    let on = remediator(client, Mode::Enforce);
+    assert_eq!(
+        on.isolate("gpu-1", vec![], &Fence::unfenced())
+            .await
+            .unwrap(),
+        Outcome::Off
+    );
+    let calls = server.calls();
+    assert_eq!(calls.len(), before, "{:#?}", &calls[before..]);
+    let n = server.get("nodes", "", "gpu-1").unwrap();
+    assert!(
+        n["metadata"]["annotations"][RECORD_ANNOTATION].is_null(),
+        "{n}"
+    );
+}
+
+/// Our condition gone (someone cleared it) while the taint and the record stay: the
+/// next pass writes the condition again, though the Node has other conditions at False
+/// (a healthy node's NetworkUnavailable, MemoryPressure and the rest are).
+#[tokio::test]
+async fn a_lost_condition_is_written_again_beside_other_false_conditions() {
+    let (server, client) = setup().await;
+    let r = remediator(client, Mode::Enforce);
+    let fence = Fence::unfenced();
+    assert_eq!(
+        r.isolate("gpu-1", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    let mut node = server.get("nodes", "", "gpu-1").unwrap();
+    node["status"]["conditions"] = json!([
+        {"type": "Ready", "status": "True"},
+        {"type": "MemoryPressure", "status": "False"},
+        {"type": "NetworkUnavailable", "status": "False"},
+    ]);
+    server
+        .update("nodes", "", "gpu-1", node, Some("status"))
+        .unwrap();
+    assert_eq!(
+        r.isolate("gpu-1", failed("gpu0"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    let node = server.get("nodes", "", "gpu-1").unwrap();
+    let ours: Vec<&Value> = node["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["type"] == CONDITION)
+        .collect();
+    assert_eq!(ours.len(), 1, "{node}");
+    assert_eq!(ours[0]["status"], "False");
+}
+
 #[tokio::test]
 async fn evictions_are_rate_limited_and_the_rest_wait() {
     let (server, client) = setup().await;
@@ -1013,6 +1367,33 @@ async fn a_node_tainted_for_unknown_devices_asks_the_budget_when_a_device_fails(
     .unwrap();
     assert_eq!(record["unknown_only"], true, "{record}");
     assert_eq!(events(&server, "FaultlineHeldBack"), 1);
+    // Room again (a budget of two): u1's failure quarantines it, and its record
+    // names the failed device alone, not the unknown guard's.
+    let r = r.with_budget(Budget {
+        max_nodes: 2,
+        max_percent: 100.0,
+        max_unknown: 1,
+        ..Budget::default()
+    });
+    assert_eq!(
+        r.isolate("u1", failed("gpu3"), &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    let u1 = server.get("nodes", "", "u1").unwrap();
+    let record: Value = serde_json::from_str(
+        u1["metadata"]["annotations"]["faultline.io/quarantine"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_ne!(record["unknown_only"], true, "{record}");
+    let ids: Vec<&str> = record["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["gpu3"], "the unknown guard's device joined: {record}");
 }
 
 /// A quarantine past its expiry that cannot be released (manual mode, or the device

@@ -176,13 +176,16 @@ impl Remediator {
         // before its taint is written, so the budget holds exactly.
         let _budget_turn = if unquarantined && self.mode == Mode::Enforce {
             let turn = self.budget.turn().await;
+            // The place is timed from before the ledger's write stamps it, however long
+            // that compare-and-swap took (up to 8 reads and writes).
+            let asked = self.clock.now_ms();
             let me = (self.actor.as_str(), &self.clock);
             if let Some(why) = self.budget.refusal(&self.nodes, &live.node, me).await? {
                 return self
                     .hold_back(node, why, &devices, Action::Quarantine)
                     .await;
             }
-            Some((turn, self.clock.now_ms()))
+            Some((turn, asked))
         } else {
             None
         };
@@ -395,12 +398,13 @@ impl Remediator {
         let _turn = self.budget.turn().await;
         // A dry run asks the count and takes no place.
         let me = (self.mode == Mode::Enforce).then_some((self.actor.as_str(), &self.clock));
+        // Timed from before the ledger's write, as in `isolate`.
+        let placed = self.clock.now_ms();
         if let Some(why) = self.budget.unknown_refusal(&self.nodes, node, me).await? {
             return self
                 .hold_back(node, why, &devices, Action::Quarantine)
                 .await;
         }
-        let placed = self.clock.now_ms();
         let taken = self.mode == Mode::Enforce;
         let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
         if !fence.holds() {
