@@ -1159,3 +1159,43 @@ async fn nudges_keep_to_their_rate_and_selector() {
     assert_no_forbidden(server);
     agg.cancel_token().cancel();
 }
+
+/// `--kube-qps 5 --kube-burst 2`: two calls go at once, and each after them waits its
+/// token, 200 ms apart at least (a busy machine only spaces them more).
+#[tokio::test]
+async fn the_client_rate_spaces_calls_past_the_burst() {
+    use faultline_aggregator::app::ratelimit::KubeRate;
+    let w = Scenario::new().start().await;
+    let rate = KubeRate::new(5.0, 2);
+    let client = faultline_aggregator::app::connect_with(
+        Some(&w.kube),
+        Some(aggregator_token_file()),
+        None,
+        Some(&rate),
+    )
+    .await
+    .unwrap();
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    let before = w.server.calls().len();
+    let start = Instant::now();
+    for _ in 0..7 {
+        nodes.list(&Default::default()).await.unwrap();
+    }
+    let took = start.elapsed();
+    let at: Vec<u64> = w.server.calls()[before..]
+        .iter()
+        .filter(|c| c.uri.starts_with("/api/v1/nodes"))
+        .map(|c| c.at_ms)
+        .collect();
+    assert_eq!(at.len(), 7, "{at:?}");
+    assert!(
+        took >= Duration::from_millis(990),
+        "7 calls at 5/s after a burst of 2 took {took:?}"
+    );
+    for pair in at[2..].windows(2) {
+        assert!(
+            pair[1] - pair[0] >= 190,
+            "calls past the burst closer than 1/qps: {at:?}"
+        );
+    }
+}

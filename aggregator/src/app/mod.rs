@@ -8,9 +8,10 @@ pub mod core;
 pub mod dispatch;
 mod follow;
 mod in_flight;
+pub mod ratelimit;
 pub mod schedule;
 pub mod supervise;
 mod wiring;
 
 pub use supervise::Stopped;
-pub use wiring::{connect, start, start_with_clock, Aggregator};
+pub use wiring::{connect, connect_with, start, start_with_clock, Aggregator};

@@ -65,6 +65,16 @@ pub async fn connect(
     token_file: Option<&std::path::Path>,
     timeout: Option<Duration>,
 ) -> anyhow::Result<kube::Client> {
+    connect_with(server, token_file, timeout, None).await
+}
+
+/// [`connect`], each call waiting for its token of `rate` (`--kube-qps`) first.
+pub async fn connect_with(
+    server: Option<&str>,
+    token_file: Option<&std::path::Path>,
+    timeout: Option<Duration>,
+    rate: Option<&super::ratelimit::KubeRate>,
+) -> anyhow::Result<kube::Client> {
     let mut kc = match server {
         Some(url) => kube::Config::new(
             url.parse()
@@ -80,7 +90,11 @@ pub async fn connect(
     kc.default_retry = false;
     kc.read_timeout = timeout;
     kc.write_timeout = timeout;
-    kube::Client::try_from(kc).context("Kubernetes client")
+    let Some(rate) = rate else {
+        return kube::Client::try_from(kc).context("Kubernetes client");
+    };
+    let builder = kube::client::ClientBuilder::try_from(kc).context("Kubernetes client")?;
+    Ok(builder.with_layer(rate).build())
 }
 
 /// Where this replica's API is reached by the others.
@@ -304,9 +318,13 @@ async fn clients(cfg: &Config) -> anyhow::Result<(Option<kube::Client>, Option<k
         return Ok((None, None));
     }
     let (server, token) = (cfg.kube_server.as_deref(), cfg.kube_token_file.as_deref());
+    // One bucket for both: the rate is the replica's.
+    let rate = cfg
+        .kube_rate
+        .map(|(qps, burst)| super::ratelimit::KubeRate::new(qps, burst));
     Ok((
-        Some(connect(server, token, Some(cfg.kube_timeout)).await?),
-        Some(connect(server, token, None).await?),
+        Some(connect_with(server, token, Some(cfg.kube_timeout), rate.as_ref()).await?),
+        Some(connect_with(server, token, None, rate.as_ref()).await?),
     ))
 }
 

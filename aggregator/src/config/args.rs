@@ -94,6 +94,14 @@ pub struct Args {
     /// Deadline of one Kubernetes API request.
     #[arg(long, env = "FAULTLINE_KUBE_TIMEOUT", default_value = "15s", value_parser = positive_duration)]
     pub kube_timeout: Duration,
+    /// Kubernetes API calls a second at most, as client-go's QPS: a token bucket shared
+    /// by this replica's calls and watches. 0: no limit of its own (API Priority and
+    /// Fairness on the server still applies).
+    #[arg(long, env = "FAULTLINE_KUBE_QPS", default_value_t = 0.0)]
+    pub kube_qps: f64,
+    /// Calls that may go at once above --kube-qps, as client-go's burst.
+    #[arg(long, env = "FAULTLINE_KUBE_BURST", default_value_t = 10)]
+    pub kube_burst: u32,
     /// Address of the API (health, metrics, /v1/faults).
     #[arg(long, env = "FAULTLINE_LISTEN", default_value = "0.0.0.0:8082")]
     pub listen: SocketAddr,

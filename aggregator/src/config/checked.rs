@@ -107,6 +107,8 @@ pub struct Config {
     pub reconcile_interval: Duration,
     pub advertise_url: Option<String>,
     pub kube_timeout: Duration,
+    /// `--kube-qps` and `--kube-burst`, where a rate is set.
+    pub kube_rate: Option<(f64, u32)>,
     pub notify: Vec<Target>,
     pub intake: Option<IntakeConfig>,
     pub watch_pod_health: bool,
@@ -146,6 +148,20 @@ fn canary(r: &RemediationArgs, namespace: &str) -> anyhow::Result<Option<CanaryS
             .unwrap_or_else(|| namespace.to_string()),
         timeout: r.canary_timeout,
     }))
+}
+
+/// `--kube-qps` and `--kube-burst`: none at 0, else a finite positive rate and a burst
+/// of at least one call.
+fn kube_rate(qps: f64, burst: u32) -> anyhow::Result<Option<(f64, u32)>> {
+    if qps == 0.0 {
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        qps.is_finite() && qps > 0.0,
+        "--kube-qps {qps}: a number of calls a second, above 0 (0: no limit)"
+    );
+    anyhow::ensure!(burst >= 1, "--kube-burst 0: at least one call must go");
+    Ok(Some((qps, burst)))
 }
 
 fn replica(asked: Option<String>) -> String {
@@ -305,6 +321,7 @@ impl Config {
             reconcile_interval: r.reconcile_interval,
             advertise_url: s.advertise_url.filter(|u| !u.is_empty()),
             kube_timeout: a.kube_timeout,
+            kube_rate: kube_rate(a.kube_qps, a.kube_burst)?,
             notify: r
                 .notify
                 .iter()
