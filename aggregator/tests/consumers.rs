@@ -1,17 +1,18 @@
 //! The consumer kit (`consumers/`) against the real file sink, laid out as kubelet lays
 //! out a ConfigMap volume (`..data` swapped by rename, `atomic_writer.go`), while the
 //! documents change under it; and against the agent's node file, replaced by rename as
-//! on a hostPath. Each consumer (Python, shell/jq, the Rust crate, the example Job)
-//! ignores other nodes' faults and reacts to its own node's failed device. Then the
-//! node's own `fault.json`, delivered by the aggregator to the agent: read
-//! from the agent's `--fault-dir` (the hostPath way) and from the copy the Python kit's
-//! follow mode keeps from `--fault-listen` (the sidecar way), fresh, failed and stale.
+//! on a hostPath. Each consumer (Python, shell/jq, the Rust crate, the Go module's
+//! command, the example Job) ignores other nodes' faults and reacts to its own node's
+//! failed device. Then the node's own `fault.json`, delivered by the aggregator to the
+//! agent: read from the agent's `--fault-dir` (the hostPath way) and from the copy the
+//! Python kit's follow mode keeps from `--fault-listen` (the sidecar way), fresh, failed
+//! and stale.
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use support::*;
@@ -87,6 +88,36 @@ fn shell(args: &[&str]) -> Consumer {
     spawn(Command::new(repo_root().join("consumers/shell/faultline-watch.sh")).args(args))
 }
 
+/// The Go consumer's `faultline-watch` (`consumers/go`), built once per test process.
+/// `None` where `go` is missing and `CI` is unset: then `test` skips its Go consumer.
+fn go_binary(test: &str) -> Option<&'static Path> {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let what = format!("{test}, its Go consumer");
+    if !faultline_common::testing::have_tool(&what, "go", &["version"], "Go 1.26") {
+        return None;
+    }
+    let bin = BUILT.get_or_init(|| {
+        let bin = Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-consumer/faultline-watch");
+        // No VCS stamp: it would run git on the checkout, which a CI container may
+        // refuse (another owner), and the binary needs none.
+        let status = Command::new("go")
+            .args(["build", "-buildvcs=false", "-o"])
+            .arg(&bin)
+            .arg("./cmd/faultline-watch")
+            .current_dir(repo_root().join("consumers/go"))
+            .status()
+            .unwrap();
+        assert!(status.success(), "go build in consumers/go: {status}");
+        bin
+    });
+    Some(bin.as_path())
+}
+
+/// The Go consumer with `args`, when it was built.
+fn go(bin: Option<&Path>, args: &[&str]) -> Option<Consumer> {
+    bin.map(|bin| spawn(Command::new(bin).args(args)))
+}
+
 fn train(dir: &Path, ckpt: &Path) -> Consumer {
     spawn(
         Command::new("python3")
@@ -128,6 +159,9 @@ fn running(c: &mut Consumer) -> bool {
 async fn every_consumer_reacts_to_its_own_nodes_failed_device_while_documents_change() {
     need("python3");
     need("jq");
+    // Built before the cluster starts: a cold build takes a while.
+    let go_bin =
+        go_binary("every_consumer_reacts_to_its_own_nodes_failed_device_while_documents_change");
     let host = tempfile::tempdir().unwrap();
     let health_file = host.path().join("health.json");
     let (a1, a2) = (agent("n1").await, agent("n2").await);
@@ -153,6 +187,11 @@ async fn every_consumer_reacts_to_its_own_nodes_failed_device_while_documents_ch
     let mut sh = shell(&[&["--dir", d][..], &on_n2].concat());
     let mut py_file = python(&["--file", f, "--exit-on-failed", "--interval", "0.1"]);
     let mut sh_file = shell(&["--file", f, "--exit-on-failed", "--interval", "0.1"]);
+    let mut go_dir = go(go_bin, &[&["--dir", d][..], &on_n2].concat());
+    let mut go_file = go(
+        go_bin,
+        &["--file", f, "--exit-on-failed", "--interval", "0.1"],
+    );
     let ckpt = tempfile::tempdir().unwrap();
     let mut job = train(dir, ckpt.path());
     let rust_dir = dir.to_path_buf();
@@ -195,12 +234,19 @@ async fn every_consumer_reacts_to_its_own_nodes_failed_device_while_documents_ch
     fail(&a2, "gpu1").await;
     fail(&a3, "gpu2").await;
     let within = Duration::from_secs(15);
+    let go_ones = [
+        go_dir.as_mut().map(|c| (c, "go", "n2", "gpu1")),
+        go_file.as_mut().map(|c| (c, "go --file", "n3", "gpu2")),
+    ];
     for (c, what, node, dev) in [
         (&mut py, "python", "n2", "gpu1"),
         (&mut sh, "shell", "n2", "gpu1"),
         (&mut py_file, "python --file", "n3", "gpu2"),
         (&mut sh_file, "shell --file", "n3", "gpu2"),
-    ] {
+    ]
+    .into_iter()
+    .chain(go_ones.into_iter().flatten())
+    {
         let (code, text) = exited(c, what, within).await;
         assert_eq!(code, Some(3), "{what}: {text}");
         let lines: Vec<&str> = text.lines().collect();
@@ -261,6 +307,9 @@ fn own_file(path: &Path) -> Option<serde_json::Value> {
 async fn the_kit_reads_the_nodes_own_fault_json_from_the_host_and_through_the_sidecar() {
     need("python3");
     need("jq");
+    // Built before the agent starts: a cold build takes a while.
+    let go_bin =
+        go_binary("the_kit_reads_the_nodes_own_fault_json_from_the_host_and_through_the_sidecar");
     let tmp = tempfile::tempdir().unwrap();
     let token = tmp.path().join("token");
     std::fs::write(&token, "kit-delivery-token\n").unwrap();
@@ -325,6 +374,7 @@ async fn the_kit_reads_the_nodes_own_fault_json_from_the_host_and_through_the_si
     let mut py = python(&[&["--file", h][..], &flags].concat());
     let mut sh = shell(&[&["--file", h][..], &flags].concat());
     let mut py_copy = python(&[&["--file", c][..], &flags].concat());
+    let mut go_host = go(go_bin, &[&["--file", h][..], &flags].concat());
     let mut seed = spawn(
         Command::new("python3")
             .arg(repo_root().join("tests/consumer/run_consumer.py"))
@@ -353,7 +403,10 @@ async fn the_kit_reads_the_nodes_own_fault_json_from_the_host_and_through_the_si
         (&py, "python"),
         (&sh, "shell"),
         (&py_copy, "python, the copy"),
-    ] {
+    ]
+    .into_iter()
+    .chain(go_host.as_ref().map(|c| (c, "go")))
+    {
         c.printed("n1 gpu3 healthy -", within).await;
         eprintln!("{what} read the healthy document");
     }
@@ -365,7 +418,10 @@ async fn the_kit_reads_the_nodes_own_fault_json_from_the_host_and_through_the_si
         (&mut sh, "shell"),
         (&mut py_copy, "python, the copy"),
         (&mut seed, "seed 003"),
-    ] {
+    ]
+    .into_iter()
+    .chain(go_host.as_mut().map(|c| (c, "go")))
+    {
         assert!(running(c), "{what} exited while all was healthy");
     }
 
@@ -375,7 +431,10 @@ async fn the_kit_reads_the_nodes_own_fault_json_from_the_host_and_through_the_si
         (&mut py, "python"),
         (&mut sh, "shell"),
         (&mut py_copy, "python, the copy"),
-    ] {
+    ]
+    .into_iter()
+    .chain(go_host.as_mut().map(|c| (c, "go")))
+    {
         let (code, text) = exited(c, what, within).await;
         assert_eq!(code, Some(3), "{what}: {text}");
         let lines: Vec<&str> = text.lines().collect();
@@ -417,7 +476,10 @@ async fn the_kit_reads_the_nodes_own_fault_json_from_the_host_and_through_the_si
         (python(&["--file", h]), "python"),
         (shell(&["--file", h]), "shell"),
         (python(&["--file", c]), "python, the copy"),
-    ] {
+    ]
+    .into_iter()
+    .chain(go(go_bin, &["--file", h]).map(|c| (c, "go")))
+    {
         assert_eq!(first_lines(&c, want.len(), within).await, want, "{what}");
     }
     let e = faultline_consumer::read(&copied, Some("n1"), &[])

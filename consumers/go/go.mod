@@ -1,0 +1,3 @@
+module faultline.dev/consumer
+
+go 1.26
