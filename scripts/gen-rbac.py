@@ -29,7 +29,13 @@ What the flags need (aggregator/src/config/args.rs; the names: common/src/fault.
 - watch on pods cluster-wide exactly when --watch-pod-health=true (deploy/components/pod-health),
   delete on pods exactly when --force-delete-after-deadline=true (deploy/components/force-delete);
 - get (only) on ConfigMaps in kube-system exactly when --ascend-device-info=true
-  (deploy/components/ascend-device-plugin: Huawei's device plugin's per-node ConfigMaps).
+  (deploy/components/ascend-device-plugin: Huawei's device plugin's per-node ConfigMaps);
+- watch on Nodes exactly when --discovery=nodes (deploy/components/node-discovery);
+- create on Jobs and on ResourceClaims in --canary-namespace (default --namespace) exactly
+  when a canary runs: --release=auto with --canary-job (deploy/components/canary).
+
+--check also takes rendered manifests (--rendered FILE, `-` for stdin): the Helm chart's
+`helm template` output is judged by the same rules (scripts/check-helm.py).
 
 Flags are read from the container's args (`--flag=value` or `--flag value`, the last one
 wins), then its env (FAULTLINE_*, plain values), then the aggregator's defaults.
@@ -71,7 +77,15 @@ FLAGS = {
     "watch-pod-health": ("FAULTLINE_WATCH_POD_HEALTH", "false"),
     "force-delete-after-deadline": ("FAULTLINE_FORCE_DELETE_AFTER_DEADLINE", "false"),
     "ascend-device-info": ("FAULTLINE_ASCEND_DEVICE_INFO", "false"),
+    "discovery": ("FAULTLINE_DISCOVERY", "endpoints"),
+    "release": ("FAULTLINE_RELEASE", "manual"),
+    "canary-job": ("FAULTLINE_CANARY_JOB", ""),
+    "canary-namespace": ("FAULTLINE_CANARY_NAMESPACE", ""),
 }
+# Flags whose value (not a switch) needs rules: (what needs them, the rules as
+# (verb, resource, group), where: "cluster" or the namespace flag they land in, component).
+NODE_DISCOVERY = "deploy/components/node-discovery"
+CANARY = "deploy/components/canary"
 COMPONENT = {
     "watch-pod-health": ("watch", "deploy/components/pod-health"),
     "force-delete-after-deadline": ("delete", "deploy/components/force-delete"),
@@ -175,6 +189,11 @@ class Need:
                 ns = ns.strip()
                 if ns and ns != self.namespace and ns not in self.publish:
                     self.publish.append(ns)
+        self.discovery = values["discovery"]
+        if self.discovery not in ("endpoints", "nodes"):
+            raise Failure(f"--discovery={self.discovery}: the aggregator takes endpoints or nodes")
+        self.canary = values["release"] == "auto" and values["canary-job"] != ""
+        self.canary_namespace = values["canary-namespace"] or self.namespace
         self.feature = {}
         for flag in list(COMPONENT) + list(FOREIGN):
             v = values[flag]
@@ -210,6 +229,12 @@ class Need:
 
 def need_of(objs):
     deploys = find(objs, "Deployment", DEPLOYMENT)
+    if not deploys:
+        # Another name (a Helm release's): the Deployment running the aggregator container.
+        deploys = [
+            d for d in find(objs, "Deployment")
+            if any(c.get("name") == "aggregator" for c in d["spec"]["template"]["spec"].get("containers") or [])
+        ]
     if len(deploys) != 1:
         raise Failure(f"{len(deploys)} Deployments named {DEPLOYMENT}")
     try:
@@ -349,6 +374,18 @@ def problems(objs):
             by_feature.append(f"--{flag}=true without list on pods cluster-wide: use {component}")
         if g != set() and not need.feature[flag]:
             by_feature.append(f"{verb} on pods is granted but --{flag} is not true: drop that rule, or add {component} (flag and rule together)")
+    watch = granted(cluster, "watch", "nodes") != set()
+    if need.discovery == "nodes" and not watch:
+        by_feature.append(f"--discovery=nodes without watch on Nodes: use {NODE_DISCOVERY} (the flag and its rule), not the flag alone")
+    if need.discovery != "nodes" and watch:
+        by_feature.append(f"watch on Nodes is granted but --discovery is not nodes: drop that rule, or add {NODE_DISCOVERY} (flag and rule together)")
+    there = rules_for(objs, sa, need.canary_namespace)
+    for resource, group in (("jobs", "batch"), ("resourceclaims", "resource.k8s.io")):
+        g = granted(there, "create", resource, group) != set()
+        if need.canary and not g:
+            by_feature.append(f"--canary-job with --release=auto without create on {resource} in {need.canary_namespace}: use {CANARY} (the flags and the rule), not the flags alone")
+        if not need.canary and g:
+            by_feature.append(f"create on {resource} in {need.canary_namespace} is granted but no canary runs (--release=auto with --canary-job): drop that rule, or add {CANARY}")
     return need, by_name, by_feature
 
 
@@ -560,9 +597,10 @@ def fix_for(target, need):
     return base_command(target) if is_base(target) else f"{ME} --write {shown(target)}"
 
 
-def check(target):
-    """Lines to print; empty when `target` renders the RBAC its flags need."""
-    need, by_name, by_feature = problems(render(target))
+def check(target, objs=None):
+    """Lines to print; empty when `target` renders the RBAC its flags need (`objs`: the
+    objects already rendered, e.g. by `helm template`)."""
+    need, by_name, by_feature = problems(render(target) if objs is None else objs)
     label = shown(target)
     out = [f"gen-rbac: {label}: {p}" for p in by_name + by_feature]
     if by_name:
@@ -761,11 +799,23 @@ def self_test():
             d = overlay(f"rule-{component}", resources=["../base", "rbac.yaml"], copy_files=[f"deploy/components/{component}/rbac.yaml"])
             expect(f"deploy/components/{component}'s rule without its flag fails", *fails_with(d, "is not true: drop that rule"))
 
+        # ... the flags whose value needs rules: --discovery=nodes and a canary.
+        d = overlay("flag-node-discovery", args_patch=add("--discovery=nodes"))
+        expect("--discovery=nodes alone fails, naming deploy/components/node-discovery", *fails_with(d, f"use {NODE_DISCOVERY}"))
+        d = overlay("rule-node-discovery", resources=["../base", "rbac.yaml"], copy_files=[f"{NODE_DISCOVERY}/rbac.yaml"])
+        expect("a Node watch without --discovery=nodes fails", *fails_with(d, "watch on Nodes is granted but --discovery is not nodes"))
+        d = overlay("flag-canary", args_patch=add("--release=auto") + add("--canary-job=/etc/job.yaml"))
+        expect("a canary's flags alone fail, naming deploy/components/canary", *fails_with(d, f"create on jobs in faultline: use {CANARY}"))
+        d = overlay("rule-canary", resources=["../base", "rbac.yaml"], copy_files=[f"{CANARY}/rbac.yaml"])
+        expect("Jobs granted with no canary fail", *fails_with(d, "create on jobs in faultline is granted but no canary runs"))
+        d = overlay("canary-manual", resources=["../base", "rbac.yaml"], copy_files=[f"{CANARY}/rbac.yaml"], args_patch=add("--canary-job=/etc/job.yaml"))
+        expect("Jobs granted for a canary that a manual release never runs fail", *fails_with(d, "no canary runs"))
+
         # 5. Every component: flags and rules together pass and validate.
-        d = overlay("features", components=["deploy/components/pod-health", "deploy/components/force-delete", "deploy/components/ascend-device-plugin"])
+        d = overlay("features", components=["deploy/components/pod-health", "deploy/components/force-delete", "deploy/components/ascend-device-plugin", NODE_DISCOVERY])
         ok, why = passes(d)
         need = need_of(render(d))
-        expect("every component passes --check, each flag on", ok and all(need.feature.values()), why)
+        expect("every component passes --check, each flag on", ok and all(need.feature.values()) and need.discovery == "nodes", why)
         expect("every component validates against 1.30", *validate(d))
         # ... and a wider grant than a foreign namespace's feature needs fails.
         d = overlay("wide", resources=["../base", "wide.yaml"], args_patch=add("--ascend-device-info=true"))
@@ -813,11 +863,20 @@ def main():
     p.add_argument("--write", action="store_true")
     p.add_argument("--check", action="store_true")
     p.add_argument("--self-test", action="store_true")
+    p.add_argument("--rendered", help="with --check: judge these rendered manifests (a file, - for stdin)")
     p.add_argument("--base", type=pathlib.Path, default=BASE_FILE, help="the base file (default deploy/base/aggregator.yaml)")
     a = p.parse_args()
     try:
         if a.self_test:
             return self_test()
+        if a.check and a.rendered:
+            text = sys.stdin.read() if a.rendered == "-" else pathlib.Path(a.rendered).read_text()
+            lines = check(a.rendered, load(text))
+            for l in lines:
+                print(l, file=sys.stderr)
+            if not lines:
+                print(f"gen-rbac: {a.rendered}: RBAC follows the flags ({need_of(load(text)).describe()})")
+            return 1 if lines else 0
         if a.check:
             return run_check(a.targets)
         if not a.targets or all(is_base(t) for t in a.targets):

@@ -1264,6 +1264,19 @@ mod passes {
         assert_eq!(writes, 0);
     }
 
+    /// [`cluster`] on 1.37 with the canary's RBAC too (deploy/components/canary: its
+    /// flags and their permission come together).
+    async fn canary_cluster() -> (ApiServer, Remediator) {
+        let canary = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/components/canary/rbac.yaml");
+        let canary = std::fs::read_to_string(canary).unwrap();
+        let release = Release::parse("1.37").unwrap();
+        cluster_as(Mode::Enforce, release, 8, false, |m| {
+            format!("{m}\n---\n{canary}")
+        })
+        .await
+    }
+
     /// `r` releasing on its own after 3 clean samples and a canary Job.
     fn auto_release(r: Remediator) -> Remediator {
         use faultline_aggregator::remediate::{CanarySpec, ReleasePolicy};
@@ -1309,7 +1322,7 @@ mod passes {
     /// slot, the new GPU.
     #[tokio::test]
     async fn after_a_gpu_swap_the_canary_tests_the_new_gpu_in_the_slot() {
-        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let (server, r) = canary_cluster().await;
         let r = auto_release(r);
         let views = quarantined_then_healthy(&r).await;
         let mut slice = server.list("resourceslices", "").remove(0);
@@ -1342,7 +1355,7 @@ mod passes {
     /// only once the canary succeeded.
     #[tokio::test]
     async fn a_release_deletes_the_rule_after_the_canary() {
-        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let (server, r) = canary_cluster().await;
         let r = auto_release(r);
         let views = quarantined_then_healthy(&r).await;
         let f = Fence::unfenced();

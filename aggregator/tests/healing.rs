@@ -411,6 +411,7 @@ async fn manual_release_by_the_cli_keeps_foreign_taints_and_holds() {
 async fn auto_release_waits_for_health_cooldown_and_the_canary() {
     let w = Scenario::new()
         .node(NodeFixture::shared("n1").ready(true))
+        .component("canary")
         .agents()
         .start()
         .await;

@@ -241,6 +241,7 @@ async fn nodes_are_discovered_and_forgotten() {
         .node(NodeFixture::new("cpu-1").address("127.0.0.1"))
         .agent("gpu-7")
         .unlisted()
+        .component("node-discovery")
         .start()
         .await;
     let server = &w.server;
@@ -921,6 +922,7 @@ async fn a_quiet_node_watch_is_not_relisted() {
         .node(NodeFixture::new("gpu-7").address("127.0.0.1"))
         .agents()
         .unlisted()
+        .component("node-discovery")
         .start()
         .await;
     let server = &w.server;

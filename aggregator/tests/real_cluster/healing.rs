@@ -104,6 +104,14 @@ async fn healing_respects_a_real_budget_then_a_canary_releases(release: Release)
         "--release-cooldown=2s",
         &canary_flag,
     ]);
+    // The canary's flags come with their permission (deploy/components/canary).
+    let canary_rbac = support::repo_root().join("deploy/components/canary/rbac.yaml");
+    c.cp.kubectl(&[
+        "apply",
+        "--server-side",
+        "-f",
+        canary_rbac.to_str().unwrap(),
+    ]);
     let (_agg, url) = c.aggregator("faultline-aggregator-0", &args).await;
     let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
     let fault = r#"{"device":"gpu1","fault":"row-remap-failure"}"#;

@@ -15,7 +15,10 @@
 //! - `delivery`: node-local delivery and the drain handshake, from the pods' own
 //!   addresses;
 //! - `replicas`: two replicas, one killed, the other taking its Leases over;
-//! - `churn`: fifty GPU faults at once amid pod churn, both paths, on 1.37.
+//! - `churn`: fifty GPU faults at once amid pod churn, both paths, on 1.37;
+//! - `helm`: the Helm chart installed, upgraded and removed with the pinned helm on a
+//!   cluster that limits the system priority classes as GKE does, healing under the
+//!   chart's RBAC, on 1.37.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -95,5 +98,6 @@ mod churn;
 mod delivery;
 mod device;
 mod healing;
+mod helm;
 mod replicas;
 mod rollout;

@@ -35,7 +35,18 @@ pub struct RealCluster {
     pub kubelet: Kubelet,
     pub agents: Agents,
     pub client: kube::Client,
+    /// The pinned helm, where the chart installed faultline.
+    pub helm: Option<PathBuf>,
     dir: tempfile::TempDir,
+}
+
+/// How faultline is installed, as a user installs it.
+pub enum Install<'a> {
+    /// `kubectl apply -k --server-side` of an overlay (a path from the repository root).
+    Kustomize(&'a str),
+    /// `helm install faultline deploy/helm/faultline --namespace faultline
+    /// --create-namespace` with these arguments (`--set`, `-f`).
+    Helm(&'a [&'a str]),
 }
 
 impl RealCluster {
@@ -81,6 +92,21 @@ impl RealCluster {
         delays: Delays,
         overlay: &str,
     ) -> Option<Self> {
+        Self::installed(test, opts, nodes, delays, Install::Kustomize(overlay)).await
+    }
+
+    /// [`RealCluster::start_as`], faultline installed as `install` says.
+    pub async fn installed(
+        test: &str,
+        opts: Options,
+        nodes: usize,
+        delays: Delays,
+        install: Install<'_>,
+    ) -> Option<Self> {
+        let helm = match install {
+            Install::Helm(_) => Some(faultline_controlplane::helm(test)?),
+            Install::Kustomize(_) => None,
+        };
         let cp = ControlPlane::start(test, opts).await?;
         let client = cp.admin().await;
         let dir = tempfile::tempdir().unwrap();
@@ -92,8 +118,28 @@ impl RealCluster {
         std::fs::write(dir.path().join("delivery-signing.pem"), private).unwrap();
         std::fs::write(dir.path().join("delivery-key.pem"), public).unwrap();
 
-        let deploy = repo_root().join(overlay);
-        cp.kubectl(&["apply", "--server-side", "-k", deploy.to_str().unwrap()]);
+        match (install, &helm) {
+            (Install::Kustomize(overlay), _) => {
+                let deploy = repo_root().join(overlay);
+                cp.kubectl(&["apply", "--server-side", "-k", deploy.to_str().unwrap()]);
+            }
+            (Install::Helm(values), Some(helm)) => {
+                let chart = repo_root().join("deploy/helm/faultline");
+                let mut args = vec!["install", "faultline", chart.to_str().unwrap()];
+                args.extend(["--namespace", NS, "--create-namespace"]);
+                // The test runs the aggregator itself (below), as the Deployment's container.
+                args.extend(["--set", "aggregator.replicas=0"]);
+                args.extend(values);
+                let out = helm_on(&cp, helm, &args);
+                assert!(
+                    out.status.success(),
+                    "helm {}: {}",
+                    args.join(" "),
+                    text(&out)
+                );
+            }
+            (Install::Helm(_), None) => unreachable!("helm is found above"),
+        }
         for (secret, file) in [
             ("faultline-delivery", "delivery-token"),
             ("faultline-intake-token", "intake-token"),
@@ -127,13 +173,15 @@ impl RealCluster {
             &public,
         ]);
         // The test runs the aggregator itself (below), as the Deployment's container.
-        cp.kubectl(&[
-            "-n",
-            NS,
-            "scale",
-            "deployment/faultline-aggregator",
-            "--replicas=0",
-        ]);
+        if helm.is_none() {
+            cp.kubectl(&[
+                "-n",
+                NS,
+                "scale",
+                "deployment/faultline-aggregator",
+                "--replicas=0",
+            ]);
+        }
 
         let agents: Agents = Arc::default();
         let hook = agent_hook(
@@ -155,6 +203,7 @@ impl RealCluster {
             kubelet,
             agents,
             client,
+            helm,
             dir,
         };
         c.until_agents_ready(nodes, Duration::from_secs(120)).await;
@@ -328,6 +377,13 @@ impl RealCluster {
         taints.iter().filter(|t| t["key"] == super::TAINT).count()
     }
 
+    /// The pinned helm as the admin, with these arguments; its output, whatever it
+    /// answers.
+    pub fn helm(&self, args: &[&str]) -> std::process::Output {
+        let helm = self.helm.as_ref().expect("installed with Install::Helm");
+        helm_on(&self.cp, helm, args)
+    }
+
     /// `kubectl apply --server-side` of one object.
     pub fn apply(&self, obj: &serde_json::Value) {
         let f = tempfile::NamedTempFile::new().unwrap();
@@ -463,6 +519,24 @@ impl RealCluster {
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// `helm` with `args` against `cp` as its admin.
+fn helm_on(cp: &ControlPlane, helm: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(helm)
+        .arg(format!("--kubeconfig={}", cp.admin_kubeconfig.display()))
+        .args(args)
+        .output()
+        .expect("the pinned helm (tests/helm/build.sh)")
+}
+
+/// A command's stdout and stderr, for a failure's message.
+pub fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// Pod `name` in `default` on `node` asking for one GPU through its own claim

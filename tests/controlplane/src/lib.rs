@@ -15,12 +15,15 @@
 //! process); dropping [`ControlPlane`] kills the groups. No process is left behind
 //! after a failed or killed test.
 
+mod admission;
 mod certs;
+mod helm;
 mod kubelet;
 mod netns;
 mod plane;
 mod procs;
 
+pub use helm::helm;
 pub use kubelet::{Delays, FakeNode, Kubelet, PodHook, PodPhase};
 pub use netns::{network_namespace, POD_RANGE};
 pub use plane::*;

@@ -66,6 +66,10 @@ pub struct Options {
     /// Whether to start kube-controller-manager and kube-scheduler (the differential
     /// check needs the apiserver alone).
     pub controllers: bool,
+    /// Priority classes whose pods the ResourceQuota admission admits only where a
+    /// ResourceQuota of the pod's namespace matches the class (its `limitedResources`),
+    /// as GKE limits `system-node-critical` and `system-cluster-critical`.
+    pub limited_priority_classes: Vec<String>,
 }
 
 impl Options {
@@ -77,6 +81,7 @@ impl Options {
             feature_gates: gates.into_iter().map(String::from).collect(),
             runtime_config: rc.into_iter().map(String::from).collect(),
             controllers: true,
+            limited_priority_classes: Vec::new(),
         }
     }
 
@@ -87,12 +92,23 @@ impl Options {
             feature_gates: Vec::new(),
             runtime_config: Vec::new(),
             controllers: true,
+            limited_priority_classes: Vec::new(),
         }
     }
 
     /// Without the controller manager and the scheduler.
     pub fn apiserver_only(mut self) -> Self {
         self.controllers = false;
+        self
+    }
+
+    /// Pods of the system priority classes admitted only with a ResourceQuota matching
+    /// their class in their namespace, as on GKE.
+    pub fn like_gke(mut self) -> Self {
+        self.limited_priority_classes = vec![
+            "system-node-critical".into(),
+            "system-cluster-critical".into(),
+        ];
         self
     }
 }
@@ -268,6 +284,17 @@ impl ControlPlane {
         std::fs::write(d.join("audit-policy.yaml"), AUDIT_POLICY)?;
         if !gates.is_empty() {
             args.push(format!("--feature-gates={gates}"));
+        }
+        if !opts.limited_priority_classes.is_empty() {
+            let path = d.join("admission.yaml");
+            std::fs::write(
+                &path,
+                super::admission::limited_resources(&opts.limited_priority_classes),
+            )?;
+            args.push(format!(
+                "--admission-control-config-file={}",
+                path.display()
+            ));
         }
         if !opts.runtime_config.is_empty() {
             args.push(format!(
