@@ -946,13 +946,14 @@ async fn a_lost_announcement_is_made_by_the_next_pass_and_counted_once() {
 }
 
 /// An old quarantine was announced long ago, and its Event may have expired (1 h by
-/// default): a pass that finds it done announces nothing again.
+/// default): a pass that finds it done announces nothing again, even on a replica
+/// that never saw that Event.
 #[tokio::test]
 async fn an_old_quarantine_is_not_announced_again() {
     use faultline_aggregator::remediate::record::ANNOUNCE_RETRY_SECS;
     let (server, client) = setup().await;
     let clock = faultline_common::time::Clock::default();
-    let r = remediator(client, Mode::Enforce).with_clock(clock.clone());
+    let r = remediator(client.clone(), Mode::Enforce).with_clock(clock.clone());
     let fence = Fence::unfenced();
     assert_eq!(
         r.isolate("gpu-1", failed("gpu0"), &fence).await.unwrap(),
@@ -965,8 +966,13 @@ async fn an_old_quarantine_is_not_announced_again() {
     clock.advance(std::time::Duration::from_secs_f64(
         ANNOUNCE_RETRY_SECS + 1.0,
     ));
+    // Another replica (or this one restarted): it knows no Event of its own.
+    let other = remediator(client, Mode::Enforce).with_clock(clock.clone());
     assert_eq!(
-        r.isolate("gpu-1", failed("gpu0"), &fence).await.unwrap(),
+        other
+            .isolate("gpu-1", failed("gpu0"), &fence)
+            .await
+            .unwrap(),
         Outcome::AlreadyDone
     );
     assert_eq!(events(&server, "FaultlineQuarantined"), 0);
