@@ -1137,42 +1137,21 @@ mod passes {
                 .filter(|c| c.method == "GET" && c.uri.contains("/resourceslices"))
                 .count()
         };
-        let before = lists();
-        let out = r
-            .isolate(
-                "n1",
-                vec![gpu(3, "row-remap-failure"), gpu(4, "row-remap-failure")],
-                &f,
-            )
-            .await
-            .unwrap();
+        // One pass of the fault: its outcome and the slices' lists it made.
+        let pass = || async {
+            let start = lists();
+            let devices = vec![gpu(3, "row-remap-failure"), gpu(4, "row-remap-failure")];
+            let out = r.isolate("n1", devices, &f).await.unwrap();
+            (out, lists() - start)
+        };
+        let (out, first) = pass().await;
         assert_eq!(out, Outcome::Isolated);
         assert_eq!(node_taints(&server).len(), 1, "two devices: the node path");
         // The slices are read for the holders once per new fault, not every pass.
-        let first = lists() - before;
-        let again = r
-            .isolate(
-                "n1",
-                vec![gpu(3, "row-remap-failure"), gpu(4, "row-remap-failure")],
-                &f,
-            )
-            .await
-            .unwrap();
+        let (again, second) = pass().await;
         assert_eq!(again, Outcome::AlreadyDone);
-        let second = lists() - first;
-        let third_start = lists();
-        r.isolate(
-            "n1",
-            vec![gpu(3, "row-remap-failure"), gpu(4, "row-remap-failure")],
-            &f,
-        )
-        .await
-        .unwrap();
-        assert_eq!(
-            lists() - third_start,
-            second,
-            "every pass of the same fault alike"
-        );
+        let (_, third) = pass().await;
+        assert_eq!(third, second, "every pass of the same fault alike");
         assert!(
             second < first,
             "the same fault read the slices as often as the new one ({second}, {first})"

@@ -53,6 +53,28 @@ fn budget(max_nodes: usize, max_percent: f64, per_domain: Option<(&str, usize)>)
     }
 }
 
+/// The ids of the devices of node `n`'s quarantine record, in its order; the record.
+fn record_ids(server: &ApiServer, n: &str) -> (Vec<String>, Value) {
+    let r = record(server, n).expect("a quarantine record");
+    let ids = r["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["id"].as_str().map(String::from))
+        .collect();
+    (ids, r)
+}
+
+/// The places under `key` (`nodes` or `unknown`) of the budget's ledger, by node; none
+/// before the ledger exists.
+fn ledger_places(server: &ApiServer, key: &str) -> Value {
+    server
+        .get("configmaps", "faultline", "faultline-budget")
+        .and_then(|cm| cm["data"][key].as_str().map(String::from))
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap_or_else(|| json!({}))
+}
+
 #[tokio::test]
 async fn isolation_is_idempotent_and_keeps_other_taints() {
     let (server, client) = setup().await;
@@ -791,7 +813,14 @@ async fn a_taint_is_not_written_under_a_place_older_than_half_its_ttl() {
         ..Default::default()
     });
     let (result, ()) = tokio::join!(r.isolate("b", failed("gpu0"), &fence), async {
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        // The ledger's write is in the server, its answer delayed.
+        while !server
+            .received()
+            .iter()
+            .any(|c| c.method == "PUT" && c.uri.contains("/configmaps/faultline-budget"))
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
         clock.advance(PLACE_TTL / 2);
     });
     let err = result.unwrap_err();
@@ -805,10 +834,7 @@ async fn a_taint_is_not_written_under_a_place_older_than_half_its_ttl() {
         b["spec"]["taints"].is_null(),
         "tainted under a stale place: {b}"
     );
-    let cm = server
-        .get("configmaps", "faultline", "faultline-budget")
-        .unwrap();
-    let places: Value = serde_json::from_str(cm["data"]["nodes"].as_str().unwrap()).unwrap();
+    let places = ledger_places(&server, "nodes");
     assert_eq!(
         places.as_object().unwrap().keys().collect::<Vec<_>>(),
         ["a"],
@@ -845,19 +871,7 @@ async fn a_quarantined_node_is_not_held_back_for_its_next_failed_device() {
         r.isolate("a", failed("gpu1"), &fence).await.unwrap(),
         Outcome::Isolated
     );
-    let a = server.get("nodes", "", "a").unwrap();
-    let record: Value = serde_json::from_str(
-        a["metadata"]["annotations"][RECORD_ANNOTATION]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
-    let ids: Vec<&str> = record["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|d| d["id"].as_str())
-        .collect();
+    let (ids, record) = record_ids(&server, "a");
     assert_eq!(ids, ["gpu0", "gpu1"], "{record}");
     assert_eq!(events(&server, "FaultlineHeldBack"), 0);
 }
@@ -880,12 +894,7 @@ async fn a_devices_label_set_by_someone_else_is_left_alone() {
     }
     let a = server.get("nodes", "", "a").unwrap();
     assert_eq!(a["metadata"]["labels"][DEVICES_LABEL], "theirs", "{a}");
-    let record: Value = serde_json::from_str(
-        a["metadata"]["annotations"][RECORD_ANNOTATION]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let record = record(&server, "a").unwrap();
     assert_eq!(record["owned_label"], false, "{record}");
 }
 
@@ -1025,13 +1034,7 @@ async fn the_unknown_guard_takes_its_place_gives_it_back_and_labels_only_free_no
     };
     let r = remediator(client, Mode::Enforce).with_budget(b);
     let unknown = || vec![RecordDevice::new("gpu0", "no-fresh-data")];
-    let places = || {
-        server
-            .get("configmaps", "faultline", "faultline-budget")
-            .and_then(|cm| cm["data"]["unknown"].as_str().map(String::from))
-            .map(|t| serde_json::from_str::<Value>(&t).unwrap())
-            .unwrap_or_else(|| json!({}))
-    };
+    let places = || ledger_places(&server, "unknown");
     let lost = Fence::shard(Held::default(), 0);
     let err = r.guard_unknown("u3", unknown(), &lost).await.unwrap_err();
     assert!(matches!(err, RemediateError::NotHolder), "{err}");
@@ -1385,20 +1388,8 @@ async fn a_node_tainted_for_unknown_devices_asks_the_budget_when_a_device_fails(
         r.isolate("u1", failed("gpu3"), &fence).await.unwrap(),
         Outcome::Isolated
     );
-    let u1 = server.get("nodes", "", "u1").unwrap();
-    let record: Value = serde_json::from_str(
-        u1["metadata"]["annotations"]["faultline.io/quarantine"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let (ids, record) = record_ids(&server, "u1");
     assert_ne!(record["unknown_only"], true, "{record}");
-    let ids: Vec<&str> = record["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|d| d["id"].as_str())
-        .collect();
     assert_eq!(ids, ["gpu3"], "the unknown guard's device joined: {record}");
 }
 

@@ -70,19 +70,7 @@ async fn the_chart_installs_upgrades_heals_and_uninstalls(release: Release) {
     );
 
     // 2. Without the quota (today's deploy/ shipped none): refused as on GKE.
-    helm(
-        &c,
-        &[
-            "upgrade",
-            "faultline",
-            chart(),
-            "-n",
-            NS,
-            "--reuse-values",
-            "--set",
-            "agent.priorityQuota=false",
-        ],
-    );
+    quota(&c, false);
     let gone = agent_pods(&c).remove(0);
     c.cp.kubectl(&[
         "-n",
@@ -97,25 +85,19 @@ async fn the_chart_installs_upgrades_heals_and_uninstalls(release: Release) {
         Duration::from_secs(60),
         "the DaemonSet's refused pod",
         || {
-            let events = c.cp.kubectl(&[
+            let failed = c.items(&[
                 "-n",
                 NS,
-                "get",
                 "events",
                 "--field-selector",
                 "reason=FailedCreate",
-                "-o",
-                "json",
             ]);
-            let v: serde_json::Value = serde_json::from_str(&events).map_err(|e| e.to_string())?;
-            v["items"]
-                .as_array()
-                .and_then(|items| {
-                    items.iter().find_map(|e| {
-                        let m = e["message"].as_str().unwrap_or("");
-                        m.contains("insufficient quota to match these scopes")
-                            .then(|| m.to_string())
-                    })
+            failed
+                .iter()
+                .find_map(|e| {
+                    let m = e["message"].as_str().unwrap_or("");
+                    m.contains("insufficient quota to match these scopes")
+                        .then(|| m.to_string())
                 })
                 .ok_or_else(|| format!("no FailedCreate event yet; agents {:?}", agent_pods(&c)))
         },
@@ -126,19 +108,7 @@ async fn the_chart_installs_upgrades_heals_and_uninstalls(release: Release) {
         1,
         "the deleted agent was made again: {refusal}"
     );
-    helm(
-        &c,
-        &[
-            "upgrade",
-            "faultline",
-            chart(),
-            "-n",
-            NS,
-            "--reuse-values",
-            "--set",
-            "agent.priorityQuota=true",
-        ],
-    );
+    quota(&c, true);
     c.until_agents_ready(2, Duration::from_secs(120)).await;
     let got = helm(&c, &["get", "values", "faultline", "-n", NS, "-o", "json"]);
     let got: serde_json::Value = serde_json::from_str(&got).unwrap();
@@ -233,6 +203,22 @@ async fn the_chart_installs_upgrades_heals_and_uninstalls(release: Release) {
         },
     )
     .await;
+}
+
+/// `helm upgrade --reuse-values` with the agents' priority quota on or off.
+fn quota(c: &RealCluster, on: bool) {
+    let set = format!("agent.priorityQuota={on}");
+    let args = [
+        "upgrade",
+        "faultline",
+        chart(),
+        "-n",
+        NS,
+        "--reuse-values",
+        "--set",
+        &set,
+    ];
+    helm(c, &args);
 }
 
 /// The chart's path.

@@ -17,13 +17,13 @@
 
 mod admission;
 mod certs;
-mod helm;
+mod gobuild;
 mod kubelet;
 mod netns;
 mod plane;
 mod procs;
 
-pub use helm::helm;
+pub use gobuild::helm;
 pub use kubelet::{Delays, FakeNode, Kubelet, PodHook, PodPhase};
 pub use netns::{network_namespace, POD_RANGE};
 pub use plane::*;

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use faultline_common::testing::repo_root;
 
 use super::procs::Proc;
 
@@ -117,39 +116,8 @@ impl Options {
 /// lacks them (minutes the first time), else at once. `None`, with the reason printed,
 /// where Go is missing and `CI` is unset; under `CI` a missing Go fails.
 pub fn binaries(test: &str, release: Release) -> Option<PathBuf> {
-    let script = repo_root().join("tests/controlplane/build.sh");
-    if std::process::Command::new("go")
-        .arg("version")
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_err()
-    {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{test}: no `go` on PATH, and CI is set: the real control plane is built from \
-             its Go modules; install Go 1.26 or newer (the go command on PATH)"
-        );
-        eprintln!(
-            "SKIPPED {test}: no `go` on PATH: the real control plane is built from its Go \
-             modules; install Go 1.26 to run it"
-        );
-        return None;
-    }
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .arg(release.minor())
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{test}: {} {} failed ({})",
-        script.display(),
-        release.minor(),
-        out.status
-    );
-    let dir = String::from_utf8(out.stdout).unwrap();
-    Some(PathBuf::from(dir.trim()))
+    let build = "tests/controlplane/build.sh";
+    super::gobuild::go_built(test, build, &[release.minor()], "the real control plane")
 }
 
 /// One audited request.
