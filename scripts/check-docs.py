@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The docs against the code. Standard library only.
+"""The docs against the code. Standard library only, and PyYAML for check 6.
 
     python3 scripts/check-docs.py target/release/faultline-aggregator [target/release/faultline-agent]
 
@@ -31,9 +31,13 @@ Checks, each failure one line, exit status 1 if any:
 5. docs/architecture.md's layout (its "## Layout" code block) names every module folder
    of agent/src, aggregator/src and common/src (`name/`), and every file it names as
    `name.rs` at the start of an entry exists in one of those crates.
+6. docs/deploying.md's Helm values table (after `<!-- check-docs: values of
+   deploy/helm/faultline -->`) names every value of the chart's values.yaml with its
+   default, and nothing else.
 
 On success it prints one line starting with "docs ok:".
 """
+import json
 import os
 import pathlib
 import re
@@ -328,6 +332,58 @@ def check_layout_doc():
     return len(folders)
 
 
+# The Helm chart's values: dotted paths to leaves; these maps are one value each.
+FREE_FORM = {"resources", "updateStrategy", "tolerations"}
+TABLE_MARK = "<!-- check-docs: values of deploy/helm/faultline -->"
+
+
+def leaves(d, prefix=""):
+    """values.yaml's values as the table names them: dotted paths to leaves (an empty
+    map, a list, or a free-form block is one value)."""
+    for k, x in d.items():
+        path = f"{prefix}{k}"
+        if isinstance(x, dict) and x and k not in FREE_FORM:
+            yield from leaves(x, path + ".")
+        else:
+            yield path, x
+
+
+def cell(x):
+    if isinstance(x, str):
+        return f"`{x}`" if x else '`""`'
+    return "`" + json.dumps(x, separators=(", ", ": ")) + "`"
+
+
+def check_values_table():
+    """docs/deploying.md's values table against deploy/helm/faultline/values.yaml: the
+    number of values checked."""
+    try:
+        import yaml
+    except ImportError:
+        fail("the Helm values table needs PyYAML (pip install pyyaml) to read values.yaml")
+        return 0
+    doc = (ROOT / "docs/deploying.md").read_text(encoding="utf-8")
+    if TABLE_MARK not in doc:
+        fail(f"docs/deploying.md has no values table ({TABLE_MARK})")
+        return 0
+    rows = {}
+    for line in doc.split(TABLE_MARK, 1)[1].lstrip("\n").splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1]
+    chart = ROOT / "deploy/helm/faultline/values.yaml"
+    values = dict(leaves(yaml.safe_load(chart.read_text(encoding="utf-8"))))
+    for k, x in values.items():
+        if k not in rows:
+            fail(f"docs/deploying.md: the values table lacks `{k}` (default {cell(x)})")
+        elif rows[k] != cell(x):
+            fail(f"docs/deploying.md: `{k}` defaults to {cell(x)} in values.yaml, the table says {rows[k]}")
+    for k in sorted(set(rows) - set(values)):
+        fail(f"docs/deploying.md: the values table names `{k}`, which values.yaml has not")
+    return len(values)
+
+
 def main():
     if len(sys.argv) not in (2, 3):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
@@ -350,6 +406,7 @@ def main():
     check_readme_defaults(helps)
     links = check_links()
     folders = check_layout_doc()
+    values = check_values_table()
 
     if errors:
         for e in errors:
@@ -358,7 +415,8 @@ def main():
     summary = ", ".join(f"{n} flags of {b}" for b, n in sorted(checked.items()))
     note = f"; skipped the tables of {', '.join(sorted(skipped))} (no binary)" if skipped else ""
     print(f"docs ok: README.md {readme_lines} lines; {summary} match --help; "
-          f"{links} relative links resolve; the layout names {folders} module folders{note}")
+          f"{links} relative links resolve; the layout names {folders} module folders; "
+          f"the Helm values table names {values} values{note}")
     return 0
 
 

@@ -19,14 +19,16 @@ and kubernetes-validate, kubectl (for `kubectl kustomize`) and Go (for helm).
 7. every pod running at a system priority class outside kube-system has a ResourceQuota
    admitting that class in its namespace (GKE refuses such pods otherwise), in the chart
    and in every kustomize overlay;
-8. docs/deploying.md's values table (after `<!-- check-helm: values of
-   deploy/helm/faultline -->`) names every value of values.yaml with its default, and
-   nothing else.
+8. the previous chart version (tests/helm/previous/) is older, has an upgrade note, and
+   today's templates render with its values.yaml (what `helm upgrade --reuse-values`
+   does). docs/deploying.md's values table is checked by scripts/check-docs.py.
 """
 import json
 import pathlib
 import re
+import shutil
 import subprocess
+import tarfile
 import sys
 import tempfile
 
@@ -189,48 +191,44 @@ def validate(what, objs):
             fail(f"{what}: not valid against Kubernetes 1.30: {r.stdout.strip()} {r.stderr.strip()}")
 
 
-FREE_FORM = {"resources", "updateStrategy", "tolerations"}
-TABLE_MARK = "<!-- check-helm: values of deploy/helm/faultline -->"
+def semver(v):
+    return tuple(int(x) for x in re.match(r"(\d+)\.(\d+)\.(\d+)", v).groups())
 
 
-def leaves(d, prefix=""):
-    """values.yaml's values as the table names them: dotted paths to leaves (an empty
-    map, a list, or a free-form block is one value)."""
-    for k, x in d.items():
-        path = f"{prefix}{k}"
-        if isinstance(x, dict) and x and k not in FREE_FORM:
-            yield from leaves(x, path + ".")
-        else:
-            yield path, x
-
-
-def cell(x):
-    if isinstance(x, str):
-        return f"`{x}`" if x else '`""`'
-    return "`" + json.dumps(x, separators=(", ", ": ")) + "`"
-
-
-def values_table():
-    doc = (ROOT / "docs/deploying.md").read_text()
-    if TABLE_MARK not in doc:
-        fail(f"docs/deploying.md has no values table ({TABLE_MARK})")
+def previous(chart, app_version):
+    """The chart version before this one (tests/helm/previous/, which the real upgrade
+    test installs first): older than this chart, with an upgrade note for this version
+    in docs/deploying.md, and this chart's templates rendering with its values.yaml as
+    `helm upgrade --reuse-values` renders them (the previous chart's defaults, not this
+    one's), for each documented values file."""
+    tgz = sorted((ROOT / "tests/helm/previous").glob("faultline-*.tgz"))
+    if len(tgz) != 1:
+        fail(f"tests/helm/previous holds {len(tgz)} packaged charts, not 1")
         return
-    rows = {}
-    for line in doc.split(TABLE_MARK, 1)[1].lstrip("\n").splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        rows[cells[0].strip("`")] = cells[1]
-    values = dict(leaves(yaml.safe_load((CHART / "values.yaml").read_text())))
-    for k, x in values.items():
-        if k not in rows:
-            fail(f"docs/deploying.md: the values table lacks `{k}` (default {cell(x)})")
-        elif rows[k] != cell(x):
-            fail(f"docs/deploying.md: `{k}` defaults to {cell(x)} in values.yaml, the table says {rows[k]}")
-    for k in sorted(set(rows) - set(values)):
-        fail(f"docs/deploying.md: the values table names `{k}`, which values.yaml has not")
-    if not failures:
-        print(f"check-helm: docs/deploying.md's table names the {len(values)} values with their defaults")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        with tarfile.open(tgz[0]) as t:
+            t.extractall(tmp / "previous", filter="data")
+        old = yaml.safe_load((tmp / "previous/faultline/Chart.yaml").read_text())
+        expect(f"{tgz[0].name}: older than this chart ({chart['version']})", semver(old["version"]) < semver(chart["version"]), old["version"])
+        notes = (ROOT / "docs/deploying.md").read_text().split("### Upgrade notes", 1)[-1]
+        if semver(chart["version"]) > semver(old["version"]):
+            expect(f"docs/deploying.md: an upgrade note for chart {chart['version']}", f"\n- {chart['version']}:" in notes)
+        reused = tmp / "reused"
+        shutil.copytree(CHART, reused, symlinks=False)
+        shutil.copy(tmp / "previous/faultline/values.yaml", reused / "values.yaml")
+        for o in OVERLAYS:
+            r = run([HELM, "template", "faultline", str(reused), "--namespace", "faultline", "-f", values_file(o), *extra_args(o)])
+            what = f"chart {chart['version']} with {old['version']}'s values.yaml and ci/{o}-values.yaml (helm upgrade --reuse-values)"
+            if r.returncode != 0:
+                fail(f"{what}: {r.stderr.strip()}")
+                continue
+            objs = [d for d in yaml.safe_load_all(r.stdout) if isinstance(d, dict)]
+            validate(what, objs)
+            rbac(what, objs)
+            now = must_render(o, "-f", values_file(o), *extra_args(o))
+            expect(f"{what}: the same objects as a fresh install", sorted(map(key, objs)) == sorted(map(key, now)))
+    print(f"check-helm: {tgz[0].name} upgrades to {chart['version']} with --reuse-values (rendered with its values)")
 
 
 def find(objs, kind, name=None):
@@ -261,8 +259,6 @@ def main():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version = re.search(r'^version = "([^"]+)"', (ROOT / "Cargo.toml").read_text(), re.M).group(1)
     expect("Chart.yaml appVersion is the workspace version", chart["appVersion"] == version, f"{chart['appVersion']} != {version}")
-
-    values_table()
 
     # 1. lint
     for extra in [[]] + [["-f", values_file(o)] for o in OVERLAYS]:
@@ -331,7 +327,7 @@ def main():
     objs = must_render("extras", "--set", "aggregator.extraArgs={--kube-timeout=10s}", "--set", "aggregator.kubeQPS=20", "--set", "aggregator.kubeBurst=40", "--set", "agent.extraEnv[0].name=RUST_LOG", "--set", "agent.extraEnv[0].value=debug",
                        "--set", "aggregator.lease.duration=20s", "--set", "remediation.budget.maxQuarantined=3", "--set", "remediation.deviceQuarantine=off")
     agg = container(objs, "Deployment")
-    for flag in ("--kube-timeout=10s", "--kube-qps=20", "--kube-burst=40", "--lease-duration=20s", "--max-quarantined=3", "--device-quarantine=false"):
+    for flag in ("--kube-timeout=10s", "--kube-qps=20", "--kube-burst=40", "--lease-duration=20s", "--max-quarantined=3", "--device-quarantine=off"):
         expect(f"extras: {flag}", flag in agg["args"], str(agg["args"]))
     expect("extras: the agent's env", any(e.get("name") == "RUST_LOG" for e in container(objs, "DaemonSet")["env"]))
     objs = must_render("monitoring with its CRD", "--api-versions", MONITORING, "--set", "metrics.serviceMonitor.enabled=true",
@@ -343,8 +339,17 @@ def main():
     expect("monitoring: the PrometheusRule carries the shipped rules", rules and rules[0]["spec"] == shipped)
     dash = [o for o in find(objs, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
     expect("monitoring: the dashboard", dash and json.loads(dash[0]["data"]["faultline-dashboard.json"]).get("title"))
+    for choice, flag in (("auto", None), ("dra", "dra"), ("devicePlugin", "device-plugin"), ("off", "off")):
+        objs = must_render(f"deviceQuarantine={choice}", "--set", f"remediation.deviceQuarantine={choice}")
+        args = [a for a in container(objs, "Deployment")["args"] if a.startswith("--device-quarantine")]
+        expect(f"deviceQuarantine={choice}: the flag", args == ([f"--device-quarantine={flag}"] if flag else []), str(args))
+        dra = [r for o in find(objs, "ClusterRole") for r in o["rules"] if "resource.k8s.io" in r["apiGroups"]]
+        expect(f"deviceQuarantine={choice}: resource.k8s.io granted only when not off", bool(dra) == (choice != "off"), str(dra))
+        rbac(f"deviceQuarantine={choice}", objs)
     objs = must_render("the agent alone", "--set", "aggregator.enabled=false")
     expect("the agent alone: no aggregator, no RBAC", not find(objs, "Deployment") and not find(objs, "ClusterRole") and find(objs, "DaemonSet"))
+
+    previous(chart, version)
 
     if failures:
         print(f"check-helm: {len(failures)} failed", file=sys.stderr)

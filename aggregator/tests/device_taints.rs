@@ -342,7 +342,9 @@ mod wiring {
 mod passes {
     use std::sync::Arc;
 
-    use faultline_aggregator::device_taint::{discover, rule_name, DeviceQuarantine, DeviceRef};
+    use faultline_aggregator::device_taint::{
+        discover, rule_name, Backend, DeviceQuarantine, DeviceRef,
+    };
     use faultline_aggregator::model::RecordDevice;
     use faultline_aggregator::remediate::{
         record_of, DeviceIsolation, Mode, Outcome, ReleaseRequest, Remediator, DEVICES_LABEL,
@@ -792,6 +794,78 @@ mod passes {
                 let e = r.evict("n1", &[], &Fence::unfenced()).await.unwrap();
                 assert_eq!(e.evicted.len(), 1, "{e:?}");
                 assert!(e.evicted[0].starts_with("train/p4/"));
+            }
+        }
+    }
+
+    /// `--device-quarantine` picks the backend. On a cluster that serves DeviceTaintRule
+    /// and whose device plugin also took the failed GPU out (8 -> 7): `device-plugin`
+    /// writes no rule and lets the plugin's isolation stand; where the plugin took
+    /// nothing out it taints the node, still writing no rule. `dra` on a cluster without
+    /// DeviceTaintRule (1.34) does not take the plugin's isolation: the node is tainted,
+    /// saying there is no rule API.
+    #[tokio::test]
+    async fn the_backend_flag_picks_rules_or_the_plugins_isolation() {
+        let no_faults = faultline_test_apiserver::Faults::default;
+        for (release, backend, allocatable, tainted) in [
+            ("1.37", Backend::DevicePlugin, 7, false),
+            ("1.37", Backend::DevicePlugin, 8, true),
+            ("1.34", Backend::Dra, 7, true),
+            ("1.37", Backend::Dra, 7, false),
+        ] {
+            let case = format!("{release} {} allocatable {allocatable}", backend.as_str());
+            let (server, r) = cluster_with(
+                Mode::Enforce,
+                Release::parse(release).unwrap(),
+                (allocatable, false),
+                |m| m,
+                no_faults(),
+                |q| q.backend = backend,
+            )
+            .await;
+            let out = r
+                .isolate("n1", vec![gpu(4, "row-remap-failure")], &Fence::unfenced())
+                .await
+                .unwrap();
+            assert_eq!(out, Outcome::Isolated, "{case}");
+            assert_eq!(node_taints(&server).len(), usize::from(tainted), "{case}");
+            let rules_written = server
+                .calls()
+                .iter()
+                .filter(|c| c.method == "POST" && c.uri.contains("/devicetaintrules"))
+                .count();
+            let n: k8s_openapi::api::core::v1::Node =
+                serde_json::from_value(server.get("nodes", "", "n1").unwrap()).unwrap();
+            let rec = record_of(&n).unwrap().unwrap();
+            match (backend, tainted) {
+                (Backend::DevicePlugin, false) => {
+                    assert_eq!(rules_written, 0, "{case}");
+                    assert!(
+                        matches!(
+                            rec.isolation,
+                            Some(DeviceIsolation::DevicePlugin { taken_out: 1, .. })
+                        ),
+                        "{case}: {:?}",
+                        rec.isolation
+                    );
+                }
+                (Backend::DevicePlugin, true) => {
+                    assert_eq!(rules_written, 0, "{case}");
+                    let why = rec.node_why.unwrap();
+                    assert!(why.contains("device plugin took 0"), "{case}: {why}");
+                }
+                (_, true) => {
+                    let why = rec.node_why.unwrap();
+                    assert!(why.contains("serves no DeviceTaintRule"), "{case}: {why}");
+                }
+                (_, false) => {
+                    assert_eq!(rules_written, 1, "{case}");
+                    assert!(
+                        !matches!(rec.isolation, Some(DeviceIsolation::DevicePlugin { .. })),
+                        "{case}: {:?}",
+                        rec.isolation
+                    );
+                }
             }
         }
     }

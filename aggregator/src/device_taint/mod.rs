@@ -38,4 +38,4 @@ pub use rule::{
     is_ours, rule_name, rule_object, taint_value, would_evict, Effect, Reported, TAINT_KEY,
 };
 pub use scope::{node_fault, rejecting, scope, Failed, NodeWhy, Scope};
-pub use settings::DeviceQuarantine;
+pub use settings::{Backend, DeviceQuarantine};

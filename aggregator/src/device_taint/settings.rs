@@ -32,6 +32,9 @@ pub struct DeviceQuarantine {
     pub prediction_deadline: Duration,
     /// The DeviceClass a canary's claim asks for (`gpu.nvidia.com`).
     pub device_class: String,
+    /// How a device is taken out alone: a DeviceTaintRule, the device plugin's own
+    /// isolation, or either (`--device-quarantine`).
+    pub backend: Backend,
     /// Whether Huawei's device plugin's ConfigMaps are read
     /// (`kube-system/mindx-dl-deviceinfo-<node>`): chips it lists in
     /// `ManuallySeparateNPU` are isolated already, and faultline adds nothing.
@@ -54,9 +57,53 @@ impl DeviceQuarantine {
             prediction_wait: Duration::from_secs(2),
             prediction_deadline: Duration::from_secs(60),
             device_class: "gpu.nvidia.com".into(),
+            backend: Backend::Auto,
             ascend_device_info: false,
             missing_claims: Arc::default(),
         }
+    }
+}
+
+/// How one failed device is kept from new work without its node (`--device-quarantine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A DeviceTaintRule where the device is published through DRA, else the device
+    /// plugin's isolation where it took the device out of the node's allocatable.
+    Auto,
+    /// DeviceTaintRules only: a device no rule can select takes the node path, even
+    /// where its device plugin took it out.
+    Dra,
+    /// The device plugin's isolation only: no DeviceTaintRule is written (rules an
+    /// earlier setting made are still released).
+    DevicePlugin,
+}
+
+impl Backend {
+    /// The flag's value for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Dra => "dra",
+            Backend::DevicePlugin => "device-plugin",
+        }
+    }
+}
+
+/// `--device-quarantine`'s value: a backend, or off (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice(pub Option<Backend>);
+
+/// `--device-quarantine`: `auto`, `dra`, `device-plugin` or `off`; `true` and `false`,
+/// its earlier values, still mean `auto` and `off`.
+pub fn backend(v: &str) -> Result<Choice, String> {
+    match v {
+        "auto" | "true" => Ok(Choice(Some(Backend::Auto))),
+        "dra" => Ok(Choice(Some(Backend::Dra))),
+        "device-plugin" => Ok(Choice(Some(Backend::DevicePlugin))),
+        "off" | "false" => Ok(Choice(None)),
+        _ => Err(format!(
+            "{v:?}: one of auto, dra, device-plugin, off (true and false: auto and off)"
+        )),
     }
 }
 
@@ -64,11 +111,14 @@ impl DeviceQuarantine {
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Device quarantine")]
 pub struct DeviceArgs {
-    /// Quarantine one failed device alone where the cluster can: its own DRA
-    /// DeviceTaintRule, or the device plugin's isolation where it took the device out of
-    /// the node's allocatable already. Off: every fault taints its node.
-    #[arg(long, env = "FAULTLINE_DEVICE_QUARANTINE", default_value = "true", action = clap::ArgAction::Set)]
-    pub device_quarantine: bool,
+    /// Quarantine one failed device alone where the cluster can. auto: its own DRA
+    /// DeviceTaintRule where the device is published through DRA, else the device
+    /// plugin's isolation where it took the device out of the node's allocatable
+    /// already. dra: DeviceTaintRules only. device-plugin: the plugin's isolation only,
+    /// no DeviceTaintRule written. off: every fault taints its node. (true and false
+    /// are auto and off.)
+    #[arg(long, env = "FAULTLINE_DEVICE_QUARANTINE", default_value = "auto", value_parser = backend)]
+    pub device_quarantine: Choice,
     /// DRA drivers whose devices may be quarantined, comma separated.
     #[arg(
         long,
@@ -109,9 +159,7 @@ pub struct DeviceArgs {
 impl DeviceQuarantine {
     /// The device path `flags` ask for (`None`: off), following `rules`.
     pub fn from_flags(flags: &DeviceArgs, rules: watch::Receiver<Arc<Rules>>) -> Option<Self> {
-        if !flags.device_quarantine {
-            return None;
-        }
+        let backend = flags.device_quarantine.0?;
         let drivers: Vec<String> = flags
             .dra_drivers
             .split(',')
@@ -129,8 +177,33 @@ impl DeviceQuarantine {
             max_devices: flags.max_quarantined_devices,
             prediction_deadline: flags.device_prediction_deadline,
             device_class: flags.canary_device_class.clone(),
+            backend,
             ascend_device_info: flags.ascend_device_info,
             ..DeviceQuarantine::new(rules)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backend_flag_takes_its_four_values_and_the_old_two() {
+        for (v, b) in [
+            ("auto", Some(Backend::Auto)),
+            ("true", Some(Backend::Auto)),
+            ("dra", Some(Backend::Dra)),
+            ("device-plugin", Some(Backend::DevicePlugin)),
+            ("off", None),
+            ("false", None),
+        ] {
+            assert_eq!(backend(v), Ok(Choice(b)), "{v}");
+        }
+        for b in [Backend::Auto, Backend::Dra, Backend::DevicePlugin] {
+            assert_eq!(backend(b.as_str()), Ok(Choice(Some(b))));
+        }
+        let e = backend("devicePlugin").unwrap_err();
+        assert!(e.contains("device-plugin"), "{e}");
     }
 }

@@ -32,7 +32,7 @@ use super::record::{
 use super::remediator::Remediator;
 use crate::device_taint::{
     holders, is_ours, node_fault, plugin_scope, rejecting, rejections, rule_name, scope,
-    taint_value, taken_out, tolerates_forever, Dra, Effect, Failed, NodeWhy, PluginScope,
+    taint_value, taken_out, tolerates_forever, Backend, Dra, Effect, Failed, NodeWhy, PluginScope,
     Prediction, QuarantineError, Scope, REJECTION_WINDOW_MS, TAINT_KEY,
 };
 use crate::metrics::{Action, ActionResult};
@@ -102,7 +102,8 @@ impl Remediator {
                 reasons: c,
             })
             .collect();
-        let index = if dra.has_rules() && node_fault(&rules, &failed).is_none() {
+        let with_rules = dra.has_rules() && q.backend != Backend::DevicePlugin;
+        let index = if with_rules && node_fault(&rules, &failed).is_none() {
             match dra.index_node(&live.name).await {
                 Ok(ix) => ix,
                 Err(e) => return Ok(self.unreadable(&live.name, e)),
@@ -110,7 +111,7 @@ impl Remediator {
         } else {
             Default::default()
         };
-        match scope(&rules, &failed, dra.has_rules(), |id| {
+        match scope(&rules, &failed, with_rules, |id| {
             index.by_uuid(id).is_some()
         }) {
             Scope::Devices => {
@@ -179,6 +180,12 @@ impl Remediator {
                     }
                     r => r.map(DevicePath::Done),
                 }
+            }
+            // `dra`: no rule can select it, and the plugin's isolation is not taken.
+            Scope::Node(why @ (NodeWhy::NoDeviceApi | NodeWhy::NotPublished { .. }))
+                if q.backend == Backend::Dra =>
+            {
+                Ok(DevicePath::Node(Some(why)))
             }
             Scope::Node(why @ (NodeWhy::NoDeviceApi | NodeWhy::NotPublished { .. })) => {
                 // No rule can select it: the device plugin's own isolation, if it took

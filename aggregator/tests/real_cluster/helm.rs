@@ -40,12 +40,14 @@ fn helm(c: &RealCluster, args: &[&str]) -> String {
 /// The chart's whole life on a cluster that admits a `system-node-critical` pod outside
 /// kube-system only with a ResourceQuota matching the class (GKE's rule):
 ///
-/// 1. `helm install` (ci/nvidia-enforce-values.yaml): the real DaemonSet controller
-///    makes the agents' pods, admitted by the chart's quota;
-/// 2. `helm upgrade --reuse-values --set agent.priorityQuota=false` (today's deploy/
-///    shipped no quota): a deleted agent pod is not made again, and the DaemonSet
-///    controller reports the admission's refusal; `--set agent.priorityQuota=true`
-///    brings it back, every other value kept;
+/// 1. `helm install` of the previous chart version (tests/helm/previous/, with
+///    ci/nvidia-enforce-values.yaml): the real DaemonSet controller makes the agents'
+///    pods, admitted by the chart's quota;
+/// 2. `helm upgrade --reuse-values --set agent.priorityQuota=false` to today's chart
+///    (today's deploy/ shipped no quota): a deleted agent pod is not made again, and
+///    the DaemonSet controller reports the admission's refusal; `--set
+///    agent.priorityQuota=true` brings it back, every other value kept, and the
+///    release is today's chart version;
 /// 3. the aggregator, run with the chart's Deployment's arguments under a token of the
 ///    chart's ServiceAccount, heals a failed GPU (n1 tainted once, its pod evicted) with
 ///    no request refused by the chart's RBAC;
@@ -54,11 +56,12 @@ async fn the_chart_installs_upgrades_heals_and_uninstalls(release: Release) {
     let test = format!("the_chart_installs_upgrades_heals_and_uninstalls ({release:?})");
     let values = support::repo_root().join("deploy/helm/faultline/ci/nvidia-enforce-values.yaml");
     let values = values.to_str().unwrap();
-    let install = ["-f", values];
+    let install = Install::Helm {
+        chart: &previous_chart(),
+        args: &["-f", values],
+    };
     let opts = Options::new(release).like_gke();
-    let Some(c) =
-        RealCluster::installed(&test, opts, 2, Delays::default(), Install::Helm(&install)).await
-    else {
+    let Some(c) = RealCluster::installed(&test, opts, 2, Delays::default(), install).await else {
         return;
     };
     let status = helm(&c, &["status", "faultline", "-n", NS]);
@@ -117,6 +120,22 @@ async fn the_chart_installs_upgrades_heals_and_uninstalls(release: Release) {
         "--reuse-values kept the install's values: {got}"
     );
     assert_eq!(got["aggregator"]["replicas"], 0, "{got}");
+    let history = helm(&c, &["history", "faultline", "-n", NS, "-o", "json"]);
+    let history: Vec<serde_json::Value> = serde_json::from_str(&history).unwrap();
+    let charts: Vec<&str> = history
+        .iter()
+        .map(|r| r["chart"].as_str().unwrap_or(""))
+        .collect();
+    let today = format!("faultline-{}", chart_version());
+    assert_eq!(charts.len(), 3, "{history:?}");
+    assert_ne!(
+        charts[0], today,
+        "installed the previous version: {charts:?}"
+    );
+    assert!(
+        charts[1..].iter().all(|c| *c == today),
+        "upgraded to {today}: {charts:?}"
+    );
 
     // 3. Healing under the chart's RBAC.
     // A pod holding a GPU of n1 (the device plugin's: the node path).
@@ -230,6 +249,35 @@ fn chart() -> &'static str {
             .display()
             .to_string()
     })
+}
+
+/// The previous chart version, packaged (tests/helm/previous/faultline-*.tgz), from
+/// the repository root.
+fn previous_chart() -> String {
+    let dir = support::repo_root().join("tests/helm/previous");
+    let mut tgz: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("faultline-") && n.ends_with(".tgz"))
+        .collect();
+    assert_eq!(
+        tgz.len(),
+        1,
+        "one previous chart in {}: {tgz:?}",
+        dir.display()
+    );
+    format!("tests/helm/previous/{}", tgz.remove(0))
+}
+
+/// Today's chart version (deploy/helm/faultline/Chart.yaml).
+fn chart_version() -> String {
+    let chart = std::fs::read_to_string(format!("{}/Chart.yaml", chart())).unwrap();
+    chart
+        .lines()
+        .find_map(|l| l.strip_prefix("version: "))
+        .expect("Chart.yaml has a version")
+        .trim()
+        .to_string()
 }
 
 /// (kind, namespace, name) of one rendered manifest, read from its `kind:` and

@@ -44,9 +44,10 @@ pub struct RealCluster {
 pub enum Install<'a> {
     /// `kubectl apply -k --server-side` of an overlay (a path from the repository root).
     Kustomize(&'a str),
-    /// `helm install faultline deploy/helm/faultline --namespace faultline
-    /// --create-namespace` with these arguments (`--set`, `-f`).
-    Helm(&'a [&'a str]),
+    /// `helm install faultline <chart> --namespace faultline --create-namespace` with
+    /// `args` (`--set`, `-f`); `chart` from the repository root (a folder or a packaged
+    /// chart).
+    Helm { chart: &'a str, args: &'a [&'a str] },
 }
 
 impl RealCluster {
@@ -104,7 +105,7 @@ impl RealCluster {
         install: Install<'_>,
     ) -> Option<Self> {
         let helm = match install {
-            Install::Helm(_) => Some(faultline_controlplane::helm(test)?),
+            Install::Helm { .. } => Some(faultline_controlplane::helm(test)?),
             Install::Kustomize(_) => None,
         };
         let cp = ControlPlane::start(test, opts).await?;
@@ -123,8 +124,14 @@ impl RealCluster {
                 let deploy = repo_root().join(overlay);
                 cp.kubectl(&["apply", "--server-side", "-k", deploy.to_str().unwrap()]);
             }
-            (Install::Helm(values), Some(helm)) => {
-                let chart = repo_root().join("deploy/helm/faultline");
+            (
+                Install::Helm {
+                    chart,
+                    args: values,
+                },
+                Some(helm),
+            ) => {
+                let chart = repo_root().join(chart);
                 let mut args = vec!["install", "faultline", chart.to_str().unwrap()];
                 args.extend(["--namespace", NS, "--create-namespace"]);
                 // The test runs the aggregator itself (below), as the Deployment's container.
@@ -138,7 +145,7 @@ impl RealCluster {
                     text(&out)
                 );
             }
-            (Install::Helm(_), None) => unreachable!("helm is found above"),
+            (Install::Helm { .. }, None) => unreachable!("helm is found above"),
         }
         for (secret, file) in [
             ("faultline-delivery", "delivery-token"),
