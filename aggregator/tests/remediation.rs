@@ -280,6 +280,273 @@ async fn an_eviction_that_lands_late_never_evicts_the_pods_successor() {
     assert_eq!(refused, 1, "the late eviction refused on the uid");
 }
 
+/// A pass lists the node's pods from the watch cache, which may lag. There a pod
+/// deleted since, one made again under its name on another node, and one terminating
+/// all still look as they did. The consistent read before each eviction asks none of
+/// them to leave (each is recorded gone); the pod that still runs is evicted once.
+#[tokio::test]
+async fn pods_a_lagging_cache_still_lists_are_read_again_before_eviction() {
+    let (server, client) = setup().await;
+    let names = ["gone", "replaced", "terminating", "running"];
+    for name in names {
+        pod(name, true, Some("GPU-1234")).create(&server);
+    }
+    let r = remediator(client.clone(), Mode::Enforce);
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    // The cache stands here: no older revision can be served, none newer is drawn.
+    server.compact();
+    let stopping = Faults {
+        pod_stop_ms: 600_000,
+        ..Default::default()
+    };
+    server.set_faults(stopping.clone());
+    server.delete("pods", "default", "gone").unwrap();
+    server.delete("pods", "default", "replaced").unwrap();
+    PodFixture::new("replaced", "gpu-2").gpu().create(&server);
+    server
+        .delete_with_grace("pods", "default", "terminating", Some(30))
+        .unwrap();
+    server.set_faults(Faults {
+        stale_list_ms: 600_000,
+        seed: 7,
+        ..stopping
+    });
+    // What the pass will list: the four as they were.
+    let cached = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client)
+        .list(&kube::api::ListParams::default().match_any())
+        .await
+        .unwrap();
+    let on_gpu1 = |p: &&k8s_openapi::api::core::v1::Pod| {
+        p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("gpu-1")
+            && p.metadata.deletion_timestamp.is_none()
+    };
+    assert_eq!(
+        cached.items.iter().filter(on_gpu1).count(),
+        4,
+        "a lagging list"
+    );
+
+    let e = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
+    assert_eq!(e.evicted.len(), 1, "{e:?}");
+    assert!(e.evicted[0].starts_with("default/running/"), "{e:?}");
+    assert!(support::evicted_once(&server, "running"));
+    for name in ["gone", "replaced", "terminating"] {
+        let asked = server
+            .calls()
+            .iter()
+            .filter(|c| c.uri.contains(&format!("/pods/{name}/eviction")))
+            .count();
+        assert_eq!(asked, 0, "{name} was asked to leave");
+    }
+    // Each is done with: no later pass reads it again.
+    let (_, rec) = record_ids(&server, "gpu-1");
+    let done = rec["evicted"].to_string();
+    for name in names {
+        assert!(done.contains(&format!("default/{name}/")), "{name}: {done}");
+    }
+    assert!(
+        server.get("pods", "default", "replaced").unwrap()["metadata"]["deletionTimestamp"]
+            .is_null(),
+        "the successor on gpu-2 runs on"
+    );
+}
+
+/// The Node's record write (a JSON patch testing the resourceVersion the pass read)
+/// calls to `/nodes/gpu-1` since `from` of the server's calls.
+fn record_writes(server: &ApiServer, from: usize) -> Vec<u16> {
+    server.calls()[from..]
+        .iter()
+        .filter(|c| c.method == "PATCH" && c.uri.contains("/nodes/gpu-1"))
+        .map(|c| c.status)
+        .collect()
+}
+
+/// The eviction pass's record write meets a Node that changes under every write (its
+/// kubelet's status, another controller): it reads again and retries, 4 writes in all,
+/// then gives the pass up with the error; never a fifth, never for ever. A write that
+/// fails otherwise (500) is not retried at all: the next pass writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_record_retries_conflicts_four_times_and_nothing_else() {
+    let (server, client) = setup().await;
+    for name in ["w0", "w1", "w2", "w3"] {
+        pod(name, true, Some("GPU-1234")).create(&server);
+    }
+    let r = remediator(client, Mode::Enforce);
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    let pass = |r| async move {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            Remediator::evict(r, "gpu-1", &[], &Fence::unfenced()),
+        )
+        .await
+        .expect("the pass ends")
+    };
+
+    // Every Node write is held 300 ms, while the Node changes every 20 ms.
+    server.set_faults(Faults {
+        latency_ms: 300,
+        latency_method: "PATCH".into(),
+        latency_match: "/nodes/gpu-1".into(),
+        ..Default::default()
+    });
+    let churn = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            for i in 0.. {
+                let mut n = server.get("nodes", "", "gpu-1").unwrap();
+                n["metadata"]["labels"]["kubelet-beat"] = json!(format!("{i}"));
+                let _ = server.update("nodes", "", "gpu-1", n, None);
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let from = server.calls().len();
+    let e = pass(&r).await;
+    churn.abort();
+    assert!(e.is_err(), "the pass gave up: {e:?}");
+    let writes = record_writes(&server, from);
+    assert_eq!(writes.len(), 4, "{writes:?}");
+    assert!(writes.iter().all(|s| *s == 409 || *s == 422), "{writes:?}");
+
+    // A write refused otherwise: once.
+    server.set_faults(Faults {
+        write_error_rate: 1.0,
+        write_error_match: "/nodes/gpu-1".into(),
+        ..Default::default()
+    });
+    pod("w4", true, Some("GPU-1234")).create(&server);
+    let from = server.calls().len();
+    let e = pass(&r).await;
+    assert!(e.is_err(), "{e:?}");
+    assert_eq!(record_writes(&server, from), vec![500]);
+    // The next pass, the API well again, asks none of them again.
+    server.set_faults(Faults::default());
+    pass(&r).await.unwrap();
+    for name in ["w0", "w1", "w2", "w3", "w4"] {
+        assert!(support::evicted_once(&server, name), "{name}");
+    }
+}
+
+/// Namespace reads since `from` of the server's calls.
+fn namespace_reads(server: &ApiServer, from: usize) -> usize {
+    server.calls()[from..]
+        .iter()
+        .filter(|c| c.method == "GET" && c.uri.contains("/api/v1/namespaces/default"))
+        .filter(|c| !c.uri.contains("/namespaces/default/"))
+        .count()
+}
+
+/// A warned pod keeps its one intent while it waits: a later pass neither asks its
+/// namespace again nor writes a new intent, which would move its deadline. Once it
+/// has left (deleted), the intent goes from the record, counted as left.
+#[tokio::test]
+async fn a_drain_intent_stands_while_the_pod_waits_and_goes_when_it_leaves() {
+    let (server, client) = setup().await;
+    let mut ckpt = pod("ckpt", true, Some("GPU-1234")).build();
+    ckpt["metadata"]["annotations"] = json!({"faultline.io/checkpoint-grace": "300s"});
+    server.create("pods", "default", ckpt).unwrap();
+    let clock = faultline_common::time::Clock::default();
+    let r = remediator(client, Mode::Enforce)
+        .with_checkpoint_grace(std::time::Duration::from_secs(3600))
+        .with_clock(clock.clone());
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    let first = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
+    assert_eq!(first.draining.len(), 1, "{first:?}");
+    let intent = gpu1_record(&server)["drains"].clone();
+    assert_eq!(intent.as_object().map(|o| o.len()), Some(1), "{intent}");
+
+    clock.advance(std::time::Duration::from_secs(60));
+    let from = server.calls().len();
+    let second = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
+    assert_eq!(second.draining.len(), 1, "{second:?}");
+    assert_eq!(gpu1_record(&server)["drains"], intent, "the intent stands");
+    assert_eq!(namespace_reads(&server, from), 0);
+    assert_eq!(support::eviction_calls(&server, "ckpt", 201), 0);
+
+    server.delete("pods", "default", "ckpt").unwrap();
+    let third = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
+    assert_eq!(third.drains, Some(vec![]), "{third:?}");
+    let rec = gpu1_record(&server);
+    assert!(
+        rec["drains"].as_object().is_none_or(|o| o.is_empty()),
+        "{rec}"
+    );
+}
+
+/// A pod whose eviction was tried without an intent (its budget refused it) is not
+/// warned later, even once its namespace asks for a checkpoint grace: its namespace is
+/// not read again, and no intent is written.
+#[tokio::test]
+async fn a_pod_tried_without_an_intent_is_not_warned_later() {
+    let (server, client) = setup().await;
+    pod("guarded", true, Some("GPU-1234")).create(&server);
+    server
+        .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
+        .unwrap();
+    let r = remediator(client, Mode::Enforce)
+        .with_checkpoint_grace(std::time::Duration::from_secs(3600));
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    let first = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
+    assert_eq!(first.blocked.len(), 1, "{first:?}");
+    let mut ns = server.get("namespaces", "", "default").unwrap();
+    ns["metadata"]["annotations"] = json!({"faultline.io/checkpoint-grace": "300s"});
+    server
+        .update("namespaces", "", "default", ns, None)
+        .unwrap();
+
+    let from = server.calls().len();
+    let second = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
+    assert_eq!(second.blocked.len(), 1, "{second:?}");
+    assert!(second.draining.is_empty(), "{second:?}");
+    assert_eq!(namespace_reads(&server, from), 0);
+    let rec = gpu1_record(&server);
+    assert!(
+        rec["drains"].as_object().is_none_or(|o| o.is_empty()),
+        "{rec}"
+    );
+}
+
+/// Remediation off evicts nothing and reads nothing, even where a quarantine record
+/// is on the node; an open breaker stops an acting pass's evictions.
+#[tokio::test]
+async fn off_or_an_open_breaker_evicts_nothing() {
+    let (server, client) = setup().await;
+    pod("w0", true, Some("GPU-1234")).create(&server);
+    remediator(client.clone(), Mode::Enforce)
+        .isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    let from = server.calls().len();
+    let off = remediator(client.clone(), Mode::Off);
+    let out = off.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
+    assert!(out.evicted.is_empty() && out.marks.is_none(), "{out:?}");
+    assert_eq!(server.calls().len(), from, "{:#?}", &server.calls()[from..]);
+
+    let breaker = faultline_aggregator::remediate::Breaker::new(
+        kube::Api::namespaced(client.clone(), "faultline"),
+        "faultline-breaker".into(),
+        3,
+        std::time::Duration::from_secs(300),
+    );
+    let r = remediator(client, Mode::Enforce).with_breaker(Some(breaker), 0.0);
+    for n in ["b0", "b1", "b2"] {
+        r.note_failure(n).await.unwrap();
+    }
+    let cm = server.get("configmaps", "faultline", "faultline-breaker");
+    assert_eq!(cm.unwrap()["data"]["state"], "open");
+    let out = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
+    assert!(out.evicted.is_empty(), "{out:?}");
+    assert_eq!(support::eviction_calls(&server, "w0", 201), 0);
+}
+
 #[tokio::test]
 async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
     let (server, client) = setup().await;
@@ -1548,6 +1815,91 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
 
 /// Devices known only by a bus id or a UUID (an alert's) still quarantine: the label
 /// value stays valid (count and hash when the ids are not a label value).
+/// A pod its budget still protects at the deadline, with force deletion configured,
+/// and the remediator that will delete it: `component` loaded (force-delete: the
+/// grant), or not.
+async fn past_the_deadline(
+    component: Option<&'static str>,
+) -> (ApiServer, Remediator, faultline_common::time::Clock) {
+    let mut scenario = Scenario::new().node(NodeFixture::shared("gpu-1"));
+    if let Some(c) = component {
+        scenario = scenario.component(c);
+    }
+    let w = scenario.start().await;
+    let (server, client) = (w.server, kube_client(&w.kube));
+    pod("guarded", true, Some("GPU-1234")).create(&server);
+    server
+        .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
+        .unwrap();
+    let deadline = std::time::Duration::from_secs(600);
+    let clock = faultline_common::time::Clock::default();
+    let r = remediator(client, Mode::Enforce)
+        .with_resources(vec![], deadline)
+        .with_force_delete(true)
+        .with_clock(clock.clone());
+    r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+        .await
+        .unwrap();
+    let first = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
+    assert_eq!(first.blocked.len(), 1, "{first:?}");
+    clock.advance(deadline + std::time::Duration::from_secs(1));
+    (server, r, clock)
+}
+
+/// Force deletion past the deadline is as careful as an eviction. A deletion that lands
+/// late, after the pod was replaced under its name on another node (a StatefulSet's),
+/// is refused by its uid precondition (409): the successor runs on, and the pod judged
+/// is done with. A deletion refused for another reason (403: the flag without its
+/// component's grant) is the pass's error, and the pod is not taken as deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_force_deletion_spares_the_successor_and_a_refused_one_is_an_error() {
+    let (server, r, _clock) = past_the_deadline(Some("force-delete")).await;
+    server.set_faults(Faults {
+        latency_ms: 2000,
+        latency_method: "DELETE".into(),
+        latency_match: "/pods/guarded".into(),
+        ..Default::default()
+    });
+    let late = tokio::spawn(async move { r.evict("gpu-1", &[], &Fence::unfenced()).await });
+    let start = std::time::Instant::now();
+    while !server
+        .received()
+        .iter()
+        .any(|c| c.method == "DELETE" && c.uri.contains("/pods/guarded"))
+    {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "no deletion sent"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    server.delete("pods", "default", "guarded").unwrap();
+    PodFixture::new("guarded", "gpu-2").gpu().create(&server);
+    let out = late.await.unwrap().expect("a 409 is the pod judged gone");
+    assert_eq!(out.evicted.len(), 1, "{out:?}");
+    let successor = server.get("pods", "default", "guarded").unwrap();
+    assert!(
+        successor["metadata"]["deletionTimestamp"].is_null(),
+        "the successor deleted: {successor}"
+    );
+    let deletes: Vec<u16> = server
+        .calls()
+        .iter()
+        .filter(|c| c.method == "DELETE" && c.uri.contains("/pods/guarded"))
+        .map(|c| c.status)
+        .collect();
+    assert_eq!(deletes, vec![409]);
+
+    // The flag without the grant: 403, an error, and the pod stays to be retried.
+    let (server, r, _clock) = past_the_deadline(None).await;
+    let e = r.evict("gpu-1", &[], &Fence::unfenced()).await;
+    assert!(e.is_err(), "a refused deletion passed as done: {e:?}");
+    assert!(server.get("pods", "default", "guarded").is_some());
+    let done = record(&server, "gpu-1").unwrap()["evicted"].to_string();
+    assert!(!done.contains("default/guarded/"), "{done}");
+    assert_eq!(events(&server, "FaultlinePodDeleted"), 0);
+}
+
 #[tokio::test]
 async fn devices_named_by_bus_id_or_uuid_give_a_valid_label() {
     use faultline_aggregator::remediate::label_value;

@@ -47,6 +47,8 @@ pub struct Faults {
     /// Share of writes (POST/PUT/PATCH/DELETE) answered 500 without being carried out,
     /// as when etcd times out.
     pub write_error_rate: f64,
+    /// Only writes whose path contains this fail so (empty: every write).
+    pub write_error_match: String,
     /// Share of calls answered 429 by API Priority and Fairness: a plain-text body and
     /// `Retry-After: 1`, no Status and no `DisruptionBudget` cause, as
     /// staging/src/k8s.io/apiserver/pkg/server/filters/maxinflight.go `tooManyRequests`
