@@ -55,24 +55,36 @@ const TEMP_NOISE: f64 = 0.1;
 /// How long a real agent keeps a watch stream open (`WATCH_MIN_LIFE`, times 1-2).
 const WATCH_LIFE: Duration = Duration::from_secs(300);
 
+/// The first two octets of the nodes' addresses: `127.1` (loopback aliases), or
+/// `BENCH_NODE_NET` (e.g. `10.244`: a range made local in a network namespace, for a
+/// real kube-apiserver, which refuses loopback endpoints).
+fn net() -> (u8, u8) {
+    static NET: std::sync::OnceLock<(u8, u8)> = std::sync::OnceLock::new();
+    *NET.get_or_init(|| {
+        let v = std::env::var("BENCH_NODE_NET").unwrap_or_else(|_| "127.1".into());
+        let mut o = v.split('.').map(|x| x.parse::<u8>());
+        match (o.next(), o.next()) {
+            (Some(Ok(a)), Some(Ok(b))) if b > 0 => (a, b),
+            _ => panic!("BENCH_NODE_NET={v}: two octets, e.g. 10.244"),
+        }
+    })
+}
+
 /// Node `i`'s address.
 pub fn node_ip(i: usize) -> Ipv4Addr {
     let a = i / 254;
-    Ipv4Addr::new(
-        127,
-        (1 + a / 256) as u8,
-        (a % 256) as u8,
-        (1 + i % 254) as u8,
-    )
+    let (x, y) = net();
+    Ipv4Addr::new(x, y + (a / 256) as u8, (a % 256) as u8, (1 + i % 254) as u8)
 }
 
 /// The node at `ip`, if it is one of [`node_ip`]'s.
 pub fn node_at(ip: Ipv4Addr) -> Option<usize> {
     let [a, b, c, d] = ip.octets();
-    if a != 127 || b == 0 || d == 0 || d == 255 {
+    let (x, y) = net();
+    if a != x || b < y || d == 0 || d == 255 {
         return None;
     }
-    Some(((b as usize - 1) * 256 + c as usize) * 254 + d as usize - 1)
+    Some(((b - y) as usize * 256 + c as usize) * 254 + d as usize - 1)
 }
 
 /// The local address of an accepted connection: which node the client asked for.
@@ -113,6 +125,7 @@ pub struct FleetStats {
 }
 
 impl FleetStats {
+    #[allow(dead_code)] // cluster-bench's
     pub fn add(&mut self, o: &FleetStats) {
         self.docs += o.docs;
         self.doc_bytes += o.doc_bytes;
@@ -125,6 +138,7 @@ impl FleetStats {
         self.resp_bytes += o.resp_bytes;
     }
 
+    #[allow(dead_code)] // cluster-bench's
     pub fn minus(&self, o: &FleetStats) -> FleetStats {
         FleetStats {
             docs: self.docs - o.docs,

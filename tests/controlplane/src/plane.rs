@@ -139,6 +139,8 @@ pub struct ControlPlane {
     pub server: String,
     /// A kubeconfig of `system:masters` (the test's own rights).
     pub admin_kubeconfig: PathBuf,
+    /// etcd's client URL, `http://127.0.0.1:PORT` (its `/metrics` too).
+    pub etcd: String,
     dir: tempfile::TempDir,
     ca: PathBuf,
     procs: Vec<Proc>,
@@ -280,6 +282,7 @@ impl ControlPlane {
             release: opts.release,
             server,
             admin_kubeconfig: d.join("admin.kubeconfig"),
+            etcd: format!("http://127.0.0.1:{etcd_client}"),
             ca: pki.ca.clone(),
             dir,
             procs,
@@ -440,6 +443,11 @@ impl ControlPlane {
             .filter(|e| e.code == 401 || e.code == 403)
             .map(|e| format!("{} {} {} ({})", e.code, e.verb, e.uri, e.user))
             .collect()
+    }
+
+    /// Each component's process id.
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        self.procs.iter().map(|p| (p.name, p.pid())).collect()
     }
 
     /// Resident memory of each component now (`VmRSS`, KiB).
