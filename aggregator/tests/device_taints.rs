@@ -584,6 +584,9 @@ mod passes {
                 "the rule goes with the release"
             );
             assert_eq!(server.allocatable_devices("n1"), 8);
+            // Its driver does not taint it: nothing to warn of.
+            let still = super::support::events(&server, "FaultlineDeviceStillTainted");
+            assert_eq!(still, 0);
             let node = server.get("nodes", "", "n1").unwrap();
             assert!(node["metadata"]["labels"][DEVICES_LABEL].is_null());
             super::support::assert_no_forbidden(&server);
@@ -870,6 +873,70 @@ mod passes {
         }
     }
 
+    /// The controller's prediction is of the pods when the rule's generation was
+    /// written. A holder gone while the proposal was in flight (its pod and claim
+    /// deleted): faultline counted it, the controller did not; asked once more (a new
+    /// `timeAdded`), both count none and the rule is enforced. A holder that came
+    /// meanwhile (not in the pass's list) keeps the two apart: the pass asks once, then
+    /// leaves the rule at `None` and ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_prediction_is_asked_again_once() {
+        for gone in [true, false] {
+            let faults = faultline_test_apiserver::Faults {
+                latency_ms: 500,
+                latency_method: "POST".into(),
+                latency_match: "/devicetaintrules".into(),
+                ..Default::default()
+            };
+            let (server, r) = cluster_with(
+                Mode::Enforce,
+                Release::parse("1.37").unwrap(),
+                (8, false),
+                |m| m,
+                faults,
+                |_| {},
+            )
+            .await;
+            let s = server.clone();
+            let meanwhile = tokio::spawn(async move {
+                let posted = |s: &ApiServer| {
+                    s.received()
+                        .iter()
+                        .any(|c| c.method == "POST" && c.uri.contains("/devicetaintrules"))
+                };
+                while !posted(&s) {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                if gone {
+                    s.delete("pods", "train", "p3").unwrap();
+                    s.delete("resourceclaims", "train", "p3-gpu").unwrap();
+                } else {
+                    let p = s
+                        .create("pods", "train", fixtures::dra_pod("p3b", "n1"))
+                        .unwrap();
+                    let claim = fixtures::claim_for(&p, "gpu-3", json!([]));
+                    s.create("resourceclaims", "train", claim).unwrap();
+                }
+            });
+            let fence = Fence::unfenced();
+            let pass = r.isolate("n1", vec![gpu(3, "row-remap-failure")], &fence);
+            let out = tokio::time::timeout(std::time::Duration::from_secs(20), pass)
+                .await
+                .expect("the pass ends")
+                .unwrap();
+            meanwhile.await.unwrap();
+            let rule = rule_of(&server, 3).expect("gpu-3's rule");
+            let effect = rule["spec"]["taint"]["effect"].clone();
+            if gone {
+                assert_eq!(out, Outcome::Isolated, "{rule}");
+                assert_eq!(effect, "NoSchedule", "{rule}");
+            } else {
+                assert_ne!(out, Outcome::Isolated, "{rule}");
+                assert_eq!(effect, "None", "{rule}");
+            }
+        }
+    }
+
     /// The holder's claim tolerates the taint for ever (NoExecute): the controller
     /// leaves it out of its prediction and faultline counts it out alike
     /// (counted in, the two never agreed and the GPU stayed in service at effect None).
@@ -1078,6 +1145,34 @@ mod passes {
                 .get("devicetaintrules", "", "faultline-gpu-0-gone")
                 .is_none(),
             "no rule left at None"
+        );
+    }
+
+    /// A rule at `None` younger than twice the deadline may still be a pass's own,
+    /// waiting for its prediction: the sweep leaves it.
+    #[tokio::test]
+    async fn a_rule_at_none_younger_than_twice_the_deadline_is_kept() {
+        let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
+        let clock = faultline_common::time::Clock::manual(faultline_common::time::now_ms());
+        let r = r.with_clock(clock.clone());
+        let waiting = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": "faultline-gpu-0-waiting",
+                "labels": {"app.kubernetes.io/managed-by": "faultline"}},
+            "spec": {
+                "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "other", "device": "gpu-0"},
+                "taint": {"key": "faultline.io/unhealthy", "value": "xid-79", "effect": "None"},
+            },
+        });
+        server.create("devicetaintrules", "", waiting).unwrap();
+        // One and a half deadlines (60 s by default) later, gpu-3 fails.
+        clock.advance(std::time::Duration::from_secs(90));
+        gpu_3_quarantined_alone(&server, &r).await;
+        assert!(
+            server
+                .get("devicetaintrules", "", "faultline-gpu-0-waiting")
+                .is_some(),
+            "a rule younger than twice the deadline was swept"
         );
     }
 

@@ -794,6 +794,65 @@ async fn the_breaker_stops_everything_until_a_person_closes_it() {
     );
 }
 
+/// A person's release (`faultline release`: the annotations on the Node) goes through
+/// with the breaker open: the taint and the record go, the record moves to the Node's
+/// history with the person's reason, and the request is cleared.
+#[tokio::test]
+async fn a_persons_release_goes_through_an_open_breaker_and_leaves_no_request() {
+    use faultline_aggregator::remediate::{
+        HISTORY_ANNOTATION, RELEASE_ANNOTATION, RELEASE_BY_ANNOTATION, RELEASE_REASON_ANNOTATION,
+    };
+    let (server, client) = setup().await;
+    let breaker = faultline_aggregator::remediate::Breaker::new(
+        kube::Api::namespaced(client.clone(), "faultline"),
+        "faultline-breaker".into(),
+        3,
+        std::time::Duration::from_secs(300),
+    );
+    let r = remediator(client, Mode::Enforce).with_breaker(Some(breaker), 0.0);
+    assert_eq!(
+        r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
+            .await
+            .unwrap(),
+        Outcome::Isolated
+    );
+    for n in ["b0", "b1", "b2"] {
+        r.note_failure(n).await.unwrap();
+    }
+    let cm = server.get("configmaps", "faultline", "faultline-breaker");
+    assert_eq!(cm.unwrap()["data"]["state"], "open");
+    let mut n = server.get("nodes", "", "gpu-1").unwrap();
+    let a = &mut n["metadata"]["annotations"];
+    a[RELEASE_ANNOTATION] = json!("all");
+    a[RELEASE_BY_ANNOTATION] = json!("user:alice");
+    a[RELEASE_REASON_ANNOTATION] = json!("reseated the GPU");
+    server.update("nodes", "", "gpu-1", n, None).unwrap();
+
+    assert_eq!(
+        r.release_pass("gpu-1", &[], 0, &Fence::unfenced())
+            .await
+            .unwrap(),
+        Outcome::Released
+    );
+    let n = server.get("nodes", "", "gpu-1").unwrap();
+    let a = &n["metadata"]["annotations"];
+    for key in [
+        RECORD_ANNOTATION,
+        RELEASE_ANNOTATION,
+        RELEASE_BY_ANNOTATION,
+        RELEASE_REASON_ANNOTATION,
+    ] {
+        assert!(a[key].is_null(), "{key} left: {a}");
+    }
+    assert!(
+        a[HISTORY_ANNOTATION]
+            .as_str()
+            .is_some_and(|h| h.contains("reseated the GPU")),
+        "{a}"
+    );
+    assert_eq!(support::our_taints(&server, "gpu-1"), 0);
+}
+
 /// The budget's ledger (`faultline-budget`): a quarantine's place is taken before its
 /// taint and goes with its release; a place whose taint never landed (another replica's
 /// pass that failed) holds room until `PLACE_TTL`, then the next decision drops it; a
