@@ -130,6 +130,11 @@ async fn run(cfg: Cfg, agg: String) -> Result<()> {
     let seeded_bytes = create_all(&admin, nodes).await?;
     eprintln!("{} Nodes in {:.1} s", cfg.nodes, t.elapsed().as_secs_f64());
     let beats = heartbeats(admin.clone(), cfg.nodes);
+    let settled = settle(&admin, Duration::from_secs(1200)).await;
+    eprintln!(
+        "the Nodes stopped changing {:.0} s after",
+        settled.as_secs_f64()
+    );
     tokio::time::sleep(Duration::from_secs(cfg.warm_s)).await;
     eprintln!(
         "Leases renewed: {} ok, {} failed",
@@ -266,6 +271,10 @@ async fn run(cfg: Cfg, agg: String) -> Result<()> {
         after: w2,
     };
     report(&cfg, &windows, &mut to_cm, &mut local, seeded_bytes);
+    println!(
+        "The Nodes stopped changing {:.0} s after they were made (kube-controller-manager's TTL controller rewrites each as the cluster grows).",
+        settled.as_secs_f64()
+    );
     println!(
         "The fleet took {} entries and {} confirmations, refused {}, over the whole run",
         delivered.entries, delivered.confirms, delivered.refused

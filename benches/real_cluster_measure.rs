@@ -395,3 +395,42 @@ pub(crate) fn report(
         pct(faults, 0.5), pct(faults, 0.99), pct(faults, 1.0), pct(local, 0.5), pct(local, 0.99)
     );
 }
+
+/// Until the Nodes stop changing: after they are made, kube-controller-manager's TTL
+/// controller annotates every Node again each time the cluster's size crosses one of
+/// its thresholds (pkg/controller/ttl: 100, 500, 1,000 and 2,000 nodes), at its client's
+/// 20 writes a second, and each write is a whole Node to every watcher. Watch event
+/// bytes of Nodes below 1 KB/s over 15 s, twice in a row; at most `most`. How long it
+/// took.
+pub(crate) async fn settle(admin: &kube::Client, most: Duration) -> Duration {
+    let t = Instant::now();
+    let nodes = |m: &BTreeMap<(String, String), f64>| {
+        m.get(&(
+            "apiserver_watch_events_sizes_sum".to_string(),
+            "nodes".to_string(),
+        ))
+        .copied()
+        .unwrap_or(0.0)
+    };
+    let read = || async {
+        let req = hyper::Request::get("/metrics")
+            .body(Vec::new())
+            .expect("a request");
+        let text = admin.request_text(req).await.unwrap_or_default();
+        parse_metrics(&text, &API_SERIES, &["verb", "resource", "kind"])
+    };
+    let (mut quiet, mut last) = (0, nodes(&read().await));
+    while quiet < 2 && t.elapsed() < most {
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        let now = nodes(&read().await);
+        let rate = (now - last) / 15.0;
+        last = now;
+        quiet = if rate < 1e3 { quiet + 1 } else { 0 };
+        eprintln!(
+            "{:.0} s: Node watch events {:.1} KB/s",
+            t.elapsed().as_secs_f64(),
+            rate / 1e3
+        );
+    }
+    t.elapsed()
+}

@@ -1222,6 +1222,82 @@ async fn a_devices_label_set_by_someone_else_is_left_alone() {
     assert_eq!(a["metadata"]["labels"][DEVICES_LABEL], "theirs", "{a}");
     let record = record(&server, "a").unwrap();
     assert_eq!(record["owned_label"], false, "{record}");
+    // Nor is it removed on release.
+    let req = faultline_aggregator::remediate::ReleaseRequest {
+        devices: vec![],
+        actor: "user:bob".into(),
+        reason: "fixed".into(),
+    };
+    assert_eq!(
+        r.release("a", req, &fence).await.unwrap(),
+        Outcome::Released
+    );
+    let a = server.get("nodes", "", "a").unwrap();
+    assert_eq!(a["metadata"]["labels"][DEVICES_LABEL], "theirs", "{a}");
+}
+
+/// A person's release request (`faultline.io/release` on the Node) is cleared once
+/// acted on, and only by a replica that acts: a dry run writes nothing. A request for
+/// a node without a quarantine, or naming no quarantined device, is cleared (and the
+/// quarantine kept); one naming every quarantined device releases the node.
+#[tokio::test]
+async fn release_requests_are_cleared_only_when_acting() {
+    use faultline_aggregator::remediate::RELEASE_ANNOTATION;
+    let (server, client) = setup().await;
+    let ask = |server: &ApiServer, devices: &str| {
+        let mut n = server.get("nodes", "", "gpu-1").unwrap();
+        n["metadata"]["annotations"][RELEASE_ANNOTATION] = json!(devices);
+        server.update("nodes", "", "gpu-1", n, None).unwrap();
+    };
+    let asked = |server: &ApiServer| {
+        server.get("nodes", "", "gpu-1").unwrap()["metadata"]["annotations"][RELEASE_ANNOTATION]
+            .as_str()
+            .map(String::from)
+    };
+    let node_writes = |server: &ApiServer| {
+        server
+            .calls()
+            .iter()
+            .filter(|c| c.method == "PATCH" && c.uri.contains("/nodes/gpu-1"))
+            .count()
+    };
+    let fence = Fence::unfenced();
+    let dry = remediator(client.clone(), Mode::DryRun);
+    let act = remediator(client, Mode::Enforce);
+
+    // No quarantine, no request: nothing written.
+    assert_eq!(
+        act.release_pass("gpu-1", &[], 0, &fence).await.unwrap(),
+        Outcome::AlreadyDone
+    );
+    assert_eq!(node_writes(&server), 0);
+    // No quarantine, a request: a dry run leaves it; acting clears it.
+    ask(&server, "all");
+    dry.release_pass("gpu-1", &[], 0, &fence).await.unwrap();
+    assert_eq!(asked(&server).as_deref(), Some("all"));
+    assert_eq!(node_writes(&server), 0);
+    act.release_pass("gpu-1", &[], 0, &fence).await.unwrap();
+    assert_eq!(asked(&server), None);
+
+    // A quarantine of gpu3 and gpu5; a request naming neither: cleared, both kept.
+    let mut two = failed("gpu3");
+    two.extend(failed("gpu5"));
+    assert_eq!(
+        act.isolate("gpu-1", two, &fence).await.unwrap(),
+        Outcome::Isolated
+    );
+    ask(&server, "gpu7");
+    act.release_pass("gpu-1", &[], 0, &fence).await.unwrap();
+    assert_eq!(asked(&server), None);
+    assert_eq!(record_ids(&server, "gpu-1").0, ["gpu3", "gpu5"]);
+    // A request naming both: the whole node, as `all`.
+    ask(&server, "gpu3,gpu5");
+    assert_eq!(
+        act.release_pass("gpu-1", &[], 0, &fence).await.unwrap(),
+        Outcome::Released
+    );
+    assert!(record(&server, "gpu-1").is_none(), "released whole");
+    assert_eq!(support::our_taints(&server, "gpu-1"), 0);
 }
 
 /// The quarantines counted in `remediation_actions_total`.

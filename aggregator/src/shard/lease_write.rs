@@ -153,3 +153,177 @@ impl ShardLeases {
             .map(|_| true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use faultline_test_apiserver::{ApiServer, Bootstrap, Faults};
+    use kube::api::Api;
+    use serde_json::json;
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::shard::{Held, LeaseConfig};
+
+    const URL: &str = "http://10.0.0.1:8080";
+
+    /// The test API server with the `faultline` namespace, and replica `me`'s Leases
+    /// (15 s, retried every 2 s, its URL annotated).
+    async fn leases(me: &str) -> (ApiServer, ShardLeases) {
+        let (server, url) = Bootstrap::new().namespace("faultline").spawn().await;
+        let mut kc = kube::Config::new(url.parse().unwrap());
+        kc.default_retry = false;
+        let client = kube::Client::try_from(kc).unwrap();
+        let cfg = LeaseConfig::from_flags(Duration::from_secs(15), Duration::from_secs(2));
+        let leases = ShardLeases {
+            api: Api::namespaced(client, "faultline"),
+            name: "faultline".into(),
+            me: me.into(),
+            shards: 4,
+            cfg,
+            held: Held::default(),
+            metrics: Arc::new(Metrics::new()),
+            url: Some(URL.into()),
+            observer: ShardLeases::observer_for(me, &cfg),
+            share: None,
+        };
+        (server, leases)
+    }
+
+    fn lease_writes(server: &ApiServer) -> usize {
+        server
+            .calls()
+            .iter()
+            .filter(|c| c.method == "PUT" && c.uri.contains("/leases/"))
+            .count()
+    }
+
+    /// A new shard Lease says who holds it, for how long, since when, and where that
+    /// replica's API is; a refused creation is an error, not a Lease someone else made.
+    #[tokio::test]
+    async fn a_new_lease_names_its_holder_timing_and_url() {
+        let (server, l) = leases("r1").await;
+        assert!(l.create(2).await.unwrap());
+        let v = server
+            .get("leases", "faultline", "faultline-shard-2")
+            .unwrap();
+        let spec = &v["spec"];
+        assert_eq!(spec["holderIdentity"], "r1");
+        assert_eq!(spec["leaseDurationSeconds"], 15);
+        assert_eq!(spec["leaseTransitions"], 0);
+        for t in ["acquireTime", "renewTime"] {
+            let at = spec[t]
+                .as_str()
+                .and_then(faultline_common::time::parse_rfc3339_ms);
+            let age = faultline_common::time::now_ms().abs_diff(at.unwrap_or(0));
+            assert!(age < 10_000, "{t}: {v}");
+        }
+        assert_eq!(v["metadata"]["annotations"][URL_ANNOTATION], URL);
+        assert_eq!(v["metadata"]["labels"][AGGREGATOR_LABEL], "faultline");
+
+        server.set_faults(Faults {
+            write_error_rate: 1.0,
+            ..Default::default()
+        });
+        assert!(l.create(3).await.is_err(), "a 500 is an error");
+        server.set_faults(Faults::default());
+        // One that exists (another replica's, made meanwhile): not ours, and labelled.
+        server
+            .create(
+                "leases",
+                "faultline",
+                json!({"metadata": {"name": "faultline-shard-3"},
+                "spec": {"holderIdentity": "r2", "leaseDurationSeconds": 15}}),
+            )
+            .unwrap();
+        assert!(!l.create(3).await.unwrap());
+        let v = server
+            .get("leases", "faultline", "faultline-shard-3")
+            .unwrap();
+        assert_eq!(v["spec"]["holderIdentity"], "r2");
+        assert_eq!(v["metadata"]["labels"][AGGREGATOR_LABEL], "faultline");
+    }
+
+    /// A renewal written from a stale read (409) is sent once more on a fresh read while
+    /// this replica still holds the Lease; once another holds it, the renewal is given
+    /// up, not sent again. A takeover (the read showed another holder) that meets a 409
+    /// is the error.
+    #[tokio::test]
+    async fn a_stale_renewal_is_sent_again_only_while_still_held() {
+        let (server, l) = leases("r1").await;
+        assert!(l.create(0).await.unwrap());
+        let stale: Lease = l.api.get("faultline-shard-0").await.unwrap();
+        assert!(l.renew(0, stale.clone()).await.unwrap());
+        let before = lease_writes(&server);
+        assert!(
+            l.renew(0, stale.clone()).await.unwrap(),
+            "written on a fresh read"
+        );
+        assert_eq!(lease_writes(&server) - before, 2);
+        let v = server
+            .get("leases", "faultline", "faultline-shard-0")
+            .unwrap();
+        assert_eq!(
+            v["spec"]["leaseTransitions"], 0,
+            "a renewal is no transition"
+        );
+
+        // r2 takes it.
+        let mut theirs = v;
+        theirs["spec"]["holderIdentity"] = json!("r2");
+        server
+            .update("leases", "faultline", "faultline-shard-0", theirs, None)
+            .unwrap();
+        let before = lease_writes(&server);
+        assert!(!l.renew(0, stale).await.unwrap(), "given up");
+        assert_eq!(lease_writes(&server) - before, 1);
+        assert_eq!(
+            server
+                .get("leases", "faultline", "faultline-shard-0")
+                .unwrap()["spec"]["holderIdentity"],
+            "r2"
+        );
+
+        // A takeover from a read that went stale: the 409 itself.
+        let read: Lease = l.api.get("faultline-shard-0").await.unwrap();
+        let mut moved = server
+            .get("leases", "faultline", "faultline-shard-0")
+            .unwrap();
+        moved["spec"]["renewTime"] = json!("2026-12-07T00:00:00.000000Z");
+        server
+            .update("leases", "faultline", "faultline-shard-0", moved, None)
+            .unwrap();
+        let before = lease_writes(&server);
+        let e = l.renew(0, read).await;
+        assert!(
+            matches!(e, Err(kube::Error::Api(ref s)) if s.code == 409),
+            "{e:?}"
+        );
+        assert_eq!(lease_writes(&server) - before, 1);
+    }
+
+    /// Taking a Lease over counts a transition and restarts its acquire time.
+    #[tokio::test]
+    async fn a_takeover_counts_a_transition() {
+        let (server, l) = leases("r1").await;
+        server
+            .create(
+                "leases",
+                "faultline",
+                json!({"metadata": {"name": "faultline-shard-1"},
+                "spec": {"holderIdentity": "r2", "leaseDurationSeconds": 15, "leaseTransitions": 3,
+                    "acquireTime": "2026-01-01T00:00:00.000000Z"}}),
+            )
+            .unwrap();
+        let read: Lease = l.api.get("faultline-shard-1").await.unwrap();
+        assert!(l.replace_lease(1, read).await.unwrap());
+        let v = server
+            .get("leases", "faultline", "faultline-shard-1")
+            .unwrap();
+        assert_eq!(v["spec"]["holderIdentity"], "r1");
+        assert_eq!(v["spec"]["leaseTransitions"], 4);
+        assert_ne!(v["spec"]["acquireTime"], "2026-01-01T00:00:00.000000Z");
+    }
+}
