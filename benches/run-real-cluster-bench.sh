@@ -8,7 +8,7 @@
 # (kube-apiserver refuses loopback endpoints): needs root, util-linux and iproute2.
 # The figures are in docs/benchmarks.md, "On the real control plane".
 #
-#   benches/run-real-cluster-bench.sh            # 5,000 nodes: about 20 minutes on 2 cores
+#   benches/run-real-cluster-bench.sh            # 5,000 nodes: about 40 minutes on 2 cores
 #   benches/run-real-cluster-bench.sh --quick    # 500 nodes, 60 s windows
 #
 # Other knobs: BENCH_RELEASE (1.37), BENCH_SHARDS (32), BENCH_PAGES (2), BENCH_WARM_S (120:
