@@ -532,6 +532,7 @@ impl RealCluster {
 fn helm_on(cp: &ControlPlane, helm: &std::path::Path, args: &[&str]) -> std::process::Output {
     std::process::Command::new(helm)
         .arg(format!("--kubeconfig={}", cp.admin_kubeconfig.display()))
+        .env("KUBECACHEDIR", cp.kube_cache())
         .args(args)
         .output()
         .expect("the pinned helm (tests/helm/build.sh)")

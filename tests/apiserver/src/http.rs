@@ -170,10 +170,12 @@ fn injected(s: &ApiServer, method: &Method, path: &str, body: &Bytes) -> (u64, O
                 .is_some_and(|p| p.pointer("/metadata/resourceVersion").is_some()));
     let roll = |g: &mut Inner, p: f64| p > 0.0 && g.rng.random_bool(p.min(1.0));
     let any_write = !matches!(*method, Method::GET | Method::HEAD);
-    let write_fails = any_write
-        && (f.write_error_match.is_empty() || path.contains(&f.write_error_match))
-        && roll(&mut g, f.write_error_rate);
-    let fail = if roll(&mut g, f.error_rate) || write_fails {
+    // The dice in the order they always were (a schedule's seed replays as before):
+    // the error roll first, the write roll only for a write that may fail.
+    let write_may_fail =
+        any_write && (f.write_error_match.is_empty() || path.contains(&f.write_error_match));
+    let fail = if roll(&mut g, f.error_rate) || (write_may_fail && roll(&mut g, f.write_error_rate))
+    {
         Some(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "InternalError",

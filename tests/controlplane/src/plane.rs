@@ -400,10 +400,19 @@ impl ControlPlane {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// The discovery cache of this control plane's clients (kubectl, helm). Never the
+    /// user's `~/.kube/cache`: it is keyed by host and port only, and a port this
+    /// plane reuses may have served another release's API there (kubectl then asks
+    /// for DeviceTaintRule at a version this release does not serve: 404).
+    pub fn kube_cache(&self) -> PathBuf {
+        self.dir.path().join("kube-cache")
+    }
+
     /// `kubectl` as the admin, whatever it answers.
     pub fn kubectl_output(&self, args: &[&str]) -> std::process::Output {
         std::process::Command::new("kubectl")
             .arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()))
+            .arg(format!("--cache-dir={}", self.kube_cache().display()))
             .args(args)
             .output()
             .expect("kubectl (Debian: kubernetes-client)")
