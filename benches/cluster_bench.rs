@@ -44,7 +44,7 @@ mod cluster_setup;
 use cluster_report::*;
 use cluster_run::*;
 use cluster_setup::*;
-use fleet_procs::{fleet_main, Fleets, CHUNK};
+use fleet_procs::{endpoint_slice, env_or, fleet_main, Fleets, CHUNK};
 use std::collections::{BTreeMap, HashMap};
 
 use std::path::{Path, PathBuf};
@@ -71,13 +71,6 @@ const AGG_USER: &str = "system:serviceaccount:faultline:faultline-aggregator";
 /// Targets.
 const MB: f64 = 1e6;
 const KB: f64 = 1e3;
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The run's settings (environment variables).
 #[derive(Clone, Debug)]

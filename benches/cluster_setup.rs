@@ -42,31 +42,6 @@ pub(crate) fn workload_pod(i: usize) -> Value {
     })
 }
 
-/// EndpointSlice `k` of the agents' Service: nodes `range`, all served on `port`.
-pub(crate) fn endpoint_slice(k: usize, range: std::ops::Range<usize>, port: u16) -> Value {
-    let endpoints: Vec<Value> = range
-        .map(|i| {
-            json!({
-                "addresses": [node_ip(i).to_string()],
-                "conditions": {"ready": true, "serving": true, "terminating": false},
-                "nodeName": node_name(i),
-                "targetRef": {"kind": "Pod", "namespace": NS,
-                    "name": format!("faultline-agent-{i:05x}"),
-                    "uid": format!("5157e000-0000-4000-8000-{i:012x}")},
-            })
-        })
-        .collect();
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{SERVICE}-{k:05x}"), "namespace": NS,
-            "labels": {"kubernetes.io/service-name": SERVICE,
-                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-        "addressType": "IPv4",
-        "endpoints": endpoints,
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-    })
-}
-
 /// The Role that `scripts/gen-rbac.py` would generate for `--publish-namespaces ns`
 /// with these shards and pages (the base's names only its 4 shards of one page).
 pub(crate) fn publisher_rbac(ns: &str, shards: u32, pages: u32) -> [Value; 2] {
@@ -148,7 +123,7 @@ pub(crate) async fn cluster(cfg: &Cfg, fleets: &Fleets) -> Result<(ApiServer, St
         seeded.slice_bytes += create(
             "endpointslices",
             NS,
-            endpoint_slice(k, range, fleets.port_of(first)),
+            endpoint_slice((NS, SERVICE), k, range, fleets.port_of(first)),
         )?;
         seeded.slices += 1;
     }

@@ -7,16 +7,17 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 
 use anyhow::{Context, Result};
-use serde_json::json;
+use serde_json::{json, Value};
 
-use super::cluster_fleet::{self, Agents, FleetStats};
-use super::fleet::Proc;
+use super::cluster_fleet::{self, node_ip, Agents, FleetStats};
+use super::fleet::{node_name, Proc};
 
 /// Nodes per fleet process (this machine's hard limit is 20,000 open files; each node
 /// holds a watch and a delivery connection).
 pub const CHUNK: usize = 5000;
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+/// `name` from the environment, parsed, or `default`.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -145,4 +146,36 @@ impl Fleets {
         }
         Ok(out)
     }
+}
+
+/// EndpointSlice `k` of the agents' Service `service` in `ns`: nodes `range`, all served
+/// on `port`, labelled as the endpointslice controller labels a Service's slices (the
+/// aggregator follows those only), each endpoint naming its node and an agent pod.
+pub fn endpoint_slice(
+    (ns, service): (&str, &str),
+    k: usize,
+    range: std::ops::Range<usize>,
+    port: u16,
+) -> Value {
+    let endpoints: Vec<Value> = range
+        .map(|i| {
+            json!({
+                "addresses": [node_ip(i).to_string()],
+                "conditions": {"ready": true, "serving": true, "terminating": false},
+                "nodeName": node_name(i),
+                "targetRef": {"kind": "Pod", "namespace": ns,
+                    "name": format!("faultline-agent-{i:05x}"),
+                    "uid": format!("5157e000-0000-4000-8000-{i:012x}")},
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{service}-{k:05x}"), "namespace": ns,
+            "labels": {"kubernetes.io/service-name": service,
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+    })
 }

@@ -47,7 +47,7 @@ use faultline_common::DeviceStatus;
 use faultline_controlplane::{ControlPlane, Options, Release};
 use faultline_test_apiserver::fixtures;
 use fleet::{cpu_secs, node_name, proc_kib, Proc};
-use fleet_procs::{fleet_main, Fleets, CHUNK};
+use fleet_procs::{endpoint_slice, env_or, fleet_main, Fleets, CHUNK};
 use futures_util::{stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -63,13 +63,6 @@ const SERVICE: &str = "faultline-agent";
 const PER_SLICE: usize = 100;
 /// A kubelet renews its node's Lease every 10 s (a quarter of its 40 s duration).
 const RENEW: Duration = Duration::from_secs(10);
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 #[derive(Debug, Clone)]
 struct Cfg {
@@ -168,7 +161,7 @@ async fn run(cfg: Cfg, agg: String) -> Result<()> {
             let range = first..(first + PER_SLICE).min(cfg.nodes);
             (
                 "endpointslices",
-                endpoint_slice(k, range, fleets.port_of(first)),
+                endpoint_slice((NS, SERVICE), k, range, fleets.port_of(first)),
             )
         })
         .collect();

@@ -105,33 +105,6 @@ pub(crate) fn apply_base(cp: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
-/// EndpointSlice `k` of the agents' Service: nodes `range`, all served on `port`.
-pub(crate) fn endpoint_slice(k: usize, range: std::ops::Range<usize>, port: u16) -> Value {
-    let endpoints: Vec<Value> = range
-        .map(|i| {
-            json!({
-                "addresses": [node_ip(i).to_string()],
-                "conditions": {"ready": true, "serving": true, "terminating": false},
-                "nodeName": node_name(i),
-                "targetRef": {"kind": "Pod", "namespace": NS,
-                    "name": format!("faultline-agent-{i:05x}"),
-                    "uid": format!("5157e000-0000-4000-8000-{i:012x}")},
-            })
-        })
-        .collect();
-    // As the endpointslice controller labels a Service's slices (the aggregator follows
-    // those only); the Service has no selector, so the controller leaves them alone.
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{SERVICE}-{k:05x}"), "namespace": NS,
-            "labels": {"kubernetes.io/service-name": SERVICE,
-                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-        "addressType": "IPv4",
-        "endpoints": endpoints,
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-    })
-}
-
 /// `objs` created through the admin client, 16 at a time; their bytes.
 pub(crate) async fn create_all(
     client: &kube::Client,

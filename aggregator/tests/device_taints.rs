@@ -1113,27 +1113,11 @@ mod passes {
             pool: "n1".into(),
             device: "gpu-3".into(),
         };
-        let orphan = json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
-            "metadata": {"name": rule_name(&d),
-                "labels": {"app.kubernetes.io/managed-by": "faultline"}},
-            "spec": {
-                "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-3"},
-                "taint": {"key": "faultline.io/unhealthy", "value": "xid-79", "effect": "None"},
-            },
-        });
+        let orphan = rule_at_none(&rule_name(&d), "n1", "gpu-3");
         let old_uid =
             server.create("devicetaintrules", "", orphan).unwrap()["metadata"]["uid"].clone();
         // And one of a device that never failed again.
-        let gone = json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
-            "metadata": {"name": "faultline-gpu-0-gone",
-                "labels": {"app.kubernetes.io/managed-by": "faultline"}},
-            "spec": {
-                "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "gone", "device": "gpu-0"},
-                "taint": {"key": "faultline.io/unhealthy", "value": "xid-79", "effect": "None"},
-            },
-        });
+        let gone = rule_at_none("faultline-gpu-0-gone", "gone", "gpu-0");
         server.create("devicetaintrules", "", gone).unwrap();
         // Three deadlines (60 s by default) later, gpu-3 fails again.
         clock.advance(std::time::Duration::from_secs(180));
@@ -1148,6 +1132,20 @@ mod passes {
         );
     }
 
+    /// A DeviceTaintRule of faultline's named `name` at effect `None` on `device` of
+    /// NVIDIA's pool `pool`, as a pass proposes one.
+    fn rule_at_none(name: &str, pool: &str, device: &str) -> Value {
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": name,
+                "labels": {"app.kubernetes.io/managed-by": "faultline"}},
+            "spec": {
+                "deviceSelector": {"driver": "gpu.nvidia.com", "pool": pool, "device": device},
+                "taint": {"key": "faultline.io/unhealthy", "value": "xid-79", "effect": "None"},
+            },
+        })
+    }
+
     /// A rule at `None` younger than twice the deadline may still be a pass's own,
     /// waiting for its prediction: the sweep leaves it.
     #[tokio::test]
@@ -1155,15 +1153,7 @@ mod passes {
         let (server, r) = cluster(Release::parse("1.37").unwrap(), 8, false).await;
         let clock = faultline_common::time::Clock::manual(faultline_common::time::now_ms());
         let r = r.with_clock(clock.clone());
-        let waiting = json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
-            "metadata": {"name": "faultline-gpu-0-waiting",
-                "labels": {"app.kubernetes.io/managed-by": "faultline"}},
-            "spec": {
-                "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "other", "device": "gpu-0"},
-                "taint": {"key": "faultline.io/unhealthy", "value": "xid-79", "effect": "None"},
-            },
-        });
+        let waiting = rule_at_none("faultline-gpu-0-waiting", "other", "gpu-0");
         server.create("devicetaintrules", "", waiting).unwrap();
         // One and a half deadlines (60 s by default) later, gpu-3 fails.
         clock.advance(std::time::Duration::from_secs(90));

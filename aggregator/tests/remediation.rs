@@ -53,6 +53,45 @@ fn budget(max_nodes: usize, max_percent: f64, per_domain: Option<(&str, usize)>)
     }
 }
 
+/// A PodDisruptionBudget that lets no pod labelled `app` go (minAvailable 1).
+fn budget_of_one(server: &ApiServer, app: &str) {
+    let pdb = json!({"metadata": {"name": app},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}}});
+    server
+        .create("poddisruptionbudgets", "default", pdb)
+        .unwrap();
+}
+
+/// gpu-1's record holds no drain intent.
+fn assert_no_drains(server: &ApiServer) {
+    let rec = gpu1_record(server);
+    assert!(
+        rec["drains"].as_object().is_none_or(|o| o.is_empty()),
+        "{rec}"
+    );
+}
+
+/// [`remediator`] guarded by the breaker (`faultline-breaker`: open at 3 failures within
+/// 5 minutes).
+fn guarded(client: kube::Client, mode: Mode) -> Remediator {
+    let breaker = faultline_aggregator::remediate::Breaker::new(
+        kube::Api::namespaced(client.clone(), "faultline"),
+        "faultline-breaker".into(),
+        3,
+        std::time::Duration::from_secs(300),
+    );
+    remediator(client, mode).with_breaker(Some(breaker), 0.0)
+}
+
+/// Three node failures noted: the breaker opens.
+async fn trip(r: &Remediator, server: &ApiServer) {
+    for n in ["b0", "b1", "b2"] {
+        r.note_failure(n).await.unwrap();
+    }
+    let cm = server.get("configmaps", "faultline", "faultline-breaker");
+    assert_eq!(cm.unwrap()["data"]["state"], "open");
+}
+
 /// The ids of the devices of node `n`'s quarantine record, in its order; the record.
 fn record_ids(server: &ApiServer, n: &str) -> (Vec<String>, Value) {
     let r = record(server, n).expect("a quarantine record");
@@ -472,11 +511,7 @@ async fn a_drain_intent_stands_while_the_pod_waits_and_goes_when_it_leaves() {
     server.delete("pods", "default", "ckpt").unwrap();
     let third = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
     assert_eq!(third.drains, Some(vec![]), "{third:?}");
-    let rec = gpu1_record(&server);
-    assert!(
-        rec["drains"].as_object().is_none_or(|o| o.is_empty()),
-        "{rec}"
-    );
+    assert_no_drains(&server);
 }
 
 /// A pod whose eviction was tried without an intent (its budget refused it) is not
@@ -486,9 +521,7 @@ async fn a_drain_intent_stands_while_the_pod_waits_and_goes_when_it_leaves() {
 async fn a_pod_tried_without_an_intent_is_not_warned_later() {
     let (server, client) = setup().await;
     pod("guarded", true, Some("GPU-1234")).create(&server);
-    server
-        .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
-        .unwrap();
+    budget_of_one(&server, "guarded");
     let r = remediator(client, Mode::Enforce)
         .with_checkpoint_grace(std::time::Duration::from_secs(3600));
     r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
@@ -507,11 +540,7 @@ async fn a_pod_tried_without_an_intent_is_not_warned_later() {
     assert_eq!(second.blocked.len(), 1, "{second:?}");
     assert!(second.draining.is_empty(), "{second:?}");
     assert_eq!(namespace_reads(&server, from), 0);
-    let rec = gpu1_record(&server);
-    assert!(
-        rec["drains"].as_object().is_none_or(|o| o.is_empty()),
-        "{rec}"
-    );
+    assert_no_drains(&server);
 }
 
 /// Remediation off evicts nothing and reads nothing, even where a quarantine record
@@ -530,18 +559,8 @@ async fn off_or_an_open_breaker_evicts_nothing() {
     assert!(out.evicted.is_empty() && out.marks.is_none(), "{out:?}");
     assert_eq!(server.calls().len(), from, "{:#?}", &server.calls()[from..]);
 
-    let breaker = faultline_aggregator::remediate::Breaker::new(
-        kube::Api::namespaced(client.clone(), "faultline"),
-        "faultline-breaker".into(),
-        3,
-        std::time::Duration::from_secs(300),
-    );
-    let r = remediator(client, Mode::Enforce).with_breaker(Some(breaker), 0.0);
-    for n in ["b0", "b1", "b2"] {
-        r.note_failure(n).await.unwrap();
-    }
-    let cm = server.get("configmaps", "faultline", "faultline-breaker");
-    assert_eq!(cm.unwrap()["data"]["state"], "open");
+    let r = guarded(client, Mode::Enforce);
+    trip(&r, &server).await;
     let out = r.evict("gpu-1", &[], &Fence::unfenced()).await.unwrap();
     assert!(out.evicted.is_empty(), "{out:?}");
     assert_eq!(support::eviction_calls(&server, "w0", 201), 0);
@@ -575,9 +594,7 @@ async fn evicts_only_pods_on_the_failed_device_once_and_respects_budgets() {
     server.create("pods", "default", leaving).unwrap();
     pod("no-status", true, None).create(&server);
     pod("guarded", true, Some("GPU-1234")).create(&server);
-    server
-        .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
-        .unwrap();
+    budget_of_one(&server, "guarded");
 
     let r = remediator(client, Mode::Enforce);
     r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
@@ -803,24 +820,14 @@ async fn a_persons_release_goes_through_an_open_breaker_and_leaves_no_request() 
         HISTORY_ANNOTATION, RELEASE_ANNOTATION, RELEASE_BY_ANNOTATION, RELEASE_REASON_ANNOTATION,
     };
     let (server, client) = setup().await;
-    let breaker = faultline_aggregator::remediate::Breaker::new(
-        kube::Api::namespaced(client.clone(), "faultline"),
-        "faultline-breaker".into(),
-        3,
-        std::time::Duration::from_secs(300),
-    );
-    let r = remediator(client, Mode::Enforce).with_breaker(Some(breaker), 0.0);
+    let r = guarded(client, Mode::Enforce);
     assert_eq!(
         r.isolate("gpu-1", failed("gpu3"), &Fence::unfenced())
             .await
             .unwrap(),
         Outcome::Isolated
     );
-    for n in ["b0", "b1", "b2"] {
-        r.note_failure(n).await.unwrap();
-    }
-    let cm = server.get("configmaps", "faultline", "faultline-breaker");
-    assert_eq!(cm.unwrap()["data"]["state"], "open");
+    trip(&r, &server).await;
     let mut n = server.get("nodes", "", "gpu-1").unwrap();
     let a = &mut n["metadata"]["annotations"];
     a[RELEASE_ANNOTATION] = json!("all");
@@ -1890,9 +1897,7 @@ async fn force_deletion_past_the_deadline_only_when_configured() {
         .await;
     let (server, client) = (w.server, kube_client(&w.kube));
     pod("guarded", true, Some("GPU-1234")).create(&server);
-    server
-        .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
-        .unwrap();
+    budget_of_one(&server, "guarded");
     let fence = Fence::unfenced();
     let deadline = std::time::Duration::from_secs(600);
     let clock = faultline_common::time::Clock::default();
@@ -1963,9 +1968,7 @@ async fn past_the_deadline(
     let w = scenario.start().await;
     let (server, client) = (w.server, kube_client(&w.kube));
     pod("guarded", true, Some("GPU-1234")).create(&server);
-    server
-        .create("poddisruptionbudgets", "default", json!({"metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
-        .unwrap();
+    budget_of_one(&server, "guarded");
     let deadline = std::time::Duration::from_secs(600);
     let clock = faultline_common::time::Clock::default();
     let r = remediator(client, Mode::Enforce)
