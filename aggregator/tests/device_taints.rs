@@ -899,14 +899,7 @@ mod passes {
             .await;
             let s = server.clone();
             let meanwhile = tokio::spawn(async move {
-                let posted = |s: &ApiServer| {
-                    s.received()
-                        .iter()
-                        .any(|c| c.method == "POST" && c.uri.contains("/devicetaintrules"))
-                };
-                while !posted(&s) {
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                }
+                super::support::until_received(&s, "POST", "/devicetaintrules").await;
                 if gone {
                     s.delete("pods", "train", "p3").unwrap();
                     s.delete("resourceclaims", "train", "p3-gpu").unwrap();

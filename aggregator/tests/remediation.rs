@@ -280,18 +280,7 @@ async fn an_eviction_that_lands_late_never_evicts_the_pods_successor() {
     });
     let late = tokio::spawn(async move { r.evict("gpu-1", &[], &Fence::unfenced()).await });
     // The eviction is in the server, its processing delayed.
-    let start = std::time::Instant::now();
-    while !server
-        .received()
-        .iter()
-        .any(|c| c.uri.contains("/pods/train-0/eviction"))
-    {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(10),
-            "no eviction sent"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    support::until_received(&server, "POST", "/pods/train-0/eviction").await;
     // The new holder's eviction, and the StatefulSet's new pod on a healthy node.
     server.delete("pods", "default", "train-0").unwrap();
     PodFixture::new("train-0", "gpu-2").gpu().create(&server);
@@ -1147,13 +1136,7 @@ async fn a_taint_is_not_written_under_a_place_older_than_half_its_ttl() {
     });
     let (result, ()) = tokio::join!(r.isolate("b", failed("gpu0"), &fence), async {
         // The ledger's write is in the server, its answer delayed.
-        while !server
-            .received()
-            .iter()
-            .any(|c| c.method == "PUT" && c.uri.contains("/configmaps/faultline-budget"))
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        support::until_received(&server, "PUT", "/configmaps/faultline-budget").await;
         clock.advance(PLACE_TTL / 2);
     });
     let err = result.unwrap_err();
@@ -1999,18 +1982,7 @@ async fn a_late_force_deletion_spares_the_successor_and_a_refused_one_is_an_erro
         ..Default::default()
     });
     let late = tokio::spawn(async move { r.evict("gpu-1", &[], &Fence::unfenced()).await });
-    let start = std::time::Instant::now();
-    while !server
-        .received()
-        .iter()
-        .any(|c| c.method == "DELETE" && c.uri.contains("/pods/guarded"))
-    {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(10),
-            "no deletion sent"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    support::until_received(&server, "DELETE", "/pods/guarded").await;
     server.delete("pods", "default", "guarded").unwrap();
     PodFixture::new("guarded", "gpu-2").gpu().create(&server);
     let out = late.await.unwrap().expect("a 409 is the pod judged gone");

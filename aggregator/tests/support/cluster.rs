@@ -175,3 +175,21 @@ pub fn assert_no_forbidden(server: &ApiServer) {
     let refused = refused(server);
     assert!(refused.is_empty(), "refused by RBAC: {refused:?}");
 }
+
+/// Until the server has received a `method` call whose path contains `path` (audit
+/// stage `RequestReceived`: a call whose processing is delayed is seen at once); at most
+/// 10 s.
+pub async fn until_received(server: &ApiServer, method: &str, path: &str) {
+    let start = std::time::Instant::now();
+    while !server
+        .received()
+        .iter()
+        .any(|c| c.method == method && c.uri.contains(path))
+    {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "no {method} {path} received within 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
