@@ -47,6 +47,7 @@ pub struct Metrics {
     pub(super) nodes_followed: Gauge,
     pub(super) rebalances: Counter,
     pub(super) takeovers: Counter,
+    pub(super) hold_lapses: Counter,
     pub(super) seeded_devices: Counter,
     /// `agent_polls{result="ok"}`, resolved once: it is counted for every document.
     agent_polls_ok: Counter,
@@ -179,6 +180,7 @@ impl Metrics {
             nodes_followed: Gauge::default(),
             rebalances: Counter::default(),
             takeovers: Counter::default(),
+            hold_lapses: Counter::default(),
             seeded_devices: Counter::default(),
             agent_polls_ok: Counter::default(),
             agent_watch_fallbacks: Counter::default(),
@@ -502,6 +504,11 @@ impl Metrics {
             "shard_takeovers",
             "Shards taken from another holder (its Lease ran out or was handed back)",
             m.takeovers.clone(),
+        );
+        registry.register(
+            "shard_hold_lapses",
+            "Lease renewals that came back after the shard's hold had run out on this replica's clock (held again; no writes meanwhile)",
+            m.hold_lapses.clone(),
         );
         registry.register(
             "seeded_devices",

@@ -26,6 +26,11 @@ impl Metrics {
         self.takeovers.inc();
     }
 
+    /// A renewal came back after the hold had run out on this replica's clock.
+    pub fn hold_lapse(&self) {
+        self.hold_lapses.inc();
+    }
+
     /// Devices seeded from a published document.
     pub fn seeded(&self, n: usize) {
         self.seeded_devices.inc_by(n as u64);

@@ -410,3 +410,122 @@ impl Remediator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::remediate::record::RELEASE_ANNOTATION;
+
+    /// The existence checks of nodes not followed: 20 at once, then 5 a second, never
+    /// more however long the bucket stood full.
+    #[test]
+    fn existence_checks_burst_then_refill_at_their_rate() {
+        let mut g = Ghosts::default();
+        let t0 = Instant::now();
+        assert_eq!((0..25).filter(|_| g.take(t0)).count(), 20);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert!(!g.take(at(100)), "half a check");
+        assert!(g.take(at(200)), "one check a fifth of a second");
+        assert!(!g.take(at(200)));
+        assert_eq!((0..10).filter(|_| g.take(at(1_200))).count(), 5);
+        assert_eq!((0..30).filter(|_| g.take(at(60_000))).count(), 20);
+    }
+
+    fn client(url: &str) -> kube::Client {
+        let mut kc = kube::Config::new(url.parse().unwrap());
+        kc.default_retry = false;
+        kube::Client::try_from(kc).unwrap()
+    }
+
+    /// A node found missing is taken for missing without asking again; one found is
+    /// asked about each time; past the allowance nothing is asked (`None`).
+    #[tokio::test]
+    async fn a_missing_node_is_remembered_and_checks_keep_to_their_allowance() {
+        let (server, url) = faultline_test_apiserver::Bootstrap::new().spawn().await;
+        server
+            .create("nodes", "", serde_json::json!({"metadata": {"name": "n1"}}))
+            .unwrap();
+        let r = Remediator::new(client(&url), Mode::DryRun, "t", "ns", "me");
+        let asked = |name: &str| {
+            let path = format!("/api/v1/nodes/{name}");
+            let calls = server.calls();
+            calls.iter().filter(|c| c.uri.starts_with(&path)).count()
+        };
+        assert_eq!(r.node_exists("n1").await.unwrap(), Some(true));
+        assert_eq!(r.node_exists("n1").await.unwrap(), Some(true));
+        assert_eq!(asked("n1"), 2);
+        assert_eq!(r.node_exists("ghost").await.unwrap(), Some(false));
+        assert_eq!(r.node_exists("ghost").await.unwrap(), Some(false));
+        assert_eq!(asked("ghost"), 1, "remembered");
+        // 3 of the 20 checks at once were taken (some refilled meanwhile: a few ms).
+        let mut checks = Vec::new();
+        for i in 0..25 {
+            checks.push(r.node_exists(&format!("g{i}")).await.unwrap());
+        }
+        let missing = checks.iter().filter(|c| **c == Some(false)).count();
+        assert!((17..=18).contains(&missing), "{checks:?}");
+        assert!(checks[17..].iter().any(Option::is_none), "{checks:?}");
+    }
+
+    /// The nodes with a record or a release request among those labelled are the ones
+    /// the reconcile looks at again.
+    #[tokio::test]
+    async fn the_quarantined_are_the_labelled_nodes_with_a_record_or_a_request() {
+        let (server, url) = faultline_test_apiserver::Bootstrap::new().spawn().await;
+        let node = |name: &str, labelled: bool, request: bool| {
+            let mut v =
+                serde_json::json!({"metadata": {"name": name, "labels": {}, "annotations": {}}});
+            if labelled {
+                v["metadata"]["labels"][DEVICES_LABEL] = "gpu0".into();
+            }
+            if request {
+                v["metadata"]["annotations"][RELEASE_ANNOTATION] = "all".into();
+            }
+            server.create("nodes", "", v).unwrap();
+        };
+        node("a", true, true);
+        node("b", true, false);
+        node("c", false, true);
+        let r = Remediator::new(client(&url), Mode::DryRun, "t", "ns", "me");
+        assert!(r.known_quarantined().is_empty());
+        let listed = r.list_quarantined().await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(r.known_quarantined(), ["a"]);
+    }
+
+    /// The resources and the windows given are the ones read; none given: the defaults.
+    #[tokio::test]
+    async fn resources_and_windows_given_are_the_ones_read() {
+        let r = Remediator::new(client("http://127.0.0.1:9"), Mode::DryRun, "t", "ns", "me");
+        assert_eq!(r.resources(), DEFAULT_RESOURCES);
+        let r = r.with_resources(Vec::new(), Duration::from_secs(1));
+        assert_eq!(r.resources(), DEFAULT_RESOURCES);
+        let r = r
+            .with_resources(vec!["example.com/npu".into()], Duration::from_secs(1))
+            .with_release(ReleasePolicy {
+                dedup_window: Duration::from_secs(77),
+                ..Default::default()
+            });
+        assert_eq!(r.resources(), ["example.com/npu"]);
+        assert_eq!(r.dedup_window(), Duration::from_secs(77));
+    }
+
+    /// The clock a remediator is given is the one it judges by, and the sequence the
+    /// core loop notes through the handle is the one its rules are annotated with.
+    #[tokio::test]
+    async fn the_clock_and_sequence_given_are_the_ones_read() {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let clock = faultline_common::time::Clock::manual(1_000_000);
+        let r = Remediator::new(client, Mode::DryRun, "t", "ns", "me").with_clock(clock.clone());
+        clock.advance(Duration::from_secs(3));
+        assert_eq!(r.clock().now_ms(), 1_003_000);
+        assert_eq!(r.sequence_hint(), 0);
+        r.sequence_handle()
+            .store(42, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(r.sequence_hint(), 42);
+    }
+}

@@ -74,6 +74,9 @@ fn release(spec: &mut LeaseSpec) {
     spec.acquire_time = Some(now);
 }
 
+/// How long after a Lease's expiry (as observed) the loop passes, to find it out.
+const PAST_EXPIRY: Duration = Duration::from_millis(20);
+
 /// This replica's shard Leases.
 pub struct ShardLeases {
     /// The Lease API in the aggregator's namespace.
@@ -293,7 +296,8 @@ impl ShardLeases {
 
     /// This aggregator's Leases in one list (by [`AGGREGATOR_LABEL`], from the API
     /// server's watch cache: `resourceVersion=0`): what the plan reads (the
-    /// shards' and the members' records), and the shard Leases themselves by shard (a
+    /// shards' records, and the members' where fair sharing counts them: without it no
+    /// member's expiry wakes the loop), and the shard Leases themselves by shard (a
     /// renewal or take replaces the one read: a compare-and-swap, so a read the cache
     /// served late costs a 409 and a fresh read, never a shard).
     async fn list(&self) -> Result<(Listing, BTreeMap<u32, Lease>), kube::Error> {
@@ -313,8 +317,8 @@ impl ShardLeases {
             if let Some(shard) = names.get(name) {
                 listing.shards.insert(*shard, record(&spec));
                 leases.insert(*shard, l);
-            } else if l.metadata.labels.as_ref().and_then(|m| m.get(MEMBER_LABEL))
-                == Some(&self.name)
+            } else if self.share.is_some()
+                && l.metadata.labels.as_ref().and_then(|m| m.get(MEMBER_LABEL)) == Some(&self.name)
             {
                 if let Some(who) = spec.holder_identity.clone().filter(|h| !h.is_empty()) {
                     listing.members.insert(who, record(&spec));
@@ -332,17 +336,7 @@ impl ShardLeases {
     async fn observe(&mut self) -> bool {
         let deadline = self.cfg.call_deadline();
         match bounded(deadline, "lease list", self.list()).await {
-            Ok((listing, _)) => {
-                let listing = if self.share.is_some() {
-                    listing
-                } else {
-                    Listing {
-                        members: BTreeMap::new(),
-                        ..listing
-                    }
-                };
-                self.observer.between(&listing, self.shards, Instant::now())
-            }
+            Ok((listing, _)) => self.observer.between(&listing, self.shards, Instant::now()),
             Err(e) => {
                 self.metrics.lease_error();
                 tracing::warn!(error = %e, "lease list failed");
@@ -376,6 +370,7 @@ impl ShardLeases {
         match r {
             Ok(true) => {
                 if granted && !was {
+                    self.metrics.hold_lapse();
                     tracing::warn!(shard, lease = %lname, "the shard's hold ran out on this replica's clock before its renewal came back; held again (no writes meanwhile)");
                 }
                 // Seed from the last published document before this replica writes the
@@ -486,10 +481,7 @@ impl ShardLeases {
             // pass at once just past the soonest expiry, or when one has run out.
             loop {
                 let now = Instant::now();
-                let expiry = self
-                    .observer
-                    .next_expiry(now)
-                    .map(|t| t + Duration::from_millis(20));
+                let expiry = self.observer.next_expiry(now).map(|t| t + PAST_EXPIRY);
                 let observe_at = now + self.cfg.retry / 4;
                 let wake = expiry
                     .map_or(observe_at, |t| t.min(observe_at))
@@ -533,3 +525,7 @@ impl ShardLeases {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "lease_tests.rs"]
+mod tests;
