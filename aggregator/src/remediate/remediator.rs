@@ -488,11 +488,69 @@ mod tests {
         node("a", true, true);
         node("b", true, false);
         node("c", false, true);
-        let r = Remediator::new(client(&url), Mode::DryRun, "t", "ns", "me");
+        quarantined(&server, "d");
+        let metrics = Arc::new(Metrics::new());
+        let r = Remediator::new(client(&url), Mode::DryRun, "t", "ns", "me")
+            .with_reporting(None, Some(metrics.clone()));
         assert!(r.known_quarantined().is_empty());
         let listed = r.list_quarantined().await.unwrap();
-        assert_eq!(listed.len(), 1);
-        assert_eq!(r.known_quarantined(), ["a"]);
+        assert_eq!(listed.len(), 2);
+        assert_eq!(r.known_quarantined(), ["a", "d"]);
+        let text = metrics.encode();
+        assert!(
+            text.contains("faultline_aggregator_quarantined_nodes 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("faultline_aggregator_quarantined_devices 2\n"),
+            "{text}"
+        );
+    }
+
+    /// Node `name`, labelled, with a record of two failed devices.
+    fn quarantined(server: &faultline_test_apiserver::ApiServer, name: &str) {
+        let devices = ["gpu0", "gpu1"]
+            .map(|d| RecordDevice::new(d, "xid-79"))
+            .to_vec();
+        let now = faultline_common::time::now_rfc3339();
+        let record = QuarantineRecord::new(name, devices, &now, "me", now.clone());
+        server
+            .create(
+                "nodes",
+                "",
+                serde_json::json!({"metadata": {"name": name,
+                    "labels": {DEVICES_LABEL: "gpu0.gpu1"},
+                    "annotations": {crate::remediate::record::RECORD_ANNOTATION: record.to_annotation()}}}),
+            )
+            .unwrap();
+    }
+
+    /// A node already quarantined for a failure is no new failure for the breaker; one
+    /// without a record is.
+    #[tokio::test]
+    async fn only_a_node_not_yet_quarantined_counts_for_the_breaker() {
+        let (server, url) = faultline_test_apiserver::Bootstrap::new()
+            .namespace("ns")
+            .spawn()
+            .await;
+        quarantined(&server, "d");
+        server
+            .create("nodes", "", serde_json::json!({"metadata": {"name": "n1"}}))
+            .unwrap();
+        let kube = client(&url);
+        let breaker = Breaker::new(
+            Api::namespaced(kube.clone(), "ns"),
+            "b".into(),
+            3,
+            Duration::from_secs(600),
+        );
+        let r =
+            Remediator::new(kube, Mode::Enforce, "t", "ns", "me").with_breaker(Some(breaker), 0.0);
+        r.note_new_failure("d").await.unwrap();
+        assert!(server.get("configmaps", "ns", "b").is_none(), "not counted");
+        r.note_new_failure("n1").await.unwrap();
+        let cm = server.get("configmaps", "ns", "b").expect("counted");
+        assert!(cm.to_string().contains("n1"), "{cm}");
     }
 
     /// The resources and the windows given are the ones read; none given: the defaults.
