@@ -315,7 +315,7 @@ def main():
     expect("a node-local Service to the agents' fault port", local and local[0]["spec"]["ports"][0]["targetPort"] == "fault", str(local))
     cr = find(objs, "ClusterRole")[0]
     nodes = next(r for r in cr["rules"] if r["resources"] == ["nodes"])
-    expect("no Node watch without --discovery=nodes", "watch" not in nodes["verbs"], str(nodes))
+    expect("a watch of the Nodes (the quarantined ones, for remediation)", "watch" in nodes["verbs"], str(nodes))
     expect("no Jobs without a canary", not any("jobs" in r["resources"] for o in find(objs, "Role") for r in o["rules"]))
     objs = must_render("another release name", release="gpu", namespace="health")
     agg = container(objs, "Deployment")

@@ -30,7 +30,8 @@ What the flags need (aggregator/src/config/args.rs; the names: common/src/fault.
   delete on pods exactly when --force-delete-after-deadline=true (deploy/components/force-delete);
 - get (only) on ConfigMaps in kube-system exactly when --ascend-device-info=true
   (deploy/components/ascend-device-plugin: Huawei's device plugin's per-node ConfigMaps);
-- watch on Nodes exactly when --discovery=nodes (deploy/components/node-discovery);
+- watch on Nodes always (remediation's passes read the quarantined Nodes from one watch of
+  the labelled ones), and with --discovery=nodes (deploy/components/node-discovery);
 - create on Jobs and on ResourceClaims in --canary-namespace (default --namespace) exactly
   when a canary runs: --release=auto with --canary-job (deploy/components/canary).
 
@@ -377,8 +378,6 @@ def problems(objs):
     watch = granted(cluster, "watch", "nodes") != set()
     if need.discovery == "nodes" and not watch:
         by_feature.append(f"--discovery=nodes without watch on Nodes: use {NODE_DISCOVERY} (the flag and its rule), not the flag alone")
-    if need.discovery != "nodes" and watch:
-        by_feature.append(f"watch on Nodes is granted but --discovery is not nodes: drop that rule, or add {NODE_DISCOVERY} (flag and rule together)")
     there = rules_for(objs, sa, need.canary_namespace)
     for resource, group in (("jobs", "batch"), ("resourceclaims", "resource.k8s.io")):
         g = granted(there, "create", resource, group) != set()
@@ -802,8 +801,6 @@ def self_test():
         # ... the flags whose value needs rules: --discovery=nodes and a canary.
         d = overlay("flag-node-discovery", args_patch=add("--discovery=nodes"))
         expect("--discovery=nodes alone fails, naming deploy/components/node-discovery", *fails_with(d, f"use {NODE_DISCOVERY}"))
-        d = overlay("rule-node-discovery", resources=["../base", "rbac.yaml"], copy_files=[f"{NODE_DISCOVERY}/rbac.yaml"])
-        expect("a Node watch without --discovery=nodes fails", *fails_with(d, "watch on Nodes is granted but --discovery is not nodes"))
         d = overlay("flag-canary", args_patch=add("--release=auto") + add("--canary-job=/etc/job.yaml"))
         expect("a canary's flags alone fail, naming deploy/components/canary", *fails_with(d, f"create on jobs in faultline: use {CANARY}"))
         d = overlay("rule-canary", resources=["../base", "rbac.yaml"], copy_files=[f"{CANARY}/rbac.yaml"])

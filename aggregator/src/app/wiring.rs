@@ -20,6 +20,7 @@ use crate::agents::deliver::{Deliveries, Fence as DeliveryFence};
 use crate::api::{self, ApiState};
 use crate::config::{Config, SinkKind};
 use crate::device_taint::DeviceQuarantine;
+use crate::ingest::watched::Watched;
 use crate::ingest::{discover, podhealth, Intake, Route};
 use crate::metrics::Metrics;
 use crate::model::{ShardEvent, Verdict};
@@ -27,7 +28,8 @@ use crate::notify::Notifier;
 use crate::pipeline::Pipeline;
 use crate::publish::seed::ShardPages;
 use crate::publish::{ConfigMapSink, Nudger, Publisher};
-use crate::remediate::{Breaker, Ledger, Mode, Remediator};
+use crate::remediate::node_cache::NodeCache;
+use crate::remediate::{Breaker, Ledger, Mode, Remediator, DEVICES_LABEL};
 use crate::shard::{Held, LeaseConfig, ShardLeases, Shards, Sharing};
 
 /// A running aggregator.
@@ -467,7 +469,21 @@ impl Parts<'_> {
                 self.lease_cancel.clone(),
             ))
         });
-        let r = remediator(cfg, kube, notifier, metrics, self.clock);
+        let cache = self.watch.map(|watch| {
+            let cache = NodeCache::default();
+            let nodes = Watched::new(
+                Api::all(watch.clone()),
+                DEVICES_LABEL,
+                metrics.clone(),
+                "quarantined nodes",
+            );
+            self.tasks.spawn(
+                "quarantined Node watch",
+                cache.clone().follow(nodes, cancel.clone()),
+            );
+            cache
+        });
+        let r = remediator(cfg, kube, notifier, metrics, self.clock).with_node_cache(cache);
         let watched = (self.tasks, cancel);
         let r = Arc::new(r.with_devices(devices(cfg, kube, self.rules, metrics, watched)));
         // The kubelet's device health (KEP-4680): Unhealthy is a verdict, Unknown an alert.

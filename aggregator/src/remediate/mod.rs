@@ -34,6 +34,7 @@ mod holders;
 pub mod isolate;
 mod kubelet_dra;
 pub mod ledger;
+pub mod node_cache;
 pub mod patch;
 pub mod policy;
 mod prediction;

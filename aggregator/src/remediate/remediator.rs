@@ -20,6 +20,7 @@ use super::announce::Announcer;
 use super::error::RemediateError;
 use super::guards::{Breaker, BudgetGuard, EvictionRate, HeldBack};
 use super::ledger::Ledger;
+use super::node_cache::NodeCache;
 use super::patch::NodePatch;
 use super::policy::{Budget, Mode, ReleasePolicy};
 use super::record::{
@@ -74,6 +75,9 @@ pub struct Remediator {
     sequence: Arc<std::sync::atomic::AtomicU64>,
     /// Nodes found missing, and the allowance of existence checks.
     ghosts: Mutex<Ghosts>,
+    /// The quarantined Nodes as a watch keeps them (passes read them there); `None`:
+    /// every read goes to the API.
+    cache: Option<NodeCache>,
 }
 
 /// How long a node found missing is taken for missing without asking again.
@@ -142,6 +146,7 @@ impl Remediator {
             devices: None,
             sequence: Arc::default(),
             ghosts: Mutex::default(),
+            cache: None,
         }
     }
 
@@ -220,6 +225,12 @@ impl Remediator {
         self
     }
 
+    /// Read quarantined Nodes from `cache` (a watch of the labelled Nodes).
+    pub fn with_node_cache(mut self, cache: Option<NodeCache>) -> Self {
+        self.cache = cache;
+        self
+    }
+
     /// Where the core loop notes each `fault.json` sequence it writes.
     pub fn sequence_handle(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.sequence.clone()
@@ -280,9 +291,27 @@ impl Remediator {
         self.held_back.list()
     }
 
-    /// Read a Node and parse its record, once for the pass.
+    /// Read a Node and parse its record: a quarantined one from the watch's cache
+    /// (its writes test the resourceVersion read), any other from the API once a pass
+    /// ([`NodeCache`]).
     pub(super) async fn read(&self, node: &str) -> Result<LiveNode, RemediateError> {
-        LiveNode::of(self.nodes.get(node).await?)
+        let Some(cache) = &self.cache else {
+            return LiveNode::of(self.nodes.get(node).await?);
+        };
+        if let Some(cached) = cache.get(node) {
+            return LiveNode::of(cached);
+        }
+        let read = self.nodes.get(node).await?;
+        cache.read(node, &read);
+        LiveNode::of(read)
+    }
+
+    /// This replica is about to write Node `node`: its next reads go to the API until
+    /// the watch shows the write.
+    fn writing(&self, node: &str) {
+        if let Some(c) = &self.cache {
+            c.writing(node);
+        }
     }
 
     /// Send a node patch while the shard's hold stands (`Fence::write`: asked right
@@ -296,6 +325,7 @@ impl Remediator {
         let p = patch
             .into_patch()
             .map_err(|e| RemediateError::Record(node.to_string(), e.to_string()))?;
+        self.writing(node);
         fence
             .write(
                 self.nodes
@@ -319,6 +349,7 @@ impl Remediator {
             "type": CONDITION, "status": if healthy { "True" } else { "False" }, "reason": reason,
             "message": message, "lastTransitionTime": at, "lastHeartbeatTime": at,
         }]}});
+        self.writing(node);
         fence
             .write(self.nodes.patch_status(
                 node,
@@ -347,13 +378,17 @@ impl Remediator {
     /// List the nodes with a record (they carry the devices label), remember them and
     /// update the quarantine gauges.
     pub async fn list_quarantined(&self) -> Result<Vec<Node>, RemediateError> {
-        let nodes = self
-            .nodes
-            // From the watch cache (resourceVersion=0): the reconcile's work list and
-            // the gauges; every pass reads its Node again before acting.
-            .list(&ListParams::default().match_any().labels(DEVICES_LABEL))
-            .await?
-            .items;
+        // The reconcile's work list and the gauges: the watch's, or from the API
+        // server's watch cache (resourceVersion=0) until it has listed once.
+        let nodes = match self.cache.as_ref().and_then(NodeCache::all) {
+            Some(nodes) => nodes,
+            None => {
+                self.nodes
+                    .list(&ListParams::default().match_any().labels(DEVICES_LABEL))
+                    .await?
+                    .items
+            }
+        };
         let mut devices = 0;
         let mut with_record = Vec::new();
         let mut isolated = Vec::new();
