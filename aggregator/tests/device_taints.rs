@@ -1125,6 +1125,46 @@ mod passes {
         );
     }
 
+    /// The device budget (`--max-quarantined-devices`) counts faultline's enforced
+    /// rules cluster-wide: with 2 elsewhere and a budget of 3, gpu-3 is quarantined
+    /// alone; with 3 elsewhere, it is held back, and no rule is written for it.
+    #[tokio::test]
+    async fn the_device_budget_holds_back_the_device_past_it() {
+        for (elsewhere, isolated) in [(2, true), (3, false)] {
+            let faults = faultline_test_apiserver::Faults::default();
+            let budget = |q: &mut DeviceQuarantine| q.max_devices = 3;
+            let (server, r) = cluster_with(
+                Mode::Enforce,
+                Release::parse("1.37").unwrap(),
+                (8, false),
+                |m| m,
+                faults,
+                budget,
+            )
+            .await;
+            for i in 0..elsewhere {
+                let mut rule =
+                    rule_at_none(&format!("faultline-gpu-0-n{i}"), &format!("n{i}0"), "gpu-0");
+                rule["spec"]["taint"]["effect"] = json!("NoSchedule");
+                server.create("devicetaintrules", "", rule).unwrap();
+            }
+            if isolated {
+                gpu_3_quarantined_alone(&server, &r).await;
+                continue;
+            }
+            let out = r
+                .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+                .await
+                .unwrap();
+            assert_eq!(
+                out,
+                Outcome::HeldBack("device budget: 3 devices quarantined alone, at most 3".into())
+            );
+            assert!(rule_of(&server, 3).is_none());
+            assert!(node_taints(&server).is_empty());
+        }
+    }
+
     /// A DeviceTaintRule of faultline's named `name` at effect `None` on `device` of
     /// NVIDIA's pool `pool`, as a pass proposes one.
     fn rule_at_none(name: &str, pool: &str, device: &str) -> Value {
