@@ -473,6 +473,43 @@ mod passes {
         assert_eq!(out, Outcome::Isolated);
         let rule = rule_of(server, 3).expect("gpu-3's rule");
         assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+        assert_eq!(
+            rule["spec"]["taint"]["value"], "row-remap-failure",
+            "its reason"
+        );
+    }
+
+    /// A rule the API server could not write (a 500, not a 422 that refuses it) fails
+    /// the pass for the next to try again: the node is not tainted for it.
+    #[tokio::test]
+    async fn a_rule_that_could_not_be_written_is_tried_again_not_the_node_tainted() {
+        let faults = faultline_test_apiserver::Faults {
+            write_error_rate: 1.0,
+            write_error_match: "devicetaintrules".into(),
+            ..Default::default()
+        };
+        let (server, r) = cluster_with(
+            Mode::Enforce,
+            Release::parse("1.37").unwrap(),
+            (8, false),
+            |m| m,
+            faults,
+            |_| {},
+        )
+        .await;
+        let out = r
+            .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
+            .await;
+        assert!(
+            matches!(
+                out,
+                Err(faultline_aggregator::remediate::RemediateError::Api(_))
+            ),
+            "{out:?}"
+        );
+        assert!(node_taints(&server).is_empty());
+        server.set_faults(Default::default());
+        gpu_3_quarantined_alone(&server, &r).await;
     }
 
     fn rule_of(server: &ApiServer, i: usize) -> Option<Value> {
@@ -793,6 +830,17 @@ mod passes {
                     rec.isolation,
                     Some(DeviceIsolation::DevicePlugin { taken_out: 1, .. })
                 ));
+                // The same fault again: nothing to write.
+                let version = |s: &ApiServer| {
+                    s.get("nodes", "", "n1").unwrap()["metadata"]["resourceVersion"].clone()
+                };
+                let before = version(&server);
+                let again = r
+                    .isolate("n1", vec![gpu(4, "row-remap-failure")], &Fence::unfenced())
+                    .await
+                    .unwrap();
+                assert_eq!(again, Outcome::AlreadyDone);
+                assert_eq!(version(&server), before);
                 // Its DRA pod is still found by its claim and evicted; only it.
                 let e = r.evict("n1", &[], &Fence::unfenced()).await.unwrap();
                 assert_eq!(e.evicted.len(), 1, "{e:?}");
