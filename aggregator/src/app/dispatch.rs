@@ -572,3 +572,30 @@ impl NodePass {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The unknown guard stands down only when more than its share of the followed
+    /// agents is unreachable: at the share exactly it still acts, and with no agent
+    /// followed there is nothing to stand down for.
+    #[test]
+    fn the_unknown_guard_stands_down_past_its_share_only() {
+        let guard = UnknownGuard {
+            tolerance: Duration::from_secs(300),
+            standdown_share: 0.5,
+        };
+        assert!(!guard.stands_down(0, 0), "no agent followed");
+        assert!(!guard.stands_down(10, 10));
+        assert!(!guard.stands_down(5, 10), "half unreachable: at the share");
+        assert!(guard.stands_down(4, 10), "past it");
+        assert!(guard.stands_down(0, 10));
+        let strict = UnknownGuard {
+            standdown_share: 0.0,
+            ..guard
+        };
+        assert!(!strict.stands_down(3, 3));
+        assert!(strict.stands_down(2, 3), "one unreachable is past a share of 0");
+    }
+}
