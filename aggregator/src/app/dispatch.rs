@@ -596,6 +596,9 @@ mod tests {
             ..guard
         };
         assert!(!strict.stands_down(3, 3));
-        assert!(strict.stands_down(2, 3), "one unreachable is past a share of 0");
+        assert!(
+            strict.stands_down(2, 3),
+            "one unreachable is past a share of 0"
+        );
     }
 }

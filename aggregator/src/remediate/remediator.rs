@@ -494,14 +494,16 @@ mod tests {
         assert_eq!(r.node_exists("ghost").await.unwrap(), Some(false));
         assert_eq!(r.node_exists("ghost").await.unwrap(), Some(false));
         assert_eq!(asked("ghost"), 1, "remembered");
-        // 3 of the 20 checks at once were taken (some refilled meanwhile: a few ms).
+        // 3 of the 20 checks at once were taken (some refilled meanwhile, 5 a second).
+        let started = std::time::Instant::now();
         let mut checks = Vec::new();
         for i in 0..25 {
             checks.push(r.node_exists(&format!("g{i}")).await.unwrap());
         }
+        let refilled = (started.elapsed().as_secs_f64() * 5.0).ceil() as usize;
         let missing = checks.iter().filter(|c| **c == Some(false)).count();
-        assert!((17..=18).contains(&missing), "{checks:?}");
-        assert!(checks[17..].iter().any(Option::is_none), "{checks:?}");
+        assert!(missing >= 17 && missing <= 17 + refilled, "{checks:?}");
+        assert!(checks.iter().any(Option::is_none), "{checks:?}");
     }
 
     /// The nodes with a record or a release request among those labelled are the ones

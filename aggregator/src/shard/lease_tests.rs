@@ -384,8 +384,9 @@ async fn the_loop_paces_its_passes_and_looks_then_releases_on_cancel() {
         passes >= 2.0 && passes <= most,
         "{passes} passes in {elapsed} s"
     );
+    // Looks between the passes (a stalled machine may skip some), never a busy loop.
     assert!(
-        lists >= 2.0 * passes && lists <= 4.0 * passes + 4.0,
+        lists >= passes + 2.0 && lists <= 4.0 * passes + 4.0,
         "{lists} lists for {passes} passes in {elapsed} s"
     );
 
@@ -429,7 +430,7 @@ async fn a_lapsed_holders_shard_is_taken_just_past_its_expiry() {
     let taken = taken.expect("taken");
     let ms = Duration::from_millis;
     assert!(
-        taken >= ms(2_000) && taken < ms(2_700),
+        taken >= ms(2_000) && taken < ms(2_900),
         "taken after {taken:?}"
     );
     let passes = counter_of(&metrics, "lease_passes_total");
