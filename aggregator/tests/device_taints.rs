@@ -1213,6 +1213,126 @@ mod passes {
         }
     }
 
+    /// Where the rules file quarantines a node from its third failed GPU on, a second
+    /// GPU failing beside one quarantined alone gets a rule of its own (the first's,
+    /// enforced, does not stand for it); the same two again change nothing.
+    #[tokio::test]
+    async fn a_second_gpu_beside_one_quarantined_alone_gets_its_own_rule() {
+        let three = |q: &mut DeviceQuarantine| {
+            let rules = Rules {
+                node_after_devices: 3,
+                ..Default::default()
+            };
+            q.rules = tokio::sync::watch::channel(Arc::new(rules)).1;
+        };
+        let (server, r) = cluster_with(
+            Mode::Enforce,
+            Release::parse("1.37").unwrap(),
+            (8, false),
+            |m| m,
+            faultline_test_apiserver::Faults::default(),
+            three,
+        )
+        .await;
+        gpu_3_quarantined_alone(&server, &r).await;
+        let both = vec![gpu(3, "row-remap-failure"), gpu(4, "row-remap-failure")];
+        let out = r
+            .isolate("n1", both.clone(), &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated);
+        let rule = rule_of(&server, 4).expect("gpu-4's own rule");
+        assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+        assert!(node_taints(&server).is_empty());
+        let again = r.isolate("n1", both, &Fence::unfenced()).await.unwrap();
+        assert_eq!(again, Outcome::AlreadyDone);
+    }
+
+    /// The device budget counts a node's new device, not those its record holds: with
+    /// two GPUs of n1 quarantined alone and a budget of 2, a third is held back.
+    #[tokio::test]
+    async fn a_nodes_next_device_asks_the_device_budget() {
+        let settings = |q: &mut DeviceQuarantine| {
+            let rules = Rules {
+                node_after_devices: 4,
+                ..Default::default()
+            };
+            q.rules = tokio::sync::watch::channel(Arc::new(rules)).1;
+            q.max_devices = 2;
+        };
+        let (server, r) = cluster_with(
+            Mode::Enforce,
+            Release::parse("1.37").unwrap(),
+            (8, false),
+            |m| m,
+            faultline_test_apiserver::Faults::default(),
+            settings,
+        )
+        .await;
+        gpu_3_quarantined_alone(&server, &r).await;
+        let mut failed = vec![gpu(3, "row-remap-failure"), gpu(5, "row-remap-failure")];
+        let out = r
+            .isolate("n1", failed.clone(), &Fence::unfenced())
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Isolated);
+        assert!(rule_of(&server, 5).is_some());
+        failed.push(gpu(4, "row-remap-failure"));
+        let out = r.isolate("n1", failed, &Fence::unfenced()).await.unwrap();
+        assert_eq!(
+            out,
+            Outcome::HeldBack("device budget: 2 devices quarantined alone, at most 2".into())
+        );
+        assert!(rule_of(&server, 4).is_none());
+    }
+
+    /// A second GPU's rule that gets no agreement by its deadline is deleted and the
+    /// node tainted; the first GPU's rule, which its record holds, stays (it goes with
+    /// the release).
+    #[tokio::test]
+    async fn a_second_rule_without_agreement_goes_and_the_recorded_one_stays() {
+        let clock = faultline_common::time::Clock::manual(faultline_common::time::now_ms());
+        let settings = |q: &mut DeviceQuarantine| {
+            let rules = Rules {
+                node_after_devices: 3,
+                ..Default::default()
+            };
+            q.rules = tokio::sync::watch::channel(Arc::new(rules)).1;
+            q.prediction_wait = std::time::Duration::from_millis(200);
+            q.prediction_deadline = std::time::Duration::from_secs(10);
+        };
+        let (server, r) = cluster_with(
+            Mode::Enforce,
+            Release::parse("1.37").unwrap(),
+            (8, false),
+            |m| m,
+            faultline_test_apiserver::Faults::default(),
+            settings,
+        )
+        .await;
+        let r = r.with_clock(clock.clone());
+        gpu_3_quarantined_alone(&server, &r).await;
+        // The controller stops: gpu-4's rule waits at None, then past its deadline.
+        server.set_faults(faultline_test_apiserver::Faults {
+            taint_eviction_paused: true,
+            ..Default::default()
+        });
+        let both = vec![gpu(3, "row-remap-failure"), gpu(4, "row-remap-failure")];
+        // gpu-3's rule is written again; gpu-4's waits at None.
+        r.isolate("n1", both.clone(), &Fence::unfenced())
+            .await
+            .unwrap();
+        let waiting = rule_of(&server, 4).expect("gpu-4's rule proposed");
+        assert_eq!(waiting["spec"]["taint"]["effect"], "None");
+        assert!(node_taints(&server).is_empty());
+        clock.advance(std::time::Duration::from_secs(15));
+        let next = r.isolate("n1", both, &Fence::unfenced()).await.unwrap();
+        assert_eq!(next, Outcome::Isolated);
+        assert!(rule_of(&server, 4).is_none(), "the unrecorded rule deleted");
+        assert!(rule_of(&server, 3).is_some(), "the recorded one kept");
+        assert_eq!(node_taints(&server).len(), 1, "the node tainted");
+    }
+
     /// A DeviceTaintRule of faultline's named `name` at effect `None` on `device` of
     /// NVIDIA's pool `pool`, as a pass proposes one.
     fn rule_at_none(name: &str, pool: &str, device: &str) -> Value {
