@@ -64,8 +64,11 @@ acting=(
   'aggregator/src/remediate/prediction.rs|lib,device_taints|'
   'aggregator/src/remediate/device_release.rs|lib,device_taints|'
   # dispatch: which node's pass runs, under which fence
-  # (24 randomized schedules a mutant, not CI's 200: about 15 s)
-  'aggregator/src/app/dispatch.rs|lib,schedules|'
+  # (24 randomized schedules a mutant, not CI's 200: about 15 s; the verdicts of the
+  # intake and of the kubelet, which the schedules' faults reach anyway through the
+  # agents: without healing's two, dispatch dropping every verdict went unseen; the
+  # wakes at a drain intent's deadline; the bounds on verdicts for unknown nodes)
+  'aggregator/src/app/dispatch.rs|lib,schedules,healing,drain,adversarial|app:: randomized intake kubelets a_warned_pod every_hostile_input'
 )
 modules=("${pure[@]}")
 shard=()

@@ -577,6 +577,47 @@ impl NodePass {
 mod tests {
     use super::*;
 
+    /// A dispatcher whose remediator judges time by a clock standing at 1,000 s.
+    fn dispatcher() -> Dispatch {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let clock = faultline_common::time::Clock::manual(1_000_000);
+        let r = Remediator::new(client, crate::remediate::Mode::DryRun, "t", "ns", "me")
+            .with_clock(clock);
+        let shards = Shards {
+            held: crate::shard::Held::default(),
+            count: 1,
+        };
+        let unknown = UnknownGuard {
+            tolerance: Duration::from_secs(300),
+            standdown_share: 0.5,
+        };
+        Dispatch::new(Arc::new(r), shards, Arc::new(Metrics::new()), unknown).0
+    }
+
+    /// How far from now the next wake is, in whole seconds.
+    fn next_in(d: &Dispatch) -> Option<u64> {
+        let at = d.next_wake()?;
+        let left = at.saturating_duration_since(tokio::time::Instant::now());
+        Some((left.as_millis() as u64 + 500) / 1000)
+    }
+
+    /// A node's pass is woken at the soonest deadline asked (a drain intent's), on the
+    /// remediator's clock; a shard just taken wakes its node a second later.
+    #[tokio::test]
+    async fn wakes_keep_the_soonest_deadline_on_the_remediators_clock() {
+        let mut d = dispatcher();
+        assert_eq!(next_in(&d), None);
+        d.wake_at("n1", 1_009_000);
+        assert_eq!(next_in(&d), Some(9));
+        d.wake_at("n1", 1_005_000);
+        d.wake_at("n1", 1_007_000);
+        assert_eq!(next_in(&d), Some(5), "the soonest");
+        d.wake_soon("n2");
+        assert_eq!(next_in(&d), Some(1));
+    }
+
     /// The unknown guard stands down only when more than its share of the followed
     /// agents is unreachable: at the share exactly it still acts, and with no agent
     /// followed there is nothing to stand down for.
