@@ -953,24 +953,27 @@ async fn a_quiet_node_watch_is_not_relisted() {
         ],
     )
     .await;
-    let lists: Vec<String> = server
-        .calls()
-        .into_iter()
-        .filter(|c| {
-            c.method == "GET"
-                && c.uri.starts_with("/api/v1/nodes?")
-                && !c.uri.contains("watch=true")
-        })
-        .map(|c| c.uri)
-        .collect();
-    assert_eq!(lists.len(), 1, "one list, then one watch: {lists:?}");
-    assert!(lists[0].contains("resourceVersion=0"), "{lists:?}");
-    let watches = server
-        .calls()
-        .into_iter()
-        .filter(|c| c.uri.starts_with("/api/v1/nodes?") && c.uri.contains("watch=true"))
-        .count();
-    assert_eq!(watches, 1, "the quiet watch was cut and opened again");
+    // Discovery's watch of every Node, and remediation's of the quarantined ones
+    // (by the devices label): each lists once, then watches, quiet as they are.
+    for quarantined in [false, true] {
+        let ours = |uri: &str| {
+            uri.starts_with("/api/v1/nodes?") && uri.contains("unhealthy-devices") == quarantined
+        };
+        let lists: Vec<String> = server
+            .calls()
+            .into_iter()
+            .filter(|c| c.method == "GET" && ours(&c.uri) && !c.uri.contains("watch=true"))
+            .map(|c| c.uri)
+            .collect();
+        assert_eq!(lists.len(), 1, "one list, then one watch: {lists:?}");
+        assert!(lists[0].contains("resourceVersion=0"), "{lists:?}");
+        let watches = server
+            .calls()
+            .into_iter()
+            .filter(|c| ours(&c.uri) && c.uri.contains("watch=true"))
+            .count();
+        assert_eq!(watches, 1, "the quiet watch was cut and opened again");
+    }
     let m = metrics(agg.addr).await;
     assert!(
         m.contains("faultline_aggregator_discovery_errors_total 0"),
