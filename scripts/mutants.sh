@@ -67,8 +67,9 @@ acting=(
   # (24 randomized schedules a mutant, not CI's 200: about 15 s; the verdicts of the
   # intake and of the kubelet, which the schedules' faults reach anyway through the
   # agents: without healing's two, dispatch dropping every verdict went unseen; the
-  # wakes at a drain intent's deadline; the bounds on verdicts for unknown nodes)
-  'aggregator/src/app/dispatch.rs|lib,schedules,healing,drain,adversarial|app:: randomized intake kubelets a_warned_pod every_hostile_input'
+  # wakes at a drain intent's deadline; the bounds on verdicts for unknown nodes; the
+  # unknown guard's taint)
+  'aggregator/src/app/dispatch.rs|lib,schedules,healing,drain,adversarial,kubernetes|app:: randomized intake kubelets a_warned_pod every_hostile_input an_agent_gone'
 )
 modules=("${pure[@]}")
 shard=()
