@@ -447,6 +447,25 @@ mod passes {
         (server, r)
     }
 
+    /// [`cluster_with`] on 1.37, enforcing, every GPU allocatable, the RBAC as shipped.
+    async fn enforcing(
+        faults: faultline_test_apiserver::Faults,
+        settings: impl Fn(&mut DeviceQuarantine),
+    ) -> (ApiServer, Remediator) {
+        let release = Release::parse("1.37").unwrap();
+        cluster_with(Mode::Enforce, release, (8, false), |m| m, faults, settings).await
+    }
+
+    /// The rules file with `node_after_devices` at `n`: a node holds up to `n - 1`
+    /// devices quarantined alone.
+    fn node_after(q: &mut DeviceQuarantine, n: u32) {
+        let rules = Rules {
+            node_after_devices: n,
+            ..Default::default()
+        };
+        q.rules = tokio::sync::watch::channel(Arc::new(rules)).1;
+    }
+
     fn gpu(i: usize, reason: &str) -> RecordDevice {
         RecordDevice {
             uuid: Some(fixtures::gpu_uuid("n1", i)),
@@ -488,15 +507,7 @@ mod passes {
             write_error_match: "devicetaintrules".into(),
             ..Default::default()
         };
-        let (server, r) = cluster_with(
-            Mode::Enforce,
-            Release::parse("1.37").unwrap(),
-            (8, false),
-            |m| m,
-            faults,
-            |_| {},
-        )
-        .await;
+        let (server, r) = enforcing(faults, |_| {}).await;
         let out = r
             .isolate("n1", vec![gpu(3, "row-remap-failure")], &Fence::unfenced())
             .await;
@@ -936,15 +947,7 @@ mod passes {
                 latency_match: "/devicetaintrules".into(),
                 ..Default::default()
             };
-            let (server, r) = cluster_with(
-                Mode::Enforce,
-                Release::parse("1.37").unwrap(),
-                (8, false),
-                |m| m,
-                faults,
-                |_| {},
-            )
-            .await;
+            let (server, r) = enforcing(faults, |_| {}).await;
             let s = server.clone();
             let meanwhile = tokio::spawn(async move {
                 super::support::until_received(&s, "POST", "/devicetaintrules").await;
@@ -1056,17 +1059,10 @@ mod passes {
             taint_eviction_paused: true,
             ..Default::default()
         };
-        let (server, r) = cluster_with(
-            Mode::Enforce,
-            Release::parse("1.37").unwrap(),
-            (8, false),
-            |m| m,
-            faults,
-            |q| {
-                q.prediction_wait = std::time::Duration::from_millis(200);
-                q.prediction_deadline = std::time::Duration::from_secs(10);
-            },
-        )
+        let (server, r) = enforcing(faults, |q| {
+            q.prediction_wait = std::time::Duration::from_millis(200);
+            q.prediction_deadline = std::time::Duration::from_secs(10);
+        })
         .await;
         let r = r.with_clock(clock);
         let first = r
@@ -1179,17 +1175,7 @@ mod passes {
     #[tokio::test]
     async fn the_device_budget_holds_back_the_device_past_it() {
         for (elsewhere, isolated) in [(2, true), (3, false)] {
-            let faults = faultline_test_apiserver::Faults::default();
-            let budget = |q: &mut DeviceQuarantine| q.max_devices = 3;
-            let (server, r) = cluster_with(
-                Mode::Enforce,
-                Release::parse("1.37").unwrap(),
-                (8, false),
-                |m| m,
-                faults,
-                budget,
-            )
-            .await;
+            let (server, r) = enforcing(Default::default(), |q| q.max_devices = 3).await;
             for i in 0..elsewhere {
                 let mut rule =
                     rule_at_none(&format!("faultline-gpu-0-n{i}"), &format!("n{i}0"), "gpu-0");
@@ -1218,22 +1204,7 @@ mod passes {
     /// enforced, does not stand for it); the same two again change nothing.
     #[tokio::test]
     async fn a_second_gpu_beside_one_quarantined_alone_gets_its_own_rule() {
-        let three = |q: &mut DeviceQuarantine| {
-            let rules = Rules {
-                node_after_devices: 3,
-                ..Default::default()
-            };
-            q.rules = tokio::sync::watch::channel(Arc::new(rules)).1;
-        };
-        let (server, r) = cluster_with(
-            Mode::Enforce,
-            Release::parse("1.37").unwrap(),
-            (8, false),
-            |m| m,
-            faultline_test_apiserver::Faults::default(),
-            three,
-        )
-        .await;
+        let (server, r) = enforcing(Default::default(), |q| node_after(q, 3)).await;
         gpu_3_quarantined_alone(&server, &r).await;
         let both = vec![gpu(3, "row-remap-failure"), gpu(4, "row-remap-failure")];
         let out = r
@@ -1253,22 +1224,10 @@ mod passes {
     #[tokio::test]
     async fn a_nodes_next_device_asks_the_device_budget() {
         let settings = |q: &mut DeviceQuarantine| {
-            let rules = Rules {
-                node_after_devices: 4,
-                ..Default::default()
-            };
-            q.rules = tokio::sync::watch::channel(Arc::new(rules)).1;
+            node_after(q, 4);
             q.max_devices = 2;
         };
-        let (server, r) = cluster_with(
-            Mode::Enforce,
-            Release::parse("1.37").unwrap(),
-            (8, false),
-            |m| m,
-            faultline_test_apiserver::Faults::default(),
-            settings,
-        )
-        .await;
+        let (server, r) = enforcing(Default::default(), settings).await;
         gpu_3_quarantined_alone(&server, &r).await;
         let mut failed = vec![gpu(3, "row-remap-failure"), gpu(5, "row-remap-failure")];
         let out = r
@@ -1293,23 +1252,11 @@ mod passes {
     async fn a_second_rule_without_agreement_goes_and_the_recorded_one_stays() {
         let clock = faultline_common::time::Clock::manual(faultline_common::time::now_ms());
         let settings = |q: &mut DeviceQuarantine| {
-            let rules = Rules {
-                node_after_devices: 3,
-                ..Default::default()
-            };
-            q.rules = tokio::sync::watch::channel(Arc::new(rules)).1;
+            node_after(q, 3);
             q.prediction_wait = std::time::Duration::from_millis(200);
             q.prediction_deadline = std::time::Duration::from_secs(10);
         };
-        let (server, r) = cluster_with(
-            Mode::Enforce,
-            Release::parse("1.37").unwrap(),
-            (8, false),
-            |m| m,
-            faultline_test_apiserver::Faults::default(),
-            settings,
-        )
-        .await;
+        let (server, r) = enforcing(Default::default(), settings).await;
         let r = r.with_clock(clock.clone());
         gpu_3_quarantined_alone(&server, &r).await;
         // The controller stops: gpu-4's rule waits at None, then past its deadline.

@@ -67,13 +67,12 @@ impl NodeCache {
     pub fn get(&self, name: &str) -> Option<Node> {
         let mut s = self.inner.locked();
         if let Some(node) = s.nodes.as_ref().and_then(|n| n.get(name)).cloned() {
-            match s.written.get(name) {
-                Some((before, at)) if *before == version(&node) && at.elapsed() < WRITE_SETTLE => {}
-                Some(_) => {
-                    s.written.remove(name);
-                    return Some(node);
-                }
-                None => return Some(node),
+            let unseen = s.written.get(name).is_some_and(|(before, at)| {
+                *before == version(&node) && at.elapsed() < WRITE_SETTLE
+            });
+            if !unseen {
+                s.written.remove(name);
+                return Some(node);
             }
         }
         s.recent

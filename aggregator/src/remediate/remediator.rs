@@ -611,11 +611,9 @@ mod tests {
     /// core loop notes through the handle is the one its rules are annotated with.
     #[tokio::test]
     async fn the_clock_and_sequence_given_are_the_ones_read() {
-        let client =
-            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-                .unwrap();
         let clock = faultline_common::time::Clock::manual(1_000_000);
-        let r = Remediator::new(client, Mode::DryRun, "t", "ns", "me").with_clock(clock.clone());
+        let r = Remediator::new(client("http://127.0.0.1:9"), Mode::DryRun, "t", "ns", "me")
+            .with_clock(clock.clone());
         clock.advance(Duration::from_secs(3));
         assert_eq!(r.clock().now_ms(), 1_003_000);
         assert_eq!(r.sequence_hint(), 0);

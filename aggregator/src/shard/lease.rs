@@ -528,4 +528,4 @@ impl ShardLeases {
 
 #[cfg(test)]
 #[path = "lease_tests.rs"]
-mod tests;
+pub(super) mod tests;

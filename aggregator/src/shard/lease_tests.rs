@@ -24,8 +24,9 @@ impl SeedSource for NoSeeds {
 }
 
 /// Replica `me`'s Leases of 4 shards (15 s, retried every 2 s) on the test API server;
-/// with fair sharing, the receiver of its events to the core loop.
-async fn leases(
+/// with fair sharing, the receiver of its events to the core loop. (The Lease writes'
+/// tests use it too.)
+pub(in crate::shard) async fn leases(
     me: &str,
     sharing: bool,
 ) -> (ApiServer, ShardLeases, Option<mpsc::Receiver<ShardEvent>>) {

@@ -156,39 +156,18 @@ impl ShardLeases {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use faultline_test_apiserver::{ApiServer, Bootstrap, Faults};
-    use kube::api::Api;
+    use faultline_test_apiserver::{ApiServer, Faults};
     use serde_json::json;
 
     use super::*;
-    use crate::metrics::Metrics;
-    use crate::shard::{Held, LeaseConfig};
 
     const URL: &str = "http://10.0.0.1:8080";
 
     /// The test API server with the `faultline` namespace, and replica `me`'s Leases
-    /// (15 s, retried every 2 s, its URL annotated).
+    /// (15 s, retried every 2 s, its URL annotated; no fair sharing).
     async fn leases(me: &str) -> (ApiServer, ShardLeases) {
-        let (server, url) = Bootstrap::new().namespace("faultline").spawn().await;
-        let mut kc = kube::Config::new(url.parse().unwrap());
-        kc.default_retry = false;
-        let client = kube::Client::try_from(kc).unwrap();
-        let cfg = LeaseConfig::from_flags(Duration::from_secs(15), Duration::from_secs(2));
-        let leases = ShardLeases {
-            api: Api::namespaced(client, "faultline"),
-            name: "faultline".into(),
-            me: me.into(),
-            shards: 4,
-            cfg,
-            held: Held::default(),
-            metrics: Arc::new(Metrics::new()),
-            url: Some(URL.into()),
-            observer: ShardLeases::observer_for(me, &cfg),
-            share: None,
-        };
+        let (server, mut leases, _) = crate::shard::lease::tests::leases(me, false).await;
+        leases.url = Some(URL.into());
         (server, leases)
     }
 

@@ -171,7 +171,13 @@ fn injected(s: &ApiServer, method: &Method, path: &str, body: &Bytes) -> (u64, O
     let roll = |g: &mut Inner, p: f64| p > 0.0 && g.rng.random_bool(p.min(1.0));
     let any_write = !matches!(*method, Method::GET | Method::HEAD);
     // The dice in the order they always were (a schedule's seed replays as before):
-    // the error roll first, the write roll only for a write that may fail.
+    // the error roll first, the write roll only for a write that may fail. The answer
+    // is what staging/src/k8s.io/apiserver/pkg/storage/errors/storage.go's
+    // Interpret{Get,Create,Update,Delete}Error make of storage.IsInternalError:
+    // apierrors.NewInternalError, 500 with reason InternalError (its message reads
+    // "Internal error occurred: ..."; faultline reads the code, never the words). An
+    // etcd that cannot be reached is storage.IsUnreachable there: a 504 ServerTimeout,
+    // which this does not play.
     let write_may_fail =
         any_write && (f.write_error_match.is_empty() || path.contains(&f.write_error_match));
     let fail = if roll(&mut g, f.error_rate) || (write_may_fail && roll(&mut g, f.write_error_rate))

@@ -47,10 +47,12 @@ pub struct Faults {
     /// Share of writes (POST/PUT/PATCH/DELETE) answered 500 without being carried out,
     /// as when etcd times out.
     pub write_error_rate: f64,
-    /// Only writes whose path contains this fail so (empty: every write). Injected, as
-    /// `latency_match` is, not modelled on kube-apiserver code: one resource's writes
-    /// failing while others succeed, as when its etcd keys sit in a slow range. The
-    /// write dice are rolled after the error dice, as before this field, so a seed
+    /// Only writes whose path contains this fail so (empty: every write). Which calls
+    /// fail is injected, as `latency_match` is: one resource's writes failing while
+    /// others succeed, as when its etcd keys sit in a slow range. The answer follows
+    /// staging/src/k8s.io/apiserver/pkg/storage/errors/storage.go
+    /// (`InterpretUpdateError` on `storage.IsInternalError`: `NewInternalError`, 500).
+    /// The write dice are rolled after the error dice, as before this field, so a seed
     /// replays the same faults.
     pub write_error_match: String,
     /// Share of calls answered 429 by API Priority and Fairness: a plain-text body and
